@@ -1,0 +1,212 @@
+"""A gallocr-compatible memory planner (ggml-alloc.c), run on the *unfused* graph.
+
+What it reproduces, because fusion legality is decided on exactly this plan:
+
+- one arena, a best-fit free list (``ggml_dyn_tallocr``): the smallest free block that fits among all but the last
+  block, else the last block, which grows; ties go to the later block; freed blocks merge with their neighbours;
+- sizes rounded up to the alignment;
+- liveness from ``n_children`` (src slots) and ``n_views`` (view nodes on a base): a tensor is freed when both reach
+  zero, a view's release is a release of its base; OUTPUT tensors are never freed; external memory is never freed;
+- in-place reuse only for the ops ggml allows (:data:`gdnpass.ir.INPLACE_OPS`): the node takes its parent's block when
+  the parent is arena-owned, not OUTPUT, has the same layout and this node is its only consumer.
+
+Leafs (weights, caches, inputs) have memory of their own: each buffer is laid out by a simple aligned bump allocator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gdnpass.ir import INPLACE_OPS, Flag, Graph, GraphError, Tensor, same_layout
+
+DEFAULT_ALIGNMENT = 128  # ggml-cuda's buffer alignment; ggml's CPU buffers use 32 (TENSOR_ALIGNMENT)
+_HUGE = 1 << 62          # ggml starts with one free block of SIZE_MAX/2
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass
+class _Block:
+    offset: int
+    size: int
+
+
+class DynAllocator:
+    """ggml_dyn_tallocr: best-fit allocation over a free list, the last block being the growable tail."""
+
+    def __init__(self, alignment: int) -> None:
+        self.alignment = alignment
+        self.blocks: list[_Block] = [_Block(0, _HUGE)]
+        self.max_size = 0
+
+    def alloc(self, size: int, who: str) -> int:
+        size = _align(size, self.alignment)
+        best, best_size = -1, None
+        for i, b in enumerate(self.blocks[:-1]):
+            if b.size >= size and (best_size is None or b.size <= best_size):
+                best, best_size = i, b.size
+        if best < 0:
+            if self.blocks[-1].size < size:
+                raise GraphError(f"tensor {who!r}: arena exhausted allocating {size} bytes")
+            best = len(self.blocks) - 1
+        b = self.blocks[best]
+        offset = b.offset
+        b.offset += size
+        b.size -= size
+        if b.size == 0:
+            del self.blocks[best]
+        self.max_size = max(self.max_size, offset + size)
+        return offset
+
+    def free(self, offset: int, size: int) -> None:
+        size = _align(size, self.alignment)
+        if size == 0:
+            return
+        for i, b in enumerate(self.blocks):
+            if b.offset + b.size == offset:  # grows an earlier block; maybe bridges to the next
+                b.size += size
+                if i + 1 < len(self.blocks) and b.offset + b.size == self.blocks[i + 1].offset:
+                    b.size += self.blocks[i + 1].size
+                    del self.blocks[i + 1]
+                return
+            if offset + size == b.offset:    # grows a later block downward; maybe bridges to the previous
+                b.offset = offset
+                b.size += size
+                if i > 0 and self.blocks[i - 1].offset + self.blocks[i - 1].size == b.offset:
+                    self.blocks[i - 1].size += b.size
+                    del self.blocks[i]
+                return
+        i = 0
+        while i < len(self.blocks) and self.blocks[i].offset < offset:
+            i += 1
+        self.blocks.insert(i, _Block(offset, size))
+
+
+@dataclass
+class _Info:
+    n_children: int = 0
+    n_views: int = 0
+    allocated: bool = False  # arena-owned and currently holding memory (gallocr's hash node ``allocated``)
+    owned: bool = False      # arena-owned at some point (the tensor's memory comes from this plan)
+
+
+@dataclass
+class Plan:
+    """The result of planning: sizes per buffer, plus a log of arena events for debugging and tests."""
+
+    buffers: dict[str, int]
+    alignment: int
+    events: list[tuple[int, str, str, int]] = field(default_factory=list)  # (node index, 'alloc'|'inplace'|'free', name, offset)
+
+
+def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
+    """Assign ``buffer``/``offset`` to every base tensor of ``graph`` (in place) and return the plan."""
+    events: list[tuple[int, str, str, int]] = []
+    bufs = _place_leafs(graph, alignment)
+    arena = DynAllocator(alignment)
+    info: dict[int, _Info] = {}
+
+    def inf(t: Tensor) -> _Info:
+        return info.setdefault(t.uid, _Info())
+
+    for n in graph.nodes:
+        if n.view_src is None and n.buffer not in (None, "arena"):
+            raise GraphError(f"node {n.name!r}: computed tensors cannot live in buffer {n.buffer!r}")
+        n.buffer, n.offset = (None, None) if n.view_src is None else (n.buffer, n.offset)
+
+    # count children and views (ggml_gallocr_alloc_graph_impl, first pass)
+    for n in graph.nodes:
+        if n.view_src is not None:
+            inf(n.view_src).n_views += 1
+        for s in n.src:
+            if s is not None:
+                inf(s).n_children += 1
+
+    def allocate(i: int, n: Tensor) -> None:
+        st = inf(n)
+        if n.view_src is not None or n.is_leaf or st.owned:
+            return
+        st.allocated = st.owned = True
+        if n.op in INPLACE_OPS:
+            for p in n.src:
+                # gallocr's is_own(parent) is its hash node's ``allocated``: views and external tensors never qualify
+                # (so ggml's view-parent branch cannot fire and is not reproduced here)
+                if p is None or not inf(p).allocated:
+                    continue
+                if p.flags & Flag.OUTPUT or not same_layout(n, p):
+                    continue
+                ps = inf(p)
+                if ps.n_children == 1 and ps.n_views == 0:
+                    n.buffer, n.offset = "arena", p.offset
+                    ps.allocated = False  # the child now owns the block; the parent must not free it
+                    events.append((i, "inplace", n.name, n.offset))
+                    return
+        n.buffer, n.offset = "arena", arena.alloc(n.nbytes, n.name)
+        events.append((i, "alloc", n.name, n.offset))
+
+    def free(i: int, t: Tensor) -> None:
+        st = inf(t)
+        if not st.allocated or (t.flags & Flag.OUTPUT):
+            return
+        st.allocated = False
+        arena.free(t.offset, t.nbytes)
+        events.append((i, "free", t.name, t.offset))
+
+    for i, n in enumerate(graph.nodes):
+        allocate(i, n)
+        for p in n.src:
+            if p is None:
+                continue
+            ps = inf(p)
+            ps.n_children -= 1
+            if ps.n_children == 0 and ps.n_views == 0:
+                if p.view_src is not None:
+                    vs = inf(p.view_src)
+                    vs.n_views -= 1
+                    if vs.n_views == 0 and vs.n_children == 0:
+                        free(i, p.view_src)
+                else:
+                    free(i, p)
+
+    bufs["arena"] = arena.max_size
+    graph.buffers = bufs
+    graph.alignment = alignment
+    return Plan(bufs, alignment, events)
+
+
+def _place_leafs(graph: Graph, alignment: int) -> dict[str, int]:
+    """Weights, caches and inputs: each buffer is packed in leaf order, aligned."""
+    sizes: dict[str, int] = {"weights": 0, "cache": 0, "input": 0}
+    for t in graph.leafs:
+        if t.view_src is not None:
+            continue
+        if t.buffer not in sizes:
+            raise GraphError(f"leaf {t.name!r}: buffer {t.buffer!r} is not one of weights/cache/input")
+        t.offset = sizes[t.buffer]
+        sizes[t.buffer] = _align(t.offset + t.nbytes, alignment)
+    return sizes
+
+
+def live_ranges(graph: Graph) -> dict[int, tuple[int, int]]:
+    """uid -> (first, last) node index during which an arena base tensor must hold its bytes.
+
+    A tensor is live from the node that computes it to the last node reading it or any view of it. OUTPUT tensors
+    stay live to the end. In-place successors are separate tensors sharing the block, so their ranges only touch.
+    """
+    pos = graph.positions()
+    last: dict[int, int] = {}
+    for i, n in enumerate(graph.nodes):
+        for s in n.src:
+            if s is not None:
+                last[s.base.uid] = i
+    end = len(graph.nodes) - 1
+    out: dict[int, tuple[int, int]] = {}
+    for n in graph.nodes:
+        if n.view_src is None and n.buffer == "arena":
+            first = pos[n.uid]
+            out[n.uid] = (first, end if n.flags & Flag.OUTPUT else max(first, last.get(n.uid, first)))
+    return out
+
+

@@ -1,0 +1,336 @@
+"""The compute-graph IR, in ggml's vocabulary.
+
+A :class:`Tensor` is a ggml_tensor: ``ne[0]`` is the fastest dimension, ``nb`` are byte strides, ``op``/``src``/``op_params``
+say how it is computed, ``view_src`` is always the *base* tensor and ``view_offs`` the absolute byte offset into it.
+A :class:`Graph` holds ``nodes`` in execution order and ``leafs`` (op NONE), and :meth:`Graph.expand` reproduces
+``ggml_build_forward_expand`` (DFS post-order, src[0] first, each tensor once).
+
+Memory is described by ``buffer`` and ``offset`` on base tensors: leafs live in the ``weights``, ``cache`` and
+``input`` buffers, computed tensors in the ``arena`` once :mod:`gdnpass.alloc` has planned it. A view has no memory
+of its own; :func:`byte_range` resolves it through its base.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import networkx as nx
+
+GGML_MAX_DIMS = 4
+
+
+class GraphError(ValueError):
+    """A graph (or graph file) that ggml would reject. The message names the tensor or field at fault."""
+
+
+class DType(enum.Enum):
+    F32 = ("f32", 4)
+    F16 = ("f16", 2)
+    BF16 = ("bf16", 2)
+    I32 = ("i32", 4)
+
+    @property
+    def size(self) -> int:
+        return self.value[1]
+
+    @property
+    def label(self) -> str:
+        return self.value[0]
+
+    @classmethod
+    def parse(cls, s: str) -> "DType":
+        for t in cls:
+            if s.lower() in (t.label, t.name.lower()):
+                return t
+        raise GraphError(f"unknown type {s!r} (expected one of {', '.join(t.label for t in cls)})")
+
+
+class Op(enum.Enum):
+    NONE = "NONE"
+    VIEW = "VIEW"
+    RESHAPE = "RESHAPE"
+    TRANSPOSE = "TRANSPOSE"
+    PERMUTE = "PERMUTE"
+    CONT = "CONT"
+    CPY = "CPY"
+    GET_ROWS = "GET_ROWS"
+    CONCAT = "CONCAT"
+    SCALE = "SCALE"
+    ADD = "ADD"
+    MUL = "MUL"
+    UNARY = "UNARY"
+    RMS_NORM = "RMS_NORM"
+    L2_NORM = "L2_NORM"
+    MUL_MAT = "MUL_MAT"
+    SSM_CONV = "SSM_CONV"
+    GATED_DELTA_NET = "GATED_DELTA_NET"
+    # fused nodes created by gdnpass.fusion (never by a builder)
+    GDN_CONV_CHAIN = "GDN_CONV_CHAIN"
+    MUL_MAT_VEC_PAIR = "MUL_MAT_VEC_PAIR"
+
+
+class Unary(enum.Enum):
+    SILU = "SILU"
+    SIGMOID = "SIGMOID"
+    SOFTPLUS = "SOFTPLUS"
+    EXP = "EXP"
+
+
+class Flag(enum.IntFlag):
+    NONE = 0
+    INPUT = 1
+    OUTPUT = 2
+    PARAM = 4
+    COMPUTE = 16
+
+
+# Ops that create no data (ggml_cuda_is_view_or_noop, minus the "empty" case handled by Tensor.is_empty).
+VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE})
+
+# ggml_op_can_inplace, restricted to the ops this IR models.
+INPLACE_OPS = frozenset({Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.RMS_NORM})
+
+BUFFERS = ("weights", "cache", "input", "arena")
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False, repr=False)
+class Tensor:
+    name: str
+    type: DType
+    ne: tuple[int, int, int, int]
+    nb: tuple[int, int, int, int]
+    op: Op = Op.NONE
+    op_params: dict = field(default_factory=dict)
+    src: list["Tensor"] = field(default_factory=list)
+    view_src: "Tensor | None" = None
+    view_offs: int = 0
+    flags: Flag = Flag.NONE
+    buffer: str | None = None   # base tensors only: which buffer holds the bytes
+    offset: int | None = None   # base tensors only: byte offset inside that buffer
+    layer: int | None = None    # the model layer that built it (for reports); -1 for graph-wide tensors
+    uid: int = field(default_factory=lambda: next(_ids))
+
+    # ---- shape ----------------------------------------------------------------------------------------------------
+    @property
+    def nelements(self) -> int:
+        n = 1
+        for x in self.ne:
+            n *= x
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """ggml_nbytes: the span from the first to one past the last element, through the strides."""
+        if any(x == 0 for x in self.ne):
+            return 0
+        return self.type.size + sum((self.ne[i] - 1) * self.nb[i] for i in range(GGML_MAX_DIMS))
+
+    @property
+    def n_dims(self) -> int:
+        for i in range(GGML_MAX_DIMS - 1, 0, -1):
+            if self.ne[i] != 1:
+                return i + 1
+        return 1
+
+    @property
+    def is_empty(self) -> bool:
+        return any(x == 0 for x in self.ne)
+
+    def is_contiguous(self) -> bool:
+        """ggml_is_contiguous: elements packed in ne order (dimensions of size 1 may have any stride)."""
+        return is_contiguous_n(self, 0)
+
+    def has_contiguous_rows(self) -> bool:
+        return self.nb[0] == self.type.size
+
+    # ---- views and memory -----------------------------------------------------------------------------------------
+    @property
+    def is_view(self) -> bool:
+        return self.view_src is not None
+
+    @property
+    def base(self) -> "Tensor":
+        return self.view_src if self.view_src is not None else self
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op is Op.NONE
+
+    def __repr__(self) -> str:
+        ne = ",".join(str(x) for x in self.ne)
+        return f"<{self.op.value} {self.name!r} {self.type.label} [{ne}]>"
+
+
+def contiguous_strides(type_: DType, ne: Iterable[int]) -> tuple[int, int, int, int]:
+    ne = tuple(ne)
+    nb = [type_.size]
+    for i in range(1, GGML_MAX_DIMS):
+        nb.append(nb[-1] * ne[i - 1])
+    return tuple(nb)  # type: ignore[return-value]
+
+
+def is_contiguous_n(t: Tensor, n: int) -> bool:
+    """ggml_is_contiguous_n: contiguous except that dims >= n+1 ... follows ggml's helper of the same name."""
+    next_nb = t.type.size
+    if t.ne[0] != 1 and t.nb[0] != next_nb:
+        return False
+    next_nb *= t.ne[0]
+    for i in range(1, GGML_MAX_DIMS):
+        if t.ne[i] != 1:
+            if i > n:
+                if t.nb[i] != next_nb:
+                    return False
+                next_nb *= t.ne[i]
+            else:
+                # this dimension does not need to be contiguous
+                next_nb = t.ne[i] * t.nb[i]
+    return True
+
+
+def same_layout(a: Tensor, b: Tensor) -> bool:
+    """ggml_are_same_layout: same type, shape and strides."""
+    return a.type is b.type and a.ne == b.ne and a.nb == b.nb
+
+
+def byte_range(t: Tensor) -> tuple[str, int, int]:
+    """(buffer, lo, hi): the half-open byte interval ``t`` may touch, as ggml-cuda's fusion range checks see it."""
+    base = t.base
+    if base.buffer is None or base.offset is None:
+        raise GraphError(f"tensor {t.name!r}: no memory assigned yet (plan the graph first)")
+    lo = base.offset + t.view_offs
+    return base.buffer, lo, lo + t.nbytes
+
+
+def ranges_overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2] and a[1] < a[2] and b[1] < b[2]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Graph
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+class Graph:
+    """Nodes in execution order plus leafs, as ggml_cgraph. Metadata (``meta``) records how the graph was built."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Tensor] = []
+        self.leafs: list[Tensor] = []
+        self.meta: dict = {}
+        self.buffers: dict[str, int] = {}  # buffer name -> size in bytes, set by the planner
+        self.alignment: int = 0            # arena alignment the plan used (0: not planned)
+        self._visited: set[int] = set()
+
+    # ---- construction ---------------------------------------------------------------------------------------------
+    def expand(self, t: Tensor) -> None:
+        """ggml_build_forward_expand: DFS post-order over src[0], src[1], ...; each tensor visited once."""
+        # iterative DFS to survive deep graphs (64 layers x ~80 nodes)
+        stack: list[tuple[Tensor, int]] = [(t, 0)]
+        while stack:
+            node, i = stack.pop()
+            if i == 0 and node.uid in self._visited:
+                continue
+            if i == 0:
+                self._visited.add(node.uid)
+            if i < len(node.src):
+                stack.append((node, i + 1))
+                s = node.src[i]
+                if s is not None and s.uid not in self._visited:
+                    stack.append((s, 0))
+                continue
+            if node.op is Op.NONE:  # (ggml keeps trainable PARAM leafs as nodes; nothing here trains)
+                self.leafs.append(node)
+            else:
+                node.flags |= Flag.COMPUTE
+                self.nodes.append(node)
+
+    # ---- queries --------------------------------------------------------------------------------------------------
+    def tensors(self) -> Iterator[Tensor]:
+        yield from self.leafs
+        yield from self.nodes
+
+    def index(self, t: Tensor) -> int:
+        for i, n in enumerate(self.nodes):
+            if n is t:
+                return i
+        raise GraphError(f"tensor {t.name!r} is not a node of this graph")
+
+    def positions(self) -> dict[int, int]:
+        """uid -> node index."""
+        return {n.uid: i for i, n in enumerate(self.nodes)}
+
+    def use_counts(self) -> dict[int, int]:
+        """ggml's use counts: one use per (node, src slot), counted once per node (ggml_visit_parents_graph)."""
+        counts: dict[int, int] = {}
+        for n in self.nodes:
+            for s in n.src:
+                if s is not None:
+                    counts[s.uid] = counts.get(s.uid, 0) + 1
+        return counts
+
+    def users(self, t: Tensor) -> list[Tensor]:
+        """Nodes that read ``t`` through a src slot, in execution order (a node reading it twice appears once)."""
+        return [n for n in self.nodes if any(s is t for s in n.src)]
+
+    def dag(self) -> nx.DiGraph:
+        """src -> node edges, keyed by uid, with the tensor in attribute ``t`` and the node index in ``pos``."""
+        g = nx.DiGraph()
+        pos = self.positions()
+        for t in self.tensors():
+            g.add_node(t.uid, t=t, pos=pos.get(t.uid, -1))
+        for n in self.nodes:
+            for slot, s in enumerate(n.src):
+                if s is not None:
+                    g.add_edge(s.uid, n.uid, slot=slot)
+        return g
+
+    def find(self, key: str | int) -> Tensor:
+        """A node by index or by exact name (first match); GraphError names what was not found."""
+        if isinstance(key, int) or (isinstance(key, str) and key.isdigit()):
+            i = int(key)
+            if not 0 <= i < len(self.nodes):
+                raise GraphError(f"node index {i} out of range (graph has {len(self.nodes)} nodes)")
+            return self.nodes[i]
+        for t in self.tensors():
+            if t.name == key:
+                return t
+        raise GraphError(f"no tensor named {key!r} in the graph")
+
+    # ---- checks ---------------------------------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Every node's shape/type rules (as ggml asserts them), src order and acyclicity. Raises GraphError."""
+        from gdnpass.ops import validate_node  # local import: ops builds on ir
+
+        pos = self.positions()
+        leaf_ids = {t.uid for t in self.leafs}
+        for i, n in enumerate(self.nodes):
+            for s in n.src:
+                if s is None:
+                    continue
+                if s.uid not in leaf_ids and pos.get(s.uid, len(self.nodes)) >= i:
+                    raise GraphError(f"node {n.name!r}: src {s.name!r} is not computed before it")
+            if n.view_src is not None and n.view_src.uid not in leaf_ids and pos.get(n.view_src.uid, i) >= i:
+                raise GraphError(f"node {n.name!r}: view_src {n.view_src.name!r} is not computed before it")
+            validate_node(n)
+        if not nx.is_directed_acyclic_graph(self.dag()):
+            raise GraphError("graph has a cycle")
+
+    def replace(self, removed: list[Tensor], new: Tensor, at: Tensor) -> None:
+        """Put ``new`` at the position of ``at`` and drop ``removed`` (which may include ``at``)."""
+        gone = {t.uid for t in removed}
+        out: list[Tensor] = []
+        for n in self.nodes:
+            if n is at:
+                out.append(new)
+            if n.uid not in gone:
+                out.append(n)
+        if not any(n is new for n in out):
+            raise GraphError(f"cannot place {new.name!r}: anchor {at.name!r} is not a node")
+        new.flags |= Flag.COMPUTE
+        self.nodes = out
+        self._visited.add(new.uid)

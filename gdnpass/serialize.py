@@ -1,0 +1,440 @@
+"""A versioned JSON file format for a :class:`~gdnpass.ir.Graph` (as built, planned or fused).
+
+Schema, version 1::
+
+    {
+      "format": "gdnpass-graph",
+      "version": 1,
+      "meta": {...},                    # Graph.meta, verbatim (JSON values; tuples become lists)
+      "alignment": 0,                   # Graph.alignment (0: not planned)
+      "buffers": {"arena": 123456},     # Graph.buffers: buffer name (one of ir.BUFFERS) -> size in bytes
+      "tensors": [                      # every tensor: leafs, then nodes, then any other referenced tensor
+        {"id": 0, "name": "...", "type": "f32", "ne": [4 ints], "nb": [4 ints], "op": "NONE",
+         "op_params": {...}, "src": [ids or null], "view_src": id or null, "view_offs": 0,
+         "flags": 0, "buffer": "weights" or null, "offset": 0 or null, "layer": 0 or null},
+        ...
+      ],
+      "nodes": [ids in execution order],
+      "leafs": [ids]
+    }
+
+A tensor's ``id`` is its index in ``tensors``; all references (``src``, ``view_src``, ``nodes``, ``leafs``) are ids, so
+a tensor used by several nodes is stored once and loaded as one object. Names need not be unique. ``uid`` is not
+stored: loading gives fresh uids.
+
+Loading checks everything a later pass would trip over and raises :class:`~gdnpass.ir.GraphError` with a single line
+naming the file and the tensor or field at fault; it ends with :meth:`Graph.validate`.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+from typing import Any, Callable, NoReturn
+
+import networkx as nx
+
+from gdnpass.ir import BUFFERS, GGML_MAX_DIMS, DType, Flag, Graph, GraphError, Op, Tensor
+
+FORMAT = "gdnpass-graph"
+VERSION = 1
+
+# top-level field -> (python type, how to say it)
+_TOP: dict[str, tuple[type, str]] = {
+    "format": (str, "a string"),
+    "version": (int, "an int"),
+    "meta": (dict, "an object"),
+    "alignment": (int, "an int"),
+    "buffers": (dict, "an object"),
+    "tensors": (list, "a list"),
+    "nodes": (list, "a list"),
+    "leafs": (list, "a list"),
+}
+
+_TENSOR_FIELDS = ("id", "name", "type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs", "flags",
+                  "buffer", "offset", "layer")
+
+_ALL_FLAGS = 0
+for _f in Flag:
+    _ALL_FLAGS |= int(_f)
+
+PathLike = str | os.PathLike
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _ordered(graph: Graph) -> list[Tensor]:
+    """Leafs, nodes, then tensors reachable from them through src/view_src but in neither list (found in order)."""
+    order: list[Tensor] = []
+    seen: set[int] = set()  # id(): identity is the object, not the name (and not uid, which a caller could copy)
+
+    def add(t: Tensor | None) -> None:
+        if t is not None and id(t) not in seen:
+            seen.add(id(t))
+            order.append(t)
+
+    for t in graph.leafs:
+        add(t)
+    for t in graph.nodes:
+        add(t)
+    i = 0
+    while i < len(order):  # order grows while we walk it: this pulls in outside tensors transitively
+        t = order[i]
+        for s in t.src:
+            add(s)
+        add(t.view_src)
+        i += 1
+    return order
+
+
+def _jsonable(x: Any, where: str) -> Any:
+    """A JSON-ready copy of ``x``: tuples become lists; anything JSON cannot hold is a GraphError."""
+    if x is None or isinstance(x, (bool, str)):
+        return x
+    if isinstance(x, int):
+        return int(x)
+    if isinstance(x, float):
+        if not math.isfinite(x):
+            raise GraphError(f"{where}: {x} is not a finite number (JSON cannot hold it)")
+        return float(x)
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v, where) for v in x]
+    if isinstance(x, dict):
+        out = {}
+        for k, v in x.items():
+            if not isinstance(k, str):
+                raise GraphError(f"{where}: key {k!r} is not a string")
+            out[k] = _jsonable(v, f"{where}.{k}")
+        return out
+    raise GraphError(f"{where}: a {type(x).__name__} cannot be stored as JSON")
+
+
+def to_dict(graph: Graph) -> dict:
+    """The graph as a JSON-ready dict (see the module docstring for the schema)."""
+    order = _ordered(graph)
+    ids = {id(t): i for i, t in enumerate(order)}
+
+    def ref(t: Tensor | None) -> int | None:
+        return None if t is None else ids[id(t)]
+
+    tensors = []
+    for i, t in enumerate(order):
+        tensors.append({
+            "id": i,
+            "name": t.name,
+            "type": t.type.label,
+            "ne": [int(x) for x in t.ne],
+            "nb": [int(x) for x in t.nb],
+            "op": t.op.value,
+            "op_params": _jsonable(t.op_params, f"tensor {i} ({t.name!r}): op_params"),
+            "src": [ref(s) for s in t.src],
+            "view_src": ref(t.view_src),
+            "view_offs": int(t.view_offs),
+            "flags": int(t.flags),
+            "buffer": t.buffer,
+            "offset": None if t.offset is None else int(t.offset),
+            "layer": None if t.layer is None else int(t.layer),
+        })
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "meta": _jsonable(graph.meta, "meta"),
+        "alignment": int(graph.alignment),
+        "buffers": {k: int(v) for k, v in graph.buffers.items()},
+        "tensors": tensors,
+        "nodes": [ref(t) for t in graph.nodes],
+        "leafs": [ref(t) for t in graph.leafs],
+    }
+
+
+def dumps(graph: Graph) -> str:
+    """The graph as JSON text, one tensor per line (so files diff and grep well)."""
+    d = to_dict(graph)
+    parts = []
+    for key, value in d.items():
+        if key == "tensors":
+            body = ",\n".join("  " + json.dumps(t, allow_nan=False) for t in value)
+            parts.append(f'"tensors": [\n{body}\n]')
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value, allow_nan=False)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def save(graph: Graph, path: PathLike) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(dumps(graph))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _fail(where: str, msg: str) -> NoReturn:
+    # one line, always: names and values are repr()'d, but be safe against messages from elsewhere
+    raise GraphError(f"{where}: {msg}".replace("\n", "\\n"))
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)  # JSON true is not 1
+
+
+def _is_num(x: Any) -> bool:
+    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
+
+
+def _int_list(x: Any, n: int, ok: Callable[[int], bool]) -> bool:
+    return isinstance(x, list) and len(x) == n and all(_is_int(v) and ok(v) for v in x)
+
+
+# op_params keys whose type the shape rules rely on (a wrong type would crash int()/float() inside ops).
+# Keys not listed are free-form: fused nodes carry their own.
+_P_INT = (_is_int, "an int")
+_P_NUM = (_is_num, "a finite number")
+_P_BOOL = (lambda x: isinstance(x, bool), "a bool")
+_P_STR = (lambda x: isinstance(x, str), "a string")
+_P_AXES = (lambda x: _int_list(x, GGML_MAX_DIMS, lambda v: True), "a list of 4 ints")
+_PARAMS: dict[Op, dict[str, tuple[Callable[[Any], bool], str]]] = {
+    Op.VIEW: {"offset": _P_INT},
+    Op.TRANSPOSE: {"axes": _P_AXES},
+    Op.PERMUTE: {"axes": _P_AXES},
+    Op.CONCAT: {"dim": _P_INT},
+    Op.SCALE: {"s": _P_NUM, "b": _P_NUM, "inplace": _P_BOOL},
+    Op.ADD: {"inplace": _P_BOOL},
+    Op.MUL: {"inplace": _P_BOOL},
+    Op.UNARY: {"kind": _P_STR, "inplace": _P_BOOL},
+    Op.RMS_NORM: {"eps": _P_NUM, "inplace": _P_BOOL},
+    Op.L2_NORM: {"eps": _P_NUM, "inplace": _P_BOOL},
+    Op.GATED_DELTA_NET: {"K": _P_INT},
+}
+
+
+def _parse_tensor(e: dict, i: int, where: str) -> Tensor:
+    """Every field of one entry except the references (src, view_src), which need all tensors first."""
+    if e["id"] != i or not _is_int(e["id"]):
+        _fail(where, f"field 'id' is {e['id']!r}, expected {i} (its index in 'tensors')")
+    if not isinstance(e["name"], str):
+        _fail(where, "field 'name' must be a string")
+    if not isinstance(e["type"], str):
+        _fail(where, "field 'type' must be a string")
+    try:
+        type_ = DType.parse(e["type"])
+    except GraphError as err:
+        _fail(where, f"field 'type': {err}")
+    if not _int_list(e["ne"], GGML_MAX_DIMS, lambda v: v >= 0):
+        _fail(where, "field 'ne' must be a list of 4 non-negative ints")
+    # ggml allows overlapping strides in views and zero strides in empty tensors, never negative ones
+    if not _int_list(e["nb"], GGML_MAX_DIMS, lambda v: v >= 0) or e["nb"][0] == 0:
+        _fail(where, "field 'nb' must be a list of 4 non-negative ints with nb[0] > 0")
+    if not isinstance(e["op"], str):
+        _fail(where, "field 'op' must be a string")
+    try:
+        op = Op(e["op"])
+    except ValueError:
+        _fail(where, f"field 'op': unknown op {e['op']!r}")
+    params = e["op_params"]
+    if not isinstance(params, dict):
+        _fail(where, "field 'op_params' must be an object")
+    for key, (ok, what) in _PARAMS.get(op, {}).items():
+        if key in params and not ok(params[key]):
+            _fail(where, f"field 'op_params': {key!r} must be {what}, got {params[key]!r}")
+    params = copy.deepcopy(params)  # the Graph must not alias the caller's dict
+    if op in (Op.PERMUTE, Op.TRANSPOSE) and "axes" in params:
+        params["axes"] = tuple(params["axes"])  # ops builds axes as a tuple; JSON only has lists
+    if not (_is_int(e["view_offs"]) and e["view_offs"] >= 0):
+        _fail(where, "field 'view_offs' must be a non-negative int")
+    if not (_is_int(e["flags"]) and e["flags"] >= 0 and e["flags"] & ~_ALL_FLAGS == 0):
+        _fail(where, f"field 'flags' must be an int made of the bits {_ALL_FLAGS:#x}, got {e['flags']!r}")
+    if e["buffer"] is not None and e["buffer"] not in BUFFERS:
+        _fail(where, f"field 'buffer' is {e['buffer']!r}, expected null or one of {', '.join(BUFFERS)}")
+    if e["offset"] is not None and not (_is_int(e["offset"]) and e["offset"] >= 0):
+        _fail(where, f"field 'offset' must be null or a non-negative int, got {e['offset']!r}")
+    if e["layer"] is not None and not _is_int(e["layer"]):
+        _fail(where, "field 'layer' must be null or an int")
+    return Tensor(name=e["name"], type=type_, ne=tuple(e["ne"]), nb=tuple(e["nb"]), op=op, op_params=params,
+                  view_offs=e["view_offs"], flags=Flag(e["flags"]), buffer=e["buffer"], offset=e["offset"],
+                  layer=e["layer"])
+
+
+def _ref(x: Any, n: int, where: str, field: str) -> int:
+    if not _is_int(x):
+        _fail(where, f"field {field!r}: {x!r} is not a tensor id")
+    if not 0 <= x < n:
+        _fail(where, f"field {field!r}: tensor {x} does not exist (ids are 0..{n - 1})")
+    return x
+
+
+def _label(i: int, t: Tensor) -> str:
+    return f"tensor {i} ({t.name!r})"
+
+
+def _check_memory(tensors: list[Tensor], index: dict[int, int], buffers: dict[str, int], source: str) -> None:
+    """Views point at bases and stay inside them; base tensors stay inside their buffers."""
+    for i, t in enumerate(tensors):
+        where = f"{source}: {_label(i, t)}"
+        base = t.view_src
+        if base is not None:
+            if base.view_src is not None:
+                _fail(where, f"field 'view_src' must name a base tensor, but {_label(index[id(base)], base)} "
+                             f"is itself a view")
+            if t.buffer is not None or t.offset is not None:
+                _fail(where, "a view has no memory of its own: fields 'buffer' and 'offset' must be null")
+            end = t.view_offs + t.nbytes
+            if not t.is_empty and end > base.nbytes:
+                _fail(where, f"view bytes [{t.view_offs}, {end}) run past its base "
+                             f"{_label(index[id(base)], base)} ({base.nbytes} bytes)")
+            continue
+        if t.view_offs != 0:
+            _fail(where, f"field 'view_offs' is {t.view_offs} but the tensor is not a view")
+        if t.offset is not None and t.buffer is None:
+            _fail(where, "field 'offset' is set but 'buffer' is null")
+        if t.offset is not None and t.buffer in buffers and t.offset + t.nbytes > buffers[t.buffer]:
+            _fail(where, f"bytes [{t.offset}, {t.offset + t.nbytes}) run past buffer {t.buffer!r} "
+                         f"({buffers[t.buffer]} bytes)")
+
+
+def _id_list(d: dict, key: str, tensors: list[Tensor], seen: set[int], source: str) -> list[Tensor]:
+    out = []
+    for x in d[key]:
+        if not _is_int(x) or not 0 <= x < len(tensors):
+            _fail(source, f"field {key!r}: {x!r} is not a tensor id (ids are 0..{len(tensors) - 1})")
+        if x in seen:
+            _fail(source, f"field {key!r}: {_label(x, tensors[x])} is listed twice in 'nodes'/'leafs'")
+        seen.add(x)
+        t = tensors[x]
+        if key == "leafs" and t.op is not Op.NONE:
+            _fail(source, f"field 'leafs': {_label(x, t)} has op {t.op.value}; a leaf must have op NONE")
+        if key == "nodes" and t.op is Op.NONE:
+            _fail(source, f"field 'nodes': {_label(x, t)} has op NONE; a node must compute something")
+        out.append(t)
+    return out
+
+
+def _check_acyclic(tensors: list[Tensor], index: dict[int, int], source: str) -> None:
+    g = nx.DiGraph()
+    g.add_nodes_from(range(len(tensors)))
+    for i, t in enumerate(tensors):
+        for s in [*t.src, t.view_src]:
+            if s is not None:
+                g.add_edge(index[id(s)], i)
+    if not nx.is_directed_acyclic_graph(g):
+        cycle = [u for u, _ in nx.find_cycle(g)]
+        path = " -> ".join(str(u) for u in cycle + cycle[:1])
+        _fail(source, f"{_label(cycle[0], tensors[cycle[0]])}: is part of a cycle of src/view_src references "
+                      f"({path})")
+
+
+def from_dict(d: Any, source: str = "<dict>") -> Graph:
+    """Build and validate a Graph from :func:`to_dict`'s format. ``source`` prefixes error messages (a file name)."""
+    # ---- top level: format first, so a foreign JSON file gets the clearest message
+    if not isinstance(d, dict):
+        _fail(source, f"the top level must be a JSON object, not {type(d).__name__}")
+    if d.get("format") != FORMAT:
+        _fail(source, f"field 'format' is {d.get('format')!r}, expected {FORMAT!r} (not a gdnpass graph file?)")
+    if "version" not in d:
+        _fail(source, "missing field 'version'")
+    if not _is_int(d["version"]) or d["version"] != VERSION:
+        _fail(source, f"unsupported version {d['version']!r} (this gdnpass reads version {VERSION})")
+    for key, (typ, what) in _TOP.items():
+        if key not in d:
+            _fail(source, f"missing field {key!r}")
+        if not isinstance(d[key], typ) or (typ is int and isinstance(d[key], bool)):
+            _fail(source, f"field {key!r} must be {what}, not {type(d[key]).__name__}")
+    for key in d:
+        if key not in _TOP:
+            _fail(source, f"unknown field {key!r}")
+    if d["alignment"] < 0:
+        _fail(source, f"field 'alignment' must be >= 0, got {d['alignment']}")
+    for name, size in d["buffers"].items():
+        if name not in BUFFERS:
+            _fail(source, f"field 'buffers': unknown buffer {name!r} (expected one of {', '.join(BUFFERS)})")
+        if not (_is_int(size) and size >= 0):
+            _fail(source, f"field 'buffers': size of {name!r} must be a non-negative int, got {size!r}")
+
+    # ---- tensors: fields first, then references (an entry may refer to a later one)
+    entries = d["tensors"]
+    tensors: list[Tensor] = []
+    for i, e in enumerate(entries):
+        where = f"{source}: tensor {i}"
+        if not isinstance(e, dict):
+            _fail(where, f"must be an object, not {type(e).__name__}")
+        if isinstance(e.get("name"), str):
+            where += f" ({e['name']!r})"
+        for key in _TENSOR_FIELDS:
+            if key not in e:
+                _fail(where, f"missing field {key!r}")
+        for key in e:
+            if key not in _TENSOR_FIELDS:
+                _fail(where, f"unknown field {key!r}")
+        tensors.append(_parse_tensor(e, i, where))
+    index = {id(t): i for i, t in enumerate(tensors)}
+    n = len(tensors)
+    for i, (e, t) in enumerate(zip(entries, tensors)):
+        where = f"{source}: {_label(i, t)}"
+        if not isinstance(e["src"], list):
+            _fail(where, "field 'src' must be a list of tensor ids (or null for an empty slot)")
+        t.src = [None if x is None else tensors[_ref(x, n, where, "src")] for x in e["src"]]
+        if e["view_src"] is not None:
+            t.view_src = tensors[_ref(e["view_src"], n, where, "view_src")]
+
+    buffers = dict(d["buffers"])
+    _check_memory(tensors, index, buffers, source)
+    seen: set[int] = set()
+    leafs = _id_list(d, "leafs", tensors, seen, source)
+    nodes = _id_list(d, "nodes", tensors, seen, source)
+    _check_acyclic(tensors, index, source)
+
+    graph = Graph()
+    graph.meta = copy.deepcopy(d["meta"])
+    graph.alignment = d["alignment"]
+    graph.buffers = buffers
+    graph.leafs = leafs
+    graph.nodes = nodes
+    graph._visited = {t.uid for t in graph.tensors()}  # a later expand() must not add them again
+
+    # ---- shape rules, per node so the message carries the tensor id (names may repeat)
+    from gdnpass.ops import validate_node  # ops imports ir only; kept local like ir.Graph.validate does
+
+    for t in nodes:
+        where = f"{source}: tensor {index[id(t)]}"
+        try:
+            validate_node(t)
+        except GraphError as err:
+            _fail(where, str(err))
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as err:
+            # op_params of a shape no rule expects (the typed keys above are checked; others are free-form)
+            _fail(where, f"node {t.name!r} ({t.op.value}) cannot be checked: {type(err).__name__}: {err}")
+    try:
+        graph.validate()  # execution order (src computed before use) and acyclicity
+    except GraphError as err:
+        _fail(source, str(err))
+    return graph
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def loads(text: str | bytes, source: str = "<string>") -> Graph:
+    try:
+        d = json.loads(text, parse_constant=_reject_constant)  # NaN / Infinity are not JSON
+    except (ValueError, RecursionError) as err:  # JSONDecodeError is a ValueError
+        _fail(source, f"not valid JSON: {err}")
+    return from_dict(d, source)
+
+
+def load(path: PathLike) -> Graph:
+    source = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as err:
+        _fail(source, f"cannot read: {err.strerror or err}")
+    except UnicodeDecodeError as err:
+        _fail(source, f"not UTF-8 text: {err}")
+    return loads(text, source)
