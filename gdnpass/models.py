@@ -93,7 +93,7 @@ class VerifyConfig:
     n_layers: int | None = None  # GDN layers to build (None: all of the preset's)
     n_seqs: int = 1
     dflash: bool = False       # flag the drafter's hidden-state taps OUTPUT
-    mem_size: int | None = None  # recurrent cells (None: n_seqs + n_rs_extra + 1, so one cell is not written)
+    mem_size: int | None = None  # recurrent cells (None: just the n_seqs + n_rs_extra cells this ubatch uses)
     kv_head: int = 0           # first cell of this ubatch
     rs_z: int = -1             # the cell build_rs zeroes (-1: none, as in a verify of running sequences)
     n_rs_extra: int = 0        # the "extra" rows build_rs moves (n_rs - n_seqs)
@@ -117,7 +117,7 @@ class VerifyConfig:
 
     @property
     def cells(self) -> int:
-        return self.mem_size if self.mem_size is not None else self.n_seqs + self.n_rs_extra + 1
+        return self.mem_size if self.mem_size is not None else self.kv_head + self.n_seqs + self.n_rs_extra
 
     @property
     def shape(self) -> ModelShape:

@@ -1,0 +1,215 @@
+"""The executor: every buffer is one torch uint8 tensor, every tensor a strided view of it, nodes run in order.
+
+Because tensors really alias (as the plan says), a rewrite that breaks the plan's liveness really corrupts bytes:
+the exactness tests compare what this executor leaves in memory, not what an idealised evaluator would compute.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections import Counter
+from typing import Callable, Iterable
+
+import torch
+
+from gdnpass.ir import VIEW_OPS, DType, Graph, GraphError, Op, Tensor
+
+TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
+
+Kernel = Callable[[Tensor, list, torch.Tensor], None]
+
+
+def runs_kernel(n: Tensor) -> bool:
+    """Nodes that launch work: not a view/no-op and not empty (ggml_cuda_is_view_or_noop / ggml_is_empty)."""
+    return n.op not in VIEW_OPS and not n.is_empty
+
+
+def launches(graph: Graph) -> Counter:
+    """Kernel launches per op label (UNARY split by kind) for one execution of ``graph``."""
+    c: Counter = Counter()
+    for n in graph.nodes:
+        if runs_kernel(n):
+            c[f"UNARY({n.op_params['kind']})" if n.op is Op.UNARY else n.op.value] += 1
+    return c
+
+
+def backend_for(device: str, backend: str | None) -> dict:
+    """The op -> kernel table: torch references on the CPU, Triton kernels for the arithmetic ops on CUDA."""
+    from gdnpass import kernels
+
+    name = backend or ("triton" if device.startswith("cuda") else "torch")
+    if name == "torch":
+        return kernels.TORCH_BACKEND
+    if name == "triton":
+        return kernels.TRITON_BACKEND
+    raise GraphError(f"unknown backend {name!r} (expected torch or triton)")
+
+
+class Executor:
+    """Runs a planned graph on ``device``. ``backend`` picks the kernel table (default: by device)."""
+
+    def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None) -> None:
+        if "arena" not in graph.buffers:
+            raise GraphError("graph has no memory plan: run gdnpass.alloc.plan(graph) first")
+        self.graph = graph
+        self.device = torch.device(device)
+        self.kernels = backend_for(device, backend)
+        # pad so that any dtype view of the byte buffer is well formed
+        self.buffers = {name: torch.empty(_pad(size), dtype=torch.uint8, device=self.device)
+                        for name, size in graph.buffers.items()}
+        self._typed: dict[tuple[str, DType], torch.Tensor] = {}
+        self._views: dict[int, torch.Tensor] = {}
+        self._cuda_graph = None
+
+    # ---- memory ---------------------------------------------------------------------------------------------------
+    def view(self, t: Tensor) -> torch.Tensor:
+        """The 4-D torch view (ne3, ne2, ne1, ne0) of ``t`` in its planned memory."""
+        v = self._views.get(t.uid)
+        if v is None:
+            v = self._views[t.uid] = self._make_view(t)
+        return v
+
+    def _make_view(self, t: Tensor) -> torch.Tensor:
+        base = t.base
+        if base.buffer not in self.buffers or base.offset is None:
+            raise GraphError(f"tensor {t.name!r}: no memory in this plan (buffer {base.buffer!r})")
+        es = t.type.size
+        off = base.offset + t.view_offs
+        if off % es or any(nb % es for nb in t.nb):
+            raise GraphError(f"tensor {t.name!r}: offset/strides are not multiples of its element size {es}")
+        key = (base.buffer, t.type)
+        typed = self._typed.get(key)
+        if typed is None:
+            typed = self._typed[key] = self.buffers[base.buffer].view(TORCH_DTYPES[t.type])
+        if not t.is_empty and off + t.nbytes > self.buffers[base.buffer].numel():
+            raise GraphError(f"tensor {t.name!r}: bytes [{off}, {off + t.nbytes}) run past buffer {base.buffer!r}")
+        return typed.as_strided(tuple(reversed(t.ne)), tuple(nb // es for nb in reversed(t.nb)), off // es)
+
+    def read(self, t: Tensor | str) -> torch.Tensor:
+        """A copy of a tensor's current contents, on the CPU."""
+        if isinstance(t, str):
+            t = self.graph.find(t)
+        return self.view(t).detach().to("cpu", copy=True)
+
+    def bytes_of(self, t: Tensor) -> bytes:
+        """The raw bytes of a base tensor or a contiguous view (for byte-for-byte comparisons)."""
+        return self.read(t).contiguous().view(torch.uint8).numpy().tobytes()
+
+    def fill(self, seed: int = 0, ids: list[int] | None = None) -> None:
+        """Reproducible contents for every leaf, and poison (NaN) in the arena.
+
+        Weights depend only on (seed, name), so two graphs built from one config get the same weights. Caches and
+        inputs are random, never zeros (zeros hide unwritten outputs). ``ids`` sets ``inp_s_copy``.
+        """
+        self.buffers["arena"].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
+        for t in self.graph.leafs:
+            if t.is_view or t.is_empty:
+                continue
+            if t.type is DType.I32:
+                vals = torch.tensor(ids if ids is not None else self.graph.meta.get("ids", [0] * t.nelements),
+                                    dtype=torch.int32)
+                if vals.numel() != t.nelements:
+                    raise GraphError(f"tensor {t.name!r}: {vals.numel()} ids given, needs {t.nelements}")
+                self.view(t).copy_(vals.reshape(self.view(t).shape))
+                continue
+            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{t.name}".encode()))
+            x = _init_values(t, g)
+            self.view(t).copy_(x.reshape(self.view(t).shape))
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.buffers.items()}
+
+    def restore(self, snap: dict[str, torch.Tensor]) -> None:
+        for k, v in snap.items():
+            self.buffers[k].copy_(v)
+
+    # ---- execution ------------------------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None,
+            probes: Iterable[Tensor] = ()) -> dict[str, torch.Tensor]:
+        """Execute every node in order (or replay the captured CUDA graph).
+
+        ``probes``: tensors to copy out while they are still valid, i.e. just before the last kernel that reads
+        them (an intermediate's block is reused afterwards); a tensor nobody reads is copied at the end. Returns
+        {name: CPU copy}.
+        """
+        probes = list(probes)
+        if self._cuda_graph is not None:
+            if probes:
+                raise GraphError("probes are not available when replaying a captured CUDA graph")
+            self._cuda_graph.replay()
+            return {}
+        nodes = self.graph.nodes
+        at = probe_points(self.graph, probes)
+        captured: dict[str, torch.Tensor] = {}
+        for i, n in enumerate(nodes):
+            for t in at.get(i, ()):
+                captured[t.name] = self.read(t)
+            if runs_kernel(n):
+                fn = self.kernels.get(n.op)
+                if fn is None:
+                    raise GraphError(f"node {n.name!r}: no kernel for op {n.op.value}")
+                fn(n, [self.view(s) if s is not None else None for s in n.src], self.view(n))
+            if progress is not None:
+                progress(i + 1, len(nodes))
+        for t in at.get(len(nodes), ()):
+            captured[t.name] = self.read(t)
+        return captured
+
+    def capture(self) -> None:
+        """Capture one whole run as a CUDA graph; later ``run`` calls replay it."""
+        if self.device.type != "cuda":
+            raise GraphError("CUDA-graph capture needs device cuda")
+        self.run()  # warm up: compiles the Triton kernels outside the capture
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.run()
+        self._cuda_graph = g
+
+    def timed_run(self) -> float:
+        """Seconds for one ``run``, synchronised."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        self.run()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+
+def probe_points(graph: Graph, probes: list[Tensor]) -> dict[int, list[Tensor]]:
+    """node index -> tensors to read just before that node runs (its last reader), or len(nodes) for the end."""
+    at: dict[int, list[Tensor]] = {}
+    for t in probes:
+        lo, hi = t.view_offs, t.view_offs + t.nbytes
+        last = len(graph.nodes)
+        for i, n in enumerate(graph.nodes):
+            if runs_kernel(n) and any(s is not None and s.base is t.base and s.view_offs < hi and lo < s.view_offs + s.nbytes
+                                      for s in n.src):
+                last = i
+        at.setdefault(last, []).append(t)
+    return at
+
+
+def _pad(n: int) -> int:
+    return max(16, (n + 15) // 16 * 16)
+
+
+def _init_values(t: Tensor, g: torch.Generator) -> torch.Tensor:
+    """Plausible magnitudes per tensor role (so the GDN recurrence and norms stay finite)."""
+    name = t.name
+    if t.buffer == "weights" and t.type is not DType.F32:  # big projections: draw in their own type, scale in place
+        return torch.randn(t.nelements, generator=g, dtype=TORCH_DTYPES[t.type]).mul_(t.ne[0] ** -0.5)
+    r = torch.randn(t.nelements, generator=g)
+    if name.endswith("norm.weight"):
+        return r.mul_(0.1).add_(1.0)
+    if name.endswith(".ssm_a"):
+        return r.mul_(0.5).exp_().neg_()
+    if name.endswith("ssm_dt.bias") or name.endswith("ssm_conv1d.weight"):
+        return r.mul_(0.5)
+    if t.buffer == "weights":
+        return r.mul_(t.ne[0] ** -0.5)  # fan-in scaled projections
+    if name.startswith("cache_s"):
+        return r.mul_(0.1)
+    return r
