@@ -197,6 +197,18 @@ def same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
+def inputs(n: Tensor) -> list[Tensor]:
+    """The tensors a node reads. A fused node lists its inputs first and then the extra tensors it writes."""
+    k = n.op_params.get("n_inputs")
+    return [s for s in (n.src if k is None else n.src[:k]) if s is not None]
+
+
+def outputs(n: Tensor) -> list[Tensor]:
+    """The tensors whose memory a node writes: itself (for a view: the viewed bytes), plus a fused node's extras."""
+    k = n.op_params.get("n_inputs")
+    return [n] + ([] if k is None else [s for s in n.src[k:] if s is not None])
+
+
 def byte_range(t: Tensor) -> tuple[str, int, int]:
     """(buffer, lo, hi): the half-open byte interval ``t`` may touch, as ggml-cuda's fusion range checks see it."""
     base = t.base
@@ -306,17 +318,17 @@ class Graph:
         """Every node's shape/type rules (as ggml asserts them), src order and acyclicity. Raises GraphError."""
         from gdnpass.ops import validate_node  # local import: ops builds on ir
 
-        pos = self.positions()
-        leaf_ids = {t.uid for t in self.leafs}
-        for i, n in enumerate(self.nodes):
-            for s in n.src:
-                if s is None:
-                    continue
-                if s.uid not in leaf_ids and pos.get(s.uid, len(self.nodes)) >= i:
+        ready = {t.uid for t in self.leafs}  # tensors whose bytes exist by the time a node runs
+        for n in self.nodes:
+            for s in inputs(n):
+                if s.uid not in ready:
                     raise GraphError(f"node {n.name!r}: src {s.name!r} is not computed before it")
-            if n.view_src is not None and n.view_src.uid not in leaf_ids and pos.get(n.view_src.uid, i) >= i:
+            if n.view_src is not None and n.view_src.uid not in ready and n.op is not Op.GDN_CONV_CHAIN:
                 raise GraphError(f"node {n.name!r}: view_src {n.view_src.name!r} is not computed before it")
             validate_node(n)
+            ready.update(t.uid for t in outputs(n))
+            if n.view_src is not None:
+                ready.add(n.view_src.uid)
         if not nx.is_directed_acyclic_graph(self.dag()):
             raise GraphError("graph has a cycle")
 

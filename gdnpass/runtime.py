@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from gdnpass.ir import VIEW_OPS, DType, Graph, GraphError, Op, Tensor
+from gdnpass.ir import VIEW_OPS, DType, Graph, GraphError, Op, Tensor, inputs
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
 
@@ -185,8 +185,8 @@ def probe_points(graph: Graph, probes: list[Tensor]) -> dict[int, list[Tensor]]:
         lo, hi = t.view_offs, t.view_offs + t.nbytes
         last = len(graph.nodes)
         for i, n in enumerate(graph.nodes):
-            if runs_kernel(n) and any(s is not None and s.base is t.base and s.view_offs < hi and lo < s.view_offs + s.nbytes
-                                      for s in n.src):
+            if runs_kernel(n) and any(s.base is t.base and s.view_offs < hi and lo < s.view_offs + s.nbytes
+                                      for s in inputs(n)):
                 last = i
         at.setdefault(last, []).append(t)
     return at

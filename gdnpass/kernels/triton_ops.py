@@ -1,0 +1,260 @@
+"""Triton kernels for the arithmetic ops, each writing straight into a (possibly strided) output view.
+
+Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided
+windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
+
+The ``@triton.jit`` helpers (:func:`conv_taps`, :func:`silu_f32`, :func:`l2_scale_rows`, :func:`matvec_col`) are the
+arithmetic; a fused kernel calls the same helpers so its results are byte-identical. Triton's reduction tree depends
+on the tile shape and num_warps, so a fused kernel must use the module constants below (and the tile shapes the
+launchers derive from them) for the reductions to run in the same order.
+
+Every kernel loads all inputs of the elements it owns before storing them, so an output may alias its input element
+for element (SiLU in place). Token counts stay runtime loop bounds (no recompile per n_t); channels go on the grid.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdnpass.kernels.reference import f32, gdn_scale
+
+NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper must launch with the same
+ELT_BLOCK = 1024    # elements per program (SiLU)
+CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
+L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
+MV_BLOCK_M = 32     # mat-vec weight rows per program
+MV_BLOCK_K = 128    # mat-vec K step
+GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
+MV_MAX_COLS = 8     # mat-vec handles activations of 1..8 columns
+
+
+def l2_tile(ne0: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_D) of the L2 tile for rows of ne0 elements."""
+    block_d = triton.next_power_of_2(ne0)
+    return max(1, L2_TILE // block_d), block_d
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """Element strides in ggml order (s0, s1, s2, s3) of a 4-D (ne3, ne2, ne1, ne0) view."""
+    assert t.dim() == 4, f"expected a 4-D (ne3, ne2, ne1, ne0) view, got shape {tuple(t.shape)}"
+    return t.stride()[::-1]
+
+
+# ---- shared helpers -------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def silu_f32(x):
+    return x / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def l2_scale_rows(x, eps):
+    """x: [BLOCK_R, BLOCK_D] rows (masked lanes 0) -> x * rsqrt(max(Σx², eps²)) per row (ggml-cuda's form)."""
+    return x * tl.math.rsqrt(tl.maximum(tl.sum(x * x, axis=1), eps * eps))[:, None]
+
+
+@triton.jit
+def conv_taps(s_ptrs, s_step, x_ptrs, x_step, w_ptrs, w_step, t, mask, D_CONV: tl.constexpr):
+    """Causal depthwise conv of token t over a tile of channels: Σ_{j<D_CONV} win[t+j]·w[j], taps in order from 0.0.
+
+    Window column c < D_CONV-1 is the old state (``s_ptrs + c*s_step``), column c >= D_CONV-1 is input token
+    c-(D_CONV-1) (``x_ptrs + ..*x_step``): a fused kernel reads the cache rows and the projection where they lie;
+    plain SSM_CONV passes its concatenated input as both."""
+    acc = tl.zeros(mask.shape, tl.float32)
+    for j in tl.static_range(D_CONV):
+        c = t + j
+        p = tl.where(c < D_CONV - 1, s_ptrs + c * s_step, x_ptrs + (c - (D_CONV - 1)) * x_step)
+        acc += tl.load(p, mask=mask, other=0.0) * tl.load(w_ptrs + j * w_step, mask=mask, other=0.0)
+    return acc
+
+
+@triton.jit
+def matvec_col(w_ptr, w_stride, rows, row_mask, x_ptr, K, BLOCK_K: tl.constexpr):
+    """Σ_k w[row, k]·x[k] for a block of weight rows (w f32/f16/bf16 with contiguous rows, x f32 contiguous):
+    a [BLOCK_M, BLOCK_K] f32 accumulator over K in BLOCK_K steps, then one tl.sum over axis 1."""
+    ks = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
+    acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        kmask = kk < K
+        # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
+        w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        acc += w * tl.load(x_ptr + kk, mask=kmask, other=0.0)[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def _row_offset(r, ne1, ne2, s1, s2, s3):
+    """Element offset of flat row index r = i1 + ne1*(i2 + ne2*i3)."""
+    return (r % ne1) * s1 + (r // ne1 % ne2) * s2 + (r // (ne1 * ne2)) * s3
+
+
+# ---- SSM_CONV -------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _ssm_conv_kernel(sx_ptr, c_ptr, y_ptr, C, n_t,
+                     sx_s0, sx_s1, sx_s2,  # sx [dc-1+n_t, C, n_s]
+                     c_s0, c_s1,           # c  [dc, C]
+                     y_s0, y_s1, y_s2,     # y  [C, n_t, n_s]
+                     D_CONV: tl.constexpr, BLOCK_C: tl.constexpr):
+    seq = tl.program_id(0)
+    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = ch < C
+    s_ptrs = sx_ptr + seq * sx_s2 + ch * sx_s1
+    w_ptrs = c_ptr + ch * c_s1
+    y_ptrs = y_ptr + seq * y_s2 + ch * y_s0
+    for t in range(n_t):
+        y = conv_taps(s_ptrs, sx_s0, s_ptrs + (D_CONV - 1) * sx_s0, sx_s0, w_ptrs, c_s0, t, mask, D_CONV)
+        tl.store(y_ptrs + t * y_s1, y, mask=mask)
+
+
+def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int = CONV_BLOCK_C) -> None:
+    """SSM_CONV into ``out`` (ne [C, n_t, n_s]); sx ne [dc-1+n_t, C, n_s], c ne [dc, C], all f32."""
+    n_s, n_t, C = out.shape[1], out.shape[2], out.shape[3]
+    d_conv = c.shape[-1]
+    if out.numel() == 0:
+        return
+    sx_s, c_s, y_s = _strides(sx), _strides(c), _strides(out)
+    _ssm_conv_kernel[(n_s, triton.cdiv(C, block_c))](
+        sx, c, out, C, n_t, sx_s[0], sx_s[1], sx_s[2], c_s[0], c_s[1], y_s[0], y_s[1], y_s[2],
+        D_CONV=d_conv, BLOCK_C=block_c, num_warps=NUM_WARPS)
+
+
+# ---- SiLU -----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _silu_kernel(x_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
+                 BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    i0, r = idx % ne0, idx // ne0
+    x = tl.load(x_ptr + i0 * x_s0 + _row_offset(r, ne1, ne2, x_s1, x_s2, x_s3), mask=mask)
+    tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), silu_f32(x), mask=mask)
+
+
+def silu(x: torch.Tensor, out: torch.Tensor) -> None:
+    """UNARY SILU elementwise into ``out`` (same shape; ``out`` may be ``x`` itself)."""
+    n = x.numel()
+    if n == 0:
+        return
+    _silu_kernel[(triton.cdiv(n, ELT_BLOCK),)](
+        x, out, n, x.shape[3], x.shape[2], x.shape[1], *_strides(x), *_strides(out),
+        BLOCK=ELT_BLOCK, num_warps=NUM_WARPS)
+
+
+# ---- L2_NORM --------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _l2_norm_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
+                    x_s1, x_s2, x_s3,          # x rows are contiguous (nb0 == 4)
+                    y_s0, y_s1, y_s2, y_s3,
+                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
+    x = tl.load(x_ptr + _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None] + cols[None, :], mask=mask, other=0.0)
+    y = l2_scale_rows(x, eps)
+    tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
+
+
+def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """L2_NORM of each row (along ne0) of ``x`` (nb0 == 4, rows anywhere) into ``out`` (same shape, any strides)."""
+    n_rows = x.shape[0] * x.shape[1] * x.shape[2]
+    if x.numel() == 0:
+        return
+    xs = _strides(x)
+    assert xs[0] == 1, "L2_NORM needs contiguous rows"
+    block_r, block_d = l2_tile(x.shape[3])
+    _l2_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+        x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
+        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=NUM_WARPS)
+
+
+# ---- MUL_MAT (mat-vec) ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mul_mat_vec_kernel(w_ptr, x_ptr, y_ptr, M, K, N, ne1, ne2,
+                        w_s1,                  # w [K, M], contiguous rows
+                        x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
+                        y_s0, y_s1, y_s2, y_s3,
+                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    for n in range(N):  # one program does every column of its rows: the weight block is fetched from memory once
+        acc = matvec_col(w_ptr, w_s1, rows, row_mask, x_ptr + _row_offset(n, ne1, ne2, x_s1, x_s2, x_s3), K, BLOCK_K)
+        tl.store(y_ptr + _row_offset(n, ne1, ne2, y_s1, y_s2, y_s3) + rows * y_s0, acc, mask=row_mask)
+
+
+def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
+                block_m: int = MV_BLOCK_M, block_k: int = MV_BLOCK_K) -> None:
+    """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
+    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 8 columns, out f32 ne [M, N1, N2, N3]."""
+    M, K = w.shape[-2], w.shape[-1]
+    N = x.shape[0] * x.shape[1] * x.shape[2]
+    assert w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows"
+    assert 1 <= N <= MV_MAX_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MV_MAX_COLS} contiguous columns"
+    xs = _strides(x)
+    _mul_mat_vec_kernel[(triton.cdiv(M, block_m),)](
+        w, x, out, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
+        BLOCK_M=block_m, BLOCK_K=block_k, num_warps=NUM_WARPS)
+
+
+# ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
+                n_t, n_s, H_v, H_k, K, scale,
+                qk_s1, qk_s2, qk_s3,        # q, k [S, H_k, n_t, n_s], contiguous rows, same strides
+                v_s1, v_s2, v_s3,           # v    [S, H_v, n_t, n_s], contiguous rows
+                g_s0, g_s1, g_s2, g_s3,     # g    [1 or S, H_v, n_t, n_s]; g_s0 = 0 for one gate per head
+                b_s1, b_s2, b_s3,           # beta [1, H_v, n_t, n_s]
+                st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]
+                S: tl.constexpr, BLOCK_V: tl.constexpr):
+    cb, h, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i = tl.arange(0, S)                               # key index: tile rows
+    col = cb * BLOCK_V + tl.arange(0, BLOCK_V)        # value index: tile columns
+    cmask = col < S
+    tile = col[None, :] * st_s1 + i[:, None]          # state-layout offsets of the [S, BLOCK_V] slice
+    st = tl.load(s_ptr + seq * st_s3 + h * st_s2 + tile, mask=cmask[None, :], other=0.0)
+    n_scores = S * H_v * n_t * n_s
+    slot_size = S * S * H_v * n_s
+    snap_ptrs = o_ptr + n_scores + (seq * H_v + h) * S * S + tile
+    for t in range(n_t):
+        qk = seq * qk_s3 + t * qk_s2 + (h % H_k) * qk_s1
+        q = tl.load(q_ptr + qk + i)
+        kk = tl.load(k_ptr + qk + i)[:, None]
+        v = tl.load(v_ptr + seq * v_s3 + t * v_s2 + h * v_s1 + col, mask=cmask, other=0.0)
+        gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0))
+        beta = tl.load(b_ptr + seq * b_s3 + t * b_s2 + h * b_s1)
+        st = st * gate[:, None]
+        delta = (v - tl.sum(st * kk, axis=0)) * beta
+        st = st + kk * delta[None, :]
+        o = tl.sum(st * q[:, None], axis=0) * scale
+        tl.store(o_ptr + ((seq * n_t + t) * H_v + h) * S + col, o, mask=cmask)
+        slot = n_t - 1 - t  # slot 0 = state after the last token; slots >= n_t are left untouched
+        tl.store(snap_ptrs + slot * slot_size, st, mask=cmask[None, :] & (slot < K))
+
+
+def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V) -> None:
+    """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
+    One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers."""
+    n_s, n_t, H_v, S = v.shape
+    assert S & (S - 1) == 0, f"head size {S} must be a power of two"
+    assert out.is_contiguous(), "the GDN output must be contiguous"
+    qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
+    assert qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous"
+    g_s0 = gs[0] if g.shape[3] == S else 0
+    block_v = min(block_v, S)
+    _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
+        q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
+        qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
+        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, num_warps=NUM_WARPS)

@@ -1,0 +1,29 @@
+"""Test setup. Without a CUDA GPU the Triton kernels run in the Triton interpreter, which must be switched on before
+any ``@triton.jit`` kernel is defined, so this comes before anything imports gdnpass.kernels.triton_ops."""
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+
+HAS_GPU = torch.cuda.is_available()
+DEVICE = "cuda" if HAS_GPU else "cpu"
+
+
+def pytest_collection_modifyitems(config, items):
+    """``@pytest.mark.gpu`` tests are skipped on machines without CUDA."""
+    if HAS_GPU:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE
