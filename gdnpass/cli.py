@@ -21,9 +21,9 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default="qwen3.5-9b", help="shape preset (default: %(default)s)")
     g.add_argument("--tokens", type=int, default=8, help="tokens per sequence in the verify ubatch (default: 8)")
     g.add_argument("--rs-seq", type=int, default=7, help="rollback snapshot planes n_rs_seq (default: 7)")
-    g.add_argument("--layers", type=int, default=4,
-                   help="GDN layers to build (default: 4; 0 = all of the preset's, e.g. 24 for qwen3.5-9b, which "
-                        "needs ~3.5 GiB of bf16 weights)")
+    g.add_argument("--layers", type=int, default=None,
+                   help="GDN layers to build (default: 4, or all if the preset has fewer; 0 = all of the preset's, "
+                        "e.g. 24 for qwen3.5-9b, which needs ~3.5 GiB of bf16 weights)")
     g.add_argument("--seqs", type=int, default=1, help="sequences in the ubatch (default: 1)")
     g.add_argument("--dflash", action="store_true", help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
     g.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
@@ -34,17 +34,23 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
 
 
 def _config(a: argparse.Namespace):
-    from gdnpass.models import VerifyConfig
+    from gdnpass.models import VerifyConfig, get_model
 
-    return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=a.layers or None, n_seqs=a.seqs,
+    layers = a.layers
+    if layers is None:
+        layers = min(4, len(get_model(a.model).gdn_layers))
+    return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
                         dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype)
 
 
-def build_planned(a: argparse.Namespace):
+def build_planned(a: argparse.Namespace, fusion: bool | None = None):
+    """Build, run the pre-plan fusion step if fusion is on (``None``: GDN_FUSION decides), plan."""
     from gdnpass.alloc import plan
+    from gdnpass.fusion import prepare
     from gdnpass.models import build_verify_graph
 
     graph = build_verify_graph(_config(a))
+    prepare(graph, enabled=fusion)
     plan(graph, a.alignment)
     return graph
 
@@ -75,15 +81,20 @@ def _check_device(device: str) -> None:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
+    from gdnpass.fusion import fuse
     from gdnpass.runtime import Executor, launches
 
     _check_device(a.device)
     if a.device == "cpu" and a.backend == "triton":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' definition
     t0 = time.perf_counter()
-    graph = build_planned(a)
+    graph = build_planned(a, fusion=True if a.check else None)
     t_build = time.perf_counter() - t0
+    if a.check:
+        return _run_check(a, graph)
 
+    nodes_unfused, launches_unfused = len(graph.nodes), sum(launches(graph).values())
+    report = fuse(graph, between=a.between)  # GDN_FUSION decides
     ex = Executor(graph, device=a.device, backend=a.backend)
     t0 = time.perf_counter()
     ex.fill(seed=a.seed)
@@ -99,11 +110,12 @@ def cmd_run(a: argparse.Namespace) -> int:
     counts = launches(graph)
     summary = {
         "model": a.model, "tokens": a.tokens, "rs_seq": a.rs_seq, "seqs": a.seqs,
-        "layers": len(graph.meta["layers"]),
-        "dflash_taps": graph.meta["dflash_taps"], "device": str(ex.device),
-        "nodes": len(graph.nodes), "leafs": len(graph.leafs), "buffers": graph.buffers,
-        "launches": sum(counts.values()), "launches_per_op": dict(sorted(counts.items())),
-        "seconds": {"build_and_plan": round(t_build, 4), "fill": round(t_fill, 4), "execute": round(t_exec, 4)},
+        "layers": len(graph.meta["layers"]), "dflash_taps": graph.meta["dflash_taps"], "device": str(ex.device),
+        "nodes": len(graph.nodes), "nodes_unfused": nodes_unfused, "leafs": len(graph.leafs),
+        "buffers": graph.buffers, "launches": sum(counts.values()), "launches_unfused": launches_unfused,
+        "launches_per_op": dict(sorted(counts.items())), "fusion": report.to_json(),
+        "seconds": {"build_and_plan": round(t_build, 4), "fuse": round(report.seconds, 4), "fill": round(t_fill, 4),
+                    "execute": round(t_exec, 4)},
     }
     if a.json:
         print(json.dumps(summary, indent=2))
@@ -111,12 +123,36 @@ def cmd_run(a: argparse.Namespace) -> int:
     mib = 1 << 20
     print(f"gdnpass run: {a.model}, {summary['layers']} GDN layers, n_t={a.tokens}, n_rs_seq={a.rs_seq}, "
           f"seqs={a.seqs}{', dflash taps ' + str(summary['dflash_taps']) if a.dflash else ''} on {ex.device}")
-    print(f"  nodes {len(graph.nodes)}, leafs {len(graph.leafs)}, launches {summary['launches']}")
+    print(f"  fusion: {report.summary()}")
+    print(f"  nodes {nodes_unfused} -> {len(graph.nodes)}, launches {launches_unfused} -> {summary['launches']}, "
+          f"leafs {len(graph.leafs)}")
     print("  buffers: " + ", ".join(f"{k} {v / mib:.2f} MiB" for k, v in graph.buffers.items()))
     print("  launches per op: " + ", ".join(f"{k} {v}" for k, v in summary["launches_per_op"].items()))
     s = summary["seconds"]
-    print(f"  time: build+plan {s['build_and_plan'] * 1e3:.1f} ms, fill {s['fill']:.2f} s, execute {s['execute']:.2f} s")
+    print(f"  time: build+plan {s['build_and_plan'] * 1e3:.1f} ms, fuse {s['fuse'] * 1e3:.1f} ms, "
+          f"fill {s['fill']:.2f} s, execute {s['execute']:.2f} s")
     return 0
+
+
+def _run_check(a: argparse.Namespace, graph) -> int:
+    """``run --check``: unfused then fused from identical inputs; exit 1 on any differing byte."""
+    from gdnpass.check import check_fusion
+
+    res = check_fusion(graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
+                       progress=_progress("check"))
+    if a.json:
+        print(json.dumps(res.to_json(), indent=2))
+    else:
+        print(f"gdnpass run --check: {a.model}, n_t={a.tokens}, n_rs_seq={a.rs_seq}: {res.report.summary()}")
+        for c in res.compared:
+            if c.identical:
+                print(f"  identical  {c.name} ({c.nbytes} bytes)")
+            else:
+                print(f"  DIFFERS    {c.name}: first differing byte {c.first_diff} "
+                      f"(unfused {c.values[0]!r}, fused {c.values[1]!r})")
+        n_bad = sum(not c.identical for c in res.compared)
+        print(f"{len(res.compared) - n_bad} identical, {n_bad} differing")
+    return 0 if res.identical else 1
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -130,6 +166,10 @@ def make_parser() -> argparse.ArgumentParser:
                    help="kernel table (default: torch on cpu, triton on cuda)")
     r.add_argument("--seed", type=int, default=0, help="seed of weights, caches and inputs (default: 0)")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
+    r.add_argument("--check", action="store_true",
+                   help="run unfused and fused from identical inputs and compare the bytes (exit 1 on a difference)")
+    r.add_argument("--between", default="narrow", choices=["narrow", "broad"],
+                   help="nodes-in-between check: the seed's narrow rules or the older broad one (default: narrow)")
     r.set_defaults(func=cmd_run)
     return p
 

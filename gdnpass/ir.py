@@ -197,6 +197,11 @@ def same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
+def runs_kernel(n: Tensor) -> bool:
+    """Nodes that launch work: not a view/no-op and not empty (ggml_cuda_is_view_or_noop / ggml_is_empty)."""
+    return n.op not in VIEW_OPS and not n.is_empty
+
+
 def inputs(n: Tensor) -> list[Tensor]:
     """The tensors a node reads. A fused node lists its inputs first and then the extra tensors it writes."""
     k = n.op_params.get("n_inputs")
@@ -323,7 +328,8 @@ class Graph:
             for s in inputs(n):
                 if s.uid not in ready:
                     raise GraphError(f"node {n.name!r}: src {s.name!r} is not computed before it")
-            if n.view_src is not None and n.view_src.uid not in ready and n.op is not Op.GDN_CONV_CHAIN:
+            # a fused node is a view of its primary output, which it computes (like CPY of its destination)
+            if n.view_src is not None and n.view_src.uid not in ready and "n_inputs" not in n.op_params:
                 raise GraphError(f"node {n.name!r}: view_src {n.view_src.name!r} is not computed before it")
             validate_node(n)
             ready.update(t.uid for t in outputs(n))

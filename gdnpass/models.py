@@ -26,8 +26,13 @@ class ModelShape:
     n_v_heads: int        # H_v = ssm_dt_rank
     head_dim: int         # S = ssm_d_state = head_v_dim
     d_conv: int = 4
+    n_ff: int = 0         # FFN width (0: 3 * n_embd)
     full_attention_interval: int = 4
     eps: float = 1e-6
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.n_ff or 3 * self.n_embd
 
     @property
     def key_dim(self) -> int:
@@ -60,10 +65,11 @@ PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [
         # shapes from HF configs (reference/kernels-and-matchers.md A4)
-        ModelShape("qwen3.5-9b", n_embd=4096, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128),
-        ModelShape("qwen3.5-4b", n_embd=2560, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128),
-        ModelShape("qwen3.5-27b", n_embd=5120, n_layer=64, n_k_heads=16, n_v_heads=48, head_dim=128),
-        ModelShape("qwen3-next-80b", n_embd=2048, n_layer=48, n_k_heads=16, n_v_heads=32, head_dim=128),
+        ModelShape("qwen3.5-9b", n_embd=4096, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=12288),
+        ModelShape("qwen3.5-4b", n_embd=2560, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=9216),
+        ModelShape("qwen3.5-27b", n_embd=5120, n_layer=64, n_k_heads=16, n_v_heads=48, head_dim=128, n_ff=17408),
+        # Qwen3-Next's FFN is a mixture of experts; a dense FFN of the shared expert's width stands in for it
+        ModelShape("qwen3-next-80b", n_embd=2048, n_layer=48, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=512),
         # small shapes for tests and the exactness sweep: d_conv 3-5, head size 32-128
         ModelShape("tiny-dc3-h32", n_embd=64, n_layer=4, n_k_heads=2, n_v_heads=4, head_dim=32, d_conv=3),
         ModelShape("tiny-dc4-h64", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=64, d_conv=4),
@@ -97,7 +103,9 @@ class VerifyConfig:
     kv_head: int = 0           # first cell of this ubatch
     rs_z: int = -1             # the cell build_rs zeroes (-1: none, as in a verify of running sequences)
     n_rs_extra: int = 0        # the "extra" rows build_rs moves (n_rs - n_seqs)
-    wtype: str = "bf16"        # type of the large projections (qkv, z, ssm_out)
+    ffn: bool = True           # build each layer's FFN sub-block too (it shapes the arena the chain is planned in)
+    share_weights: bool = False  # one set of weights for all layers (same graph and plan, a fraction of the memory)
+    wtype: str = "bf16"        # type of the large projections (qkv, z, ssm_out, FFN)
     ab_wtype: str = "f32"      # type of the alpha/beta mat-vec weights
 
     def check(self) -> None:
@@ -149,6 +157,7 @@ class _LayerBuilder:
     def __init__(self, cfg: VerifyConfig, graph: Graph) -> None:
         self.cfg, self.m, self.gf = cfg, cfg.shape, graph
         self.rows = cfg.cells * (1 + cfg.n_rs_seq)  # rows of each recurrent cache (rollback planes x cells)
+        self.shared: dict[str, Tensor] = {}
         n_rs = cfg.n_seqs + cfg.n_rs_extra
         # build_inp_rs: one s_copy input and its two views, shared by all layers
         self.s_copy = ops.new_tensor("inp_s_copy", DType.I32, (n_rs,), buffer="input", flags=Flag.INPUT, layer=-1)
@@ -156,7 +165,11 @@ class _LayerBuilder:
         self.s_copy_extra = ops.view_1d(self.s_copy, cfg.n_rs_extra, cfg.n_seqs * 4, "inp_s_copy_extra")
 
     def weight(self, name: str, il: int, type_: DType, ne) -> Tensor:
-        return ops.new_tensor(f"blk.{il}.{name}", type_, ne, buffer="weights", flags=Flag.NONE, layer=il)
+        if not self.cfg.share_weights:
+            return ops.new_tensor(f"blk.{il}.{name}", type_, ne, buffer="weights", flags=Flag.NONE, layer=il)
+        if name not in self.shared:
+            self.shared[name] = ops.new_tensor(f"blk.*.{name}", type_, ne, buffer="weights", flags=Flag.NONE, layer=-1)
+        return self.shared[name]
 
     # llama-graph.cpp build_rs
     def build_rs(self, s: Tensor, state_size: int, il: int) -> Tensor:
@@ -214,6 +227,18 @@ class _LayerBuilder:
                               cfg.kv_head * row_size, f"ssm_state_update-{il}")
             self.gf.expand(ops.cpy(src, dst))
         return output
+
+    # qwen35.cpp: post-attention norm, build_ffn(SILU, PAR) and the FFN residual
+    def build_ffn(self, cur: Tensor, il: int) -> Tensor:
+        m, wt = self.m, DType.parse(self.cfg.wtype)
+        ffn_residual = cur
+        x = ops.mul(ops.rms_norm(cur, m.eps), self.weight("post_attention_norm.weight", il, DType.F32, (m.n_embd,)))
+        x = cb(x, "attn_post_norm", il)
+        up = ops.mul_mat(self.weight("ffn_up.weight", il, wt, (m.n_embd, m.ffn_dim)), x)
+        gate = ops.mul_mat(self.weight("ffn_gate.weight", il, wt, (m.n_embd, m.ffn_dim)), x)
+        x = ops.mul(ops.silu(gate), up)  # (newer llama.cpp: one fused GLU op; same buffers up to in-place reuse)
+        x = cb(ops.mul_mat(self.weight("ffn_down.weight", il, wt, (m.ffn_dim, m.n_embd)), x), "ffn_out", il)
+        return ops.add(x, ffn_residual)
 
     # qwen35.cpp build_layer_attn_linear
     def build_layer_attn_linear(self, cur: Tensor, il: int) -> Tensor:
@@ -284,7 +309,10 @@ def build_verify_graph(cfg: VerifyConfig) -> Graph:
         cur = cb(cur, "attn_norm", il)
         graph.expand(cur)
         cur = b.build_layer_attn_linear(cur, il)
-        cur = cb(ops.add(cur, inpSA), "l_out", il)
+        cur = cb(ops.add(cur, inpSA), "attn_residual", il)
+        if cfg.ffn:
+            cur = b.build_ffn(cur, il)
+        cur = cb(cur, "l_out", il)
         if il in taps:
             ops.set_output(cur)  # a DFlash drafter reads this hidden state
         inpL = cur

@@ -288,7 +288,7 @@ def validate_node(n: Tensor) -> None:
 def _make(op: Op, src: list[Tensor], name: str, params: dict | None = None, ne=None, nb=None) -> Tensor:
     t = Tensor(name=name, type=src[0].type, ne=_pad4(ne) if ne is not None else src[0].ne,
                nb=_pad4(nb) if nb is not None else src[0].nb, op=op, op_params=dict(params or {}), src=list(src),
-               layer=src[0].layer)
+               layer=next((s.layer for s in src if s.layer is not None and s.layer >= 0), src[0].layer))
     want = _RULES[op](t)
     t.type, t.ne, t.nb = want.type, want.ne, want.nb
     if want.view_of is not None:

@@ -9,7 +9,10 @@ V, RS, TR, CP = Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.CPY
 
 
 def layer_ops(K, first_layer):
-    """One GDN layer's node ops, as ggml_build_forward_expand orders them for llama.cpp's qwen35 graph."""
+    """One GDN layer's node ops, as ggml_build_forward_expand orders them for llama.cpp's qwen35 graph.
+
+    (The tail of layer il, from the attn_output view on, is expanded only by layer il+1's attn_norm, exactly as in
+    llama.cpp; the op sequence of two consecutive layers is what this describes.)"""
     s_copy_main = [V] if first_layer else []
     s_copy_extra = [V] if first_layer else []
     build_rs = lambda first: [RS, V, Op.SCALE] + (s_copy_main if first else []) + [Op.GET_ROWS] + (
@@ -25,6 +28,7 @@ def layer_ops(K, first_layer):
         + [Op.MUL_MAT, RS, Op.UNARY]                            # beta
         + [RS, Op.GATED_DELTA_NET, V, V, CP]                    # state_predelta, GDN, snapshot CPY
         + [V, Op.RMS_NORM, Op.MUL, Op.MUL_MAT, RS, Op.UNARY, Op.MUL, RS, Op.MUL_MAT, RS, Op.ADD]
+        + [Op.RMS_NORM, Op.MUL, Op.MUL_MAT, Op.UNARY, Op.MUL_MAT, Op.MUL, Op.MUL_MAT, Op.ADD]  # FFN: gate, up, down
     )
 
 

@@ -74,7 +74,7 @@ def reference_layer(cfg, ex, before, ids):
 @pytest.mark.parametrize("model,n_t,n_rs,read_plane", [
     ("tiny-dc4-h64", 4, 3, 0), ("tiny-dc3-h32", 1, 2, 2), ("tiny-dc5-h128", 5, 7, 3), ("tiny-dc4-h32", 16, 15, 0)])
 def test_layer_matches_float64_formulas(model, n_t, n_rs, read_plane):
-    cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2, wtype="f32")
+    cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2, wtype="f32", ffn=False)  # the GDN sub-layer alone
     ids = default_ids(cfg, read_plane=read_plane, src_cell=1)  # read another cell's plane: no aliasing with writes
     il = cfg.layer_ids()[0]
     names = [f"conv_output_silu-{il}", f"q_conv_predelta-{il}", f"k_conv_predelta-{il}"]

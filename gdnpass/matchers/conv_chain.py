@@ -1,0 +1,253 @@
+"""The GDN conv chain of a speculative-verify ubatch, fused into one GDN_CONV_CHAIN node.
+
+    GET_ROWS(conv cache, ids) -> RESHAPE -> CONCAT(dim 0, state, projectionᵀ) -> K x (VIEW -> CPY into a cache row)
+    -> SSM_CONV -> SILU -> VIEW -> L2_NORM (q), VIEW -> L2_NORM (k)
+
+The fused node runs at the CONCAT position (seed 000): it gathers the state row there (later than GET_ROWS did),
+reads the projection there (as CONCAT did), and writes the snapshot rows, the SiLU output and the q/k L2 outputs
+there (earlier than the CPYs, SILU and L2_NORMs did). The rules below protect exactly those moves.
+
+Legality rules (all must hold; the bracketed name is what a refusal reports):
+ 1. [scope.*] one sequence [scope.n-seqs], 1 <= n_t <= 16 [scope.n-tokens], 1..16 snapshot rows [scope.n-rows],
+    d_conv 3-5 [scope.d-conv], every tensor of the chain f32 [scope.type].
+ 2. [structure.*] CONCAT(dim 0) of RESHAPE(GET_ROWS(RESHAPE(cache), ids)) and the TRANSPOSE of a contiguous
+    [C, n_t, 1] projection; SSM_CONV(CONCAT, w) with a contiguous [d_conv, C] weight; SILU of the SSM_CONV.
+ 3. [cpy-run.view-of-concat] every other user of the CONCAT is a VIEW [d_conv-1, C, 1] with the CONCAT's strides at
+    column offset 0..n_t, read by exactly one CPY.
+ 4. [cpy-run.whole-row] each CPY writes exactly one whole row of the cache the GET_ROWS reads.
+ 5. [cpy-run.row-written-twice] no cache row is written twice.
+ 6. [concat.user-count] the CONCAT has exactly n_cpy + 1 uses and is not OUTPUT.
+ 7. [get-rows.user-count] the gathered state (GET_ROWS and its RESHAPE) feeds only the CONCAT and is not OUTPUT.
+ 8. [ssm-conv.user-count] the SSM_CONV's only use is the SILU and it is not OUTPUT.
+ 9. [l2.head-geometry] L2_NORM(q) and L2_NORM(k) read views of the SiLU output with the head geometry:
+    ne [S, H_k, n_t, 1], nb [4, 4S, 4C, 4C*n_t], offsets 0 and 4*S*H_k (2*S*H_k <= C).
+10. [alias.output-overlaps-input] the bytes the fused kernel writes overlap none it reads, except the aliasings it
+    is built for (each program reads all tokens of its channels before writing them): the SiLU output over the
+    projection with the same layout and an offset that is a whole number of token rows (so every element lands on
+    one of its own channel), and snapshot rows that may be the gathered row. L2 outputs on the projection are
+    accepted too, but then written by a second launch of the node (``l2_separate``), once the first has read
+    every projection element: within one launch that would be a race between programs.
+11. Nodes in between: every node inside the chain's span (GET_ROWS .. last L2_NORM) that is not part of the chain
+    (nor the projection's producer). Decided on byte ranges of the plan, not tensor identity:
+    - [between.writes-cache] none may write the cache (before the fused position: the gathered row is runtime
+      data; after it: the snapshot rows);
+    - [between.writes-ids] none before the fused position may write the ids;
+    - [between.writes-weights] none after the fused position may write the conv weight;
+    - [between.writes-early-output] / [between.reads-early-output] none after the fused position may write or
+      read the SiLU/L2 outputs;
+    - [between.reads-cache] none after the fused position may read the snapshot rows.
+    The older, broader check (``between="broad"``) replaces these with one rule, [between.touches-chain-buffer]:
+    no node in between may read or write any byte of the chain's buffers (GET_ROWS, CONCAT, projection, SSM_CONV,
+    SiLU and L2 outputs, the cache), nor write the ids or the weight.
+"""
+
+from __future__ import annotations
+
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, byte_range, runs_kernel
+from gdnpass.matchers.common import Context, Match, Refusal, first_collision, node_reads, node_writes, ranges
+
+NAME = "gdn_conv_chain"
+MAX_TOKENS = 16
+MAX_ROWS = 16
+D_CONV = (3, 4, 5)
+
+
+class ConvChain:
+    name = NAME
+
+    def candidates(self, graph: Graph) -> list[Tensor]:
+        """CONCATs that feed an SSM_CONV: the chains worth explaining, fused or not."""
+        return [n.src[0] for n in graph.nodes if n.op is Op.SSM_CONV and n.src[0].op is Op.CONCAT]
+
+    def match(self, graph: Graph, concat: Tensor, ctx: Context) -> Match | Refusal:
+        def refuse(rule: str, node: Tensor, reason: str, rng=None) -> Refusal:
+            return Refusal(NAME, rule, node, reason, concat.layer, rng)
+
+        # ---- structure --------------------------------------------------------------------------------------
+        if concat.op_params.get("dim") != 0:
+            return refuse("structure.concat", concat, "CONCAT is not along dim 0")
+        state_r, xt = concat.src
+        gr = state_r.src[0] if state_r.op is Op.RESHAPE else None
+        if gr is None or gr.op is not Op.GET_ROWS:
+            return refuse("structure.state", state_r, "CONCAT's first source is not RESHAPE(GET_ROWS(...))")
+        states, ids = gr.src
+        cache = states.base
+        if cache.buffer != "cache" or states.op not in (Op.RESHAPE, Op.VIEW) or states.view_offs != 0:
+            return refuse("structure.state", gr, "GET_ROWS does not gather from a recurrent cache")
+        if xt.op is not Op.TRANSPOSE:
+            return refuse("structure.projection", xt, "CONCAT's second source is not a TRANSPOSE")
+        proj = xt.src[0]
+        users = ctx.users(concat)
+        convs = [u for u in users if u.op is Op.SSM_CONV and u.src[0] is concat]
+        conv = convs[0]
+        weight = conv.src[1]
+        silus = ctx.users(conv)
+        silu = silus[0] if len(silus) == 1 else None
+        dc = weight.ne[0]
+        C = concat.ne[1]
+        n_t, n_s = concat.ne[0] - (dc - 1), concat.ne[2]
+        windows = [u for u in users if u.op is Op.VIEW]  # other users surface in rule 6 (concat.user-count)
+
+        # ---- 1. scope ---------------------------------------------------------------------------------------
+        if n_s != 1 or concat.ne[3] != 1:
+            return refuse("scope.n-seqs", concat, f"{n_s} sequences in the ubatch; only single-sequence verify fuses")
+        if not 1 <= n_t <= MAX_TOKENS:
+            return refuse("scope.n-tokens", concat, f"n_t = {n_t} is outside 1..{MAX_TOKENS}")
+        if not 1 <= len(windows) <= MAX_ROWS:
+            return refuse("scope.n-rows", concat, f"{len(windows)} snapshot rows, outside 1..{MAX_ROWS}")
+        if dc not in D_CONV:
+            return refuse("scope.d-conv", conv, f"d_conv = {dc} is not one of {D_CONV}")
+        for t in (concat, cache, proj, weight, conv):
+            if t.type is not DType.F32:
+                return refuse("scope.type", t, f"{t.name!r} is {t.type.label}, not f32")
+
+        # ---- 2. structure, continued -----------------------------------------------------------------------
+        if not proj.is_contiguous() or proj.ne[:3] != (C, n_t, 1):
+            return refuse("structure.projection", proj, "the projection is not a contiguous [C, n_t, 1] tensor")
+        if not weight.is_contiguous() or weight.ne[1] != C:
+            return refuse("structure.weight", weight, "the conv weight is not a contiguous [d_conv, C] tensor")
+        if silu is None or silu.op is not Op.UNARY or silu.op_params.get("kind") != Unary.SILU.value:
+            return refuse("ssm-conv.user-count", conv, "SSM_CONV's only user is not a SILU")
+
+        # ---- 3-5. the CPY run -------------------------------------------------------------------------------
+        row = cache.nb[1]
+        cpys, columns, rows = [], [], []
+        for w in windows:
+            col, rem = divmod(w.view_offs, 4)
+            if (rem or not 0 <= col <= n_t or w.ne != (dc - 1, C, 1, 1) or w.nb[1:3] != concat.nb[1:3]):
+                return refuse("cpy-run.view-of-concat", w,
+                              f"window is not [d_conv-1, C, 1] at column 0..{n_t} with the CONCAT's strides")
+            wu = ctx.users(w)
+            if len(wu) != 1 or wu[0].op is not Op.CPY or wu[0].src[0] is not w or ctx.uses(w) != 1:
+                return refuse("cpy-run.view-of-concat", w, "window is not read by exactly one CPY")
+            cpy = wu[0]
+            dst = cpy.src[1]
+            if (dst.base is not cache or dst.ne != (cache.ne[0], 1, 1, 1) or not dst.is_contiguous()
+                    or dst.view_offs % row or cache.ne[0] != (dc - 1) * C or cpy.type is not DType.F32):
+                return refuse("cpy-run.whole-row", cpy, "CPY does not write exactly one whole row of the gathered cache")
+            r = dst.view_offs // row
+            if r in rows:
+                return refuse("cpy-run.row-written-twice", cpy, f"cache row {r} is written twice",
+                              (byte_range(dst), byte_range(dst)))
+            cpys.append(cpy)
+            columns.append(col)
+            rows.append(r)
+
+        # ---- 6-8. use confinement ---------------------------------------------------------------------------
+        if ctx.uses(concat) != len(cpys) + 1 or concat.flags & Flag.OUTPUT:
+            return refuse("concat.user-count", concat,
+                          f"CONCAT has {ctx.uses(concat)} uses, expected {len(cpys) + 1} (the CPYs + SSM_CONV), or is OUTPUT")
+        for t in (gr, state_r):
+            if ctx.uses(t) != 1 or t.flags & Flag.OUTPUT:
+                return refuse("get-rows.user-count", t, "the gathered state has users outside the chain or is OUTPUT")
+        if ctx.uses(conv) != 1 or conv.flags & Flag.OUTPUT:
+            return refuse("ssm-conv.user-count", conv, "SSM_CONV has other users or is OUTPUT")
+
+        # ---- 9. the q/k L2_NORMs ----------------------------------------------------------------------------
+        l2 = {}
+        for v in ctx.users(silu):
+            if v.op is not Op.VIEW:
+                continue
+            for n in ctx.users(v):
+                if n.op is Op.L2_NORM and n.src[0] is v:
+                    l2[v.view_offs] = (v, n)
+        q = l2.get(0)
+        geometry = None
+        if q is not None:
+            S, H_k = q[0].ne[0], q[0].ne[1]
+            k = l2.get(4 * S * H_k)
+            geometry = (S, H_k)
+        if q is None or k is None:
+            return refuse("l2.head-geometry", silu, "no L2_NORM(q) at offset 0 and L2_NORM(k) after the q heads")
+        S, H_k = geometry
+        want_ne, want_nb = (S, H_k, n_t, 1), (4, 4 * S, 4 * C, 4 * C * n_t)
+        for v, n in (q, k):
+            if v.ne != want_ne or v.nb != want_nb or 2 * S * H_k > C or ctx.uses(v) != 1:
+                return refuse("l2.head-geometry", v, f"{v.name!r} is not [S, H_k, n_t, 1] heads of the SiLU output")
+            if n.op_params.get("eps") != q[1].op_params.get("eps") or not n.is_contiguous():
+                return refuse("l2.head-geometry", n, "q and k L2_NORMs differ in eps or layout")
+
+        dsts = [c.src[1] for c in cpys]
+        chain = [gr, state_r, concat, *windows, *cpys, *dsts, conv, silu, q[0], q[1], k[0], k[1]]
+        pos = ctx.pos
+        c = dict(states=states, ids=ids, cache=cache, get_rows=gr, concat=concat, projection=proj, projection_t=xt,
+                 weight=weight, cpys=cpys, dsts=dsts, columns=columns, rows=rows, ssm_conv=conv, silu=silu,
+                 q_view=q[0], q_l2=q[1], k_view=k[0], k_l2=k[1], chain=chain,
+                 d_conv=dc, n_tokens=n_t, head_dim=S, n_k_heads=H_k, eps=q[1].op_params["eps"])
+        if ctx.check_hazards:
+            hazard = self._hazards(graph, ctx, c)
+            if hazard is not None:
+                return hazard
+        span = (pos[gr.uid], max(pos[q[1].uid], pos[k[1].uid]))
+        return Match(NAME, concat, concat.layer, c, [t for t in chain if t.uid in pos], span)
+
+    def _hazards(self, graph: Graph, ctx: Context, c: dict) -> Refusal | None:
+        """Rules 10 and 11: the byte-range hazards of running the chain at the CONCAT position."""
+        concat, silu, q_l2, k_l2, cache = c["concat"], c["silu"], c["q_l2"], c["k_l2"], c["cache"]
+
+        def refuse(rule: str, node: Tensor, reason: str, hit) -> Refusal:
+            return Refusal(NAME, rule, node, reason, concat.layer, (hit[0], hit[2]))
+
+        early = [silu, q_l2, k_l2]
+        # ---- 10. what the kernel writes vs what it reads ----------------------------------------------------
+        # The SiLU output may alias the projection when every SiLU element lands on a projection element of its own
+        # channel (same layout, offsets a whole token row apart): a program reads its channels before writing them.
+        proj, xt = c["projection"], c["projection_t"]
+        shift = byte_range(silu)[1] - byte_range(proj)[1]
+        silu_reads = [c["ids"], c["weight"]] + ([] if silu.nb == proj.nb and shift % proj.nb[1] == 0 else [xt])
+        # L2 outputs on the (dead) projection are a cross-program race inside one launch: the node then writes
+        # them in a second launch, after every program has read the projection (see c["l2_separate"]).
+        c["l2_separate"] = first_collision(ranges([q_l2, k_l2]), ranges([xt])) is not None
+        hit = (first_collision(ranges([q_l2, k_l2, *c["dsts"]]), ranges([c["ids"], c["weight"]]))
+               or first_collision(ranges(c["dsts"]), ranges([xt]))
+               or first_collision(ranges([silu]), ranges(silu_reads)))
+        if hit:
+            return refuse("alias.output-overlaps-input", hit[1],
+                          f"{hit[1].name!r} overlaps {hit[3].name!r}, which the fused kernel reads", hit)
+        hit = first_collision(ranges(early), ranges([cache]))
+        if hit:
+            return refuse("alias.output-overlaps-input", hit[1], f"{hit[1].name!r} overlaps the cache", hit)
+
+        # ---- 11. nodes in between ---------------------------------------------------------------------------
+        pos = ctx.pos
+        start, at, end = pos[c["get_rows"].uid], pos[concat.uid], max(pos[q_l2.uid], pos[k_l2.uid])
+        skip = {t.uid for t in c["chain"]} | {c["projection"].base.uid}
+        between = [n for n in graph.nodes[start:end + 1] if n.uid not in skip and runs_kernel(n)]
+        if ctx.between == "broad":
+            owned = ranges([c["get_rows"], concat, c["projection"].base, c["ssm_conv"], *early, cache])
+            inputs_ = ranges([c["ids"], c["weight"]])  # shared read-only inputs: reading them is no hazard
+            for n in between:
+                hit = first_collision(node_writes(n) + node_reads(n), owned) or first_collision(node_writes(n), inputs_)
+                if hit:
+                    return refuse("between.touches-chain-buffer", n,
+                                  f"{n.name!r} touches {hit[3].name!r}, a buffer of the chain", hit)
+            return None
+        before_rules = [("between.writes-cache", "w", ranges([cache]), "writes the cache"),
+                        ("between.writes-ids", "w", ranges([c["ids"]]), "writes the ids the gather reads")]
+        after_rules = [("between.writes-cache", "w", ranges(c["dsts"]), "writes a snapshot row"),
+                       ("between.writes-weights", "w", ranges([c["weight"]]), "writes the conv weight"),
+                       ("between.writes-early-output", "w", ranges(early), "writes an early output"),
+                       ("between.reads-early-output", "r", ranges(early), "reads an early output"),
+                       ("between.reads-cache", "r", ranges(c["dsts"]), "reads a snapshot row")]
+        for n in between:
+            mine = {"w": node_writes(n), "r": node_reads(n)}
+            for rule, kind, theirs, what in (after_rules if pos[n.uid] > at else before_rules):
+                hit = first_collision(mine[kind], theirs)
+                if hit:
+                    return refuse(rule, n, f"{n.name!r} {what} ({hit[3].name!r}) between the chain's nodes", hit)
+        return None
+
+    def rewrite(self, graph: Graph, m: Match) -> Tensor:
+        c = m.captures
+        silu = c["silu"]
+        il = m.layer if m.layer is not None else -1
+        fused = Tensor(
+            name=f"gdn_conv_chain-{il}", type=DType.F32, ne=silu.ne, nb=silu.nb, op=Op.GDN_CONV_CHAIN,
+            op_params={"n_inputs": 4, "d_conv": c["d_conv"], "n_tokens": c["n_tokens"], "columns": c["columns"],
+                       "eps": c["eps"], "head_dim": c["head_dim"], "n_k_heads": c["n_k_heads"],
+                       "l2_separate": c.get("l2_separate", True),
+                       "replaced": [t.name for t in m.removed]},
+            src=[c["states"], c["ids"], c["projection_t"], c["weight"], c["q_l2"], c["k_l2"], *c["dsts"]],
+            view_src=silu, view_offs=0, layer=m.layer)
+        graph.replace(m.removed, fused, at=m.anchor)
+        return fused
