@@ -8,7 +8,9 @@ What it reproduces, because fusion legality is decided on exactly this plan:
 - liveness from ``n_children`` (src slots) and ``n_views`` (view nodes on a base): a tensor is freed when both reach
   zero, a view's release is a release of its base; OUTPUT tensors are never freed; external memory is never freed;
 - in-place reuse only for the ops ggml allows (:data:`gdnpass.ir.INPLACE_OPS`): the node takes its parent's block when
-  the parent is arena-owned, not OUTPUT, has the same layout and this node is its only consumer.
+  the parent is arena-owned, not OUTPUT, has the same layout and this node is its only consumer;
+- NONE nodes in the node list are allocator hints (ggml-backend's dependency nodes): their sources count as
+  children, so a hint keeps tensors alive up to its position, and the hint itself is never allocated.
 
 Leafs (weights, caches, inputs) have memory of their own: each buffer is laid out by a simple aligned bump allocator.
 """
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gdnpass.ir import INPLACE_OPS, Flag, Graph, GraphError, Tensor, same_layout
+from gdnpass.ir import INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, same_layout
 
 DEFAULT_ALIGNMENT = 128  # ggml-cuda's buffer alignment; ggml's CPU buffers use 32 (TENSOR_ALIGNMENT)
 _HUGE = 1 << 62          # ggml starts with one free block of SIZE_MAX/2
@@ -118,7 +120,7 @@ def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
 
     # count children and views (ggml_gallocr_alloc_graph_impl, first pass)
     for n in graph.nodes:
-        if n.view_src is not None:
+        if n.view_src is not None and n.op is not Op.NONE:  # NONE nodes are allocator hints, not views (as ggml)
             inf(n.view_src).n_views += 1
         for s in n.src:
             if s is not None:

@@ -261,7 +261,9 @@ _RULES: dict[Op, Callable[[Tensor], Shape]] = {
 def validate_node(n: Tensor) -> None:
     """Re-derive the node's type, shape, strides and view placement from its sources; GraphError on any mismatch."""
     if n.op is Op.NONE:
-        raise GraphError(f"node {n.name!r}: op NONE is a leaf, not a node")
+        _req(bool(n.op_params.get("hint")) and n.is_empty and n.view_src is not None and len(n.src) >= 1, n,
+             "op NONE in the node list must be an empty allocator hint viewing its first source")
+        return
     rule = _RULES.get(n.op)
     if rule is None:
         raise GraphError(f"node {n.name!r}: op {n.op.value} is not modelled")
@@ -415,6 +417,16 @@ def cb(t: Tensor, name: str, il: int) -> Tensor:
     t.name = f"{name}-{il}" if il >= 0 else name
     t.layer = il
     return t
+
+
+def keep_alive(name: str, *ts: Tensor) -> Tensor:
+    """An allocator hint (ggml-backend's dependency node): an empty NONE node whose sources stay allocated until it.
+
+    Placed in the node list after the last node that needs ``ts`` intact; it computes nothing."""
+    base = ts[0].base
+    return Tensor(name=name, type=base.type, ne=(0, 1, 1, 1), nb=contiguous_strides(base.type, (0, 1, 1, 1)),
+                  op=Op.NONE, op_params={"hint": "keep-alive"}, src=list(ts), view_src=base, view_offs=0,
+                  layer=ts[0].layer)
 
 
 def set_output(t: Tensor) -> Tensor:

@@ -309,7 +309,7 @@ def _id_list(d: dict, key: str, tensors: list[Tensor], seen: set[int], source: s
         t = tensors[x]
         if key == "leafs" and t.op is not Op.NONE:
             _fail(source, f"field 'leafs': {_label(x, t)} has op {t.op.value}; a leaf must have op NONE")
-        if key == "nodes" and t.op is Op.NONE:
+        if key == "nodes" and t.op is Op.NONE and not t.op_params.get("hint"):
             _fail(source, f"field 'nodes': {_label(x, t)} has op NONE; a node must compute something")
         out.append(t)
     return out

@@ -43,6 +43,7 @@ Legality rules (all must hold; the bracketed name is what a refusal reports):
 
 from __future__ import annotations
 
+from gdnpass import ops
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, byte_range, runs_kernel
 from gdnpass.matchers.common import Context, Match, Refusal, first_collision, node_reads, node_writes, ranges
 
@@ -58,6 +59,25 @@ class ConvChain:
     def candidates(self, graph: Graph) -> list[Tensor]:
         """CONCATs that feed an SSM_CONV: the chains worth explaining, fused or not."""
         return [n.src[0] for n in graph.nodes if n.op is Op.SSM_CONV and n.src[0].op is Op.CONCAT]
+
+    def prepare(self, graph: Graph) -> int:
+        """Before planning: keep each chain's projection allocated until its last L2_NORM (an allocator hint, as
+        ggml-cuda's graph_optimize adds for its fusions). Otherwise gallocr may place the L2 outputs on the dead
+        projection, which the fused kernel (running at the CONCAT) still reads: a race between its programs, which
+        forces the node to write them in a second launch (``l2_separate``)."""
+        added = 0
+        for concat in self.candidates(graph):
+            xt = concat.src[1]
+            conv = next(n for n in graph.nodes if n.op is Op.SSM_CONV and n.src[0] is concat)
+            silus = [n for n in graph.nodes if n.op is Op.UNARY and n.src[0] is conv]
+            l2s = [n for n in graph.nodes if n.op is Op.L2_NORM and silus and n.src[0].view_src is silus[0]]
+            if xt.op is not Op.TRANSPOSE or not l2s:
+                continue
+            last = max(graph.index(n) for n in l2s)
+            il = concat.layer if concat.layer is not None else -1
+            graph.nodes.insert(last + 1, ops.keep_alive(f"keep_projection-{il}", xt.src[0].base))
+            added += 1
+        return added
 
     def match(self, graph: Graph, concat: Tensor, ctx: Context) -> Match | Refusal:
         def refuse(rule: str, node: Tensor, reason: str, rng=None) -> Refusal:

@@ -95,7 +95,7 @@ class MatVecPair:
                     hit = first_collision(mine, theirs)
                     if hit:
                         return refuse(rule, n, f"{n.name!r} {what} ({hit[3].name!r}) between the pair", hit)
-        return Match(NAME, a, a.layer, dict(a=a, b=b, w_a=wa, w_b=wb, x=x), [b], (ctx.pos[a.uid], ctx.pos[b.uid]))
+        return Match(NAME, a, a.layer, dict(a=a, b=b, w_a=wa, w_b=wb, x=x), [a, b], (ctx.pos[a.uid], ctx.pos[b.uid]))
 
     def rewrite(self, graph: Graph, m: Match) -> Tensor:
         a, b = m.captures["a"], m.captures["b"]
@@ -104,5 +104,5 @@ class MatVecPair:
                        op=Op.MUL_MAT_VEC_PAIR, op_params={"n_inputs": 3, "replaced": [a.name, b.name]},
                        src=[m.captures["w_a"], m.captures["x"], m.captures["w_b"], b], view_src=a, view_offs=0,
                        layer=m.layer)
-        graph.replace([a, b], fused, at=a)
+        graph.replace(m.removed, fused, at=a)
         return fused

@@ -1,0 +1,126 @@
+"""The alpha/beta mat-vec pair: exactness at 1-8 columns per weight type, scope, and one test per refusal rule."""
+
+import pytest
+
+from gdnpass import ops
+from gdnpass.alloc import plan
+from gdnpass.check import check_fusion
+from gdnpass.fusion import fuse, prepare
+from gdnpass.ir import DType, Flag, Op
+from gdnpass.matchers.mat_vec_pair import MatVecPair
+from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
+
+PAIR = [MatVecPair()]
+
+
+def planned(n_t=4, ab_wtype="f32", reorder=True, **kw):
+    cfg = VerifyConfig("tiny-dc4-h64", n_t, 3, **{"n_layers": 1, "ab_wtype": ab_wtype, **kw})
+    g = build_verify_graph(cfg)
+    if reorder:
+        prepare(g, enabled=True)
+    plan(g)
+    return cfg, g
+
+
+def alpha_beta(g):
+    mm = {n.src[0].name.split(".")[-2]: n for n in g.nodes if n.op is Op.MUL_MAT}
+    return mm["ssm_alpha"], mm["ssm_beta"]
+
+
+@pytest.mark.parametrize("wtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("n_t", range(1, 10))
+def test_pair_is_byte_identical_up_to_8_columns(n_t, wtype):
+    cfg, g = planned(n_t, wtype)
+    res = check_fusion(g, ids=default_ids(cfg), patterns=PAIR, seed=n_t)
+    ab = [a for a in res.report.applied if "ssm_alpha" in a.replaced[0]]
+    if n_t <= 8:
+        assert len(ab) == 1
+        assert res.identical, [c.to_json() for c in res.compared if not c.identical]
+        assert {"blk.0.ssm_alpha.weight * attn_norm-0", "blk.0.ssm_beta.weight * attn_norm-0"} <= {
+            c.name for c in res.compared}
+    else:
+        assert not ab and "pair.n-cols" in {r.rule for r in res.report.refused}
+
+
+@pytest.mark.parametrize("n_t", [1, 4, 8])
+def test_pair_through_triton_interpreter(n_t):
+    cfg, g = planned(n_t, "bf16")
+    res = check_fusion(g, ids=default_ids(cfg), patterns=PAIR, backend="triton")
+    assert len(res.report.applied) >= 1 and res.identical
+
+
+def test_every_gdn_layer_of_qwen35_9b_pairs_alpha_beta():
+    cfg = VerifyConfig("qwen3.5-9b", 8, 7, dflash=True)
+    g = build_verify_graph(cfg)
+    prepare(g, enabled=True)
+    plan(g)
+    r = fuse(g, enabled=True, patterns=PAIR)
+    ab = [a for a in r.applied if "ssm_alpha" in a.replaced[0] and "ssm_beta" in a.replaced[1]]
+    assert len(ab) == 24 and {a.layer for a in ab} == set(cfg.layer_ids())
+
+
+def test_without_the_reorder_gallocr_gives_beta_alphas_block():
+    _, g = planned(reorder=False)
+    a, b = alpha_beta(g)
+    assert a.offset == b.offset  # alpha dies at its first reader; beta gets the freed block
+    r = fuse(g, enabled=True, patterns=PAIR)
+    assert "pair.alias" in {x.rule for x in r.refused}
+
+
+def insert_between(g, a, node, offset=None):
+    if node.view_src is None:
+        node.buffer, node.offset = "arena", g.buffers["arena"] if offset is None else offset
+        g.buffers["arena"] = max(g.buffers["arena"], node.offset + node.nbytes)
+    g.nodes.insert(g.index(a) + 1, node)
+
+
+def refusal_rules(g):
+    return [r.rule for r in fuse(g, enabled=True, patterns=PAIR).refused if r.node.name.find("ssm_") >= 0
+            or r.rule.startswith(("between", "pair.alias", "pair.flags", "pair.type", "pair.n-cols"))]
+
+
+def test_rule_type():
+    _, g = planned()
+    a, b = alpha_beta(g)
+    b.src[0].type = DType.BF16
+    assert "pair.type" in refusal_rules(g)
+
+
+def test_rule_flags():
+    _, g = planned()
+    a, b = alpha_beta(g)
+    b.flags |= Flag.OUTPUT
+    assert "pair.flags" in refusal_rules(g)
+
+
+def test_rule_different_src1_is_reported_for_same_shaped_weights():
+    # z and ssm_out have the same weight shape in qwen3.5-9b ([4096, 4096]) but read different inputs
+    cfg = VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1)
+    g = build_verify_graph(cfg)
+    plan(g)
+    r = fuse(g, enabled=True, patterns=PAIR)
+    assert "pair.different-src1" in {x.rule for x in r.refused}
+
+
+def test_rule_writes_destination():
+    _, g = planned()
+    a, b = alpha_beta(g)
+    x = a.src[1]
+    insert_between(g, a, ops.cont(ops.view_1d(x, a.nelements, 0)), offset=a.offset)
+    assert "between.writes-destination" in refusal_rules(g)
+
+
+def test_rule_writes_input():
+    _, g = planned()
+    a, b = alpha_beta(g)
+    insert_between(g, a, ops.scale(a.src[1], 2.0, inplace=True))
+    assert "between.writes-input" in refusal_rules(g)
+
+
+def test_rule_reads_destination_early():
+    _, g = planned()
+    a, b = alpha_beta(g)
+    stale = ops.new_tensor("stale", DType.F32, (b.nelements,), buffer="arena")
+    stale.offset = b.offset
+    insert_between(g, a, ops.exp(stale))
+    assert "between.reads-destination-early" in refusal_rules(g)
