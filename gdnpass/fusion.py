@@ -128,9 +128,12 @@ def fuse(graph: Graph, enabled: bool | None = None, patterns: list | None = None
                 if not m:
                     continue
             matches.append(m)
+        rewrites = []
         for m in matches:
             fused = pattern.rewrite(graph, m)
+            rewrites.append((m.removed, fused, m.anchor))
             report.applied.append(Applied(m.pattern, m.layer, fused.name, m.anchor.name, [t.name for t in m.removed]))
+        graph.replace(rewrites)
     report.nodes_after = len(graph.nodes)
     report.seconds = time.perf_counter() - t0
     return report

@@ -338,17 +338,20 @@ class Graph:
         if not nx.is_directed_acyclic_graph(self.dag()):
             raise GraphError("graph has a cycle")
 
-    def replace(self, removed: list[Tensor], new: Tensor, at: Tensor) -> None:
-        """Put ``new`` at the position of ``at`` and drop ``removed`` (which may include ``at``)."""
-        gone = {t.uid for t in removed}
+    def replace(self, rewrites: list[tuple[list[Tensor], Tensor, Tensor]]) -> None:
+        """Apply rewrites ``(removed, new, at)`` in one pass: each ``new`` takes the position of its ``at`` node and
+        the ``removed`` nodes (which may include ``at``) leave the node list."""
+        gone = {t.uid for removed, _, _ in rewrites for t in removed}
+        placed = {at.uid: new for _, new, at in rewrites}
         out: list[Tensor] = []
         for n in self.nodes:
-            if n is at:
-                out.append(new)
+            if n.uid in placed:
+                out.append(placed.pop(n.uid))
             if n.uid not in gone:
                 out.append(n)
-        if not any(n is new for n in out):
-            raise GraphError(f"cannot place {new.name!r}: anchor {at.name!r} is not a node")
-        new.flags |= Flag.COMPUTE
+        if placed:
+            raise GraphError(f"cannot place {next(iter(placed.values())).name!r}: its anchor is not a node")
+        for _, new, _ in rewrites:
+            new.flags |= Flag.COMPUTE
+            self._visited.add(new.uid)
         self.nodes = out
-        self._visited.add(new.uid)

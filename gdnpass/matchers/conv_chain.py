@@ -258,6 +258,7 @@ class ConvChain:
         return None
 
     def rewrite(self, graph: Graph, m: Match) -> Tensor:
+        """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
         c = m.captures
         silu = c["silu"]
         il = m.layer if m.layer is not None else -1
@@ -269,5 +270,4 @@ class ConvChain:
                        "replaced": [t.name for t in m.removed]},
             src=[c["states"], c["ids"], c["projection_t"], c["weight"], c["q_l2"], c["k_l2"], *c["dsts"]],
             view_src=silu, view_offs=0, layer=m.layer)
-        graph.replace(m.removed, fused, at=m.anchor)
         return fused

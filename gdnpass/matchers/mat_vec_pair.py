@@ -98,11 +98,11 @@ class MatVecPair:
         return Match(NAME, a, a.layer, dict(a=a, b=b, w_a=wa, w_b=wb, x=x), [a, b], (ctx.pos[a.uid], ctx.pos[b.uid]))
 
     def rewrite(self, graph: Graph, m: Match) -> Tensor:
+        """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
         a, b = m.captures["a"], m.captures["b"]
         il = m.layer if m.layer is not None else -1
         fused = Tensor(name=f"mul_mat_vec_pair-{il}.{a.uid}", type=DType.F32, ne=a.ne, nb=a.nb,
                        op=Op.MUL_MAT_VEC_PAIR, op_params={"n_inputs": 3, "replaced": [a.name, b.name]},
                        src=[m.captures["w_a"], m.captures["x"], m.captures["w_b"], b], view_src=a, view_offs=0,
                        layer=m.layer)
-        graph.replace(m.removed, fused, at=a)
         return fused
