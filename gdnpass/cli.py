@@ -171,7 +171,18 @@ def make_parser() -> argparse.ArgumentParser:
     r.add_argument("--between", default="narrow", choices=["narrow", "broad"],
                    help="nodes-in-between check: the seed's narrow rules or the older broad one (default: narrow)")
     r.set_defaults(func=cmd_run)
+
+    from gdnpass.dump import add_parser as add_dump_parser  # dump imports cli only inside functions: no cycle
+
+    add_dump_parser(sub)
     return p
+
+
+def dump_main(argv: Sequence[str] | None = None) -> int:
+    """The ``gdnpass-dump`` entry point (the same as ``gdnpass dump``)."""
+    from gdnpass.dump import main as dump
+
+    return dump(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -101,7 +101,8 @@ class MatVecPair:
         """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
         a, b = m.captures["a"], m.captures["b"]
         il = m.layer if m.layer is not None else -1
-        fused = Tensor(name=f"mul_mat_vec_pair-{il}.{a.uid}", type=DType.F32, ne=a.ne, nb=a.nb,
+        stem = lambda w: w.name.split(".")[-2] if w.name.startswith("blk.") else w.name  # blk.N.ssm_alpha.weight
+        fused = Tensor(name=f"mul_mat_vec_pair({stem(m.captures['w_a'])}+{stem(m.captures['w_b'])})-{il}", type=DType.F32, ne=a.ne, nb=a.nb,
                        op=Op.MUL_MAT_VEC_PAIR, op_params={"n_inputs": 3, "replaced": [a.name, b.name]},
                        src=[m.captures["w_a"], m.captures["x"], m.captures["w_b"], b], view_src=a, view_offs=0,
                        layer=m.layer)
