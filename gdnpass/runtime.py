@@ -13,16 +13,11 @@ from typing import Callable, Iterable
 
 import torch
 
-from gdnpass.ir import VIEW_OPS, DType, Graph, GraphError, Op, Tensor, inputs
+from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, inputs, runs_kernel
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
 
 Kernel = Callable[[Tensor, list, torch.Tensor], None]
-
-
-def runs_kernel(n: Tensor) -> bool:
-    """Nodes that launch work: not a view/no-op and not empty (ggml_cuda_is_view_or_noop / ggml_is_empty)."""
-    return n.op not in VIEW_OPS and not n.is_empty
 
 
 def launches(graph: Graph) -> Counter:
@@ -31,6 +26,8 @@ def launches(graph: Graph) -> Counter:
     for n in graph.nodes:
         if runs_kernel(n):
             c[f"UNARY({n.op_params['kind']})" if n.op is Op.UNARY else n.op.value] += 1
+            if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate"):
+                c["L2_NORM"] += 2  # q and k written by the unfused L2 kernel after the fused launch
     return c
 
 

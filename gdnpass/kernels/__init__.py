@@ -3,6 +3,7 @@
 ``src[i]`` is a 4-D torch view (ne3, ne2, ne1, ne0) of ``node.src[i]`` in its real memory and ``out`` the view of
 the node's own memory (for CPY: the destination). An adapter computes from ``src`` and writes ``out``; since ``out``
 may alias an input, every result is computed in full before it is written. Views and no-ops are the executor's job.
+A fused node also writes the views ``src[n_inputs:]`` (see :func:`gdnpass.ir.outputs`).
 
 :data:`TORCH_BACKEND` runs :mod:`gdnpass.kernels.reference`; :data:`TRITON_BACKEND` swaps in the Triton kernels where
 they apply. Triton is imported on the first Triton call, so the torch backend works without it (and the interpreter
@@ -45,7 +46,35 @@ def _computed_then_written(fn: Callable) -> Adapter:
     return adapter
 
 
-TORCH_BACKEND: dict[Op, Adapter] = {op: _computed_then_written(fn) for op, fn in _REFERENCE.items()}
+def _chain_args(node, src) -> tuple:
+    """GDN_CONV_CHAIN's src [states, ids, x, w, q_out, k_out, *rows] -> (states, ids, x, w, rows, columns, eps)."""
+    p = node.op_params
+    return (*src[:4], src[6:], p["columns"], float(p["eps"]))
+
+
+def _ref_conv_chain(node, src, out):
+    p = node.op_params
+    # everything is computed before anything is written: rows and out may alias inputs
+    snapshots, y, q, k = ref.gdn_conv_chain_ref(*_chain_args(node, src), int(p["head_dim"]), int(p["n_k_heads"]))
+    for row, value in zip(src[6:], snapshots):
+        row.copy_(value)
+    out.copy_(y)
+    src[4].copy_(q)
+    src[5].copy_(k)
+
+
+def _ref_mat_vec_pair(node, src, out):
+    w_a, x, w_b, out_b = src
+    a, b = ref.mul_mat(w_a, x), ref.mul_mat(w_b, x)
+    out.copy_(a)
+    out_b.copy_(b)
+
+
+TORCH_BACKEND: dict[Op, Adapter] = {
+    **{op: _computed_then_written(fn) for op, fn in _REFERENCE.items()},
+    Op.GDN_CONV_CHAIN: _ref_conv_chain,
+    Op.MUL_MAT_VEC_PAIR: _ref_mat_vec_pair,
+}
 
 
 def _tri():
@@ -61,12 +90,28 @@ def _tri_unary(node, src, out):
         TORCH_BACKEND[Op.UNARY](node, src, out)
 
 
+def _is_mat_vec(w, x) -> bool:
+    return w.shape[0] * w.shape[1] == 1 and x.shape[0] * x.shape[1] * x.shape[2] <= 8  # one matrix, 1..8 columns
+
+
 def _tri_mul_mat(node, src, out):
     w, x = src
-    if w.shape[0] * w.shape[1] == 1 and x.shape[0] * x.shape[1] * x.shape[2] <= 8:  # one matrix, 1..8 columns
+    if _is_mat_vec(w, x):
         _tri().mul_mat_vec(w, x, out)
     else:
         TORCH_BACKEND[Op.MUL_MAT](node, src, out)
+
+
+def _tri_mat_vec_pair(node, src, out):
+    w_a, x, w_b, out_b = src
+    if _is_mat_vec(w_a, x):
+        _tri().mul_mat_vec_pair(w_a, w_b, x, out, out_b)
+    else:
+        TORCH_BACKEND[Op.MUL_MAT_VEC_PAIR](node, src, out)
+
+
+def _tri_conv_chain(node, src, out):
+    _tri().gdn_conv_chain(*_chain_args(node, src), out, src[4], src[5], bool(node.op_params.get("l2_separate")))
 
 
 TRITON_BACKEND: dict[Op, Adapter] = {
@@ -75,6 +120,8 @@ TRITON_BACKEND: dict[Op, Adapter] = {
     Op.UNARY: _tri_unary,
     Op.L2_NORM: lambda node, src, out: _tri().l2_norm(src[0], float(node.op_params["eps"]), out),
     Op.MUL_MAT: _tri_mul_mat,
+    Op.MUL_MAT_VEC_PAIR: _tri_mat_vec_pair,
+    Op.GDN_CONV_CHAIN: _tri_conv_chain,
     Op.GATED_DELTA_NET: lambda node, src, out: _tri().gated_delta_net(*src, int(node.op_params["K"]), out),
 }
 

@@ -125,6 +125,25 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     return acc.transpose(-1, -2)  # (1, n_s, C, n_t) -> (1, n_s, n_t, C)
 
 
+def gdn_conv_chain_ref(states, ids, x, w, rows, columns, eps: float, head_dim: int, n_k_heads: int):
+    """GDN_CONV_CHAIN of one sequence, composed of the unfused ops on the unfused graph's shapes and layouts (so
+    its bytes are theirs): GET_ROWS of the conv state, CONCAT with the transposed projection, one CPY per snapshot
+    row, SSM_CONV, SILU, L2_NORM of the q and k heads.
+
+    states (1,1,R,(dc-1)*C), ids int32 (1,1,1,1), x (1,1,C,n_t), w (1,1,C,dc); rows: the destination rows
+    (1,1,1,(dc-1)*C), of which only the shape is used; row r gets window columns columns[r] .. columns[r]+dc-2.
+    Returns (snapshot row values, SiLU output (1,1,n_t,C), q, k (1,n_t,H_k,S)).
+    """
+    C, dc = w.shape[2], w.shape[3]
+    conv_input = concat(get_rows(states, ids).reshape(1, 1, C, dc - 1), x, 0)
+    snapshots = [cpy(conv_input[..., c:c + dc - 1], row) for c, row in zip(columns, rows)]
+    y = silu(ssm_conv(conv_input, w).contiguous())  # contiguous: the SSM_CONV node's output as SILU reads it
+    heads = y[0, 0].unflatten(-1, (-1, head_dim))[None]  # the head views (1, n_t, C/S, S) the graph takes of it
+    q = l2_norm(heads[:, :, :n_k_heads], eps)
+    k = l2_norm(heads[:, :, n_k_heads:2 * n_k_heads], eps)
+    return snapshots, y, q, k
+
+
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """GATED_DELTA_NET. q, k ne [S, H_k, n_t, n_s]; v ne [S, H_v, n_t, n_s]; g ne [1 or S, H_v, n_t, n_s];
     beta ne [1, H_v, n_t, n_s]; state ne [S, S, H_v, n_s] holding S[i][col] at (i0=i, i1=col), i the key index

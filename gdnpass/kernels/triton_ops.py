@@ -4,12 +4,15 @@ Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, 
 windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
 
 The ``@triton.jit`` helpers (:func:`conv_taps`, :func:`silu_f32`, :func:`l2_scale_rows`, :func:`matvec_col`) are the
-arithmetic; a fused kernel calls the same helpers so its results are byte-identical. Triton's reduction tree depends
-on the tile shape and num_warps, so a fused kernel must use the module constants below (and the tile shapes the
-launchers derive from them) for the reductions to run in the same order.
+arithmetic; a fused kernel calls the same helpers so its results are byte-identical to the unfused kernels'. Two
+things would otherwise let the bytes depend on the kernel: FMA contraction (whether ``a*b + c`` rounds once or twice
+depends on what the compiler sees around it), switched off for every launch (:data:`LAUNCH`), and ``tl.sum``, whose
+order follows the register layout the compiler picks per kernel: the L2 sum is a fixed pairwise tree instead
+(:func:`sum_sq_rows`), and the mat-vec pair runs the very kernel of the single mat-vec.
 
 Every kernel loads all inputs of the elements it owns before storing them, so an output may alias its input element
-for element (SiLU in place). Token counts stay runtime loop bounds (no recompile per n_t); channels go on the grid.
+for element (SiLU in place). Token counts stay runtime values, loop bounds or the mask of a fixed tile (no recompile
+per n_t); channels go on the grid.
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ MV_BLOCK_M = 32     # mat-vec weight rows per program
 MV_BLOCK_K = 128    # mat-vec K step
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
 MV_MAX_COLS = 8     # mat-vec handles activations of 1..8 columns
+CHAIN_MAX_TOKENS = 16  # GDN_CONV_CHAIN: tokens (one masked tile: a program reads all of them before writing)
+CHAIN_MAX_ROWS = 16    # GDN_CONV_CHAIN: snapshot rows
+
+# every launch: no FMA contraction, so each operation rounds as written, whichever kernel it is in
+LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False)
 
 
 def l2_tile(ne0: int) -> tuple[int, int]:
@@ -50,10 +58,26 @@ def silu_f32(x):
     return x / (1.0 + tl.exp(-x))
 
 
+@triton.constexpr_function
+def log2(n):
+    return n.bit_length() - 1
+
+
+@triton.jit
+def sum_sq_rows(x):
+    """Σx² of each row of x [BLOCK_R, BLOCK_D] (BLOCK_D a power of two) as a fixed tree: adjacent pairs, level by
+    level. Each level adds given element pairs, so the bits do not depend on the layout (unlike tl.sum's order)."""
+    s = x * x
+    for _ in tl.static_range(log2(s.shape[1])):
+        a, b = tl.split(tl.reshape(s, [s.shape[0], s.shape[1] // 2, 2]))
+        s = a + b
+    return tl.reshape(s, [s.shape[0]])
+
+
 @triton.jit
 def l2_scale_rows(x, eps):
     """x: [BLOCK_R, BLOCK_D] rows (masked lanes 0) -> x * rsqrt(max(Σx², eps²)) per row (ggml-cuda's form)."""
-    return x * tl.math.rsqrt(tl.maximum(tl.sum(x * x, axis=1), eps * eps))[:, None]
+    return x * tl.math.rsqrt(tl.maximum(sum_sq_rows(x), eps * eps))[:, None]
 
 
 @triton.jit
@@ -122,7 +146,7 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int 
     sx_s, c_s, y_s = _strides(sx), _strides(c), _strides(out)
     _ssm_conv_kernel[(n_s, triton.cdiv(C, block_c))](
         sx, c, out, C, n_t, sx_s[0], sx_s[1], sx_s[2], c_s[0], c_s[1], y_s[0], y_s[1], y_s[2],
-        D_CONV=d_conv, BLOCK_C=block_c, num_warps=NUM_WARPS)
+        D_CONV=d_conv, BLOCK_C=block_c, **LAUNCH)
 
 
 # ---- SiLU -----------------------------------------------------------------------------------------------------------
@@ -145,7 +169,7 @@ def silu(x: torch.Tensor, out: torch.Tensor) -> None:
         return
     _silu_kernel[(triton.cdiv(n, ELT_BLOCK),)](
         x, out, n, x.shape[3], x.shape[2], x.shape[1], *_strides(x), *_strides(out),
-        BLOCK=ELT_BLOCK, num_warps=NUM_WARPS)
+        BLOCK=ELT_BLOCK, **LAUNCH)
 
 
 # ---- L2_NORM --------------------------------------------------------------------------------------------------------
@@ -174,37 +198,153 @@ def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
     block_r, block_d = l2_tile(x.shape[3])
     _l2_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_R=block_r, BLOCK_D=block_d, num_warps=NUM_WARPS)
+        BLOCK_R=block_r, BLOCK_D=block_d, **LAUNCH)
+
+
+# ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
+                           n_t, n_rows, H_k, n_l2, eps,
+                           st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
+                           x_s0, x_s1,      # x [n_t, C] (the projection, transposed)
+                           w_s0, w_s1,      # w [dc, C]
+                           y_s0, y_s1,      # y [C, n_t] (the SiLU output)
+                           qk_s1, qk_s2,    # q, k [S, H_k, n_t]: contiguous rows, same strides
+                           D_CONV: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr,
+                           BLOCK_ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+    head = tl.program_id(0)  # S channels: q head, k head or v head (channel blocks are disjoint across programs)
+    i = tl.arange(0, S)
+    ch = head * S + i
+    st_row = st_ptr + tl.load(ids_ptr).to(tl.int64) * st_s1
+
+    # Every read first, all tokens at once: the writes below may land on what was read, within this program's
+    # channels (a snapshot row on the gathered row, the SiLU output on token columns of the projection).
+    t = tl.arange(0, BLOCK_T)[:, None]
+    mask = tl.broadcast_to(t < n_t, [BLOCK_T, S])
+    y = silu_f32(conv_taps(st_row + ch[None, :] * (D_CONV - 1), 1, x_ptr + ch[None, :] * x_s1, x_s0,
+                           w_ptr + ch[None, :] * w_s1, w_s0, t, mask, D_CONV))
+    r = tl.arange(0, BLOCK_ROWS)[:, None]
+    e = tl.arange(0, BLOCK_E)[None, :]  # this program's slice of a row: channel head*S + e // (dc-1), step e % (dc-1)
+    rmask = (r < n_rows) & (e < (D_CONV - 1) * S)
+    c = tl.load(table_ptr + n_rows + r, mask=r < n_rows, other=0) + e % (D_CONV - 1)  # window column
+    e_ch = head * S + e // (D_CONV - 1)
+    snap = tl.load(tl.where(c < D_CONV - 1, st_row + e_ch * (D_CONV - 1) + c,
+                            x_ptr + (c - (D_CONV - 1)) * x_s0 + e_ch * x_s1), mask=rmask)
+    row = st_ptr + tl.load(table_ptr + r, mask=r < n_rows, other=0)
+    tl.debug_barrier()  # every thread's reads happen before any thread's writes
+
+    tl.store(y_ptr + ch[None, :] * y_s0 + t * y_s1, y, mask=mask)
+    tl.store(row + head * S * (D_CONV - 1) + e, snap, mask=rmask)
+    if head < n_l2:  # a q or a k head
+        o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
+        tl.store(o_ptr + t * qk_s2 + i[None, :], l2_scale_rows(y, eps), mask=mask)
+
+
+_chain_tables: dict[tuple, torch.Tensor] = {}
+
+
+def _chain_table(states: torch.Tensor, rows: list[torch.Tensor], columns) -> torch.Tensor:
+    """int32 [row offsets (elements from ``states``), window columns] on the device, built once per distinct table:
+    a later run (or its CUDA-graph capture) then does no host->device copy."""
+    for row in rows:
+        assert row.untyped_storage().data_ptr() == states.untyped_storage().data_ptr(), "rows must be cache views"
+    key = (states.device, *(row.storage_offset() - states.storage_offset() for row in rows), *columns)
+    table = _chain_tables.get(key)
+    if table is None:
+        table = _chain_tables[key] = torch.tensor(key[1:], dtype=torch.int32, device=states.device)
+    return table
+
+
+def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False) -> None:
+    """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three with
+    ``l2_separate``).
+
+    states torch (1,1,R,(dc-1)*C), ids int32 (1 element), x (1,1,C,n_t) any strides, w (1,1,C,dc); rows: cache-row
+    views (1,1,1,(dc-1)*C) into the storage of ``states``; row r gets window columns columns[r] .. columns[r]+dc-2.
+    Writes out (1,1,n_t,C), q_out and k_out (1,n_t,H_k,S).
+
+    One program per head of S channels reads all its inputs, then writes, so within its channels anything may alias:
+    a row the gathered row, ``out`` the projection (same layout, shifted by whole tokens). Across programs nothing
+    may: q_out and k_out (written by the q/k head programs) must not overlap the projection unless ``l2_separate``,
+    where a second launch (the L2_NORM kernel) computes them from ``out`` once the first has read the projection.
+    """
+    n_t, C, d_conv = x.shape[3], x.shape[2], w.shape[3]
+    H_k, S = q_out.shape[2], q_out.shape[3]
+    assert S & (S - 1) == 0 and C % S == 0 and C >= 2 * H_k * S, f"head size {S} must be a power of two dividing {C}"
+    assert 1 <= n_t <= CHAIN_MAX_TOKENS, f"1..{CHAIN_MAX_TOKENS} tokens"
+    assert 1 <= len(rows) == len(columns) <= CHAIN_MAX_ROWS, f"1..{CHAIN_MAX_ROWS} snapshot rows"
+    assert all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t"
+    assert states.stride(3) == 1 and all(row.stride(3) == 1 for row in rows), "cache rows must be contiguous"
+    qs, xs, ws, ys = _strides(q_out), _strides(x), _strides(w), _strides(out)
+    assert qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1, "q and k share strides; q, k, out rows contiguous"
+    _gdn_conv_chain_kernel[(C // S,)](
+        states, ids, x, w, out, q_out, k_out, _chain_table(states, rows, columns),
+        n_t, len(rows), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
+        xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2],
+        D_CONV=d_conv, S=S, BLOCK_T=CHAIN_MAX_TOKENS, BLOCK_ROWS=triton.next_power_of_2(len(rows)),
+        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), **LAUNCH)
+    if l2_separate:
+        heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
+        l2_norm(heads[:, :, :H_k], eps, q_out)
+        l2_norm(heads[:, :, H_k:2 * H_k], eps, k_out)
 
 
 # ---- MUL_MAT (mat-vec) ----------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _mul_mat_vec_kernel(w_ptr, x_ptr, y_ptr, M, K, N, ne1, ne2,
-                        w_s1,                  # w [K, M], contiguous rows
+def _mat_vec_cols(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                  y_s0, y_s1, y_s2, y_s3, BLOCK_K: tl.constexpr):
+    for n in range(N):  # one program does every column of its rows: the weight block is fetched from memory once
+        acc = matvec_col(w_ptr, w_s1, rows, row_mask, x_ptr + _row_offset(n, ne1, ne2, x_s1, x_s2, x_s3), K, BLOCK_K)
+        tl.store(y_ptr + _row_offset(n, ne1, ne2, y_s1, y_s2, y_s3) + rows * y_s0, acc, mask=row_mask)
+
+
+@triton.jit
+def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
+                        w_s1,                  # w, w2 [K, M], contiguous rows
                         x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                         y_s0, y_s1, y_s2, y_s3,
                         BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
-    for n in range(N):  # one program does every column of its rows: the weight block is fetched from memory once
-        acc = matvec_col(w_ptr, w_s1, rows, row_mask, x_ptr + _row_offset(n, ne1, ne2, x_s1, x_s2, x_s3), K, BLOCK_K)
-        tl.store(y_ptr + _row_offset(n, ne1, ne2, y_s1, y_s2, y_s3) + rows * y_s0, acc, mask=row_mask)
+    if tl.program_id(1) == 0:
+        _mat_vec_cols(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                      y_s0, y_s1, y_s2, y_s3, BLOCK_K)
+    else:  # the pair's second product (grid axis 1 has size 2 only for a pair)
+        _mat_vec_cols(w2_ptr, y2_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                      y_s0, y_s1, y_s2, y_s3, BLOCK_K)
+
+
+def _mat_vecs(products, x: torch.Tensor, block_m: int, block_k: int) -> None:
+    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product."""
+    (w, out), (w2, out2) = products[0], products[-1]
+    M, K = w.shape[-2], w.shape[-1]
+    N = x.shape[0] * x.shape[1] * x.shape[2]
+    for v, y in products:
+        assert v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride()
+    assert w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows"
+    assert 1 <= N <= MV_MAX_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MV_MAX_COLS} contiguous columns"
+    xs = _strides(x)
+    _mul_mat_vec_kernel[(triton.cdiv(M, block_m), len(products))](
+        w, out, w2, out2, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
+        BLOCK_M=block_m, BLOCK_K=block_k, **LAUNCH)
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
                 block_m: int = MV_BLOCK_M, block_k: int = MV_BLOCK_K) -> None:
     """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
     x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 8 columns, out f32 ne [M, N1, N2, N3]."""
-    M, K = w.shape[-2], w.shape[-1]
-    N = x.shape[0] * x.shape[1] * x.shape[2]
-    assert w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows"
-    assert 1 <= N <= MV_MAX_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MV_MAX_COLS} contiguous columns"
-    xs = _strides(x)
-    _mul_mat_vec_kernel[(triton.cdiv(M, block_m),)](
-        w, x, out, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_M=block_m, BLOCK_K=block_k, num_warps=NUM_WARPS)
+    _mat_vecs([(w, out)], x, block_m, block_k)
+
+
+def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor, out_b: torch.Tensor,
+                     block_m: int = MV_BLOCK_M, block_k: int = MV_BLOCK_K) -> None:
+    """MUL_MAT_VEC_PAIR: out_a = w_a·x and out_b = w_b·x (same weight shape, type and strides; outputs of one layout)
+    in one launch of the mul_mat_vec kernel, so each product is byte-identical to mul_mat_vec of its weight alone."""
+    _mat_vecs([(w_a, out_a), (w_b, out_b)], x, block_m, block_k)
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------
@@ -257,4 +397,4 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
         q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
         qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
-        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, num_warps=NUM_WARPS)
+        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, **LAUNCH)

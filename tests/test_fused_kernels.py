@@ -1,0 +1,179 @@
+"""The fused kernels against the unfused ops they replace: byte for byte on each backend (the Triton ones in the
+interpreter here, compiled on a GPU), with the aliasing the fusion allows; and against independent math.
+
+Everything lives in one NaN-poisoned uint8 arena and the kernels get strided views of it, as from the executor.
+"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from gdnpass.ir import Op, Unary
+from gdnpass.kernels import TORCH_BACKEND, TRITON_BACKEND
+from test_kernels import Arena, assert_close, node, rnd
+
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
+
+BACKENDS = pytest.mark.parametrize("backend", [TORCH_BACKEND, TRITON_BACKEND], ids=["torch", "triton"])
+EPS = 1e-6
+
+
+def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    assert not got.isnan().any(), f"{what}: {int(got.isnan().sum())} elements not written"
+    int_type = {4: torch.int32, 2: torch.int16}[got.element_size()]
+    assert torch.equal(got.contiguous().view(int_type), want.contiguous().view(int_type)), f"{what}: bytes differ"
+
+
+# ---- GDN_CONV_CHAIN -------------------------------------------------------------------------------------------------
+
+
+def chain(S, H_k, H_v, dc, n_t, K, alias=""):
+    """A one-sequence conv chain in a fresh arena, laid out as build_conv_state builds it (1 cell, kv_head 0).
+
+    Cache rows 0..K-1 are the snapshot planes (plane s gets the window after n_t - s tokens), row K a copy of row 0
+    and row K+1 a bystander; ids[0] is row K. ``alias``, comma-separated: "row": ids[0] is row 0, which plane 0
+    writes; "out" / "out+d": the SiLU output is the projection's memory, shifted by d tokens (same channel, another
+    token); "qk": the L2 outputs lie on the projection (node param l2_separate, as the matcher sets it). Never both
+    "out" and "qk": the SiLU and L2 outputs of one graph do not overlap."""
+    opts = alias.split(",") if alias else []
+    shift = next((int(o[3:] or 0) for o in opts if o.startswith("out")), None)
+    torch.manual_seed(0)
+    a = Arena()
+    C = (2 * H_k + H_v) * S
+    cache = a.put(rnd(1, 1, K + 2, (dc - 1) * C))
+    cache[0, 0, K] = cache[0, 0, 0]
+    pad = 4  # spare token rows around the projection, for a shifted SiLU output
+    tokens = a.view((1, 1, n_t + 2 * pad, C))
+    proj = tokens[:, :, pad:pad + n_t].copy_(rnd(1, 1, n_t, C))  # qkv_mixed ne [C, n_t]
+    w = a.put(rnd(1, 1, C, dc))
+    ids = a.view((1, 1, 1, 1)).view(torch.int32).fill_(0 if "row" in opts else K)  # (Arena poisons floats)
+    slots = range(K - 1, -1, -1)                        # build_conv_state's order: t = 1..K, slot K - t
+    columns = [max(0, n_t - s) for s in slots]          # window offset after n_t - s tokens
+    if "qk" in opts:
+        q, k = proj.reshape(2, -1)[:, :n_t * H_k * S].unflatten(-1, (n_t, H_k, S)).split(1)
+    else:
+        q, k = a.view((1, n_t, H_k, S)), a.view((1, n_t, H_k, S))
+    params = dict(n_inputs=4, d_conv=dc, n_tokens=n_t, columns=columns, eps=EPS, head_dim=S, n_k_heads=H_k,
+                  l2_separate="qk" in opts)
+    return SimpleNamespace(
+        a=a, C=C, S=S, H_k=H_k, dc=dc, n_t=n_t, cache=cache, x=proj.transpose(-1, -2), w=w, ids=ids,
+        rows=[cache[:, :, s:s + 1] for s in slots], columns=columns, node=node(Op.GDN_CONV_CHAIN, **params),
+        y=a.view((1, 1, n_t, C)) if shift is None else tokens[:, :, pad + shift:pad + shift + n_t], q=q, k=k)
+
+
+def run_unfused(c, backend) -> None:
+    """GET_ROWS -> CONCAT -> snapshot CPYs -> SSM_CONV -> SILU -> L2_NORM(q), L2_NORM(k), each into its own view."""
+    a, dc, C = c.a, c.dc, c.C
+    states = a.view((1, 1, 1, (dc - 1) * C))
+    backend[Op.GET_ROWS](node(Op.GET_ROWS), [c.cache, c.ids], states)
+    conv_input = a.view((1, 1, C, dc - 1 + c.n_t))
+    backend[Op.CONCAT](node(Op.CONCAT, dim=0), [states.view(1, 1, C, dc - 1), c.x], conv_input)
+    for col, row in zip(c.columns, c.rows):
+        backend[Op.CPY](node(Op.CPY), [conv_input[..., col:col + dc - 1], row], row)
+    conv = a.view((1, 1, c.n_t, C))
+    backend[Op.SSM_CONV](node(Op.SSM_CONV), [conv_input, c.w], conv)
+    backend[Op.UNARY](node(Op.UNARY, kind=Unary.SILU.value), [conv], c.y)
+    heads = c.y[0, 0].unflatten(-1, (-1, c.S))[None]
+    backend[Op.L2_NORM](node(Op.L2_NORM, eps=EPS), [heads[:, :, :c.H_k]], c.q)
+    backend[Op.L2_NORM](node(Op.L2_NORM, eps=EPS), [heads[:, :, c.H_k:2 * c.H_k]], c.k)
+
+
+def run_fused(c, backend) -> None:
+    src = [c.cache, c.ids, c.x, c.w, c.q, c.k, *c.rows]
+    c.a.run(lambda: backend[Op.GDN_CONV_CHAIN](c.node, src, c.y), c.y, c.q, c.k, *c.rows)
+
+
+def results(c) -> dict[str, torch.Tensor]:
+    return {"cache": c.cache.clone(), "silu": c.y.clone(), "q": c.q.clone(), "k": c.k.clone()}
+
+
+CHAIN_CASES = [  # S, H_k, H_v, dc, n_t, K, alias
+    (32, 2, 4, 3, 1, 1, "row"),            # one-token decode, plane 0 rewrites the gathered row
+    (64, 1, 2, 4, 4, 4, "row,out"),        # MTP verify, both aliasings of the seed
+    (32, 2, 2, 4, 7, 8, "qk"),             # more rows than tokens: clamped windows; q/k on the projection
+    (64, 1, 4, 4, 3, 3, ""),
+    (128, 1, 1, 5, 16, 16, "row,out-3"),   # widest verify, most rows, SiLU over earlier token columns
+    (128, 1, 2, 4, 9, 1, "out+2"),         # no snapshots; SiLU over later token columns
+]
+
+
+@BACKENDS
+@pytest.mark.parametrize("S,H_k,H_v,dc,n_t,K,alias", CHAIN_CASES)
+def test_conv_chain_fused_is_unfused(backend, S, H_k, H_v, dc, n_t, K, alias):
+    """Same bytes as the unfused chain on the same backend: SiLU, q, k, every snapshot row, the rest of the cache."""
+    unfused, fused = chain(S, H_k, H_v, dc, n_t, K, alias), chain(S, H_k, H_v, dc, n_t, K, alias)
+    run_unfused(unfused, backend)
+    run_fused(fused, backend)
+    want = results(unfused)
+    for name, got in results(fused).items():
+        assert_same_bytes(got, want[name], name)
+
+
+@BACKENDS
+@pytest.mark.parametrize("alias", ["row", "out", "out-4", "out+4", "qk", "row,qk"])
+def test_conv_chain_aliasing_changes_nothing(backend, alias):
+    """Each aliasing the fusion allows gives the bytes of the run without it."""
+    case = (64, 2, 2, 4, 13, 4)
+    plain, aliased = chain(*case), chain(*case, alias)
+    run_fused(plain, backend)
+    run_fused(aliased, backend)
+    want = results(plain)
+    for name, got in results(aliased).items():
+        assert_same_bytes(got, want[name], name)
+
+
+@pytest.mark.parametrize("case", [(32, 2, 4, 3, 1, 1), (64, 1, 2, 4, 6, 4), (128, 1, 1, 5, 16, 3)])
+def test_conv_chain_triton_vs_torch(case):
+    tri, ref = chain(*case, "row"), chain(*case, "row")
+    run_fused(tri, TRITON_BACKEND)
+    run_fused(ref, TORCH_BACKEND)
+    want = results(ref)
+    for name, got in results(tri).items():
+        assert_close(got, want[name])
+    assert_same_bytes(tri.cache, ref.cache, "cache")  # snapshot rows are copies: exact
+
+
+def test_conv_chain_reference_vs_f64():
+    """The torch reference against the chain written out on explicit windows in float64."""
+    c = chain(32, 1, 2, 4, 5, 3, "row")
+    S, H_k, dc, n_t, C = c.S, c.H_k, c.dc, c.n_t, c.C
+    cache = c.cache.double().cpu().numpy()[0, 0]
+    window = np.concatenate([cache[0].reshape(C, dc - 1), c.x.double().cpu().numpy()[0, 0]], axis=1)  # (C, dc-1+n_t)
+    w = c.w.double().cpu().numpy()[0, 0]
+    conv = np.stack([(window[:, t:t + dc] * w).sum(1) for t in range(n_t)])  # (n_t, C)
+    y = conv / (1 + np.exp(-conv))
+    heads = y.reshape(n_t, -1, S)
+    qk = heads / np.maximum(np.linalg.norm(heads, axis=-1, keepdims=True), EPS)
+    run_fused(c, TORCH_BACKEND)
+    np.testing.assert_allclose(c.y.cpu().numpy()[0, 0], y, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c.q.cpu().numpy()[0], qk[:, :H_k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c.k.cpu().numpy()[0], qk[:, H_k:2 * H_k], rtol=1e-5, atol=1e-6)
+    for col, row in zip(c.columns, c.rows):
+        np.testing.assert_array_equal(row.double().cpu().numpy().reshape(C, dc - 1), window[:, col:col + dc - 1])
+    np.testing.assert_array_equal(c.cache.double().cpu().numpy()[0, 0, -2:], cache[-2:])  # rows K, K+1 untouched
+
+
+# ---- MUL_MAT_VEC_PAIR -----------------------------------------------------------------------------------------------
+
+
+@BACKENDS
+@pytest.mark.parametrize("wtype", [torch.float32, torch.float16, torch.bfloat16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("cols", [(n, 1, 1) for n in range(1, 10)] + [(2, 2, 2)], ids=str)
+def test_mat_vec_pair(backend, wtype, cols):
+    """Each product of the pair has the bytes of its MUL_MAT alone (9 columns: both fall back to torch)."""
+    a = Arena()
+    M, K = 96, 200  # K is not a multiple of the K step
+    w_a, w_b = a.put(rnd(1, 1, M, K).to(wtype)), a.put(rnd(1, 1, M, K).to(wtype))
+    n1, n2, n3 = cols
+    x = a.put(rnd(n3, n2, n1, K), row_stride=K + 24)  # activation columns with gaps
+    out_a, out_b, want_a, want_b = (a.view((n3, n2, n1, M)) for _ in range(4))
+    a.run(lambda: backend[Op.MUL_MAT_VEC_PAIR](node(Op.MUL_MAT_VEC_PAIR, n_inputs=3), [w_a, x, w_b, out_b], out_a),
+          out_a, out_b)
+    backend[Op.MUL_MAT](node(Op.MUL_MAT), [w_a, x], want_a)
+    backend[Op.MUL_MAT](node(Op.MUL_MAT), [w_b, x], want_b)
+    assert_same_bytes(out_a, want_a, "first product")
+    assert_same_bytes(out_b, want_b, "second product")
+    for got, w in ((out_a, w_a), (out_b, w_b)):
+        assert_close(got, (x.double() @ w.double().transpose(-1, -2)).float())  # the same upcast weights, in f64
