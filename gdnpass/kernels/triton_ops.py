@@ -3,7 +3,7 @@
 Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided
 windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
 
-The ``@triton.jit`` helpers (:func:`conv_taps`, :func:`silu_f32`, :func:`l2_scale_rows`, :func:`matvec_col`) are the
+The ``@triton.jit`` helpers (:func:`conv_taps`, :func:`silu_f32`, :func:`l2_scale_rows`, :func:`matvec_cols`) are the
 arithmetic; a fused kernel calls the same helpers so its results are byte-identical to the unfused kernels'. Two
 things would otherwise let the bytes depend on the kernel: FMA contraction (whether ``a*b + c`` rounds once or twice
 depends on what the compiler sees around it), switched off for every launch (:data:`LAUNCH`), and ``tl.sum``, whose
@@ -27,12 +27,16 @@ NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper mu
 ELT_BLOCK = 1024    # elements per program (SiLU)
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
-MV_BLOCK_M = 32     # mat-vec weight rows per program
-MV_BLOCK_K = 128    # mat-vec K step
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
 MV_MAX_COLS = 8     # mat-vec handles activations of 1..8 columns
 CHAIN_MAX_TOKENS = 16  # GDN_CONV_CHAIN: tokens (one masked tile: a program reads all of them before writing)
 CHAIN_MAX_ROWS = 16    # GDN_CONV_CHAIN: snapshot rows
+CHAIN_NUM_WARPS = 4    # GDN_CONV_CHAIN: its L2 sums are a fixed tree, so its launch shape may differ from L2_NORM's
+
+
+def CHAIN_BLOCK_T(n_t: int) -> int:
+    """Token tile of the fused chain (see docs/performance.md for the measurement behind it)."""
+    return CHAIN_MAX_TOKENS
 
 # every launch: no FMA contraction, so each operation rounds as written, whichever kernel it is in
 LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False)
@@ -96,19 +100,21 @@ def conv_taps(s_ptrs, s_step, x_ptrs, x_step, w_ptrs, w_step, t, mask, D_CONV: t
 
 
 @triton.jit
-def matvec_col(w_ptr, w_stride, rows, row_mask, x_ptr, K, BLOCK_K: tl.constexpr):
-    """Σ_k w[row, k]·x[k] for a block of weight rows (w f32/f16/bf16 with contiguous rows, x f32 contiguous):
-    a [BLOCK_M, BLOCK_K] f32 accumulator over K in BLOCK_K steps, then one tl.sum over axis 1."""
+def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr):
+    """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
+    element offset). Each weight tile is loaded once per K step for every column; a [BLOCK_M, COLS, BLOCK_K] f32
+    accumulator, one tl.sum over K at the end. Returns [BLOCK_M, COLS]."""
     ks = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
-    acc = tl.zeros([rows.shape[0], BLOCK_K], tl.float32)
+    acc = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
         kmask = kk < K
         # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
         w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        acc += w * tl.load(x_ptr + kk, mask=kmask, other=0.0)[None, :]
-    return tl.sum(acc, axis=1)
+        x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
+        acc += w[:, None, :] * x[None, :, :]
+    return tl.sum(acc, axis=2)
 
 
 @triton.jit
@@ -257,7 +263,8 @@ def _chain_table(states: torch.Tensor, rows: list[torch.Tensor], columns) -> tor
     return table
 
 
-def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False) -> None:
+def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
+                   block_t: int | None = None, num_warps: int | None = None) -> None:
     """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three with
     ``l2_separate``).
 
@@ -283,8 +290,8 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
         states, ids, x, w, out, q_out, k_out, _chain_table(states, rows, columns),
         n_t, len(rows), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2],
-        D_CONV=d_conv, S=S, BLOCK_T=CHAIN_MAX_TOKENS, BLOCK_ROWS=triton.next_power_of_2(len(rows)),
-        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), **LAUNCH)
+        D_CONV=d_conv, S=S, BLOCK_T=block_t or CHAIN_BLOCK_T(n_t), BLOCK_ROWS=triton.next_power_of_2(len(rows)),
+        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), **{**LAUNCH, "num_warps": num_warps or CHAIN_NUM_WARPS})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
         l2_norm(heads[:, :, :H_k], eps, q_out)
@@ -295,11 +302,14 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
 
 
 @triton.jit
-def _mat_vec_cols(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                  y_s0, y_s1, y_s2, y_s3, BLOCK_K: tl.constexpr):
-    for n in range(N):  # one program does every column of its rows: the weight block is fetched from memory once
-        acc = matvec_col(w_ptr, w_s1, rows, row_mask, x_ptr + _row_offset(n, ne1, ne2, x_s1, x_s2, x_s3), K, BLOCK_K)
-        tl.store(y_ptr + _row_offset(n, ne1, ne2, y_s1, y_s2, y_s3) + rows * y_s0, acc, mask=row_mask)
+def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, COLS: tl.constexpr, BLOCK_K: tl.constexpr):
+    cols = tl.arange(0, COLS)
+    col_mask = cols < N
+    acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3), col_mask,
+                      K, BLOCK_K)
+    y = y_ptr + _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
+    tl.store(y, acc, mask=row_mask[:, None] & col_mask[None, :])
 
 
 @triton.jit
@@ -307,19 +317,31 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_s1,                  # w, w2 [K, M], contiguous rows
                         x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                         y_s0, y_s1, y_s2, y_s3,
-                        BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     if tl.program_id(1) == 0:
-        _mat_vec_cols(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                      y_s0, y_s1, y_s2, y_s3, BLOCK_K)
+        _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K)
     else:  # the pair's second product (grid axis 1 has size 2 only for a pair)
-        _mat_vec_cols(w2_ptr, y2_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                      y_s0, y_s1, y_s2, y_s3, BLOCK_K)
+        _mat_vec(w2_ptr, y2_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K)
 
 
-def _mat_vecs(products, x: torch.Tensor, block_m: int, block_k: int) -> None:
-    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product."""
+def mat_vec_blocks(M: int, N: int) -> tuple[int, int, int]:
+    """(BLOCK_M, COLS, BLOCK_K): enough programs to fill the GPU for thin outputs (alpha/beta: M = 32 rows -> one row
+    per program), and an accumulator of at most 2048 f32 per program. COLS (the padded column count) is a constexpr:
+    one compile each for 1, 2, 4 and 8 columns, because a fixed 8 would multiply the arithmetic of a 1-column
+    product by eight."""
+    cols = triton.next_power_of_2(N)
+    block_m = min(16, max(1, triton.next_power_of_2(M // 256)))
+    block_k = min(1024, max(64, 2048 // (block_m * cols)))
+    return block_m, cols, block_k
+
+
+def _mat_vecs(products, x: torch.Tensor) -> None:
+    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product. One kernel and one choice
+    of blocks for both, so each product of a pair is byte-identical to the single mat-vec of its weight."""
     (w, out), (w2, out2) = products[0], products[-1]
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
@@ -327,24 +349,24 @@ def _mat_vecs(products, x: torch.Tensor, block_m: int, block_k: int) -> None:
         assert v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride()
     assert w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows"
     assert 1 <= N <= MV_MAX_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MV_MAX_COLS} contiguous columns"
+    block_m, cols, block_k = mat_vec_blocks(M, N)
     xs = _strides(x)
     _mul_mat_vec_kernel[(triton.cdiv(M, block_m), len(products))](
         w, out, w2, out2, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_M=block_m, BLOCK_K=block_k, **LAUNCH)
+        BLOCK_M=block_m, COLS=cols, BLOCK_K=block_k, **LAUNCH)
 
 
-def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
-                block_m: int = MV_BLOCK_M, block_k: int = MV_BLOCK_K) -> None:
+def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
     """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
     x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 8 columns, out f32 ne [M, N1, N2, N3]."""
-    _mat_vecs([(w, out)], x, block_m, block_k)
+    _mat_vecs([(w, out)], x)
 
 
-def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor, out_b: torch.Tensor,
-                     block_m: int = MV_BLOCK_M, block_k: int = MV_BLOCK_K) -> None:
+def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor,
+                     out_b: torch.Tensor) -> None:
     """MUL_MAT_VEC_PAIR: out_a = w_a·x and out_b = w_b·x (same weight shape, type and strides; outputs of one layout)
     in one launch of the mul_mat_vec kernel, so each product is byte-identical to mul_mat_vec of its weight alone."""
-    _mat_vecs([(w_a, out_a), (w_b, out_b)], x, block_m, block_k)
+    _mat_vecs([(w_a, out_a), (w_b, out_b)], x)
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------
