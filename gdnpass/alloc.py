@@ -131,7 +131,7 @@ def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
         if n.view_src is not None or n.is_leaf or st.owned:
             return
         st.allocated = st.owned = True
-        if n.op in INPLACE_OPS:
+        if n.op in INPLACE_OPS or (n.op is Op.OPAQUE and n.op_params.get("can_inplace")):
             for p in n.src:
                 # gallocr's is_own(parent) is its hash node's ``allocated``: views and external tensors never qualify
                 # (so ggml's view-parent branch cannot fire and is not reproduced here)

@@ -67,6 +67,8 @@ class Op(enum.Enum):
     MUL_MAT = "MUL_MAT"
     SSM_CONV = "SSM_CONV"
     GATED_DELTA_NET = "GATED_DELTA_NET"
+    # an op gdnpass does not model (imported from ggml): kept with its shape and strides, never fused or executed
+    OPAQUE = "OPAQUE"
     # fused nodes created by gdnpass.fusion (never by a builder)
     GDN_CONV_CHAIN = "GDN_CONV_CHAIN"
     MUL_MAT_VEC_PAIR = "MUL_MAT_VEC_PAIR"

@@ -255,6 +255,7 @@ _RULES: dict[Op, Callable[[Tensor], Shape]] = {
     Op.GATED_DELTA_NET: _rule_gdn,
     Op.GDN_CONV_CHAIN: _rule_fused,
     Op.MUL_MAT_VEC_PAIR: _rule_fused,
+    Op.OPAQUE: _rule_fused,
 }
 
 
@@ -271,7 +272,7 @@ def validate_node(n: Tensor) -> None:
     _req(n.type is want.type, n, f"type {n.type.label}, expected {want.type.label}")
     _req(tuple(n.ne) == want.ne, n, f"ne {n.ne}, expected {want.ne}")
     _req(tuple(n.nb) == want.nb, n, f"nb {n.nb}, expected {want.nb}")
-    if n.op in (Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR):
+    if n.op in (Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.OPAQUE):
         return
     if want.view_of is None:
         _req(n.view_src is None, n, "computes new data but is marked as a view")
