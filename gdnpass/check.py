@@ -14,6 +14,7 @@ import torch
 
 from gdnpass.fusion import FusionReport, fuse
 from gdnpass.ir import Graph, Op, Tensor
+from gdnpass.kernels import runs_as_mat_vec
 from gdnpass.runtime import Executor
 
 
@@ -52,7 +53,7 @@ def watched(graph: Graph) -> list[Tensor]:
     for n in graph.nodes:
         if n.op is Op.UNARY and n.src[0].op is Op.SSM_CONV:
             out.append(n)
-        elif n.op is Op.L2_NORM or n.op is Op.MUL_MAT and n.ne[1] * n.ne[2] * n.ne[3] <= 8:
+        elif n.op is Op.L2_NORM or n.op is Op.MUL_MAT and runs_as_mat_vec(n.ne[0], n.ne[1] * n.ne[2] * n.ne[3]):
             out.append(n)
         elif n.name.startswith("l_out"):
             out.append(n)

@@ -90,8 +90,19 @@ def _tri_unary(node, src, out):
         TORCH_BACKEND[Op.UNARY](node, src, out)
 
 
+MAT_VEC_MAX_COLS = 8         # MUL_MAT at 1..8 columns runs the Triton mat-vec (as ggml-cuda's mmvf)
+THIN_MAX_COLS, THIN_MAX_ROWS = 16, 256  # ... and thin products (alpha/beta: 32 rows) up to 16 columns, where the
+                                        # pair still halves the time and beats two cuBLAS calls (docs/performance.md)
+
+
+def runs_as_mat_vec(rows: int, cols: int) -> bool:
+    """Whether a single-matrix MUL_MAT of ``rows`` outputs and ``cols`` columns runs the Triton mat-vec; the pair
+    matcher accepts exactly these, so a pair is always byte-identical to its two unfused products."""
+    return 1 <= cols <= MAT_VEC_MAX_COLS or (cols <= THIN_MAX_COLS and rows <= THIN_MAX_ROWS)
+
+
 def _is_mat_vec(w, x) -> bool:
-    return w.shape[0] * w.shape[1] == 1 and x.shape[0] * x.shape[1] * x.shape[2] <= 8  # one matrix, 1..8 columns
+    return w.shape[0] * w.shape[1] == 1 and runs_as_mat_vec(w.shape[2], x.shape[0] * x.shape[1] * x.shape[2])
 
 
 def _tri_mul_mat(node, src, out):

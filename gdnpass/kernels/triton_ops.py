@@ -28,15 +28,21 @@ ELT_BLOCK = 1024    # elements per program (SiLU)
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
-MV_MAX_COLS = 8     # mat-vec handles activations of 1..8 columns
+MV_MAX_COLS = 16    # mat-vec handles activations of 1..16 columns (the backend picks which: kernels.runs_as_mat_vec)
 CHAIN_MAX_TOKENS = 16  # GDN_CONV_CHAIN: tokens (one masked tile: a program reads all of them before writing)
 CHAIN_MAX_ROWS = 16    # GDN_CONV_CHAIN: snapshot rows
-CHAIN_NUM_WARPS = 4    # GDN_CONV_CHAIN: its L2 sums are a fixed tree, so its launch shape may differ from L2_NORM's
+# (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
 
 
 def CHAIN_BLOCK_T(n_t: int) -> int:
-    """Token tile of the fused chain (see docs/performance.md for the measurement behind it)."""
-    return CHAIN_MAX_TOKENS
+    """Token tile of the fused chain: n_t rounded up to a power of two. A constexpr, so 5 compiles (1, 2, 4, 8, 16)
+    instead of one 16-token tile: measured on the H200, 4.4 -> 2.7 us at T=4 (docs/performance.md)."""
+    return triton.next_power_of_2(n_t)
+
+
+def CHAIN_WARPS(n_t: int) -> int:
+    """Warps of the fused chain: 4 up to 4 tokens, 8 above (H200: 4.0 -> 3.7 us at T=8, 9.0 -> 7.3 at T=16)."""
+    return 4 if n_t <= 4 else 8
 
 # every launch: no FMA contraction, so each operation rounds as written, whichever kernel it is in
 LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False)
@@ -291,7 +297,7 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
         n_t, len(rows), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2],
         D_CONV=d_conv, S=S, BLOCK_T=block_t or CHAIN_BLOCK_T(n_t), BLOCK_ROWS=triton.next_power_of_2(len(rows)),
-        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), **{**LAUNCH, "num_warps": num_warps or CHAIN_NUM_WARPS})
+        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), **{**LAUNCH, "num_warps": num_warps or CHAIN_WARPS(n_t)})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
         l2_norm(heads[:, :, :H_k], eps, q_out)
@@ -358,7 +364,7 @@ def _mat_vecs(products, x: torch.Tensor) -> None:
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
     """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
-    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 8 columns, out f32 ne [M, N1, N2, N3]."""
+    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns, out f32 ne [M, N1, N2, N3]."""
     _mat_vecs([(w, out)], x)
 
 

@@ -8,7 +8,9 @@ writes B's product early (at A's position) and reads B's weight and x early; the
 Legality rules (all must hold; the bracketed name is what a refusal reports):
  1. [pair.different-src1] both read the same src1 tensor.
  2. [pair.type] both weights have the same type (f32, f16 or bf16) and x is f32.
- 3. [pair.n-cols] 1 <= columns (ne1*ne2*ne3 of x) <= 8, and each weight is one matrix.
+ 3. [pair.n-cols] each weight is one matrix and the product runs the Triton mat-vec unfused
+    (``kernels.runs_as_mat_vec``: 1..8 columns, or up to 16 for thin products of <= 256 rows, where the H200
+    measurement says pairing still pays), so the pair is byte-identical to the two products.
  4. [pair.flags] B is not an INPUT/OUTPUT tensor (OUTPUT may be read by the host at any point).
  5. [pair.alias] B's product overlaps nothing the pair reads (x, the weights) nor A's product.
  6. Nodes in between (every node after A and before B), on byte ranges of the plan:
@@ -25,10 +27,10 @@ in between and keeps A alive while B is allocated. Without it, gallocr may give 
 from __future__ import annotations
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, runs_kernel
+from gdnpass.kernels import runs_as_mat_vec
 from gdnpass.matchers.common import Context, Match, Refusal, first_collision, node_reads, node_writes, ranges
 
 NAME = "mul_mat_vec_pair"
-MAX_COLS = 8
 
 
 def _cols(x: Tensor) -> int:
@@ -74,8 +76,9 @@ class MatVecPair:
         if wa.type is not wb.type or wa.type not in (DType.F32, DType.F16, DType.BF16) or x.type is not DType.F32:
             return refuse("pair.type", b, f"weight types {wa.type.label}/{wb.type.label} (x {x.type.label}) do not pair")
         cols = _cols(x)
-        if not 1 <= cols <= MAX_COLS or wa.ne[2] * wa.ne[3] != 1:
-            return refuse("pair.n-cols", b, f"{cols} columns; the mat-vec pair covers 1..{MAX_COLS}")
+        if not runs_as_mat_vec(wa.ne[1], cols) or wa.ne[2] * wa.ne[3] != 1:
+            return refuse("pair.n-cols", b, f"{cols} columns of {wa.ne[1]} rows: outside the mat-vec's scope "
+                                            "(1..8 columns, or 9..16 for <= 256 rows)")
         if b.flags & (Flag.OUTPUT | Flag.INPUT):
             return refuse("pair.flags", b, f"{b.name!r} is flagged INPUT/OUTPUT and cannot be computed early")
 
