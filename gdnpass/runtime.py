@@ -193,11 +193,17 @@ def _pad(n: int) -> int:
     return max(16, (n + 15) // 16 * 16)
 
 
+_TILE = 1 << 20
+
+
 def _init_values(t: Tensor, g: torch.Generator) -> torch.Tensor:
     """Plausible magnitudes per tensor role (so the GDN recurrence and norms stay finite)."""
     name = t.name
-    if t.buffer == "weights" and t.type is not DType.F32:  # big projections: draw in their own type, scale in place
-        return torch.randn(t.nelements, generator=g, dtype=TORCH_DTYPES[t.type]).mul_(t.ne[0] ** -0.5)
+    if t.buffer == "weights" and t.nelements > _TILE:
+        # big projections: a random block repeated (drawing gigabytes of normals would dominate a CPU run), at an
+        # odd period so that no two rows are equal
+        block = torch.randn(_TILE + 97, generator=g).mul_(t.ne[0] ** -0.5).to(TORCH_DTYPES[t.type])
+        return block.repeat(t.nelements // block.numel() + 1)[: t.nelements]
     r = torch.randn(t.nelements, generator=g)
     if name.endswith("norm.weight"):
         return r.mul_(0.1).add_(1.0)
