@@ -59,15 +59,21 @@ class Context:
     pos: dict[int, int] = field(default_factory=dict)
     use_counts: dict[int, int] = field(default_factory=dict)
     _users: dict[int, list[Tensor]] = field(default_factory=dict)
+    _ranges: dict[int, Range | None] = field(default_factory=dict)
 
     def refresh(self) -> None:
         """Index the graph once per pattern (positions, ggml use counts, users), so matching stays linear."""
-        self.pos = self.graph.positions()
-        self.use_counts = self.graph.use_counts()
-        self._users = {}
-        for n in self.graph.nodes:
-            for s in {id(s): s for s in n.src if s is not None}.values():
-                self._users.setdefault(s.uid, []).append(n)
+        self.pos, self.use_counts, self._users, self._ranges = {}, {}, {}, {}
+        for i, n in enumerate(self.graph.nodes):
+            self.pos[n.uid] = i
+            seen = set()
+            for s in n.src:
+                if s is None:
+                    continue
+                self.use_counts[s.uid] = self.use_counts.get(s.uid, 0) + 1  # one use per src slot, as ggml counts
+                if s.uid not in seen:
+                    seen.add(s.uid)
+                    self._users.setdefault(s.uid, []).append(n)
 
     def uses(self, t: Tensor) -> int:
         return self.use_counts.get(t.uid, 0)
@@ -76,26 +82,28 @@ class Context:
         """Nodes reading ``t`` through a src slot, in execution order."""
         return self._users.get(t.uid, [])
 
+    def ranges(self, ts: Iterable[Tensor]) -> list[tuple[Range, Tensor]]:
+        """The byte ranges of tensors, skipping empty ones (they touch nothing); memoised for this graph state."""
+        out = []
+        for t in ts:
+            if t is None:
+                continue
+            r = self._ranges.get(t.uid)
+            if r is None:
+                r = self._ranges[t.uid] = None if t.is_empty else byte_range(t)
+            if r:
+                out.append((r, t))
+        return out
+
+    def node_reads(self, n: Tensor) -> list[tuple[Range, Tensor]]:
+        return self.ranges(inputs(n))
+
+    def node_writes(self, n: Tensor) -> list[tuple[Range, Tensor]]:
+        return self.ranges(outputs(n))
+
 
 def fmt_range(r: Range) -> str:
     return f"{r[0]}[{r[1]:#x}, {r[2]:#x})"
-
-
-def ranges(ts: Iterable[Tensor]) -> list[tuple[Range, Tensor]]:
-    """The byte ranges of tensors, skipping empty ones (they touch nothing)."""
-    out = []
-    for t in ts:
-        if t is not None and not t.is_empty:
-            out.append((byte_range(t), t))
-    return out
-
-
-def node_reads(n: Tensor) -> list[tuple[Range, Tensor]]:
-    return ranges(inputs(n))
-
-
-def node_writes(n: Tensor) -> list[tuple[Range, Tensor]]:
-    return ranges(outputs(n))
 
 
 def first_collision(a: list[tuple[Range, Tensor]], b: list[tuple[Range, Tensor]]):

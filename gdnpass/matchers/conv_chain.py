@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from gdnpass import ops
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, byte_range, runs_kernel
-from gdnpass.matchers.common import Context, Match, Refusal, first_collision, node_reads, node_writes, ranges
+from gdnpass.matchers.common import Context, Match, Refusal, first_collision
 
 NAME = "gdn_conv_chain"
 MAX_TOKENS = 16
@@ -217,14 +217,14 @@ class ConvChain:
         silu_reads = [c["ids"], c["weight"]] + ([] if silu.nb == proj.nb and shift % proj.nb[1] == 0 else [xt])
         # L2 outputs on the (dead) projection are a cross-program race inside one launch: the node then writes
         # them in a second launch, after every program has read the projection (see c["l2_separate"]).
-        c["l2_separate"] = first_collision(ranges([q_l2, k_l2]), ranges([xt])) is not None
-        hit = (first_collision(ranges([q_l2, k_l2, *c["dsts"]]), ranges([c["ids"], c["weight"]]))
-               or first_collision(ranges(c["dsts"]), ranges([xt]))
-               or first_collision(ranges([silu]), ranges(silu_reads)))
+        c["l2_separate"] = first_collision(ctx.ranges([q_l2, k_l2]), ctx.ranges([xt])) is not None
+        hit = (first_collision(ctx.ranges([q_l2, k_l2, *c["dsts"]]), ctx.ranges([c["ids"], c["weight"]]))
+               or first_collision(ctx.ranges(c["dsts"]), ctx.ranges([xt]))
+               or first_collision(ctx.ranges([silu]), ctx.ranges(silu_reads)))
         if hit:
             return refuse("alias.output-overlaps-input", hit[1],
                           f"{hit[1].name!r} overlaps {hit[3].name!r}, which the fused kernel reads", hit)
-        hit = first_collision(ranges(early), ranges([cache]))
+        hit = first_collision(ctx.ranges(early), ctx.ranges([cache]))
         if hit:
             return refuse("alias.output-overlaps-input", hit[1], f"{hit[1].name!r} overlaps the cache", hit)
 
@@ -234,23 +234,23 @@ class ConvChain:
         skip = {t.uid for t in c["chain"]} | {c["projection"].base.uid}
         between = [n for n in graph.nodes[start:end + 1] if n.uid not in skip and runs_kernel(n)]
         if ctx.between == "broad":
-            owned = ranges([c["get_rows"], concat, c["projection"].base, c["ssm_conv"], *early, cache])
-            inputs_ = ranges([c["ids"], c["weight"]])  # shared read-only inputs: reading them is no hazard
+            owned = ctx.ranges([c["get_rows"], concat, c["projection"].base, c["ssm_conv"], *early, cache])
+            inputs_ = ctx.ranges([c["ids"], c["weight"]])  # shared read-only inputs: reading them is no hazard
             for n in between:
-                hit = first_collision(node_writes(n) + node_reads(n), owned) or first_collision(node_writes(n), inputs_)
+                hit = first_collision(ctx.node_writes(n) + ctx.node_reads(n), owned) or first_collision(ctx.node_writes(n), inputs_)
                 if hit:
                     return refuse("between.touches-chain-buffer", n,
                                   f"{n.name!r} touches {hit[3].name!r}, a buffer of the chain", hit)
             return None
-        before_rules = [("between.writes-cache", "w", ranges([cache]), "writes the cache"),
-                        ("between.writes-ids", "w", ranges([c["ids"]]), "writes the ids the gather reads")]
-        after_rules = [("between.writes-cache", "w", ranges(c["dsts"]), "writes a snapshot row"),
-                       ("between.writes-weights", "w", ranges([c["weight"]]), "writes the conv weight"),
-                       ("between.writes-early-output", "w", ranges(early), "writes an early output"),
-                       ("between.reads-early-output", "r", ranges(early), "reads an early output"),
-                       ("between.reads-cache", "r", ranges(c["dsts"]), "reads a snapshot row")]
+        before_rules = [("between.writes-cache", "w", ctx.ranges([cache]), "writes the cache"),
+                        ("between.writes-ids", "w", ctx.ranges([c["ids"]]), "writes the ids the gather reads")]
+        after_rules = [("between.writes-cache", "w", ctx.ranges(c["dsts"]), "writes a snapshot row"),
+                       ("between.writes-weights", "w", ctx.ranges([c["weight"]]), "writes the conv weight"),
+                       ("between.writes-early-output", "w", ctx.ranges(early), "writes an early output"),
+                       ("between.reads-early-output", "r", ctx.ranges(early), "reads an early output"),
+                       ("between.reads-cache", "r", ctx.ranges(c["dsts"]), "reads a snapshot row")]
         for n in between:
-            mine = {"w": node_writes(n), "r": node_reads(n)}
+            mine = {"w": ctx.node_writes(n), "r": ctx.node_reads(n)}
             for rule, kind, theirs, what in (after_rules if pos[n.uid] > at else before_rules):
                 hit = first_collision(mine[kind], theirs)
                 if hit:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, runs_kernel
 from gdnpass.kernels import runs_as_mat_vec
-from gdnpass.matchers.common import Context, Match, Refusal, first_collision, node_reads, node_writes, ranges
+from gdnpass.matchers.common import Context, Match, Refusal, first_collision
 
 NAME = "mul_mat_vec_pair"
 
@@ -83,18 +83,18 @@ class MatVecPair:
             return refuse("pair.flags", b, f"{b.name!r} is flagged INPUT/OUTPUT and cannot be computed early")
 
         if ctx.check_hazards:
-            hit = first_collision(ranges([b]), ranges([x, wa, wb, a]))
+            hit = first_collision(ctx.ranges([b]), ctx.ranges([x, wa, wb, a]))
             if hit:
                 return refuse("pair.alias", b, f"{b.name!r} overlaps {hit[3].name!r}", hit)
             pos = ctx.pos
             for n in graph.nodes[pos[a.uid] + 1: pos[b.uid]]:
                 if not runs_kernel(n):
                     continue
-                w, r = node_writes(n), node_reads(n)
+                w, r = ctx.node_writes(n), ctx.node_reads(n)
                 for rule, mine, theirs, what in (
-                        ("between.writes-destination", w, ranges([a, b]), "writes a product"),
-                        ("between.writes-input", w, ranges([x, wb]), "writes an input of the pair"),
-                        ("between.reads-destination-early", r, ranges([b]), "reads the second product early")):
+                        ("between.writes-destination", w, ctx.ranges([a, b]), "writes a product"),
+                        ("between.writes-input", w, ctx.ranges([x, wb]), "writes an input of the pair"),
+                        ("between.reads-destination-early", r, ctx.ranges([b]), "reads the second product early")):
                     hit = first_collision(mine, theirs)
                     if hit:
                         return refuse(rule, n, f"{n.name!r} {what} ({hit[3].name!r}) between the pair", hit)
