@@ -31,6 +31,9 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ab-wtype", default="f32", choices=["f32", "f16", "bf16"],
                    help="type of the alpha/beta weights (default: f32)")
     g.add_argument("--alignment", type=int, default=128, help="arena alignment in bytes (default: 128, as CUDA)")
+    g.add_argument("--snapshot-layout", default="rows", choices=["rows", "dedup", "dedup-t"],
+                   help="conv snapshot planes 1..n_rs_seq: one cache row each, or windows of one shared row per cell, "
+                        "channel-major or time-major (default: rows; see models.SNAPSHOT_LAYOUTS)")
 
 
 def _config(a: argparse.Namespace):
@@ -40,7 +43,7 @@ def _config(a: argparse.Namespace):
     if layers is None:
         layers = min(4, len(get_model(a.model).gdn_layers))
     return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
-                        dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype)
+                        dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype, snapshot_layout=a.snapshot_layout)
 
 
 def build_planned(a: argparse.Namespace, fusion: bool | None = None):

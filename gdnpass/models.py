@@ -89,6 +89,24 @@ def get_model(name: str | ModelShape) -> ModelShape:
         raise GraphError(f"unknown model {name!r} (known: {', '.join(PRESETS)})") from None
 
 
+# Where the conv-state snapshot planes 1..n_rs_seq go (plane 0, the live state the next ubatch gathers, is always a
+# whole row of the conv cache ``cache_r``):
+#   rows     one cache_r row per plane (llama.cpp): plane s of cell i is row s*cells + i;
+#   dedup    one row per cell of ``cache_w`` ne [W*C, cells], W = n_t + d_conv - 2 columns per channel, channel-major:
+#            concat column c (c = 0..W-1) of channel ch at element ch*W + c. Plane s's window, concat columns
+#            max(0, n_t - s) .. +d_conv-2, is the view ne [d_conv-1, C] nb [4, 4W] at column max(0, n_t - s), so
+#            planes overlap and share columns (sglang's MambaPool, vLLM's widened state). The planes write columns
+#            max(0, n_t - n_rs_seq) .. W-1 (W-1 = n_t + d_conv - 3: plane 1's last); columns before stay untouched.
+#            With n_rs_seq >= n_t, planes n_t..n_rs_seq all hold the pre-ubatch window at column 0: the same bytes
+#            at the same address, which is what makes the overlap safe (the matcher's rule 5b);
+#   dedup-t  the same row time-major ([C, W] per cell: concat column c of channel ch at element c*C + ch), each window
+#            a TRANSPOSE of a [C, d_conv-1] view, nb [4C, 4]: MambaPool's axis-0 layout seen transposed.
+# cache_r keeps all its 1 + n_rs_seq planes in every layout: one s_copy id (rs_idx*mem_size + cell) gathers the conv
+# and the ssm state alike, so the planes of cache_r are where a rollback (a copy of the accepted window out of
+# cache_w, as sglang's scatter; not part of this graph) puts the state the next ubatch reads.
+SNAPSHOT_LAYOUTS = ("rows", "dedup", "dedup-t")
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     """One speculative-verify ubatch: ``n_tokens`` tokens of each of ``n_seqs`` sequences."""
@@ -107,6 +125,7 @@ class VerifyConfig:
     share_weights: bool = False  # one set of weights for all layers (same graph and plan, a fraction of the memory)
     wtype: str = "bf16"        # type of the large projections (qkv, z, ssm_out, FFN)
     ab_wtype: str = "f32"      # type of the alpha/beta mat-vec weights
+    snapshot_layout: str = "rows"  # conv snapshot planes 1..n_rs_seq: "rows", "dedup" or "dedup-t" (SNAPSHOT_LAYOUTS)
 
     def check(self) -> None:
         m = get_model(self.model)
@@ -120,6 +139,8 @@ class VerifyConfig:
         _need(self.cells >= self.kv_head + self.n_seqs + self.n_rs_extra, "mem_size",
               f"{self.cells} cells cannot hold kv_head {self.kv_head} + {self.n_seqs + self.n_rs_extra} used cells")
         _need(-1 <= self.rs_z < self.cells, "rs_z", f"must be -1..{self.cells - 1}, is {self.rs_z}")
+        _need(self.snapshot_layout in SNAPSHOT_LAYOUTS, "snapshot_layout",
+              f"must be one of {', '.join(SNAPSHOT_LAYOUTS)}, is {self.snapshot_layout!r}")
         for f in ("wtype", "ab_wtype"):
             _need(DType.parse(getattr(self, f)) is not DType.I32, f, "weights cannot be i32")
 
@@ -193,7 +214,6 @@ class _LayerBuilder:
         conv_states = cb(ops.reshape(conv_states, dc - 1, C, n_s), "conv_states_reshaped", il)
         qkv_t = cb(ops.transpose(qkv_mixed), "qkv_mixed_transposed", il)
         conv_input = cb(ops.concat(conv_states, qkv_t, 0), "conv_input", il)
-        row_size = conv_states_all.nb[1]
         K = cfg.n_rs_seq + 1
         for t in range(1, K + 1):
             # plane s_slot gets the window after n_t - s_slot tokens (clamped to the pre-ubatch state)
@@ -201,10 +221,25 @@ class _LayerBuilder:
             s_slot = K - t
             window = ops.view_3d(conv_input, dc - 1, C, n_s, conv_input.nb[1], conv_input.nb[2], 4 * s_idx,
                                  f"conv_state_last.s{s_slot}-{il}")
-            dst = ops.view_2d(conv_states_all, m.n_embd_r, n_s, row_size,
-                              (s_slot * cfg.cells + cfg.kv_head) * row_size, f"conv_state_update.s{s_slot}-{il}")
-            self.gf.expand(ops.cpy(window, dst))
+            self.gf.expand(ops.cpy(window, self.conv_snapshot_dst(conv_states_all, s_slot, s_idx, il)))
         return conv_input
+
+    def conv_snapshot_dst(self, conv_states_all: Tensor, s: int, col: int, il: int) -> Tensor:
+        """Where plane ``s`` (its window at concat column ``col``) goes: see SNAPSHOT_LAYOUTS."""
+        cfg, m = self.cfg, self.m
+        dc, C, n_s, name = m.d_conv, m.conv_channels, cfg.n_seqs, f"conv_state_update.s{s}-{il}"
+        if s == 0 or cfg.snapshot_layout == "rows":
+            row = conv_states_all.nb[1]
+            return ops.view_2d(conv_states_all, m.n_embd_r, n_s, row, (s * cfg.cells + cfg.kv_head) * row, name)
+        W = cfg.n_tokens + dc - 2
+        key = f"cache_w_l{il}"  # one per layer, created at its first use (after cache_r: rows-layout leafs unchanged)
+        if key not in self.shared:
+            self.shared[key] = ops.new_tensor(key, DType.F32, (W * C, cfg.cells), buffer="cache", layer=il)
+        w = self.shared[key]
+        cell = cfg.kv_head * w.nb[1]
+        if cfg.snapshot_layout == "dedup":
+            return ops.view_3d(w, dc - 1, C, n_s, 4 * W, w.nb[1], cell + 4 * col, name)
+        return ops.transpose(ops.view_3d(w, C, dc - 1, n_s, 4 * C, w.nb[1], cell + 4 * C * col, name))
 
     # delta-net-base.cpp build_recurrent_attn (fused GATED_DELTA_NET, K snapshot slots when n_rs_seq > 0)
     def build_recurrent_attn(self, ssm_states_all, q, k, v, g, b, s, il: int) -> Tensor:

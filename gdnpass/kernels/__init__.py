@@ -54,7 +54,8 @@ def _chain_args(node, src) -> tuple:
 
 def _ref_conv_chain(node, src, out):
     p = node.op_params
-    # everything is computed before anything is written: rows and out may alias inputs
+    # everything is computed before anything is written: rows and out may alias inputs. The snapshots are copied
+    # window by window, in the CPYs' order, whatever the layout (op_params["tile"] only changes the Triton store)
     snapshots, y, q, k = ref.gdn_conv_chain_ref(*_chain_args(node, src), int(p["head_dim"]), int(p["n_k_heads"]))
     for row, value in zip(src[6:], snapshots):
         row.copy_(value)
@@ -122,7 +123,8 @@ def _tri_mat_vec_pair(node, src, out):
 
 
 def _tri_conv_chain(node, src, out):
-    _tri().gdn_conv_chain(*_chain_args(node, src), out, src[4], src[5], bool(node.op_params.get("l2_separate")))
+    p = node.op_params
+    _tri().gdn_conv_chain(*_chain_args(node, src), out, src[4], src[5], bool(p.get("l2_separate")), p.get("tile"))
 
 
 TRITON_BACKEND: dict[Op, Adapter] = {

@@ -130,8 +130,9 @@ def gdn_conv_chain_ref(states, ids, x, w, rows, columns, eps: float, head_dim: i
     its bytes are theirs): GET_ROWS of the conv state, CONCAT with the transposed projection, one CPY per snapshot
     row, SSM_CONV, SILU, L2_NORM of the q and k heads.
 
-    states (1,1,R,(dc-1)*C), ids int32 (1,1,1,1), x (1,1,C,n_t), w (1,1,C,dc); rows: the destination rows
-    (1,1,1,(dc-1)*C), of which only the shape is used; row r gets window columns columns[r] .. columns[r]+dc-2.
+    states (1,1,R,(dc-1)*C), ids int32 (1,1,1,1), x (1,1,C,n_t), w (1,1,C,dc); rows: the destinations (a cache row
+    (1,1,1,(dc-1)*C) or a window (1,1,C,dc-1)), of which only the shape is used; row r gets window columns
+    columns[r] .. columns[r]+dc-2.
     Returns (snapshot row values, SiLU output (1,1,n_t,C), q, k (1,n_t,H_k,S)).
     """
     C, dc = w.shape[2], w.shape[3]

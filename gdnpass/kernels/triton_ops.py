@@ -217,6 +217,14 @@ def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
 
 
 @triton.jit
+def concat_cols(st_row, x_ptr, x_s0, x_s1, ch, c, mask, D_CONV: tl.constexpr):
+    """Column c of the chain's CONCAT [gathered state | projectionᵀ] for channels ch (broadcast together): a state
+    column (c < D_CONV-1) from the gathered row, else token c-(D_CONV-1) of the projection."""
+    return tl.load(tl.where(c < D_CONV - 1, st_row + ch * (D_CONV - 1) + c,
+                            x_ptr + (c - (D_CONV - 1)) * x_s0 + ch * x_s1), mask=mask)
+
+
+@triton.jit
 def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
                            n_t, n_rows, H_k, n_l2, eps,
                            st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
@@ -224,8 +232,9 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            w_s0, w_s1,      # w [dc, C]
                            y_s0, y_s1,      # y [C, n_t] (the SiLU output)
                            qk_s1, qk_s2,    # q, k [S, H_k, n_t]: contiguous rows, same strides
+                           tile_off, tile_c0, tile_n, tile_sc, tile_sch,  # the shared row (NP2_WINDOW_COLS > 1)
                            D_CONV: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr,
-                           BLOCK_ROWS: tl.constexpr, BLOCK_E: tl.constexpr):
+                           BLOCK_ROWS: tl.constexpr, BLOCK_E: tl.constexpr, NP2_WINDOW_COLS: tl.constexpr):
     head = tl.program_id(0)  # S channels: q head, k head or v head (channel blocks are disjoint across programs)
     i = tl.arange(0, S)
     ch = head * S + i
@@ -237,45 +246,84 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
     mask = tl.broadcast_to(t < n_t, [BLOCK_T, S])
     y = silu_f32(conv_taps(st_row + ch[None, :] * (D_CONV - 1), 1, x_ptr + ch[None, :] * x_s1, x_s0,
                            w_ptr + ch[None, :] * w_s1, w_s0, t, mask, D_CONV))
+    # Per-window destinations (table rows [offset, column, channel stride, step stride], element offsets from
+    # st_ptr): window r is CONCAT columns column[r] .. +dc-2; this program's slice of it is channel
+    # head*S + e // (dc-1), step e % (dc-1).
     r = tl.arange(0, BLOCK_ROWS)[:, None]
-    e = tl.arange(0, BLOCK_E)[None, :]  # this program's slice of a row: channel head*S + e // (dc-1), step e % (dc-1)
+    e = tl.arange(0, BLOCK_E)[None, :]
     rmask = (r < n_rows) & (e < (D_CONV - 1) * S)
-    c = tl.load(table_ptr + n_rows + r, mask=r < n_rows, other=0) + e % (D_CONV - 1)  # window column
-    e_ch = head * S + e // (D_CONV - 1)
-    snap = tl.load(tl.where(c < D_CONV - 1, st_row + e_ch * (D_CONV - 1) + c,
-                            x_ptr + (c - (D_CONV - 1)) * x_s0 + e_ch * x_s1), mask=rmask)
-    row = st_ptr + tl.load(table_ptr + r, mask=r < n_rows, other=0)
+    e_ch, e_w = head * S + e // (D_CONV - 1), e % (D_CONV - 1)
+    tab = table_ptr + r
+    snap = concat_cols(st_row, x_ptr, x_s0, x_s1, e_ch, tl.load(tab + n_rows, mask=r < n_rows, other=0) + e_w,
+                       rmask, D_CONV)
+    win = (st_ptr + tl.load(tab, mask=r < n_rows, other=0) + e_ch * tl.load(tab + 2 * n_rows, mask=r < n_rows)
+           + e_w * tl.load(tab + 3 * n_rows, mask=r < n_rows))
+    if NP2_WINDOW_COLS > 1:
+        # The shared row of the overlapping windows (matcher rule 5b): columns tile_c0 .. +tile_n-1, each once,
+        # in one [S, NP2_WINDOW_COLS] tile, where the windows would store each column up to dc-1 times.
+        tc = tile_c0 + tl.arange(0, NP2_WINDOW_COLS)[None, :]
+        tmask = tl.broadcast_to(tc < tile_c0 + tile_n, [S, NP2_WINDOW_COLS])
+        tile = concat_cols(st_row, x_ptr, x_s0, x_s1, ch[:, None], tc, tmask, D_CONV)
     tl.debug_barrier()  # every thread's reads happen before any thread's writes
 
     tl.store(y_ptr + ch[None, :] * y_s0 + t * y_s1, y, mask=mask)
-    tl.store(row + head * S * (D_CONV - 1) + e, snap, mask=rmask)
+    tl.store(win, snap, mask=rmask)
+    if NP2_WINDOW_COLS > 1:
+        tl.store(st_ptr + tile_off + ch[:, None] * tile_sch + tc * tile_sc, tile, mask=tmask)
     if head < n_l2:  # a q or a k head
         o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
         tl.store(o_ptr + t * qk_s2 + i[None, :], l2_scale_rows(y, eps), mask=mask)
 
 
+def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
+    """Element offset of view ``v`` from ``states`` (both views of the cache buffer)."""
+    assert v.untyped_storage().data_ptr() == states.untyped_storage().data_ptr(), "destinations must be cache views"
+    return v.storage_offset() - states.storage_offset()
+
+
 _chain_tables: dict[tuple, torch.Tensor] = {}
 
 
-def _chain_table(states: torch.Tensor, rows: list[torch.Tensor], columns) -> torch.Tensor:
-    """int32 [row offsets (elements from ``states``), window columns] on the device, built once per distinct table:
-    a later run (or its CUDA-graph capture) then does no host->device copy."""
-    for row in rows:
-        assert row.untyped_storage().data_ptr() == states.untyped_storage().data_ptr(), "rows must be cache views"
-    key = (states.device, *(row.storage_offset() - states.storage_offset() for row in rows), *columns)
+def _chain_table(states: torch.Tensor, wins: list[torch.Tensor], columns) -> torch.Tensor:
+    """int32 [offsets from ``states``, window columns, channel strides, step strides] of the per-window
+    destinations, on the device, built once per distinct table: a later run (or its CUDA-graph capture) then does
+    no host->device copy."""
+    vals = ([_offset(states, v) for v in wins] + list(columns) + [v.stride(0) for v in wins]
+            + [v.stride(1) for v in wins]) or [0]  # (a table of none: one unread entry)
+    assert all(-2**31 <= v < 2**31 for v in vals), "cache offsets must fit in int32"
+    key = (states.device, *vals)
     table = _chain_tables.get(key)
     if table is None:
-        table = _chain_tables[key] = torch.tensor(key[1:], dtype=torch.int32, device=states.device)
+        table = _chain_tables[key] = torch.tensor(vals, dtype=torch.int32, device=states.device)
     return table
 
 
+def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int]:
+    """The kernel's shared-row arguments (offset of CONCAT column 0 from ``states``, first column, columns, step
+    stride, channel stride) and NP2_WINDOW_COLS; zeros and 1 (no extra compile) without a tile."""
+    if not tile:
+        return (0, 0, 0, 0, 0), 1
+    idx = tile["windows"]
+    s_ch, s_col = wins[idx[0]].stride()
+    off = _offset(states, wins[idx[0]]) - columns[idx[0]] * s_col
+    first, n = tile["first"], tile["n_cols"]
+    # rule 5b, re-checked on the real views: every window is columns column .. +dc-2 of the one shared row
+    assert all(wins[j].stride() == (s_ch, s_col) and _offset(states, wins[j]) == off + columns[j] * s_col
+               and first <= columns[j] <= first + n - (d_conv - 1) for j in idx), "windows are not one shared row"
+    return (off, first, n, s_col, s_ch), triton.next_power_of_2(n)
+
+
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
-                   block_t: int | None = None, num_warps: int | None = None) -> None:
+                   tile: dict | None = None, block_t: int | None = None, num_warps: int | None = None) -> None:
     """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three with
     ``l2_separate``).
 
-    states torch (1,1,R,(dc-1)*C), ids int32 (1 element), x (1,1,C,n_t) any strides, w (1,1,C,dc); rows: cache-row
-    views (1,1,1,(dc-1)*C) into the storage of ``states``; row r gets window columns columns[r] .. columns[r]+dc-2.
+    states torch (1,1,R,(dc-1)*C), ids int32 (1 element), x (1,1,C,n_t) any strides, w (1,1,C,dc); rows: the
+    destinations, views into the storage of ``states`` of C*(dc-1) elements that view as [C, dc-1] (channel, step):
+    a whole cache row (1,1,1,(dc-1)*C) or a window (1,1,C,dc-1) of any strides; row r gets window columns
+    columns[r] .. columns[r]+dc-2. ``tile`` (the node's op_params["tile"], matcher rule 5b): the rows
+    tile["windows"] are windows of one shared row, written once as one tile of CONCAT columns
+    tile["first"] .. +tile["n_cols"]-1; the other rows (or all, without it) are written window by window.
     Writes out (1,1,n_t,C), q_out and k_out (1,n_t,H_k,S).
 
     One program per head of S channels reads all its inputs, then writes, so within its channels anything may alias:
@@ -289,15 +337,19 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     assert 1 <= n_t <= CHAIN_MAX_TOKENS, f"1..{CHAIN_MAX_TOKENS} tokens"
     assert 1 <= len(rows) == len(columns) <= CHAIN_MAX_ROWS, f"1..{CHAIN_MAX_ROWS} snapshot rows"
     assert all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t"
-    assert states.stride(3) == 1 and all(row.stride(3) == 1 for row in rows), "cache rows must be contiguous"
+    assert states.stride(3) == 1, "cache rows must be contiguous"
+    wins = [row.view(C, d_conv - 1) for row in rows]
     qs, xs, ws, ys = _strides(q_out), _strides(x), _strides(w), _strides(out)
     assert qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1, "q and k share strides; q, k, out rows contiguous"
+    tile_args, np2 = _tile_args(states, wins, columns, tile, d_conv)
+    per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
     _gdn_conv_chain_kernel[(C // S,)](
-        states, ids, x, w, out, q_out, k_out, _chain_table(states, rows, columns),
-        n_t, len(rows), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
-        xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2],
-        D_CONV=d_conv, S=S, BLOCK_T=block_t or CHAIN_BLOCK_T(n_t), BLOCK_ROWS=triton.next_power_of_2(len(rows)),
-        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), **{**LAUNCH, "num_warps": num_warps or CHAIN_WARPS(n_t)})
+        states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per], [columns[j] for j in per]),
+        n_t, len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
+        xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
+        D_CONV=d_conv, S=S, BLOCK_T=block_t or CHAIN_BLOCK_T(n_t), BLOCK_ROWS=triton.next_power_of_2(max(1, len(per))),
+        BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), NP2_WINDOW_COLS=np2,
+        **{**LAUNCH, "num_warps": num_warps or CHAIN_WARPS(n_t)})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
         l2_norm(heads[:, :, :H_k], eps, q_out)

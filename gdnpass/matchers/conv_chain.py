@@ -14,8 +14,16 @@ Legality rules (all must hold; the bracketed name is what a refusal reports):
     [C, n_t, 1] projection; SSM_CONV(CONCAT, w) with a contiguous [d_conv, C] weight; SILU of the SSM_CONV.
  3. [cpy-run.view-of-concat] every other user of the CONCAT is a VIEW [d_conv-1, C, 1] with the CONCAT's strides at
     column offset 0..n_t, read by exactly one CPY.
- 4. [cpy-run.whole-row] each CPY writes exactly one whole row of the cache the GET_ROWS reads.
- 5. [cpy-run.row-written-twice] no cache row is written twice.
+ 4. [cpy-run.whole-row] each CPY writes exactly one whole row of the cache the GET_ROWS reads, or a window: an f32
+    [d_conv-1, C, 1] view of another tensor in the cache's buffer whose (column, channel) -> address map is one-to-one.
+ 5. [cpy-run.row-written-twice] no two destinations overlap (a cache row written twice), except as 5b allows.
+ 5b. [cpy-run.dedup-gate] overlapping windows are one shared row (sglang's MambaPool, vLLM's widened state): views of
+    one tensor with the same strides (nb0 = window stride, nb1 = channel stride) and the same address of concat
+    column 0 (offset - column * nb0), and no address twice in the tile of all their columns. Then the step stride
+    equals the window stride: element (w, ch) of the window at concat column c lies at base + (c + w)*nb0 + ch*nb1,
+    a function of the concat column, so overlapping CPYs write the same value to the same address, and the kernel
+    writes the row once, as one tile (op_params["tile"]). Not a refusal of its own: when it fails, overlapping
+    destinations are refused by rule 5; windows that share no column keep the per-window path.
  6. [concat.user-count] the CONCAT has exactly n_cpy + 1 uses and is not OUTPUT.
  7. [get-rows.user-count] the gathered state (GET_ROWS and its RESHAPE) feeds only the CONCAT and is not OUTPUT.
  8. [ssm-conv.user-count] the SSM_CONV's only use is the SILU and it is not OUTPUT.
@@ -43,14 +51,41 @@ Legality rules (all must hold; the bracketed name is what a refusal reports):
 
 from __future__ import annotations
 
+import itertools
+
 from gdnpass import ops
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, byte_range, runs_kernel
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, byte_range, ranges_overlap, runs_kernel
 from gdnpass.matchers.common import Context, Match, Refusal, first_collision
 
 NAME = "gdn_conv_chain"
 MAX_TOKENS = 16
 MAX_ROWS = 16
 D_CONV = (3, 4, 5)
+
+
+def _one_to_one(nb0: int, n0: int, nb1: int, n1: int) -> bool:
+    """Whether an f32 [n0, n1] view with byte strides nb0, nb1 hits no address twice: the inner stride times its
+    extent does not reach the outer stride."""
+    (a, na), (b, _) = sorted([(nb0, n0), (nb1, n1)])
+    return a >= 4 and not a % 4 and not b % 4 and a * na <= b
+
+
+def _dedup_tile(dsts: list[Tensor], wins: list[int], columns: list[int], dc: int, C: int) -> dict | None:
+    """Rule 5b: the shared row that the windows ``dsts[wins]`` are views of, as the fused node's tile (concat
+    columns first .. first+n_cols-1 of every channel, column c of channel ch at byte offset + c*nb0 + ch*nb1 of
+    ``base``), or None when they are not one."""
+    if not wins:
+        return None
+    d0 = dsts[wins[0]]
+    offset = d0.view_offs - columns[wins[0]] * d0.nb[0]  # where concat column 0 would lie
+    if any(dsts[i].base is not d0.base or dsts[i].nb[:2] != d0.nb[:2]
+           or dsts[i].view_offs - columns[i] * d0.nb[0] != offset for i in wins):
+        return None
+    first = min(columns[i] for i in wins)
+    n_cols = max(columns[i] for i in wins) - first + dc - 1
+    if n_cols >= len(wins) * (dc - 1) or not _one_to_one(d0.nb[0], n_cols, d0.nb[1], C):
+        return None  # (windows that share no column: nothing to write once; one window alone measured slower)
+    return {"windows": wins, "base": d0.base.name, "offset": offset, "first": first, "n_cols": n_cols}
 
 
 class ConvChain:
@@ -129,9 +164,9 @@ class ConvChain:
         if silu is None or silu.op is not Op.UNARY or silu.op_params.get("kind") != Unary.SILU.value:
             return refuse("ssm-conv.user-count", conv, "SSM_CONV's only user is not a SILU")
 
-        # ---- 3-5. the CPY run -------------------------------------------------------------------------------
+        # ---- 3-5b. the CPY run ------------------------------------------------------------------------------
         row = cache.nb[1]
-        cpys, columns, rows = [], [], []
+        cpys, columns, wins = [], [], []  # wins: indices of the window destinations
         for w in windows:
             col, rem = divmod(w.view_offs, 4)
             if (rem or not 0 <= col <= n_t or w.ne != (dc - 1, C, 1, 1) or w.nb[1:3] != concat.nb[1:3]):
@@ -142,16 +177,26 @@ class ConvChain:
                 return refuse("cpy-run.view-of-concat", w, "window is not read by exactly one CPY")
             cpy = wu[0]
             dst = cpy.src[1]
-            if (dst.base is not cache or dst.ne != (cache.ne[0], 1, 1, 1) or not dst.is_contiguous()
-                    or dst.view_offs % row or cache.ne[0] != (dc - 1) * C or cpy.type is not DType.F32):
-                return refuse("cpy-run.whole-row", cpy, "CPY does not write exactly one whole row of the gathered cache")
-            r = dst.view_offs // row
-            if r in rows:
-                return refuse("cpy-run.row-written-twice", cpy, f"cache row {r} is written twice",
-                              (byte_range(dst), byte_range(dst)))
+            whole_row = (dst.base is cache and dst.ne == (cache.ne[0], 1, 1, 1) and dst.is_contiguous()
+                         and not dst.view_offs % row and cache.ne[0] == (dc - 1) * C)
+            window = (dst.base is not cache and dst.base.buffer == cache.buffer and dst.ne == (dc - 1, C, 1, 1)
+                      and _one_to_one(dst.nb[0], dc - 1, dst.nb[1], C))
+            if cpy.type is not DType.F32 or not (whole_row or window):
+                return refuse("cpy-run.whole-row", cpy, "CPY writes neither exactly one whole row of the gathered "
+                              "cache nor a [d_conv-1, C] window in the cache buffer")
+            if window:
+                wins.append(len(cpys))
             cpys.append(cpy)
             columns.append(col)
-            rows.append(r)
+        dsts = [c.src[1] for c in cpys]
+        tile = _dedup_tile(dsts, wins, columns, dc, C)
+        spans = [byte_range(d) for d in dsts]
+        for j, i in itertools.combinations(range(len(dsts)), 2):
+            if ranges_overlap(spans[j], spans[i]) and not (tile and i in wins and j in wins):
+                what = f"{dsts[i].name!r}" if i in wins else f"cache row {dsts[i].view_offs // row}"
+                return refuse("cpy-run.row-written-twice", cpys[i],
+                              f"{what} is written twice (it overlaps {dsts[j].name!r}), and not as one shared row",
+                              (spans[j], spans[i]))
 
         # ---- 6-8. use confinement ---------------------------------------------------------------------------
         if ctx.uses(concat) != len(cpys) + 1 or concat.flags & Flag.OUTPUT:
@@ -187,11 +232,10 @@ class ConvChain:
             if n.op_params.get("eps") != q[1].op_params.get("eps") or not n.is_contiguous():
                 return refuse("l2.head-geometry", n, "q and k L2_NORMs differ in eps or layout")
 
-        dsts = [c.src[1] for c in cpys]
         chain = [gr, state_r, concat, *windows, *cpys, *dsts, conv, silu, q[0], q[1], k[0], k[1]]
         pos = ctx.pos
         c = dict(states=states, ids=ids, cache=cache, get_rows=gr, concat=concat, projection=proj, projection_t=xt,
-                 weight=weight, cpys=cpys, dsts=dsts, columns=columns, rows=rows, ssm_conv=conv, silu=silu,
+                 weight=weight, cpys=cpys, dsts=dsts, columns=columns, tile=tile, ssm_conv=conv, silu=silu,
                  q_view=q[0], q_l2=q[1], k_view=k[0], k_l2=k[1], chain=chain,
                  d_conv=dc, n_tokens=n_t, head_dim=S, n_k_heads=H_k, eps=q[1].op_params["eps"])
         if ctx.check_hazards:
@@ -218,8 +262,10 @@ class ConvChain:
         # L2 outputs on the (dead) projection are a cross-program race inside one launch: the node then writes
         # them in a second launch, after every program has read the projection (see c["l2_separate"]).
         c["l2_separate"] = first_collision(ctx.ranges([q_l2, k_l2]), ctx.ranges([xt])) is not None
+        windows = [d for d in c["dsts"] if d.base is not cache]  # unlike a row, a window may not touch the cache
         hit = (first_collision(ctx.ranges([q_l2, k_l2, *c["dsts"]]), ctx.ranges([c["ids"], c["weight"]]))
                or first_collision(ctx.ranges(c["dsts"]), ctx.ranges([xt]))
+               or first_collision(ctx.ranges(windows), ctx.ranges([cache]))
                or first_collision(ctx.ranges([silu]), ctx.ranges(silu_reads)))
         if hit:
             return refuse("alias.output-overlaps-input", hit[1],
@@ -267,6 +313,7 @@ class ConvChain:
             op_params={"n_inputs": 4, "d_conv": c["d_conv"], "n_tokens": c["n_tokens"], "columns": c["columns"],
                        "eps": c["eps"], "head_dim": c["head_dim"], "n_k_heads": c["n_k_heads"],
                        "l2_separate": c.get("l2_separate", True),
+                       **({"tile": c["tile"]} if c["tile"] else {}),
                        "replaced": [t.name for t in m.removed]},
             src=[c["states"], c["ids"], c["projection_t"], c["weight"], c["q_l2"], c["k_l2"], *c["dsts"]],
             view_src=silu, view_offs=0, layer=m.layer)
