@@ -34,7 +34,7 @@ for T in (1, 4, 8, 16):
             q = torch.empty(1, T, H_k, S, device="cuda")
             k = torch.empty(1, T, H_k, S, device="cuda")
             block_t = 16 if bt == "16" else triton.next_power_of_2(T)
-            fn = lambda: tri.gdn_conv_chain(cache, ids, x, w, rows, cols, 1e-6, out, q, k, False, block_t, nw)
+            fn = lambda: tri.gdn_conv_chain(cache, ids, x, w, rows, cols, 1e-6, out, q, k, False, None, block_t, nw)
             t = graph_time_us(fn)
             got = [out.clone(), q.clone(), k.clone(), cache.clone()]
             if ref is None:

@@ -234,7 +234,8 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            qk_s1, qk_s2,    # q, k [S, H_k, n_t]: contiguous rows, same strides
                            tile_off, tile_c0, tile_n, tile_sc, tile_sch,  # the shared row (NP2_WINDOW_COLS > 1)
                            D_CONV: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr,
-                           BLOCK_ROWS: tl.constexpr, BLOCK_E: tl.constexpr, NP2_WINDOW_COLS: tl.constexpr):
+                           BLOCK_ROWS: tl.constexpr, BLOCK_E: tl.constexpr, NP2_WINDOW_COLS: tl.constexpr,
+                           WHOLE_ROWS: tl.constexpr):
     head = tl.program_id(0)  # S channels: q head, k head or v head (channel blocks are disjoint across programs)
     i = tl.arange(0, S)
     ch = head * S + i
@@ -256,8 +257,11 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
     tab = table_ptr + r
     snap = concat_cols(st_row, x_ptr, x_s0, x_s1, e_ch, tl.load(tab + n_rows, mask=r < n_rows, other=0) + e_w,
                        rmask, D_CONV)
-    win = (st_ptr + tl.load(tab, mask=r < n_rows, other=0) + e_ch * tl.load(tab + 2 * n_rows, mask=r < n_rows)
-           + e_w * tl.load(tab + 3 * n_rows, mask=r < n_rows))
+    if WHOLE_ROWS:  # llama.cpp's cache rows: this program's slice of a row is contiguous (vectorised stores)
+        win = st_ptr + tl.load(tab, mask=r < n_rows, other=0) + head * S * (D_CONV - 1) + e
+    else:
+        win = (st_ptr + tl.load(tab, mask=r < n_rows, other=0) + e_ch * tl.load(tab + 2 * n_rows, mask=r < n_rows)
+               + e_w * tl.load(tab + 3 * n_rows, mask=r < n_rows))
     if NP2_WINDOW_COLS > 1:
         # The shared row of the overlapping windows (matcher rule 5b): columns tile_c0 .. +tile_n-1, each once,
         # in one [S, NP2_WINDOW_COLS] tile, where the windows would store each column up to dc-1 times.
@@ -349,6 +353,7 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
         D_CONV=d_conv, S=S, BLOCK_T=block_t or CHAIN_BLOCK_T(n_t), BLOCK_ROWS=triton.next_power_of_2(max(1, len(per))),
         BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), NP2_WINDOW_COLS=np2,
+        WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per),
         **{**LAUNCH, "num_warps": num_warps or CHAIN_WARPS(n_t)})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
