@@ -212,3 +212,42 @@ def live_ranges(graph: Graph) -> dict[int, tuple[int, int]]:
     return out
 
 
+
+
+def check_plan(graph: Graph) -> None:
+    """GraphError if two tensors own overlapping bytes while both are live: a plan gallocr never makes, which a
+    graph file could still claim (fusion decided on such a plan would be decided on corrupt data).
+
+    A tensor is live from the node that writes it (a fused node writes several) to its last reader; OUTPUT tensors
+    to the end; leafs throughout. An in-place successor starts where its parent's life ends, so they only touch."""
+    from gdnpass.ir import byte_range, inputs, outputs
+
+    end = len(graph.nodes)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    tensors: dict[int, Tensor] = {}
+    for i, n in enumerate(graph.nodes):
+        for t in inputs(n):
+            last[t.base.uid] = i
+        for t in outputs(n) + ([n.view_src] if "n_inputs" in n.op_params and n.view_src is not None else []):
+            if t.view_src is None:
+                first.setdefault(t.uid, i)
+                tensors[t.uid] = t
+    owners = []
+    for t in [*graph.leafs, *tensors.values()]:
+        if t.view_src is not None or t.buffer is None or t.offset is None or t.is_empty:
+            continue
+        if t.is_leaf:
+            span = (-1, end)
+        else:
+            f = first[t.uid]
+            span = (f, end if t.flags & Flag.OUTPUT else max(f, last.get(t.uid, f)))
+        owners.append((byte_range(t), span, t))
+    owners.sort(key=lambda o: (o[0][0], o[0][1]))
+    for i, ((buf, lo, hi), (fa, la), a) in enumerate(owners):
+        for (buf_b, lo_b, hi_b), (fb, lb), b in owners[i + 1:]:
+            if buf_b != buf or lo_b >= hi:
+                break  # sorted by (buffer, offset): nothing further overlaps a
+            if fa < lb and fb < la:
+                raise GraphError(f"plan: {a.name!r} and {b.name!r} share bytes {buf}[{max(lo, lo_b)}, "
+                                 f"{min(hi, hi_b)}) while both are live")

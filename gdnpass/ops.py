@@ -230,8 +230,30 @@ def _rule_gdn(n: Tensor) -> Shape:
     return _new_shape(DType.F32, (S_v * H_v, n_t * n_s + K * S_v * n_s))
 
 
+# What a fused node must carry (its legality was decided by its matcher; this only keeps a damaged or hand-edited
+# graph file from reaching a kernel): op_params keys, and the number of inputs (outputs follow them in src).
+_FUSED = {
+    Op.GDN_CONV_CHAIN: (4, ("d_conv", "n_tokens", "columns", "eps", "head_dim", "n_k_heads")),
+    Op.MUL_MAT_VEC_PAIR: (3, ()),
+}
+
+
 def _rule_fused(n: Tensor) -> Shape:
-    # Fused nodes are built by matchers, which check their own legality; they keep the layout they were given.
+    """Fused nodes keep the layout they were given (a view of their primary output); check what they carry."""
+    if n.op in _FUSED:
+        n_in, keys = _FUSED[n.op]
+        _req(n.op_params.get("n_inputs") == n_in, n, f"op_params 'n_inputs' must be {n_in}")
+        _req(all(s is not None for s in n.src), n, "a source slot is empty")
+        _req(n.view_src is not None and n.view_src.view_src is None, n, "must be a view of its primary output")
+        for key in keys:
+            _req(key in n.op_params, n, f"op_params lacks {key!r}")
+        if n.op is Op.GDN_CONV_CHAIN:
+            cols = n.op_params["columns"]
+            _req(isinstance(cols, list) and len(n.src) == 6 + len(cols) and len(cols) >= 1, n,
+                 f"needs 6 + one source per snapshot column ({len(cols) if isinstance(cols, list) else cols!r}), "
+                 f"has {len(n.src)} sources")
+        else:
+            _req(len(n.src) == 4, n, f"needs 4 sources (w_a, x, w_b, second product), has {len(n.src)}")
     return Shape(n.type, n.ne, n.nb, n.view_src, n.view_offs)
 
 

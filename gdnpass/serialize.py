@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import copy
 import json
+
+from gdnpass.alloc import check_plan
 import math
 import os
 from typing import Any, Callable, NoReturn
@@ -411,6 +413,8 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
             _fail(where, f"node {t.name!r} ({t.op.value}) cannot be checked: {type(err).__name__}: {err}")
     try:
         graph.validate()  # execution order (src computed before use) and acyclicity
+        if "arena" in buffers:
+            check_plan(graph)  # no two live tensors on the same bytes: fusion is decided on the plan
     except GraphError as err:
         _fail(source, str(err))
     return graph

@@ -280,7 +280,7 @@ class ConvChain:
         skip = {t.uid for t in c["chain"]} | {c["projection"].base.uid}
         between = [n for n in graph.nodes[start:end + 1] if n.uid not in skip and runs_kernel(n)]
         if ctx.between == "broad":
-            owned = ctx.ranges([c["get_rows"], concat, c["projection"].base, c["ssm_conv"], *early, cache])
+            owned = ctx.ranges([c["get_rows"], concat, c["projection"].base, c["ssm_conv"], *early, cache, *c["dsts"]])
             inputs_ = ctx.ranges([c["ids"], c["weight"]])  # shared read-only inputs: reading them is no hazard
             for n in between:
                 hit = first_collision(ctx.node_writes(n) + ctx.node_reads(n), owned) or first_collision(ctx.node_writes(n), inputs_)
