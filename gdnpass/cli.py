@@ -196,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except GraphError as e:
         print(f"gdnpass: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `gdnpass ... | head`: the reader left, which is not an error
+        sys.stdout = open(os.devnull, "w")
+        return 0
     except OSError as e:
         print(f"gdnpass: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
         return 2
