@@ -1,6 +1,7 @@
 """The conv-chain fusion: exactness sweep, one test per refusal rule, the 9B DFlash graphs, a negative control."""
 
 import itertools
+import json
 import os
 
 import pytest
@@ -342,3 +343,33 @@ def test_fused_graph_validates_and_serializes():
     g2 = serialize.loads(serialize.dumps(g))
     g2.validate()
     assert [n.op for n in g2.nodes] == [n.op for n in g.nodes]
+
+
+def test_run_check_cli_reports_identical_and_exit_codes(capsys, monkeypatch):
+    from gdnpass import check, cli
+
+    args = ["run", "--model", "tiny-dc4-h64", "--tokens", "4", "--rs-seq", "3", "--layers", "1", "--check"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "identical  conv_output_silu-0" in out and "identical  cache_r_l0" in out and " 0 differing" in out
+    assert cli.main(args + ["--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["identical"] is True and {t["tensor"] for t in doc["tensors"]} >= {"q_conv_predelta-0", "l_out-0"}
+
+    real = check.check_fusion
+
+    def corrupted(graph, **kw):  # the fused run differs in one byte of the SiLU output: exit 1, first byte named
+        res = real(graph, **kw)
+        silu = next(c for c in res.compared if c.name == "conv_output_silu-0")
+        silu.identical, silu.first_diff, silu.values = False, 12, (1.0, 1.5)
+        return res
+
+    monkeypatch.setattr(check, "check_fusion", corrupted)
+    assert cli.main(args) == 1
+    assert "DIFFERS    conv_output_silu-0: first differing byte 12" in capsys.readouterr().out
+    assert cli.main(args + ["--json"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    bad = [t for t in doc["tensors"] if not t["identical"]]
+    assert doc["identical"] is False and bad == [{"tensor": "conv_output_silu-0", "identical": False,
+                                                  "bytes": bad[0]["bytes"], "first_differing_byte": 12,
+                                                  "unfused": 1.0, "fused": 1.5}]
