@@ -24,8 +24,7 @@ import torch
 
 sys.path.insert(0, ".")
 
-from gdnpass.alloc import plan  # noqa: E402
-from gdnpass.fusion import fuse, prepare  # noqa: E402
+from gdnpass.fusion import fuse, prepare_and_plan  # noqa: E402
 from gdnpass.ir import Op, runs_kernel  # noqa: E402
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids  # noqa: E402
 from gdnpass.runtime import Executor, launches  # noqa: E402
@@ -87,9 +86,7 @@ def chain_nodes(g, il):
 
 def bench_chain(T: int, rows: int) -> dict:
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, n_layers=1, share_weights=True)
-    g = build_verify_graph(cfg)
-    prepare(g, enabled=True)
-    plan(g)
+    g = prepare_and_plan(build_verify_graph(cfg), enabled=True)
     ex = Executor(g, device="cuda")
     ex.fill(seed=1, ids=default_ids(cfg))
     il = cfg.layer_ids()[0]
@@ -141,9 +138,7 @@ def bench_pair(cols: list[int]) -> list[dict]:
 
 
 def forward_executor(cfg: VerifyConfig, fused: bool):
-    g = build_verify_graph(cfg)
-    prepare(g, enabled=fused)
-    plan(g)
+    g = prepare_and_plan(build_verify_graph(cfg), enabled=fused)
     report = fuse(g, enabled=fused)
     ex = Executor(g, device="cuda")
     ex.fill(seed=2, ids=default_ids(cfg))
@@ -218,9 +213,7 @@ def bench_pass(n=10) -> dict:
     times = []
     for _ in range(n):
         cfg = VerifyConfig("qwen3.5-9b", 8, 7, dflash=True)
-        g = build_verify_graph(cfg)
-        prepare(g, enabled=True)
-        plan(g)
+        g = prepare_and_plan(build_verify_graph(cfg), enabled=True)
         t0 = time.perf_counter()
         fuse(g, enabled=True)
         times.append((time.perf_counter() - t0) * 1e3)

@@ -10,16 +10,13 @@ import torch
 
 sys.path.insert(0, ".")
 
-from gdnpass.alloc import plan  # noqa: E402
-from gdnpass.fusion import fuse, prepare  # noqa: E402
+from gdnpass.fusion import fuse, prepare_and_plan  # noqa: E402
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids  # noqa: E402
 from gdnpass.runtime import Executor  # noqa: E402
 
 for hints in (True, False):
     cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=1, share_weights=True, ffn=False)
-    g = build_verify_graph(cfg)
-    prepare(g, enabled=hints)
-    plan(g)
+    g = prepare_and_plan(build_verify_graph(cfg), enabled=hints)
     report = fuse(g, enabled=True)
     ex = Executor(g, device="cuda")
     ex.fill(seed=0, ids=default_ids(cfg))

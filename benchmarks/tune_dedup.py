@@ -25,8 +25,7 @@ sys.path.insert(0, "benchmarks")
 
 from bench import graph_time_us, node_runner  # noqa: E402
 
-from gdnpass.alloc import plan  # noqa: E402
-from gdnpass.fusion import fuse, prepare  # noqa: E402
+from gdnpass.fusion import fuse, prepare_and_plan  # noqa: E402
 from gdnpass.ir import Op  # noqa: E402
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids  # noqa: E402
 from gdnpass.runtime import Executor  # noqa: E402
@@ -37,9 +36,7 @@ CASES = [(1, 0), (1, 1), (8, 7), (8, 8), (16, 15)]  # (T, n_rs_seq): rows = T, a
 
 def fused_chain(model: str, T: int, n_rs: int, layout: str):
     cfg = VerifyConfig(model, T, n_rs, n_layers=1, share_weights=True, ffn=False, snapshot_layout=layout)
-    g = build_verify_graph(cfg)
-    prepare(g, enabled=True)
-    plan(g)
+    g = prepare_and_plan(build_verify_graph(cfg), enabled=True)
     fuse(g, enabled=True)
     ex = Executor(g, device="cuda" if GPU else "cpu", backend="triton")
     ex.fill(seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))  # an accepted-token offset: plane 1 is read

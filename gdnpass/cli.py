@@ -48,14 +48,10 @@ def _config(a: argparse.Namespace):
 
 def build_planned(a: argparse.Namespace, fusion: bool | None = None):
     """Build, run the pre-plan fusion step if fusion is on (``None``: GDN_FUSION decides), plan."""
-    from gdnpass.alloc import plan
-    from gdnpass.fusion import prepare
+    from gdnpass.fusion import prepare_and_plan
     from gdnpass.models import build_verify_graph
 
-    graph = build_verify_graph(_config(a))
-    prepare(graph, enabled=fusion)
-    plan(graph, a.alignment)
-    return graph
+    return prepare_and_plan(build_verify_graph(_config(a)), fusion, a.alignment)
 
 
 def _progress(label: str):

@@ -61,17 +61,15 @@ class Row:
 
 def load(a: argparse.Namespace) -> Dump:
     """Build (or read) the graph, plan it if it has no plan yet, and fuse it when fusion is on."""
-    from gdnpass.alloc import plan
     from gdnpass.cli import build_planned
-    from gdnpass.fusion import env_enabled, fuse, prepare
+    from gdnpass.fusion import env_enabled, fuse, prepare_and_plan
     from gdnpass.serialize import load as load_graph
 
     enabled = env_enabled() if a.fuse is None else a.fuse
     if a.graph:
         graph, source = load_graph(a.graph), f"graph file {a.graph}"
         if "arena" not in graph.buffers:
-            prepare(graph, enabled=enabled)
-            plan(graph, a.alignment)
+            prepare_and_plan(graph, enabled, a.alignment)
     else:
         graph = build_planned(a, fusion=enabled)
         source = _describe_build(graph)

@@ -34,6 +34,16 @@ def prepare(graph: Graph, enabled: bool | None = None, patterns: list | None = N
     return sum(p.prepare(graph) for p in (PATTERNS if patterns is None else patterns) if hasattr(p, "prepare"))
 
 
+def prepare_and_plan(graph: Graph, enabled: bool | None = None, alignment: int | None = None,
+                     patterns: list | None = None) -> Graph:
+    """The pre-fusion half of the pipeline on an unplanned graph: ``prepare`` (if fusion is on), then the plan."""
+    from gdnpass.alloc import DEFAULT_ALIGNMENT, plan
+
+    prepare(graph, enabled=enabled, patterns=patterns)
+    plan(graph, DEFAULT_ALIGNMENT if alignment is None else alignment)
+    return graph
+
+
 def env_enabled() -> bool:
     v = os.environ.get(ENV, "0").strip()
     if v not in ("0", "1", ""):

@@ -34,13 +34,13 @@ CHAIN_MAX_ROWS = 16    # GDN_CONV_CHAIN: snapshot rows
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
 
 
-def CHAIN_BLOCK_T(n_t: int) -> int:
+def chain_block_t(n_t: int) -> int:
     """Token tile of the fused chain: n_t rounded up to a power of two. A constexpr, so 5 compiles (1, 2, 4, 8, 16)
     instead of one 16-token tile: measured on the H200, 4.4 -> 2.7 us at T=4 (docs/performance.md)."""
     return triton.next_power_of_2(n_t)
 
 
-def CHAIN_WARPS(n_t: int) -> int:
+def chain_warps(n_t: int) -> int:
     """Warps of the fused chain: 4 up to 4 tokens, 8 above (H200: 4.0 -> 3.7 us at T=8, 9.0 -> 7.3 at T=16)."""
     return 4 if n_t <= 4 else 8
 
@@ -351,10 +351,10 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
         states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per], [columns[j] for j in per]),
         n_t, len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
-        D_CONV=d_conv, S=S, BLOCK_T=block_t or CHAIN_BLOCK_T(n_t), BLOCK_ROWS=triton.next_power_of_2(max(1, len(per))),
+        D_CONV=d_conv, S=S, BLOCK_T=block_t or chain_block_t(n_t), BLOCK_ROWS=triton.next_power_of_2(max(1, len(per))),
         BLOCK_E=triton.next_power_of_2((d_conv - 1) * S), NP2_WINDOW_COLS=np2,
         WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per),
-        **{**LAUNCH, "num_warps": num_warps or CHAIN_WARPS(n_t)})
+        **{**LAUNCH, "num_warps": num_warps or chain_warps(n_t)})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
         l2_norm(heads[:, :, :H_k], eps, q_out)
