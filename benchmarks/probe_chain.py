@@ -1,6 +1,6 @@
-"""Where the fused conv chain's time goes: the node timed with stages left out (method: time variants that leave one
-stage out and take differences), at qwen3.5-9b size. The stage-less variants compute wrong results on purpose; they
-only place time.
+"""Where the fused conv chain's time goes: the node timed with a stage left out (method: time variants that leave one
+stage out and take differences), at qwen3.5-9b size. The stage-less variant computes wrong results on purpose; it
+only places time. (The snapshot rows cannot be left out this way any more: their columns are compile-time constants.)
 
     python benchmarks/probe_chain.py              # the table
     python benchmarks/probe_chain.py --once 4     # one warm launch at T = rows = 4 (to run under ncu)
@@ -26,8 +26,8 @@ C, S, H_k, DC = 8192, 128, 16, 4
 
 
 class Override:
-    """Stands in for the chain kernel: launches it with some scalar arguments replaced (n_rows=0: no snapshot rows;
-    n_l2=0: no L2 heads), so the product code runs unchanged around it."""
+    """Stands in for the chain kernel: launches it with some scalar arguments replaced (n_l2=0: no L2 heads), so the
+    product code runs unchanged around it."""
 
     def __init__(self, kernel, **values):
         self.kernel, self.values = kernel, values
@@ -74,8 +74,7 @@ def main() -> int:
     x = torch.empty(1, device="cuda")
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; empty kernel "
           f"{graph_time_us(lambda: _empty[(1,)](x)):.2f} us")
-    variants = {"full": {}, "no L2": dict(n_l2=0), "no snapshot": dict(n_rows=0),
-                "conv+SiLU only": dict(n_l2=0, n_rows=0)}
+    variants = {"full": {}, "no L2": dict(n_l2=0)}
     print("T rows | " + " | ".join(variants))
     for T in (1, 4, 8, 16):
         fn = problem(T, T)

@@ -1,0 +1,51 @@
+"""Compile the kernels of the GPU sweep (tests/test_fusion.py::test_sweep_gpu_all_400) in parallel processes, so that
+`pytest -m gpu` then loads them from Triton's disk cache. The fused chain compiles once per (n_t, window columns) of
+a model; the sweep's 400 cases need about as many compiles, one after another in a single pytest process.
+
+    python benchmarks/warm_compile.py [--procs 16]
+"""
+
+import argparse
+import multiprocessing as mp
+import sys
+import time
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "tests")
+
+
+def run_cases(cases):
+    from test_fusion import CHAIN, SWEEP, sweep_ids  # each worker imports torch and CUDA itself
+
+    from gdnpass.alloc import plan
+    from gdnpass.check import check_fusion
+    from gdnpass.fusion import prepare
+    from gdnpass.models import VerifyConfig, build_verify_graph
+
+    bad = []
+    for case in cases:
+        n_t, n_rs, model = SWEEP[case]
+        cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2)
+        g = build_verify_graph(cfg)
+        prepare(g, patterns=CHAIN)
+        plan(g)
+        report = check_fusion(g, patterns=CHAIN, device="cuda", ids=sweep_ids(cfg, case), seed=case)
+        bad += [] if report.identical else [case]
+    return bad
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--procs", type=int, default=16)
+    a = ap.parse_args()
+    from test_fusion import SWEEP
+    start = time.time()
+    slices = [list(range(i, len(SWEEP), a.procs)) for i in range(a.procs)]
+    with mp.get_context("spawn").Pool(a.procs) as pool:
+        bad = sum(pool.map(run_cases, slices), [])
+    print(f"{len(SWEEP)} sweep cases compiled and checked in {time.time() - start:.0f} s; not identical: {bad or 'none'}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
