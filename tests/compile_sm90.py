@@ -1,0 +1,75 @@
+"""Compile every Triton kernel for sm_90 (the H200) ahead of time, without a GPU: the interpreter accepts programs
+the compiler rejects (e.g. a variable re-typed inside an ``if``), so CI compiles them too. Run by
+tests/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds interpreter objects).
+
+    python tests/compile_sm90.py     # prints one line per compiled variant, exits 1 on the first failure
+"""
+
+import sys
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, ".")
+
+from gdnpass.kernels import triton_ops as tri  # noqa: E402
+
+INT_PTRS = {"ids_ptr", "table_ptr"}
+FLOATS = {"eps", "scale"}
+
+
+def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS):
+    """One variant: pointers f32 (i32 for indices), ``eps``/``scale`` f32, other scalars i32."""
+    def kind(name):
+        if name in constexprs:
+            return "constexpr"
+        if name.endswith("_ptr"):
+            return "*i32" if name in INT_PTRS else "*fp32"
+        return "fp32" if name in FLOATS else "i32"
+    sig = {n: kind(n) for n in kernel.arg_names}
+    src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={**tri.LAUNCH, "num_warps": num_warps})
+
+
+def variants():
+    yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C), tri.NUM_WARPS
+    yield tri._silu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+    yield tri._l2_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(128))), tri.NUM_WARPS
+    yield tri._mul_mat_vec_kernel, dict(zip(("BLOCK_M", "COLS", "BLOCK_K"), tri.mat_vec_blocks(32, 8))), tri.NUM_WARPS
+    yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
+    # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile
+    for n_t, rows, tile, whole in ((1, 1, 0, True), (8, 8, 0, True), (16, 16, 0, True), (3, 2, 0, False),
+                                   (8, 1, 10, True)):
+        columns = tuple(max(0, n_t - s) for s in range(rows - 1, -1, -1))
+        yield tri._gdn_conv_chain_kernel, dict(
+            D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole,
+            L2_ROWS=max(triton.next_power_of_2(n_t), tri.chain_warps(128))), tri.chain_warps(128)
+
+
+@triton.jit
+def _retyped_in_if(x_ptr, n):
+    """Runs under the interpreter, is refused by the compiler: ``t`` is a constexpr before the ``if``, a tensor in it."""
+    t = 0
+    if n > 0:
+        t = tl.arange(0, 4)
+    tl.store(x_ptr + t, 1.0)
+
+
+def main() -> int:
+    if sys.argv[1:] == ["--negative-control"]:  # the check must be able to fail
+        try:
+            compile_sm90(_retyped_in_if, {})
+        except Exception as e:  # noqa: BLE001 (triton raises CompilationError subclasses of several kinds)
+            print(f"refused as expected: {type(e).__name__}")
+            return 0
+        return 1
+    for kernel, constexprs, num_warps in variants():
+        compile_sm90(kernel, constexprs, num_warps)
+        print(f"sm_90 ok: {kernel.__name__} {constexprs}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
