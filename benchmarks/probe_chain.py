@@ -13,16 +13,13 @@ import sys
 
 import torch
 import triton
-import triton.language as tl
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from bench import graph_time_us  # noqa: E402
+from bench import chain_operands, empty_kernel_us, graph_time_us  # noqa: E402
 
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
-
-C, S, H_k, DC = 8192, 128, 16, 4
 
 
 class Override:
@@ -43,21 +40,8 @@ class Override:
 
 
 def problem(T: int, rows: int):
-    """The chain's operands as llama.cpp lays them out: rows in a cache of 2*rows cells, the gathered row one of them."""
-    cache = torch.randn(1, 1, 2 * rows, (DC - 1) * C, device="cuda")
-    ids = torch.tensor([1], dtype=torch.int32, device="cuda")
-    x = torch.randn(1, 1, T, C, device="cuda").transpose(2, 3)
-    w = torch.randn(1, 1, C, DC, device="cuda")
-    dst = [cache[:, :, 2 * r:2 * r + 1] for r in range(rows)]
-    cols = [max(0, T - s) for s in range(rows - 1, -1, -1)]
-    out = torch.empty(1, 1, T, C, device="cuda")
-    q, k = torch.empty(1, T, H_k, S, device="cuda"), torch.empty(1, T, H_k, S, device="cuda")
-    return lambda: tri.gdn_conv_chain(cache, ids, x, w, dst, cols, 1e-6, out, q, k)
-
-
-@triton.jit
-def _empty(x_ptr):
-    pass
+    args = chain_operands(T, rows)["args"]
+    return lambda: tri.gdn_conv_chain(*args)
 
 
 def main() -> int:
@@ -71,9 +55,7 @@ def main() -> int:
             fn()
         torch.cuda.synchronize()
         return 0
-    x = torch.empty(1, device="cuda")
-    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; empty kernel "
-          f"{graph_time_us(lambda: _empty[(1,)](x)):.2f} us")
+    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; empty kernel {empty_kernel_us():.2f} us")
     variants = {"full": {}, "no L2": dict(n_l2=0)}
     print("T rows | " + " | ".join(variants))
     for T in (1, 4, 8, 16):

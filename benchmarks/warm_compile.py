@@ -15,23 +15,9 @@ sys.path.insert(0, "tests")
 
 
 def run_cases(cases):
-    from test_fusion import CHAIN, SWEEP, sweep_ids  # each worker imports torch and CUDA itself
+    from test_fusion import sweep_case_gpu  # each worker imports torch and CUDA itself
 
-    from gdnpass.alloc import plan
-    from gdnpass.check import check_fusion
-    from gdnpass.fusion import prepare
-    from gdnpass.models import VerifyConfig, build_verify_graph
-
-    bad = []
-    for case in cases:
-        n_t, n_rs, model = SWEEP[case]
-        cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2)
-        g = build_verify_graph(cfg)
-        prepare(g, patterns=CHAIN)
-        plan(g)
-        report = check_fusion(g, patterns=CHAIN, device="cuda", ids=sweep_ids(cfg, case), seed=case)
-        bad += [] if report.identical else [case]
-    return bad
+    return [case for case in cases if not sweep_case_gpu(case)[1].identical]
 
 
 def main() -> int:

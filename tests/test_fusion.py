@@ -61,18 +61,25 @@ def test_sweep_triton_interpreter_is_byte_identical(case):
     assert_identical(check_fusion(g, patterns=CHAIN, backend="triton", ids=sweep_ids(cfg, case), seed=case))
 
 
+def sweep_case_gpu(case: int, hints: bool = True):
+    """One sweep case through the compiled kernels (also benchmarks/warm_compile.py): (fused graph, CheckResult)."""
+    n_t, n_rs, model = SWEEP[case]
+    cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2)
+    g = build_verify_graph(cfg)
+    prepare(g, enabled=hints, patterns=CHAIN)
+    plan(g)
+    return g, check_fusion(g, patterns=CHAIN, device="cuda", ids=sweep_ids(cfg, case), seed=case)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("hints", [True, False], ids=["with-hints", "without-hints"])
 def test_sweep_gpu_all_400(hints):
     """All 400 cases through the compiled Triton kernels, planned with the allocator hints (one launch per chain) and
     without them (the L2 outputs may then land on the projection: the second-launch path, l2_separate)."""
     separate = 0
-    for case, (n_t, n_rs, model) in enumerate(SWEEP):
-        cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2)
-        g = build_verify_graph(cfg)
-        prepare(g, enabled=hints, patterns=CHAIN)
-        plan(g)
-        assert_identical(check_fusion(g, patterns=CHAIN, device="cuda", ids=sweep_ids(cfg, case), seed=case))
+    for case in range(len(SWEEP)):
+        g, result = sweep_case_gpu(case, hints)
+        assert_identical(result)
         separate += any(n.op_params.get("l2_separate") for n in g.nodes)
     assert (separate == 0) if hints else separate > 0
     print(f"\n400/400 byte-identical on the GPU ({'with' if hints else 'without'} hints, {separate} l2_separate)")
