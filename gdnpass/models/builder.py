@@ -1,0 +1,294 @@
+"""The one GDN verify-forward builder, written against a constructor facade.
+
+The builder mirrors llama.cpp's qwen35 ``build_layer_attn_linear`` (with ``build_conv_state``, ``build_rs`` and
+``build_recurrent_attn`` from delta-net-base / llama-graph) call for call: tensors are *created* in the same order
+and ``expand`` (``ggml_build_forward_expand``) is called at the same points, so node order, in-between nodes and use
+counts come out as ggml makes them. Only the GDN sub-layer of each linear-attention layer and its FFN are built
+(attn_norm -> GDN -> ssm_out -> residual -> FFN); the full-attention layers sit outside the fused pattern.
+Qwen3-Next presets reuse this structure with Qwen3-Next shapes (its fused qkvz/ba projections are not modelled).
+
+The builder never constructs a tensor itself: it calls a :class:`Facade`, which speaks ggml's vocabulary. Two
+implement it: :class:`gdnpass.models.ir_facade.IrFacade` (gdnpass.ops constructors, a :class:`gdnpass.ir.Graph`) and
+:class:`gdnpass.frontends.ggml.facade.GgmlFacade` (real ggml calls on a ``GgmlSession``). Both graphs therefore come
+from the same code, and tests/test_ggml_interop.py checks they are the same graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from gdnpass.ir import DType
+from gdnpass.models.hparams import VerifyConfig, default_ids
+
+F32 = DType.F32
+
+
+class Facade(Protocol):
+    """The ggml constructors the builder needs. ``T`` is whatever tensor handle the implementation uses.
+
+    Views take ggml's arguments (ne, then nb[1..], then the byte offset); a name is set afterwards with
+    :meth:`set_name`, as llama.cpp does. ``il`` on :meth:`new_tensor` and :meth:`set_layer` tag a layer where the
+    implementation keeps one (gdnpass does; ggml does not, and its importer reads layers back from the names)."""
+
+    def new_tensor(self, buffer: str, name: str, type_: DType, ne, *, input: bool = False, il: int = -1) -> Any: ...
+    def ne(self, t) -> tuple[int, int, int, int]: ...
+    def nb(self, t) -> tuple[int, int, int, int]: ...
+    def view_1d(self, a, ne0: int, offset: int) -> Any: ...
+    def view_2d(self, a, ne0: int, ne1: int, nb1: int, offset: int) -> Any: ...
+    def view_3d(self, a, ne0: int, ne1: int, ne2: int, nb1: int, nb2: int, offset: int) -> Any: ...
+    def view_4d(self, a, ne0: int, ne1: int, ne2: int, ne3: int, nb1: int, nb2: int, nb3: int, offset: int) -> Any: ...
+    def reshape_2d(self, a, ne0: int, ne1: int) -> Any: ...
+    def reshape_3d(self, a, ne0: int, ne1: int, ne2: int) -> Any: ...
+    def reshape_4d(self, a, ne0: int, ne1: int, ne2: int, ne3: int) -> Any: ...
+    def transpose(self, a) -> Any: ...
+    def concat(self, a, b, dim: int) -> Any: ...
+    def get_rows(self, a, b) -> Any: ...
+    def cpy(self, a, b) -> Any: ...
+    def scale_inplace(self, a, s: float) -> Any: ...
+    def add(self, a, b) -> Any: ...
+    def mul(self, a, b) -> Any: ...
+    def mul_mat(self, a, b) -> Any: ...
+    def rms_norm(self, a, eps: float) -> Any: ...
+    def l2_norm(self, a, eps: float) -> Any: ...
+    def silu(self, a) -> Any: ...
+    def sigmoid(self, a) -> Any: ...
+    def softplus(self, a) -> Any: ...
+    def ssm_conv(self, sx, c) -> Any: ...
+    def gated_delta_net(self, q, k, v, g, beta, state, K: int) -> Any: ...
+    def set_name(self, t, name: str) -> Any: ...
+    def set_layer(self, t, il: int) -> Any: ...
+    def set_output(self, t) -> Any: ...
+    def expand(self, t) -> None: ...
+
+
+class VerifyBuilder:
+    """llama.cpp's graph context for one verify forward (ctx0 + gf + the recurrent-memory input), on facade ``f``."""
+
+    def __init__(self, f: Facade, cfg: VerifyConfig) -> None:
+        cfg.check()
+        self.f, self.cfg, self.m = f, cfg, cfg.shape
+        self.rows = cfg.cells * (1 + cfg.n_rs_seq)  # rows of each recurrent cache (rollback planes x cells)
+        self.shared: dict[str, Any] = {}
+        n_rs = cfg.n_seqs + cfg.n_rs_extra
+        # llama-graph.cpp build_inp_rs: one s_copy input and its two views, shared by all layers
+        self.s_copy = f.new_tensor("input", "inp_s_copy", DType.I32, (n_rs,), input=True)
+        self.s_copy_main = f.set_name(f.view_1d(self.s_copy, cfg.n_seqs, 0), "inp_s_copy_main")
+        self.s_copy_extra = f.set_name(f.view_1d(self.s_copy, cfg.n_rs_extra, cfg.n_seqs * 4), "inp_s_copy_extra")
+
+    # ---- helpers --------------------------------------------------------------------------------------------------
+    def cb(self, t, name: str, il: int):
+        """llama.cpp's cb(): name a tensor ``name-il`` (and tag it with its layer)."""
+        self.f.set_name(t, f"{name}-{il}" if il >= 0 else name)
+        return self.f.set_layer(t, il)
+
+    def weight(self, name: str, il: int, type_: DType, ne):
+        """Layer ``il``'s ``blk.<il>.<name>``; with ``share_weights`` one ``blk.*.<name>`` for every layer."""
+        if not self.cfg.share_weights:
+            return self.f.new_tensor("weights", f"blk.{il}.{name}", type_, ne, il=il)
+        if name not in self.shared:
+            self.shared[name] = self.f.new_tensor("weights", f"blk.*.{name}", type_, ne)
+        return self.shared[name]
+
+    def recurrent_caches(self, il: int):
+        """The layer's conv and ssm state caches (llama-memory-recurrent's r_l / s_l)."""
+        m, f = self.m, self.f
+        conv_states_all = f.new_tensor("cache", f"cache_r_l{il}", F32, (m.n_embd_r, self.rows), il=il)
+        ssm_states_all = f.new_tensor("cache", f"cache_s_l{il}", F32, (m.n_embd_s, self.rows), il=il)
+        return conv_states_all, ssm_states_all
+
+    # ---- llama-graph.cpp build_rs ---------------------------------------------------------------------------------
+    def build_rs(self, s, state_size: int, il: int):
+        """llm_graph_context::build_rs: zero the rs_z row, gather the sequences' states, move the extra rows."""
+        f, cfg = self.f, self.cfg
+        states = f.reshape_2d(s, state_size, f.ne(s)[1])
+        z = int(cfg.rs_z >= 0)  # no row to zero: an empty view (llama.cpp keeps the node)
+        state_zero = f.view_1d(states, state_size * z, cfg.rs_z * f.nb(states)[1] * z)
+        f.expand(f.scale_inplace(state_zero, 0.0))
+        output_states = f.get_rows(states, self.s_copy_main)
+        f.expand(output_states)
+        states_extra = f.get_rows(states, self.s_copy_extra)
+        dst = f.view_1d(s, state_size * cfg.n_rs_extra, (cfg.kv_head + cfg.n_seqs) * state_size * f.nb(s)[0])
+        f.expand(f.cpy(states_extra, dst))
+        return output_states
+
+    # ---- delta-net-base.cpp build_conv_state ----------------------------------------------------------------------
+    def build_conv_state(self, conv_states_all, qkv_mixed, il: int):
+        """build_conv_state: the conv input (old window ++ projection) and the 1 + n_rs_seq snapshot CPYs."""
+        f, cfg, m = self.f, self.cfg, self.m
+        dc, C, n_s = m.d_conv, m.conv_channels, cfg.n_seqs
+        conv_states = self.cb(self.build_rs(conv_states_all, m.n_embd_r, il), "conv_states", il)
+        conv_states = self.cb(f.reshape_3d(conv_states, dc - 1, C, n_s), "conv_states_reshaped", il)
+        qkv_t = self.cb(f.transpose(qkv_mixed), "qkv_mixed_transposed", il)
+        conv_input = self.cb(f.concat(conv_states, qkv_t, 0), "conv_input", il)
+        ne, nb = f.ne(conv_input), f.nb(conv_input)
+        K = cfg.n_rs_seq + 1
+        for t in range(1, K + 1):
+            # plane s_slot gets the window after n_t - s_slot tokens (clamped to the pre-ubatch state)
+            s_idx = max(0, ne[0] - f.ne(conv_states)[0] - K + t)
+            s_slot = K - t
+            window = f.set_name(f.view_3d(conv_input, dc - 1, C, n_s, nb[1], nb[2], 4 * s_idx),
+                                f"conv_state_last.s{s_slot}-{il}")
+            f.expand(f.cpy(window, self.conv_snapshot_dst(conv_states_all, s_slot, s_idx, il)))
+        return conv_input
+
+    def conv_snapshot_dst(self, conv_states_all, s: int, col: int, il: int):
+        """Where plane ``s`` (its window at concat column ``col``) goes: see hparams.SNAPSHOT_LAYOUTS."""
+        f, cfg, m = self.f, self.cfg, self.m
+        dc, C, n_s, name = m.d_conv, m.conv_channels, cfg.n_seqs, f"conv_state_update.s{s}-{il}"
+        if s == 0 or cfg.snapshot_layout == "rows":
+            row = f.nb(conv_states_all)[1]
+            return f.set_name(f.view_2d(conv_states_all, m.n_embd_r, n_s, row, (s * cfg.cells + cfg.kv_head) * row),
+                              name)
+        W = cfg.n_tokens + dc - 2
+        key = f"cache_w_l{il}"  # one per layer, created at its first use (after cache_r: rows-layout leafs unchanged)
+        if key not in self.shared:
+            self.shared[key] = f.new_tensor("cache", key, F32, (W * C, cfg.cells), il=il)
+        w = self.shared[key]
+        cell = cfg.kv_head * f.nb(w)[1]
+        if cfg.snapshot_layout == "dedup":
+            return f.set_name(f.view_3d(w, dc - 1, C, n_s, 4 * W, f.nb(w)[1], cell + 4 * col), name)
+        return f.transpose(f.set_name(f.view_3d(w, C, dc - 1, n_s, 4 * C, f.nb(w)[1], cell + 4 * C * col), name))
+
+    # ---- qwen35.cpp build_layer_attn_linear, from build_conv_state to the q/k norms -------------------------------
+    def build_conv_chain(self, qkv_mixed, conv_states_all, ssm_states_all, conv_kernel, il: int):
+        """The conv chain and the ssm build_rs between its CPYs and SSM_CONV; returns (silu, q, k, v, state)."""
+        f, cfg, m = self.f, self.cfg, self.m
+        n_t, n_s, C = cfg.n_tokens, cfg.n_seqs, m.conv_channels
+        S, H_k, H_v = m.head_dim, m.n_k_heads, m.n_v_heads
+        conv_input = self.build_conv_state(conv_states_all, qkv_mixed, il)
+        state = self.build_rs(ssm_states_all, m.n_embd_s, il)
+        state = self.cb(f.reshape_4d(state, S, S, H_v, n_s), "state_predelta", il)
+
+        conv_out = self.cb(f.ssm_conv(conv_input, conv_kernel), "conv_output_raw", il)
+        conv_silu = self.cb(f.silu(conv_out), "conv_output_silu", il)
+        nb1 = 4 * C
+        q_conv = self.cb(f.view_4d(conv_silu, S, H_k, n_t, n_s, 4 * S, nb1, nb1 * n_t, 0), "q_conv", il)
+        k_conv = self.cb(f.view_4d(conv_silu, S, H_k, n_t, n_s, 4 * S, nb1, nb1 * n_t, 4 * S * H_k), "k_conv", il)
+        v_conv = self.cb(f.view_4d(conv_silu, S, H_v, n_t, n_s, 4 * S, nb1, nb1 * n_t, 4 * 2 * S * H_k), "v_conv", il)
+        q_conv = self.cb(f.l2_norm(q_conv, m.eps), "q_conv_predelta", il)
+        k_conv = self.cb(f.l2_norm(k_conv, m.eps), "k_conv_predelta", il)
+        # fused GDN broadcasts k-heads itself (h % H_k): no REPEAT nodes
+        return conv_silu, q_conv, k_conv, v_conv, state
+
+    # ---- delta-net-base.cpp build_recurrent_attn ------------------------------------------------------------------
+    def build_recurrent_attn(self, ssm_states_all, q, k, v, g, b, s, il: int):
+        """build_recurrent_attn: fused GATED_DELTA_NET (K snapshot slots when n_rs_seq > 0) and its state CPY."""
+        f, cfg, m = self.f, self.cfg, self.m
+        S, H, n_t, n_s = m.head_dim, m.n_v_heads, cfg.n_tokens, cfg.n_seqs
+        K = cfg.n_rs_seq + 1
+        gdn = self.cb(f.gated_delta_net(q, k, v, g, b, s, K), "gdn_out", il)
+        output = self.cb(f.view_4d(gdn, S, H, n_t, n_s, 4 * S, 4 * S * H, 4 * S * H * n_t, 0), "attn_output", il)
+        D = S * S * H
+        score_bytes = 4 * S * H * n_t * n_s
+        row_size = f.nb(ssm_states_all)[1]
+        if cfg.n_rs_seq == 0:
+            new_state = self.cb(f.view_4d(gdn, S, S, H, n_s, 4 * S, 4 * S * S, 4 * D, score_bytes), "new_state", il)
+            dst = f.set_name(f.view_2d(ssm_states_all, m.n_embd_s, n_s, row_size, cfg.kv_head * row_size),
+                             f"ssm_state_update-{il}")
+            f.expand(f.cpy(new_state, dst))
+        else:
+            n_written = min(n_t, K)  # the op writes the last min(n_t, K) snapshots
+            src = f.set_name(f.view_3d(gdn, D, n_s, n_written, 4 * D, 4 * D * n_s, score_bytes), f"gdn_snapshots-{il}")
+            dst = f.set_name(f.view_3d(ssm_states_all, D, n_s, n_written, row_size, cfg.cells * row_size,
+                                       cfg.kv_head * row_size), f"ssm_state_update-{il}")
+            f.expand(f.cpy(src, dst))
+        return output
+
+    # ---- qwen35.cpp: post-attention norm, build_ffn(SILU, PAR) and the FFN residual -------------------------------
+    def build_ffn(self, cur, il: int):
+        """llm_build_qwen35's FFN block: attn_post_norm, build_ffn (gate/up/down, SILU, PAR), residual."""
+        f, m, wt = self.f, self.m, DType.parse(self.cfg.wtype)
+        ffn_residual = cur
+        x = f.mul(f.rms_norm(cur, m.eps), self.weight("post_attention_norm.weight", il, F32, (m.n_embd,)))
+        x = self.cb(x, "attn_post_norm", il)
+        up = f.mul_mat(self.weight("ffn_up.weight", il, wt, (m.n_embd, m.ffn_dim)), x)
+        gate = f.mul_mat(self.weight("ffn_gate.weight", il, wt, (m.n_embd, m.ffn_dim)), x)
+        x = f.mul(f.silu(gate), up)  # (newer llama.cpp: one fused GLU op; same buffers up to in-place reuse)
+        x = self.cb(f.mul_mat(self.weight("ffn_down.weight", il, wt, (m.ffn_dim, m.n_embd)), x), "ffn_out", il)
+        return f.add(x, ffn_residual)
+
+    # ---- qwen35.cpp build_layer_attn_linear -----------------------------------------------------------------------
+    def build_layer_attn_linear(self, cur, il: int):
+        """llm_build_qwen35::build_layer_attn_linear: projections, conv chain, GDN, gated norm, ssm_out."""
+        f, cfg, m = self.f, self.cfg, self.m
+        n_t, n_s, C, H_v, S = cfg.n_tokens, cfg.n_seqs, m.conv_channels, m.n_v_heads, m.head_dim
+        wt, abt = DType.parse(cfg.wtype), DType.parse(cfg.ab_wtype)
+        E = m.n_embd
+
+        # build_qkvz
+        qkv_mixed = f.mul_mat(self.weight("attn_qkv.weight", il, wt, (E, C)), cur)
+        qkv_mixed = self.cb(f.reshape_3d(qkv_mixed, C, n_t, n_s), "linear_attn_qkv_mixed", il)
+        z = self.cb(f.mul_mat(self.weight("attn_gate.weight", il, wt, (E, m.value_dim)), cur), "z", il)
+
+        beta = f.mul_mat(self.weight("ssm_beta.weight", il, abt, (E, H_v)), cur)
+        beta = self.cb(f.reshape_4d(beta, 1, H_v, n_t, n_s), "beta", il)
+        beta = self.cb(f.sigmoid(beta), "beta_sigmoid", il)
+        alpha = f.mul_mat(self.weight("ssm_alpha.weight", il, abt, (E, H_v)), cur)
+        alpha = self.cb(f.reshape_3d(alpha, H_v, n_t, n_s), "alpha", il)
+        alpha_biased = f.add(alpha, self.weight("ssm_dt.bias", il, F32, (H_v,)))
+        alpha_softplus = self.cb(f.softplus(alpha_biased), "a_softplus", il)
+        gate = self.cb(f.mul(alpha_softplus, self.weight("ssm_a", il, F32, (H_v,))), "gate", il)
+        gate = f.reshape_4d(gate, 1, H_v, n_t, n_s)
+
+        conv_states_all, ssm_states_all = self.recurrent_caches(il)
+        conv_kernel = self.weight("ssm_conv1d.weight", il, F32, (m.d_conv, C))
+        _, q_conv, k_conv, v_conv, state = self.build_conv_chain(qkv_mixed, conv_states_all, ssm_states_all,
+                                                                 conv_kernel, il)
+
+        output = self.build_recurrent_attn(ssm_states_all, q_conv, k_conv, v_conv, gate, beta, state, il)
+
+        z_2d = f.reshape_4d(z, S, H_v, n_t, n_s)
+        normalized = f.mul(f.rms_norm(output, m.eps), self.weight("ssm_norm.weight", il, F32, (S,)))
+        attn_out_norm = f.mul(normalized, f.silu(z_2d))
+        final_output = self.cb(f.reshape_3d(attn_out_norm, m.value_dim, n_t, n_s), "final_output", il)
+        cur = self.cb(f.mul_mat(self.weight("ssm_out.weight", il, wt, (m.value_dim, E)), final_output),
+                      "linear_attn_out", il)
+        return f.reshape_2d(cur, E, n_t * n_s)
+
+
+def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
+    """The verify forward of ``cfg``'s GDN layers on ``f``: llm_build_qwen35's layer loop (attn_norm, the linear
+    attention, the residual, the FFN; DFlash taps flagged OUTPUT), then the last hidden state as the output."""
+    b = VerifyBuilder(f, cfg)
+    m = cfg.shape
+    inpL = f.new_tensor("input", "inp_embd", F32, (m.n_embd, cfg.n_tokens * cfg.n_seqs), input=True)
+    taps = set(cfg.dflash_taps())
+    for il in cfg.layer_ids():
+        inpSA = inpL
+        normed = f.set_layer(f.rms_norm(inpL, m.eps), il)  # its source belongs to the previous layer
+        cur = b.cb(f.mul(normed, b.weight("attn_norm.weight", il, F32, (m.n_embd,))), "attn_norm", il)
+        f.expand(cur)
+        cur = b.build_layer_attn_linear(cur, il)
+        cur = b.cb(f.add(cur, inpSA), "attn_residual", il)
+        if cfg.ffn:
+            cur = b.build_ffn(cur, il)
+        cur = b.cb(cur, "l_out", il)
+        if il in taps:
+            f.set_output(cur)  # a DFlash drafter reads this hidden state
+        inpL = cur
+    f.expand(f.set_output(inpL))
+    return b
+
+
+def build_conv_chain_only(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
+    """One layer's conv chain alone (:meth:`VerifyBuilder.build_conv_chain`), with the projection ``inp_qkv_mixed``
+    [C, n_t, n_s] as an input, so every cache byte written is a copy. SILU and both L2 outputs are flagged OUTPUT
+    (readable after the run)."""
+    b = VerifyBuilder(f, cfg)
+    m, il = cfg.shape, 0
+    qkv = f.new_tensor("input", "inp_qkv_mixed", F32, (m.conv_channels, cfg.n_tokens, cfg.n_seqs), input=True)
+    conv_states_all, ssm_states_all = b.recurrent_caches(il)
+    conv_kernel = b.weight("ssm_conv1d.weight", il, F32, (m.d_conv, m.conv_channels))
+    silu, q, k, _, _ = b.build_conv_chain(qkv, conv_states_all, ssm_states_all, conv_kernel, il)
+    for t in (silu, q, k):
+        f.set_output(t)
+    f.expand(q)
+    f.expand(k)
+    return b
+
+
+def verify_meta(cfg: VerifyConfig, builder: str = "verify") -> dict:
+    """The ``graph.meta`` of a verify graph (Executor.fill, reports and dumps read it)."""
+    return {"builder": builder, "config": asdict(cfg), "model": asdict(cfg.shape), "layers": cfg.layer_ids(),
+            "dflash_taps": cfg.dflash_taps(), "ids": default_ids(cfg)}

@@ -1,0 +1,182 @@
+"""Model shapes and the verify-step configuration: what the builder (:mod:`gdnpass.models.builder`) builds.
+
+:class:`ModelShape` holds a model's hparams (the GGUF ``qwen35.*`` keys the GDN layers need), :data:`PRESETS` the
+known shapes, :class:`VerifyConfig` one speculative-verify ubatch (tokens, rollback planes, cells, snapshot layout),
+:func:`default_ids` the ``s_copy`` input llama.cpp would set for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gdnpass.ir import DType, GraphError
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    n_embd: int
+    n_layer: int          # all decoder layers; every ``full_attention_interval``-th one is full attention
+    n_k_heads: int        # H_k = ssm_n_group
+    n_v_heads: int        # H_v = ssm_dt_rank
+    head_dim: int         # S = ssm_d_state = head_v_dim
+    d_conv: int = 4
+    n_ff: int = 0         # FFN width (0: 3 * n_embd)
+    full_attention_interval: int = 4
+    eps: float = 1e-6
+
+    @property
+    def ffn_dim(self) -> int:
+        return self.n_ff or 3 * self.n_embd
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        """C = 2*key_dim + value_dim."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def n_embd_r(self) -> int:
+        return (self.d_conv - 1) * self.conv_channels
+
+    @property
+    def n_embd_s(self) -> int:
+        return self.head_dim * self.head_dim * self.n_v_heads
+
+    @property
+    def gdn_layers(self) -> list[int]:
+        k = self.full_attention_interval
+        return [i for i in range(self.n_layer) if (i + 1) % k != 0] if k > 0 else list(range(self.n_layer))
+
+
+PRESETS: dict[str, ModelShape] = {
+    m.name: m
+    for m in [
+        # shapes from HF configs (reference/kernels-and-matchers.md A4)
+        ModelShape("qwen3.5-9b", n_embd=4096, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=12288),
+        ModelShape("qwen3.5-4b", n_embd=2560, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=9216),
+        ModelShape("qwen3.5-27b", n_embd=5120, n_layer=64, n_k_heads=16, n_v_heads=48, head_dim=128, n_ff=17408),
+        # Qwen3-Next's FFN is a mixture of experts; a dense FFN of the shared expert's width stands in for it
+        ModelShape("qwen3-next-80b", n_embd=2048, n_layer=48, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=512),
+        # small shapes for tests and the exactness sweep: d_conv 3-5, head size 32-128
+        ModelShape("tiny-dc3-h32", n_embd=64, n_layer=4, n_k_heads=2, n_v_heads=4, head_dim=32, d_conv=3),
+        ModelShape("tiny-dc4-h64", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=64, d_conv=4),
+        ModelShape("tiny-dc5-h128", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=1, head_dim=128, d_conv=5),
+        ModelShape("tiny-dc4-h32", n_embd=96, n_layer=4, n_k_heads=2, n_v_heads=2, head_dim=32, d_conv=4),
+        ModelShape("tiny-dc4-h128", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=128, d_conv=4),
+    ]
+}
+
+
+def get_model(name: str | ModelShape) -> ModelShape:
+    if isinstance(name, ModelShape):
+        return name
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise GraphError(f"unknown model {name!r} (known: {', '.join(PRESETS)})") from None
+
+
+# Where the conv-state snapshot planes 1..n_rs_seq go (plane 0, the live state the next ubatch gathers, is always a
+# whole row of the conv cache ``cache_r``):
+#   rows     one cache_r row per plane (llama.cpp): plane s of cell i is row s*cells + i;
+#   dedup    one row per cell of ``cache_w`` ne [W*C, cells], W = n_t + d_conv - 2 columns per channel, channel-major:
+#            concat column c (c = 0..W-1) of channel ch at element ch*W + c. Plane s's window, concat columns
+#            max(0, n_t - s) .. +d_conv-2, is the view ne [d_conv-1, C] nb [4, 4W] at column max(0, n_t - s), so
+#            planes overlap and share columns (sglang's MambaPool, vLLM's widened state). The planes write columns
+#            max(0, n_t - n_rs_seq) .. W-1 (W-1 = n_t + d_conv - 3: plane 1's last); columns before stay untouched.
+#            With n_rs_seq >= n_t, planes n_t..n_rs_seq all hold the pre-ubatch window at column 0: the same bytes
+#            at the same address, which is what makes the overlap safe (the matcher's rule 5b);
+#   dedup-t  the same row time-major ([C, W] per cell: concat column c of channel ch at element c*C + ch), each window
+#            a TRANSPOSE of a [C, d_conv-1] view, nb [4C, 4]: MambaPool's axis-0 layout seen transposed.
+# cache_r keeps all its 1 + n_rs_seq planes in every layout: one s_copy id (rs_idx*mem_size + cell) gathers the conv
+# and the ssm state alike, so the planes of cache_r are where a rollback (a copy of the accepted window out of
+# cache_w, as sglang's scatter; not part of this graph) puts the state the next ubatch reads.
+SNAPSHOT_LAYOUTS = ("rows", "dedup", "dedup-t")
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """One speculative-verify ubatch: ``n_tokens`` tokens of each of ``n_seqs`` sequences."""
+
+    model: str
+    n_tokens: int
+    n_rs_seq: int = 0          # rollback snapshot planes beyond plane 0
+    n_layers: int | None = None  # GDN layers to build (None: all of the preset's)
+    n_seqs: int = 1
+    dflash: bool = False       # flag the drafter's hidden-state taps OUTPUT
+    mem_size: int | None = None  # recurrent cells (None: just the n_seqs + n_rs_extra cells this ubatch uses)
+    kv_head: int = 0           # first cell of this ubatch
+    rs_z: int = -1             # the cell build_rs zeroes (-1: none, as in a verify of running sequences)
+    n_rs_extra: int = 0        # the "extra" rows build_rs moves (n_rs - n_seqs)
+    ffn: bool = True           # build each layer's FFN sub-block too (it shapes the arena the chain is planned in)
+    share_weights: bool = False  # one set of weights for all layers (same graph and plan, a fraction of the memory)
+    wtype: str = "bf16"        # type of the large projections (qkv, z, ssm_out, FFN)
+    ab_wtype: str = "f32"      # type of the alpha/beta mat-vec weights
+    snapshot_layout: str = "rows"  # conv snapshot planes 1..n_rs_seq: "rows", "dedup" or "dedup-t" (SNAPSHOT_LAYOUTS)
+
+    def check(self) -> None:
+        m = get_model(self.model)
+        _need(1 <= self.n_tokens <= 64, "n_tokens", f"must be 1..64, is {self.n_tokens}")
+        _need(0 <= self.n_rs_seq <= 15, "n_rs_seq", f"must be 0..15, is {self.n_rs_seq}")
+        _need(self.n_seqs >= 1, "n_seqs", f"must be >= 1, is {self.n_seqs}")
+        n_gdn = len(m.gdn_layers)
+        _need(self.n_layers is None or 1 <= self.n_layers <= n_gdn, "n_layers",
+              f"must be 1..{n_gdn} for {m.name}, is {self.n_layers}")
+        _need(self.n_rs_extra >= 0, "n_rs_extra", f"must be >= 0, is {self.n_rs_extra}")
+        _need(self.cells >= self.kv_head + self.n_seqs + self.n_rs_extra, "mem_size",
+              f"{self.cells} cells cannot hold kv_head {self.kv_head} + {self.n_seqs + self.n_rs_extra} used cells")
+        _need(-1 <= self.rs_z < self.cells, "rs_z", f"must be -1..{self.cells - 1}, is {self.rs_z}")
+        _need(self.snapshot_layout in SNAPSHOT_LAYOUTS, "snapshot_layout",
+              f"must be one of {', '.join(SNAPSHOT_LAYOUTS)}, is {self.snapshot_layout!r}")
+        for f in ("wtype", "ab_wtype"):
+            _need(DType.parse(getattr(self, f)) is not DType.I32, f, "weights cannot be i32")
+
+    @property
+    def cells(self) -> int:
+        return self.mem_size if self.mem_size is not None else self.kv_head + self.n_seqs + self.n_rs_extra
+
+    @property
+    def shape(self) -> ModelShape:
+        return get_model(self.model)
+
+    def layer_ids(self) -> list[int]:
+        ids = self.shape.gdn_layers
+        return ids[: self.n_layers] if self.n_layers else ids
+
+    def dflash_taps(self) -> list[int]:
+        """The GDN layers whose outputs a DFlash drafter reads: up to five, spread over the stack.
+
+        (The last layer's output is the graph output anyway.)"""
+        ids = self.layer_ids()[:-1]
+        if not self.dflash or not ids:
+            return []
+        n = min(5, len(ids))
+        return sorted({ids[round(i * (len(ids) - 1) / max(1, n - 1))] for i in range(n)})
+
+
+def _need(cond: bool, field: str, msg: str) -> None:
+    if not cond:
+        raise GraphError(f"config field {field!r}: {msg}")
+
+
+def default_ids(cfg: VerifyConfig, read_plane: int = 0, src_cell: int | None = None) -> list[int]:
+    """s_copy values: sequence s reads plane ``read_plane`` of cell ``src_cell + s`` (default: its own cell).
+
+    ``s_copy(i) = rs_idx*mem_size + src0`` (llm_graph_input_rs::set_input). Reading plane 0 of the ubatch's own cell
+    makes the read row one of the written rows; ``src_cell`` elsewhere makes it not.
+    """
+    if not 0 <= read_plane <= cfg.n_rs_seq:
+        raise GraphError(f"read_plane must be 0..{cfg.n_rs_seq}, is {read_plane}")
+    base = cfg.kv_head if src_cell is None else src_cell
+    if not 0 <= base + cfg.n_seqs + cfg.n_rs_extra - 1 < cfg.cells:
+        raise GraphError(f"src_cell {base} is outside the {cfg.cells} cells")
+    n_rs = cfg.n_seqs + cfg.n_rs_extra
+    return [read_plane * cfg.cells + base + i for i in range(n_rs)]

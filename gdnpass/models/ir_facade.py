@@ -1,0 +1,123 @@
+"""The builder's facade over gdnpass's own constructors (:mod:`gdnpass.ops`): it builds a :class:`gdnpass.ir.Graph`.
+
+Each method is the ggml call of the same name; ``expand`` is :meth:`Graph.expand` (ggml_build_forward_expand).
+"""
+
+from __future__ import annotations
+
+from gdnpass import ops
+from gdnpass.ir import DType, Flag, Graph, Tensor
+from gdnpass.models.builder import build_conv_chain_only, build_verify, verify_meta
+from gdnpass.models.hparams import VerifyConfig
+
+
+class IrFacade:
+    """:class:`gdnpass.models.builder.Facade` on gdnpass.ops; the graph is :attr:`graph`."""
+
+    def __init__(self, graph: Graph | None = None) -> None:
+        self.graph = graph if graph is not None else Graph()
+
+    def new_tensor(self, buffer: str, name: str, type_: DType, ne, *, input: bool = False, il: int = -1) -> Tensor:
+        return ops.new_tensor(name, type_, ne, buffer=buffer, flags=Flag.INPUT if input else Flag.NONE, layer=il)
+
+    def ne(self, t: Tensor) -> tuple[int, int, int, int]:
+        return t.ne
+
+    def nb(self, t: Tensor) -> tuple[int, int, int, int]:
+        return t.nb
+
+    def view_1d(self, a, ne0, offset):
+        return ops.view_1d(a, ne0, offset)
+
+    def view_2d(self, a, ne0, ne1, nb1, offset):
+        return ops.view_2d(a, ne0, ne1, nb1, offset)
+
+    def view_3d(self, a, ne0, ne1, ne2, nb1, nb2, offset):
+        return ops.view_3d(a, ne0, ne1, ne2, nb1, nb2, offset)
+
+    def view_4d(self, a, ne0, ne1, ne2, ne3, nb1, nb2, nb3, offset):
+        return ops.view_4d(a, (ne0, ne1, ne2, ne3), nb1, nb2, nb3, offset)
+
+    def reshape_2d(self, a, ne0, ne1):
+        return ops.reshape(a, ne0, ne1)
+
+    def reshape_3d(self, a, ne0, ne1, ne2):
+        return ops.reshape(a, ne0, ne1, ne2)
+
+    def reshape_4d(self, a, ne0, ne1, ne2, ne3):
+        return ops.reshape(a, ne0, ne1, ne2, ne3)
+
+    def transpose(self, a):
+        return ops.transpose(a)
+
+    def concat(self, a, b, dim):
+        return ops.concat(a, b, dim)
+
+    def get_rows(self, a, b):
+        return ops.get_rows(a, b)
+
+    def cpy(self, a, b):
+        return ops.cpy(a, b)
+
+    def scale_inplace(self, a, s):
+        return ops.scale(a, s, inplace=True)
+
+    def add(self, a, b):
+        return ops.add(a, b)
+
+    def mul(self, a, b):
+        return ops.mul(a, b)
+
+    def mul_mat(self, a, b):
+        return ops.mul_mat(a, b)
+
+    def rms_norm(self, a, eps):
+        return ops.rms_norm(a, eps)
+
+    def l2_norm(self, a, eps):
+        return ops.l2_norm(a, eps)
+
+    def silu(self, a):
+        return ops.silu(a)
+
+    def sigmoid(self, a):
+        return ops.sigmoid(a)
+
+    def softplus(self, a):
+        return ops.softplus(a)
+
+    def ssm_conv(self, sx, c):
+        return ops.ssm_conv(sx, c)
+
+    def gated_delta_net(self, q, k, v, g, beta, state, K):
+        return ops.gated_delta_net(q, k, v, g, beta, state, K)
+
+    def set_name(self, t: Tensor, name: str) -> Tensor:
+        t.name = name
+        return t
+
+    def set_layer(self, t: Tensor, il: int) -> Tensor:
+        t.layer = il
+        return t
+
+    def set_output(self, t: Tensor) -> Tensor:
+        return ops.set_output(t)
+
+    def expand(self, t: Tensor) -> None:
+        self.graph.expand(t)
+
+
+def build_verify_graph(cfg: VerifyConfig) -> Graph:
+    """The verify forward of ``cfg``'s GDN layers, in llama.cpp's node order, unplanned."""
+    f = IrFacade()
+    build_verify(f, cfg)
+    f.graph.meta = verify_meta(cfg)
+    return f.graph
+
+
+def build_conv_chain_graph(cfg: VerifyConfig) -> Graph:
+    """One layer's conv chain alone, projection as input (see :func:`gdnpass.models.builder.build_conv_chain_only`)."""
+    f = IrFacade()
+    build_conv_chain_only(f, cfg)
+    f.graph.meta = verify_meta(cfg, builder="conv-chain")
+    return f.graph
