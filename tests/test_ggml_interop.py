@@ -2,8 +2,9 @@
 
 Needs the optional dependency ggml-python (0.0.45, bundling ggml 0.15.3); skipped without it.
 
-- structure: gdnpass.models.build_verify_graph and the same graph built with real ggml calls (then imported) have the
-  same nodes in the same order, with the same ops, shapes, strides, op params, views, wiring, flags and leafs, and
+- structure: gdnpass's one builder (gdnpass.models.builder) run through its two facades, gdnpass.ops
+  (build_verify_graph) and real ggml calls (build_ggml_verify_graph, then imported), gives the same nodes in the same
+  order, with the same ops, shapes, strides, op params, views, wiring, flags and leafs, for every snapshot layout, and
   ggml's own use counts (read from the cgraph's hash table) equal ours;
 - memory: gdnpass.alloc.plan at ggml's CPU alignment gives every node the offset gallocr gives it (data pointer minus
   the compute buffer's base), and the same arena size;
@@ -29,7 +30,7 @@ from gdnpass.frontends import ggml as fg  # noqa: E402
 from gdnpass.fusion import fuse  # noqa: E402
 from gdnpass.ir import DType, Flag, Graph, GraphError, Op  # noqa: E402
 from gdnpass.kernels.reference import f32  # noqa: E402
-from gdnpass.models import VerifyConfig, build_verify_graph  # noqa: E402
+from gdnpass.models import SNAPSHOT_LAYOUTS, VerifyConfig, build_conv_chain_graph, build_verify_graph  # noqa: E402
 from gdnpass.runtime import Executor  # noqa: E402
 
 F32 = DType.F32
@@ -203,30 +204,68 @@ def test_structure_use_counts_and_offsets_match_ggml(conf):
     s, imp = _ggml_verify(cfg)
     with s:
         g = imp.graph
-        # (a) the whole graph: order, ops, shapes, strides, params, views, wiring, flags, leafs
-        assert fg.diff_graphs(ours, g) == []
-        # names: everything our builder names explicitly (cb / named views / leafs) has that name in ggml too;
-        # ggml auto-names only views/reshapes/transposes/copies, the rest are node_<i>
-        for a, b in zip(ours.nodes, g.nodes):
-            if " (" not in a.name and "*" not in a.name:
-                assert a.name == b.name
-        # use counts: ggml's own (cgraph->use_counts) == ours on both graphs
-        ggml_counts = fg.ggml_use_counts(s.gf, imp)
-        ours_counts, imp_counts = ours.use_counts(), g.use_counts()
-        assert [ggml_counts.get(t.uid, 0) for t in _all(g)] == [ours_counts.get(t.uid, 0) for t in _all(ours)]
+        # (a) the whole graph, names, ggml's use counts; (b) our plan of our builder's graph is gallocr's
+        _assert_same_graph_and_plan(ours, s, imp)
+        # use counts of the import itself: ours computed on it == ggml's
+        ggml_counts, imp_counts = fg.ggml_use_counts(s.gf, imp), g.use_counts()
         assert [imp_counts.get(t.uid, 0) for t in _all(g)] == [ggml_counts.get(t.uid, 0) for t in _all(g)]
         # layers: as our builder tags them, except each layer's input RMS_NORM (ours tags it with its own layer,
         # an import can only inherit the previous layer's from its source)
         for a, b in zip(ours.nodes, g.nodes):
             if a.layer != b.layer:
                 assert a.op is Op.RMS_NORM and a.layer in cfg.layer_ids(), (a.name, a.layer, b.layer)
-        # (b) the plan: every node's offset and the arena size, on our builder's graph and on the import
-        for graph in (ours, g):
-            plan(graph, s.alignment)
-            got = [n.offset if o is not None else None for n, o in zip(graph.nodes, imp.arena_offsets)]
-            assert got == imp.arena_offsets
-            assert graph.buffers["arena"] == imp.arena_size == s.arena_size
+        # (b) the plan of the import too
+        plan(g, s.alignment)
+        assert [n.offset if o is not None else None for n, o in zip(g.nodes, imp.arena_offsets)] == imp.arena_offsets
+        assert g.buffers["arena"] == imp.arena_size == s.arena_size
         assert sum(o is not None for o in imp.arena_offsets) == sum(n.view_src is None for n in g.nodes) > 0
+
+
+def _assert_same_graph_and_plan(ours: Graph, s, imp) -> None:
+    """ggml's graph is ours node for node: order, ops, shapes, strides, params, views, wiring, flags, leafs; every
+    name our builder sets explicitly (cb, named views, leafs; ggml auto-names only views/reshapes/transposes/copies,
+    the rest are node_<i>); ggml's own use counts (cgraph->use_counts). Then our plan at ggml's alignment gives every
+    node gallocr's offset, and the same arena size."""
+    g = imp.graph
+    assert fg.diff_graphs(ours, g) == []
+    for a, b in zip(ours.nodes, g.nodes):
+        if " (" not in a.name and "*" not in a.name:
+            assert a.name == b.name
+    ggml_counts, ours_counts = fg.ggml_use_counts(s.gf, imp), ours.use_counts()
+    assert [ggml_counts.get(t.uid, 0) for t in _all(g)] == [ours_counts.get(t.uid, 0) for t in _all(ours)]
+    plan(ours, s.alignment)
+    assert [n.offset if o is not None else None for n, o in zip(ours.nodes, imp.arena_offsets)] == imp.arena_offsets
+    assert ours.buffers["arena"] == imp.arena_size
+
+
+# (model, n_t, n_rs_seq, n_seqs, n_rs_extra, rs_z, ffn, wtype, dflash, share_weights, n_layers): rollback planes
+# below, equal to and above n_t (planes n_t..n_rs_seq share column 0 in the dedup layouts)
+LAYOUT_CONFIGS = [CONFIGS[1], CONFIGS[2], CONFIGS[3], ("tiny-dc4-h32", 4, 3, 1, 0, -1, True, "f32", False, False, 2),
+                  ("tiny-dc4-h64", 1, 0, 1, 0, -1, False, "f32", False, False, 1)]
+
+
+@pytest.mark.parametrize("layout", SNAPSHOT_LAYOUTS)
+@pytest.mark.parametrize("conf", LAYOUT_CONFIGS, ids=lambda c: f"{c[0]}-t{c[1]}-rs{c[2]}-s{c[3]}")
+def test_every_snapshot_layout_builds_the_same_graph_and_plan_in_ggml(conf, layout):
+    """One builder, two facades: ggml builds the "dedup" / "dedup-t" snapshot destinations (views of ``cache_w``,
+    transposed for dedup-t) exactly as gdnpass does, and gallocr plans them as gdnpass.alloc does."""
+    cfg = _cfg(*conf, snapshot_layout=layout)
+    ours = build_verify_graph(cfg)
+    s, imp = _ggml_verify(cfg, plan_only=True)
+    with s:
+        _assert_same_graph_and_plan(ours, s, imp)
+        names = {t.name for t in imp.graph.leafs}
+        assert all((f"cache_w_l{il}" in names) == (layout != "rows" and cfg.n_rs_seq > 0) for il in cfg.layer_ids())
+
+
+@pytest.mark.parametrize("layout", SNAPSHOT_LAYOUTS)
+def test_conv_chain_alone_is_the_same_graph_in_ggml(layout):
+    cfg = _cfg("tiny-dc4-h32", 3, 5, 2, 1, 0, False, "f32", False, False, 1, snapshot_layout=layout)
+    ours = build_conv_chain_graph(cfg)
+    s, _ = fg.build_ggml_conv_chain(cfg)
+    with s:
+        s.allocate()
+        _assert_same_graph_and_plan(ours, s, s.import_graph(meta=fg.verify_meta(cfg)))
 
 
 @pytest.mark.parametrize("model,layers", [("qwen3.5-9b", 3), ("qwen3-next-80b", 2), ("qwen3.5-27b", None)])
@@ -237,11 +276,7 @@ def test_full_size_plan_matches_gallocr(model, layers):
     ours = build_verify_graph(cfg)
     s, imp = _ggml_verify(cfg, plan_only=True)
     with s:
-        assert fg.diff_graphs(ours, imp.graph) == []
-        plan(ours, s.alignment)
-        assert [n.offset if o is not None else None for n, o in zip(ours.nodes, imp.arena_offsets)] \
-            == imp.arena_offsets
-        assert ours.buffers["arena"] == imp.arena_size
+        _assert_same_graph_and_plan(ours, s, imp)
         with pytest.raises(GraphError, match="plan_only"):
             s.compute()
 
@@ -402,6 +437,26 @@ def test_conv_chain_matches_ggml(n_t, rs, seqs):
         assert [n.op for n in outs] == [Op.UNARY, Op.L2_NORM, Op.L2_NORM]
         for n in outs:
             torch.testing.assert_close(ex.read(n), s.read(imp.ptr(n)), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["dedup", "dedup-t"])
+def test_conv_chain_snapshot_layouts_match_ggml(layout):
+    """ggml writes the shared-column windows of cache_w (channel-major, and time-major through a TRANSPOSE) with the
+    same bytes as gdnpass; 5 planes > 4 tokens, so planes 4 and 5 land on the same column-0 window."""
+    cfg = _cfg("tiny-dc4-h32", 4, 5, 2, 0, -1, False, "f32", False, False, 1, snapshot_layout=layout)
+    s, _ = fg.build_ggml_conv_chain(cfg)
+    with s:
+        s.allocate()
+        imp = s.import_graph(meta=fg.verify_meta(cfg))
+        ex, start = _run_both(s, imp, seed=3)
+        caches = [t for t in imp.graph.leafs if t.buffer == "cache"]
+        assert "cache_w_l0" in [t.name for t in caches]
+        before = Executor(imp.graph)
+        before.restore(start)
+        for t in caches:
+            assert torch.equal(ex.read(t), s.read(imp.ptr(t))), t.name
+            if t.name != "cache_s_l0":  # the chain alone writes the ssm cache only through build_rs's extra rows
+                assert not torch.equal(ex.read(t), before.read(t)), f"{t.name} was not written"
 
 
 @pytest.mark.parametrize("conf", [CONFIGS[1], CONFIGS[2], CONFIGS[5]], ids=lambda c: f"{c[0]}-t{c[1]}-rs{c[2]}")
