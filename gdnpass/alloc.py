@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gdnpass.ir import INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, same_layout
+from gdnpass.ir import INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, byte_range, inputs, same_layout, written
 
 DEFAULT_ALIGNMENT = 128  # ggml-cuda's buffer alignment; ggml's CPU buffers use 32 (TENSOR_ALIGNMENT)
 _HUGE = 1 << 62          # ggml starts with one free block of SIZE_MAX/2
@@ -220,8 +220,6 @@ def check_plan(graph: Graph) -> None:
 
     A tensor is live from the node that writes it (a fused node writes several) to its last reader; OUTPUT tensors
     to the end; leafs throughout. An in-place successor starts where its parent's life ends, so they only touch."""
-    from gdnpass.ir import byte_range, inputs, outputs
-
     end = len(graph.nodes)
     first: dict[int, int] = {}
     last: dict[int, int] = {}
@@ -229,7 +227,7 @@ def check_plan(graph: Graph) -> None:
     for i, n in enumerate(graph.nodes):
         for t in inputs(n):
             last[t.base.uid] = i
-        for t in outputs(n) + ([n.view_src] if "n_inputs" in n.op_params and n.view_src is not None else []):
+        for t in written(n):
             if t.view_src is None:
                 first.setdefault(t.uid, i)
                 tensors[t.uid] = t

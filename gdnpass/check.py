@@ -14,7 +14,7 @@ import torch
 
 from gdnpass.fusion import FusionReport, fuse
 from gdnpass.ir import Graph, Op, Tensor
-from gdnpass.kernels import runs_as_mat_vec
+from gdnpass.kernels.limits import runs_as_mat_vec
 from gdnpass.runtime import Executor
 
 

@@ -1,7 +1,10 @@
-"""The ``gdnpass`` command: ``run`` (build, plan, execute a verify forward) and friends.
+"""The ``gdnpass`` command: ``run`` (build, plan, fuse, execute a verify forward) and ``dump`` (show it).
 
+Both go through :mod:`gdnpass.pipeline` and speak the same flags: the graph flags (or ``--graph FILE``), the pass
+flags (``--fuse/--no-fuse`` over ``GDN_FUSION``, ``--between``, ``--alignment``), ``--json``, ``--save FILE``.
 Every error a user can cause (unknown model, bad flag value, unreadable file) ends as one line on stderr and exit
-code 2; a traceback means a bug in gdnpass.
+code 2; a traceback means a bug in gdnpass. Heavy modules (torch, Triton) load only when a command needs them, so
+``gdnpass --help`` is instant.
 """
 
 from __future__ import annotations
@@ -13,45 +16,95 @@ import sys
 import time
 from typing import Sequence
 
-from gdnpass.ir import GraphError
+from gdnpass.errors import GdnpassError
+
+DESCRIPTION = ("A graph-rewrite fusion pass for the Gated-Delta-Net layers of Qwen3.5 / Qwen3-Next in a speculative "
+               "verify step: build the graph llama.cpp builds, plan its memory as ggml's gallocr does, fuse the conv "
+               "chain and the alpha/beta mat-vecs where the plan proves it legal, execute it.")
+EPILOG = "GDN_FUSION=1 turns the pass on (--fuse / --no-fuse override it). 'gdnpass COMMAND --help' for each command."
+DEFAULT_LAYERS = 4
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# flags
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _alignment(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--alignment must be an integer, got {text!r}") from None
+    if v < 1 or v & (v - 1):
+        raise argparse.ArgumentTypeError(f"--alignment must be a power of two >= 1 (bytes), got {v}")
+    return v
 
 
 def _add_graph_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("graph")
+    g = p.add_argument_group("graph (ignored with --graph)")
     g.add_argument("--model", default="qwen3.5-9b", help="shape preset (default: %(default)s)")
     g.add_argument("--tokens", type=int, default=8, help="tokens per sequence in the verify ubatch (default: 8)")
     g.add_argument("--rs-seq", type=int, default=7, help="rollback snapshot planes n_rs_seq (default: 7)")
     g.add_argument("--layers", type=int, default=None,
-                   help="GDN layers to build (default: 4, or all if the preset has fewer; 0 = all of the preset's, "
-                        "e.g. 24 for qwen3.5-9b, which needs ~3.5 GiB of bf16 weights)")
+                   help=f"GDN layers to build (default: {DEFAULT_LAYERS}, or all if the preset has fewer; 0 = all of "
+                        "the preset's, e.g. 24 for qwen3.5-9b: about 10 GiB of bf16 weights and as much RAM)")
     g.add_argument("--seqs", type=int, default=1, help="sequences in the ubatch (default: 1)")
     g.add_argument("--dflash", action="store_true", help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
     g.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
                    help="type of the large projection weights (default: bf16)")
     g.add_argument("--ab-wtype", default="f32", choices=["f32", "f16", "bf16"],
                    help="type of the alpha/beta weights (default: f32)")
-    g.add_argument("--alignment", type=int, default=128, help="arena alignment in bytes (default: 128, as CUDA)")
     g.add_argument("--snapshot-layout", default="rows", choices=["rows", "dedup", "dedup-t"],
                    help="conv snapshot planes 1..n_rs_seq: one cache row each, or windows of one shared row per cell, "
-                        "channel-major or time-major (default: rows; see models.SNAPSHOT_LAYOUTS)")
+                        "channel-major or time-major (default: rows; see gdnpass.models.SNAPSHOT_LAYOUTS)")
+    p.add_argument("--graph", metavar="FILE", help="read a graph file (written by --save) instead of building one")
 
 
-def _config(a: argparse.Namespace):
+def _add_pass_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("the pass")
+    g.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the fusion pass (--no-fuse: don't; default: GDN_FUSION decides)")
+    g.add_argument("--between", default="narrow", choices=["narrow", "broad"],
+                   help="nodes-in-between check of the conv chain: the seed's narrow rules or the older broad one "
+                        "(default: narrow)")
+    g.add_argument("--alignment", type=_alignment, default=128,
+                   help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda)")
+    p.add_argument("--save", metavar="FILE", help="also write the graph (planned; fused when fusion is on) to FILE, "
+                   "for --graph")
+
+
+def verify_config(a: argparse.Namespace):
+    """The graph flags as a :class:`gdnpass.models.VerifyConfig`."""
     from gdnpass.models import VerifyConfig, get_model
 
     layers = a.layers
     if layers is None:
-        layers = min(4, len(get_model(a.model).gdn_layers))
+        layers = min(DEFAULT_LAYERS, len(get_model(a.model).gdn_layers))
     return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
                         dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype, snapshot_layout=a.snapshot_layout)
 
 
-def build_planned(a: argparse.Namespace, fusion: bool | None = None):
-    """Build, run the pre-plan fusion step if fusion is on (``None``: GDN_FUSION decides), plan."""
-    from gdnpass.fusion import prepare_and_plan
-    from gdnpass.models import build_verify_graph
+def pass_options(a: argparse.Namespace, fusion: bool | None = None):
+    """The pass flags as :class:`gdnpass.pipeline.PassOptions` (``fusion`` overrides --fuse and GDN_FUSION)."""
+    from gdnpass.pipeline import PassOptions
 
-    return prepare_and_plan(build_verify_graph(_config(a)), fusion, a.alignment)
+    return PassOptions(fusion=a.fuse if fusion is None else fusion, alignment=a.alignment, between=a.between)
+
+
+def _planned(a: argparse.Namespace, fuse_now: bool = True, fusion: bool | None = None):
+    from gdnpass import pipeline
+
+    res = pipeline.run(a.graph or verify_config(a), pass_options(a, fusion), fuse_now=fuse_now)
+    if a.save:
+        from gdnpass.serialize import save
+
+        save(res.graph, a.save)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# run
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def _progress(label: str):
@@ -74,26 +127,26 @@ def _check_device(device: str) -> None:
     import torch
 
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise GraphError(f"device {device!r} is not available on this machine (no CUDA GPU); use --device cpu")
+        raise GdnpassError(f"--device {device}: not available on this machine (no CUDA GPU); use --device cpu")
     if not (device == "cpu" or device.startswith("cuda")):
-        raise GraphError(f"unknown device {device!r} (expected cpu or cuda)")
+        raise GdnpassError(f"--device {device!r}: unknown device (expected cpu or cuda)")
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    from gdnpass.fusion import fuse
-    from gdnpass.runtime import Executor, launches
-
     _check_device(a.device)
     if a.device == "cpu" and a.backend == "triton":
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' definition
-    t0 = time.perf_counter()
-    graph = build_planned(a, fusion=True if a.check else None)
-    t_build = time.perf_counter() - t0
-    if a.check:
-        return _run_check(a, graph)
+    from gdnpass.runtime import Executor, launches
 
-    nodes_unfused, launches_unfused = len(graph.nodes), sum(launches(graph).values())
-    report = fuse(graph, between=a.between)  # GDN_FUSION decides
+    t0 = time.perf_counter()
+    res = _planned(a, fuse_now=not a.check, fusion=True if a.check else None)
+    t_build = time.perf_counter() - t0
+    graph = res.graph
+    if a.check:
+        return _run_check(a, res)
+
+    report = res.report
+    before = launches_of(res.before)
     ex = Executor(graph, device=a.device, backend=a.backend)
     t0 = time.perf_counter()
     ex.fill(seed=a.seed)
@@ -108,22 +161,21 @@ def cmd_run(a: argparse.Namespace) -> int:
 
     counts = launches(graph)
     summary = {
-        "model": a.model, "tokens": a.tokens, "rs_seq": a.rs_seq, "seqs": a.seqs,
-        "layers": len(graph.meta["layers"]), "dflash_taps": graph.meta["dflash_taps"], "device": str(ex.device),
-        "nodes": len(graph.nodes), "nodes_unfused": nodes_unfused, "leafs": len(graph.leafs),
-        "buffers": graph.buffers, "launches": sum(counts.values()), "launches_unfused": launches_unfused,
+        "source": res.source, "device": str(ex.device), "backend": _backend_name(a),
+        "layers": graph.meta.get("layers"), "dflash_taps": graph.meta.get("dflash_taps"),
+        "nodes": len(graph.nodes), "nodes_unfused": len(res.before), "leafs": len(graph.leafs),
+        "buffers": graph.buffers, "launches": sum(counts.values()), "launches_unfused": before,
         "launches_per_op": dict(sorted(counts.items())), "fusion": report.to_json(),
-        "seconds": {"build_and_plan": round(t_build, 4), "fuse": round(report.seconds, 4), "fill": round(t_fill, 4),
-                    "execute": round(t_exec, 4)},
+        "seconds": {"build_and_plan": round(t_build - report.seconds, 4), "fuse": round(report.seconds, 4),
+                    "fill": round(t_fill, 4), "execute": round(t_exec, 4)},
     }
     if a.json:
         print(json.dumps(summary, indent=2))
         return 0
     mib = 1 << 20
-    print(f"gdnpass run: {a.model}, {summary['layers']} GDN layers, n_t={a.tokens}, n_rs_seq={a.rs_seq}, "
-          f"seqs={a.seqs}{', dflash taps ' + str(summary['dflash_taps']) if a.dflash else ''} on {ex.device}")
+    print(f"gdnpass run: {res.source}; on {ex.device}, backend {summary['backend']}")
     print(f"  fusion: {report.summary()}")
-    print(f"  nodes {nodes_unfused} -> {len(graph.nodes)}, launches {launches_unfused} -> {summary['launches']}, "
+    print(f"  nodes {len(res.before)} -> {len(graph.nodes)}, launches {before} -> {summary['launches']}, "
           f"leafs {len(graph.leafs)}")
     print("  buffers: " + ", ".join(f"{k} {v / mib:.2f} MiB" for k, v in graph.buffers.items()))
     print("  launches per op: " + ", ".join(f"{k} {v}" for k, v in summary["launches_per_op"].items()))
@@ -133,71 +185,139 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def _run_check(a: argparse.Namespace, graph) -> int:
+def launches_of(nodes) -> int:
+    from gdnpass.ir import Graph
+    from gdnpass.runtime import launches
+
+    g = Graph()
+    g.nodes = list(nodes)
+    return sum(launches(g).values())
+
+
+def _backend_name(a: argparse.Namespace) -> str:
+    name = a.backend or ("triton" if a.device.startswith("cuda") else "torch")
+    if name == "triton" and a.device == "cpu":
+        return "triton (Triton's interpreter, on the CPU)"
+    return name
+
+
+def _run_check(a: argparse.Namespace, res) -> int:
     """``run --check``: unfused then fused from identical inputs; exit 1 on any differing byte."""
     from gdnpass.check import check_fusion
 
-    res = check_fusion(graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
+    out = check_fusion(res.graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
                        progress=_progress("check"))
     if a.json:
-        print(json.dumps(res.to_json(), indent=2))
+        print(json.dumps(out.to_json(), indent=2))
     else:
-        print(f"gdnpass run --check: {a.model}, n_t={a.tokens}, n_rs_seq={a.rs_seq}: {res.report.summary()}")
-        for c in res.compared:
+        print(f"gdnpass run --check: {res.source}: {out.report.summary()}")
+        for c in out.compared:
             if c.identical:
                 print(f"  identical  {c.name} ({c.nbytes} bytes)")
             else:
                 print(f"  DIFFERS    {c.name}: first differing byte {c.first_diff} "
                       f"(unfused {c.values[0]!r}, fused {c.values[1]!r})")
-        n_bad = sum(not c.identical for c in res.compared)
-        print(f"{len(res.compared) - n_bad} identical, {n_bad} differing")
-    return 0 if res.identical else 1
+        n_bad = sum(not c.identical for c in out.compared)
+        print(f"{len(out.compared) - n_bad} identical, {n_bad} differing")
+    return 0 if out.identical else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# dump
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+DUMP_DESCRIPTION = "Print a graph node by node, with its memory, what fusion did to it and why."
+
+
+def _add_dump_args(p: argparse.ArgumentParser) -> None:
+    _add_graph_args(p)
+    _add_pass_args(p)
+    v = p.add_argument_group("what to show")
+    v.add_argument("--format", default="text", choices=["text", "dot", "json"], help="output (default: text)")
+    v.add_argument("--json", dest="format", action="store_const", const="json", help="the same as --format json")
+    v.add_argument("--render", nargs=2, metavar=("FORMAT", "FILE"),
+                   help="render the DOT graph to FILE with Graphviz's dot (FORMAT: svg or png)")
+    v.add_argument("--explain", action="store_true",
+                   help="every fusion candidate by layer: applied, or the rule that refused it and the byte ranges")
+    v.add_argument("--diff", action="store_true", help="nodes before vs after fusion (- replaced, + fused)")
+    v.add_argument("--layer", type=int, default=None, metavar="N", help="only layer N (nodes and candidates)")
+    v.add_argument("--around", metavar="NODE", help="only the 8 nodes either side of NODE (index or name)")
+
+
+def cmd_dump(a: argparse.Namespace) -> int:
+    from gdnpass import dump
+
+    shows = [f for f, on in (("--explain", a.explain), ("--diff", a.diff)) if on]
+    if len(shows) > 1:
+        raise GdnpassError("--explain and --diff are two views; pick one")
+    if shows and (a.format != "text" or a.render):
+        raise GdnpassError(f"{shows[0]} prints text; it cannot be combined with "
+                           + ("--render" if a.render else f"--format {a.format}"))
+    return dump.cmd_dump(a, _planned(a))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gdnpass", description=__doc__.splitlines()[0])
-    sub = p.add_subparsers(dest="cmd", required=True)
+    p = argparse.ArgumentParser(prog="gdnpass", description=DESCRIPTION, epilog=EPILOG)
+    sub = p.add_subparsers(dest="cmd", metavar="COMMAND")
 
-    r = sub.add_parser("run", help="build, plan and execute a GDN verify forward; print a summary")
+    r = sub.add_parser("run", help="build, plan, fuse and execute a GDN verify forward; print a summary",
+                       description="Build, plan, fuse (when fusion is on) and execute a GDN verify forward.")
     _add_graph_args(r)
-    r.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    r.add_argument("--backend", default=None, choices=["torch", "triton"],
-                   help="kernel table (default: torch on cpu, triton on cuda)")
-    r.add_argument("--seed", type=int, default=0, help="seed of weights, caches and inputs (default: 0)")
-    r.add_argument("--json", action="store_true", help="print the summary as JSON")
-    r.add_argument("--check", action="store_true",
+    _add_pass_args(r)
+    x = r.add_argument_group("execution")
+    x.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    x.add_argument("--backend", default=None, choices=["torch", "triton"],
+                   help="kernel table (default: torch on cpu, triton on cuda; triton on cpu runs Triton's interpreter)")
+    x.add_argument("--seed", type=int, default=0, help="seed of weights, caches and inputs (default: 0)")
+    x.add_argument("--check", action="store_true",
                    help="run unfused and fused from identical inputs and compare the bytes (exit 1 on a difference)")
-    r.add_argument("--between", default="narrow", choices=["narrow", "broad"],
-                   help="nodes-in-between check: the seed's narrow rules or the older broad one (default: narrow)")
+    r.add_argument("--json", action="store_true", help="print the summary as JSON")
     r.set_defaults(func=cmd_run)
 
-    from gdnpass.dump import add_parser as add_dump_parser  # dump imports cli only inside functions: no cycle
-
-    add_dump_parser(sub)
+    d = sub.add_parser("dump", help="print the graph, what fusion did and why (text, DOT or JSON)",
+                       description=DUMP_DESCRIPTION)
+    _add_dump_args(d)
+    d.set_defaults(func=cmd_dump)
     return p
+
+
+def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog: str) -> int:
+    a = parser.parse_args(argv)
+    if getattr(a, "func", None) is None:
+        parser.print_help()
+        return 0
+    try:
+        return a.func(a)
+    except GdnpassError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `gdnpass ... | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
+        return 0
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        print(f"{prog}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return _main(make_parser(), argv, "gdnpass")
 
 
 def dump_main(argv: Sequence[str] | None = None) -> int:
     """The ``gdnpass-dump`` entry point (the same as ``gdnpass dump``)."""
-    from gdnpass.dump import main as dump
-
-    return dump(argv)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = make_parser()
-    a = parser.parse_args(argv)
-    try:
-        return a.func(a)
-    except GraphError as e:
-        print(f"gdnpass: error: {e}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `gdnpass ... | head`: the reader left, which is not an error
-        sys.stdout = open(os.devnull, "w")
-        return 0
-    except OSError as e:
-        print(f"gdnpass: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-        return 2
+    p = argparse.ArgumentParser(prog="gdnpass-dump", description=DUMP_DESCRIPTION)
+    _add_dump_args(p)
+    p.set_defaults(func=cmd_dump)
+    return _main(p, argv, "gdnpass-dump")
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@ One command answers "did it fuse layer 7, and if not, which rule refused it and 
 
     gdnpass dump --fuse --explain --layer 7
 
-The graph is built from the same flags as ``gdnpass run`` (or read from a JSON graph file), prepared, planned and
-fused as ``run`` does it, then shown as a ggml_graph_print-like table (``--format text``), Graphviz DOT
+The graph is built from the same flags as ``gdnpass run`` (or read from a JSON graph file) and goes through the same
+pipeline (:mod:`gdnpass.pipeline`), then is shown as a ggml_graph_print-like table (``--format text``), Graphviz DOT
 (``--format dot``, ``--render svg|png FILE``) or JSON (``--format json``, schema in docs/dump.md). ``--explain``
 lists every fusion candidate, ``--diff`` the nodes fusion removed and added; ``--layer`` and ``--around`` focus
 any of them.
@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from gdnpass.fusion import Applied, FusionReport
-from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs
+from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
+from gdnpass.kernels.fused import RECORDS
 from gdnpass.matchers.common import Refusal, fmt_range
 
 SCHEMA = "gdnpass-dump"
 SCHEMA_VERSION = 1
 AROUND = 8              # --around shows this many nodes either side
 DIFF_CONTEXT = 3        # unchanged nodes kept around each change in --diff, as diff -U3
-FUSED_OPS = frozenset({Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR})
 RENDER_FORMATS = ("svg", "png")
 DESCRIPTION = "Print a graph node by node, with its memory, what fusion did to it and why."
 
@@ -59,38 +59,13 @@ class Row:
     before: int | None = None  # position in the unfused graph (diff hunk headers)
 
 
-def load(a: argparse.Namespace) -> Dump:
-    """Build (or read) the graph, plan it if it has no plan yet, and fuse it when fusion is on."""
-    from gdnpass.cli import build_planned
-    from gdnpass.fusion import env_enabled, fuse, prepare_and_plan
-    from gdnpass.serialize import load as load_graph
-
-    enabled = env_enabled() if a.fuse is None else a.fuse
-    if a.graph:
-        graph, source = load_graph(a.graph), f"graph file {a.graph}"
-        if "arena" not in graph.buffers:
-            prepare_and_plan(graph, enabled, a.alignment)
-    else:
-        graph = build_planned(a, fusion=enabled)
-        source = _describe_build(graph)
-    before = list(graph.nodes)  # fuse() replaces graph.nodes; the tensors themselves are not changed
-    report = fuse(graph, enabled=enabled, between=a.between)
-    return Dump(graph, before, report, source)
-
-
-def _describe_build(graph: Graph) -> str:
-    c = graph.meta["config"]
-    return (f"{c['model']}, GDN layers {graph.meta['layers']}, n_t={c['n_tokens']}, n_rs_seq={c['n_rs_seq']}, "
-            f"seqs={c['n_seqs']}" + (f", dflash taps {graph.meta['dflash_taps']}" if c["dflash"] else ""))
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # facts about nodes
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def is_fused(t: Tensor) -> bool:
-    return t.op in FUSED_OPS
+    return t.op.is_fused
 
 
 def replaced(t: Tensor) -> list[str]:
@@ -102,14 +77,9 @@ def op_label(t: Tensor) -> str:
     return f"UNARY({t.op_params['kind']})" if t.op is Op.UNARY else t.op.value
 
 
-def _written(n: Tensor) -> list[Tensor]:
-    """Tensors a node writes. A fused node is a view of the primary output it computes, so that one counts too."""
-    return outputs(n) + ([n.view_src] if is_fused(n) else [])
-
-
 def writers(nodes: list[Tensor]) -> dict[int, Tensor]:
     """uid of a tensor -> the node that writes it."""
-    return {t.uid: n for n in nodes for t in _written(n)}
+    return {t.uid: n for n in nodes for t in written(n)}
 
 
 def user_counts(nodes: list[Tensor]) -> dict[int, int]:
@@ -127,13 +97,10 @@ def count_launches(nodes: list[Tensor]) -> tuple[int, int]:
     """(kernel launches, how many GDN_CONV_CHAIN nodes run with l2_separate).
 
     An l2_separate chain writes its q/k L2 outputs over the projection it reads, so it costs 3 launches: the fused
-    kernel, then the two L2_NORMs once every program has read the projection (runtime.launches counts them)."""
-    from gdnpass.runtime import launches
-
-    g = Graph()
-    g.nodes = nodes
+    kernel, then the two L2_NORMs once every program has read the projection (its record counts them)."""
+    launches = sum(RECORDS[n.op].launches(n) if n.op.is_fused else 1 for n in nodes if runs_kernel(n))
     separate = sum(1 for n in nodes if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate"))
-    return sum(launches(g).values()), separate
+    return launches, separate
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -469,11 +436,10 @@ def json_text(x, depth: int = 0) -> str:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def cmd_dump(a: argparse.Namespace) -> int:
-    if (a.explain or a.diff) and (a.format != "text" or a.render):
-        raise GraphError(f"--{'explain' if a.explain else 'diff'} prints text; it cannot be combined with "
-                         + ("--render" if a.render else f"--format {a.format}"))
-    d = load(a)
+def cmd_dump(a: argparse.Namespace, planned) -> int:
+    """``gdnpass dump`` on the pipeline's result ``planned`` (:class:`gdnpass.pipeline.Planned`); ``a`` holds the
+    view flags (``cli`` parses them)."""
+    d = Dump(planned.graph, planned.before, planned.report, planned.source)
     check_layer(d, a.layer)
     rows = focus(diff_rows(d) if a.diff else node_rows(d), d, a.layer, a.around)
     if a.render:
@@ -512,50 +478,3 @@ def emit(text: str) -> None:
         sys.stdout.flush()
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
-
-
-def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from gdnpass.cli import _add_graph_args
-
-    _add_graph_args(p)
-    p.add_argument("--graph", metavar="FILE", help="read a JSON graph file instead of building one (the graph "
-                   "flags are then ignored); planned here if it has no plan yet")
-    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
-                   help="run the fusion pass (--no-fuse: don't; default: GDN_FUSION decides)")
-    p.add_argument("--between", default="narrow", choices=["narrow", "broad"],
-                   help="nodes-in-between check of the conv chain (default: narrow)")
-    p.add_argument("--format", default="text", choices=["text", "dot", "json"], help="output (default: text)")
-    p.add_argument("--render", nargs=2, metavar=("FORMAT", "FILE"),
-                   help="render the DOT graph to FILE with Graphviz's dot (FORMAT: svg or png)")
-    p.add_argument("--explain", action="store_true",
-                   help="every fusion candidate by layer: applied, or the rule that refused it and the byte ranges")
-    p.add_argument("--diff", action="store_true", help="nodes before vs after fusion (- replaced, + fused)")
-    p.add_argument("--layer", type=int, default=None, metavar="N", help="only layer N (nodes and candidates)")
-    p.add_argument("--around", metavar="NODE", help=f"only the {AROUND} nodes either side of NODE (index or name)")
-
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    """Register ``dump`` on a ``gdnpass`` subparsers object; ``cli.main`` runs it through ``func``."""
-    p = subparsers.add_parser("dump", help="print the graph, what fusion did and why (text, DOT or JSON)",
-                              description=DESCRIPTION)
-    _add_arguments(p)
-    p.set_defaults(func=cmd_dump)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """The ``gdnpass-dump`` entry point: every user error is one line on stderr and exit code 2."""
-    p = argparse.ArgumentParser(prog="gdnpass-dump", description=DESCRIPTION)
-    _add_arguments(p)
-    a = p.parse_args(argv)
-    try:
-        return cmd_dump(a)
-    except GraphError as e:
-        print(f"gdnpass-dump: error: {e}", file=sys.stderr)
-    except OSError as e:
-        print(f"gdnpass-dump: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

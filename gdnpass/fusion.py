@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from gdnpass.ir import Graph, GraphError
-from gdnpass.matchers.common import Context, Match, Refusal
+from gdnpass.matchers.common import Context, Refusal, decide, fmt_range
 from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.matchers.mat_vec_pair import MatVecPair
 
@@ -32,16 +32,6 @@ def prepare(graph: Graph, enabled: bool | None = None, patterns: list | None = N
     if "arena" in graph.buffers:
         raise GraphError("prepare() must run before the memory plan (it reorders nodes)")
     return sum(p.prepare(graph) for p in (PATTERNS if patterns is None else patterns) if hasattr(p, "prepare"))
-
-
-def prepare_and_plan(graph: Graph, enabled: bool | None = None, alignment: int | None = None,
-                     patterns: list | None = None) -> Graph:
-    """The pre-fusion half of the pipeline on an unplanned graph: ``prepare`` (if fusion is on), then the plan."""
-    from gdnpass.alloc import DEFAULT_ALIGNMENT, plan
-
-    prepare(graph, enabled=enabled, patterns=patterns)
-    plan(graph, DEFAULT_ALIGNMENT if alignment is None else alignment)
-    return graph
 
 
 def env_enabled() -> bool:
@@ -91,8 +81,6 @@ class FusionReport:
         return "; ".join(parts) or "no candidates"
 
     def to_json(self) -> dict:
-        from gdnpass.matchers.common import fmt_range
-
         return {
             "enabled": self.enabled,
             "between": self.between,
@@ -107,8 +95,8 @@ def fuse(graph: Graph, enabled: bool | None = None, patterns: list | None = None
          force: bool = False) -> FusionReport:
     """Rewrite ``graph`` in place. ``enabled=None`` reads GDN_FUSION.
 
-    ``force=True`` applies every structurally matched candidate *ignoring* the refusal (the negative control the
-    tests use to show that a refused rewrite really corrupts bytes). Never use it for anything else.
+    ``force=True`` applies every candidate that only *hazard* rules refuse (the negative control the tests use to
+    show that a refused rewrite really corrupts bytes; the refusal is still reported). Never use it for anything else.
     """
     if between not in ("narrow", "broad"):
         raise GraphError(f"between must be 'narrow' or 'broad', is {between!r}")
@@ -120,26 +108,13 @@ def fuse(graph: Graph, enabled: bool | None = None, patterns: list | None = None
     if "arena" not in graph.buffers:
         raise GraphError("graph has no memory plan: fusion is decided on the plan (run gdnpass.alloc.plan first)")
     t0 = time.perf_counter()
-    ctx = Context(graph, between)
     for pattern in PATTERNS if patterns is None else patterns:
-        ctx.refresh()
-        matches: list[Match] = []
-        for anchor in pattern.candidates(graph):
-            m = pattern.match(graph, anchor, ctx)
-            if m is None:
-                continue
-            if not m:
-                report.refused.append(m)
-                if not force:
-                    continue
-                ctx.check_hazards = False  # the negative control: keep the structure, drop the aliasing rules
-                m = pattern.match(graph, anchor, ctx)
-                ctx.check_hazards = True
-                if not m:
-                    continue
-            matches.append(m)
+        ctx = Context(graph, between)
+        decisions = [d for d in (decide(pattern, graph, anchor, ctx, force) for anchor in pattern.candidates(graph))
+                     if d is not None]
+        report.refused += [d.refusal for d in decisions if d.refusal is not None]
         rewrites = []
-        for m in matches:
+        for m in (d.match for d in decisions if d.match is not None):
             fused = pattern.rewrite(graph, m)
             rewrites.append((m.removed, fused, m.anchor))
             report.applied.append(Applied(m.pattern, m.layer, fused.name, m.anchor.name, [t.name for t in m.removed]))

@@ -19,11 +19,9 @@ from typing import Iterable, Iterator
 
 import networkx as nx
 
+from gdnpass.errors import GraphError
+
 GGML_MAX_DIMS = 4
-
-
-class GraphError(ValueError):
-    """A graph (or graph file) that ggml would reject. The message names the tensor or field at fault."""
 
 
 class DType(enum.Enum):
@@ -69,9 +67,13 @@ class Op(enum.Enum):
     GATED_DELTA_NET = "GATED_DELTA_NET"
     # an op gdnpass does not model (imported from ggml): kept with its shape and strides, never fused or executed
     OPAQUE = "OPAQUE"
-    # fused nodes created by gdnpass.fusion (never by a builder)
+    # fused nodes created by gdnpass.fusion (never by a builder); what each one is: gdnpass.kernels.fused
     GDN_CONV_CHAIN = "GDN_CONV_CHAIN"
     MUL_MAT_VEC_PAIR = "MUL_MAT_VEC_PAIR"
+
+    @property
+    def is_fused(self) -> bool:
+        return self in FUSED_OPS
 
 
 class Unary(enum.Enum):
@@ -88,6 +90,10 @@ class Flag(enum.IntFlag):
     PARAM = 4
     COMPUTE = 16
 
+
+# The ops the fusion pass creates. A fused node is a view of its primary output (as a CPY is a view of its destination)
+# and lists the other tensors it writes in ``outs``.
+FUSED_OPS = frozenset({Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR})
 
 # Ops that create no data (ggml_cuda_is_view_or_noop, minus the "empty" case handled by Tensor.is_empty).
 VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE})
@@ -109,6 +115,7 @@ class Tensor:
     op: Op = Op.NONE
     op_params: dict = field(default_factory=dict)
     src: list["Tensor"] = field(default_factory=list)
+    outs: list["Tensor"] = field(default_factory=list)  # other tensors the node writes (a fused node's extra outputs)
     view_src: "Tensor | None" = None
     view_offs: int = 0
     flags: Flag = Flag.NONE
@@ -205,15 +212,18 @@ def runs_kernel(n: Tensor) -> bool:
 
 
 def inputs(n: Tensor) -> list[Tensor]:
-    """The tensors a node reads. A fused node lists its inputs first and then the extra tensors it writes."""
-    k = n.op_params.get("n_inputs")
-    return [s for s in (n.src if k is None else n.src[:k]) if s is not None]
+    """The tensors a node reads."""
+    return [s for s in n.src if s is not None]
 
 
 def outputs(n: Tensor) -> list[Tensor]:
-    """The tensors whose memory a node writes: itself (for a view: the viewed bytes), plus a fused node's extras."""
-    k = n.op_params.get("n_inputs")
-    return [n] + ([] if k is None else [s for s in n.src[k:] if s is not None])
+    """The tensors whose memory a node writes: itself (for a view: the viewed bytes), plus ``outs``."""
+    return [n, *n.outs]
+
+
+def written(n: Tensor) -> list[Tensor]:
+    """:func:`outputs`, plus the primary output a fused node computes (it is a view of it)."""
+    return outputs(n) + ([n.view_src] if n.op.is_fused and n.view_src is not None else [])
 
 
 def byte_range(t: Tensor) -> tuple[str, int, int]:
@@ -321,20 +331,18 @@ class Graph:
         raise GraphError(f"no tensor named {key!r} in the graph")
 
     # ---- checks ---------------------------------------------------------------------------------------------------
-    def validate(self) -> None:
-        """Every node's shape/type rules (as ggml asserts them), src order and acyclicity. Raises GraphError."""
-        from gdnpass.ops import validate_node  # local import: ops builds on ir
-
+    def check_order(self) -> None:
+        """Every source is computed before the node that reads it, and the graph is acyclic. Raises GraphError.
+        (The shape rules of each node are :func:`gdnpass.ops.validate`'s.)"""
         ready = {t.uid for t in self.leafs}  # tensors whose bytes exist by the time a node runs
         for n in self.nodes:
             for s in inputs(n):
                 if s.uid not in ready:
                     raise GraphError(f"node {n.name!r}: src {s.name!r} is not computed before it")
             # a fused node is a view of its primary output, which it computes (like CPY of its destination)
-            if n.view_src is not None and n.view_src.uid not in ready and "n_inputs" not in n.op_params:
+            if n.view_src is not None and n.view_src.uid not in ready and not n.op.is_fused:
                 raise GraphError(f"node {n.name!r}: view_src {n.view_src.name!r} is not computed before it")
-            validate_node(n)
-            ready.update(t.uid for t in outputs(n))
+            ready.update(t.uid for t in written(n))
             if n.view_src is not None:
                 ready.add(n.view_src.uid)
         if not nx.is_directed_acyclic_graph(self.dag()):

@@ -15,6 +15,7 @@ from gdnpass.ir import (
     GGML_MAX_DIMS,
     DType,
     Flag,
+    Graph,
     GraphError,
     Op,
     Tensor,
@@ -22,6 +23,7 @@ from gdnpass.ir import (
     contiguous_strides,
     is_contiguous_n,
 )
+from gdnpass.kernels.fused import record
 
 NE = tuple[int, int, int, int]
 
@@ -230,30 +232,10 @@ def _rule_gdn(n: Tensor) -> Shape:
     return _new_shape(DType.F32, (S_v * H_v, n_t * n_s + K * S_v * n_s))
 
 
-# What a fused node must carry (its legality was decided by its matcher; this only keeps a damaged or hand-edited
-# graph file from reaching a kernel): op_params keys, and the number of inputs (outputs follow them in src).
-_FUSED = {
-    Op.GDN_CONV_CHAIN: (4, ("d_conv", "n_tokens", "columns", "eps", "head_dim", "n_k_heads")),
-    Op.MUL_MAT_VEC_PAIR: (3, ()),
-}
-
-
-def _rule_fused(n: Tensor) -> Shape:
-    """Fused nodes keep the layout they were given (a view of their primary output); check what they carry."""
-    if n.op in _FUSED:
-        n_in, keys = _FUSED[n.op]
-        _req(n.op_params.get("n_inputs") == n_in, n, f"op_params 'n_inputs' must be {n_in}")
-        _req(all(s is not None for s in n.src), n, "a source slot is empty")
-        _req(n.view_src is not None and n.view_src.view_src is None, n, "must be a view of its primary output")
-        for key in keys:
-            _req(key in n.op_params, n, f"op_params lacks {key!r}")
-        if n.op is Op.GDN_CONV_CHAIN:
-            cols = n.op_params["columns"]
-            _req(isinstance(cols, list) and len(n.src) == 6 + len(cols) and len(cols) >= 1, n,
-                 f"needs 6 + one source per snapshot column ({len(cols) if isinstance(cols, list) else cols!r}), "
-                 f"has {len(n.src)} sources")
-        else:
-            _req(len(n.src) == 4, n, f"needs 4 sources (w_a, x, w_b, second product), has {len(n.src)}")
+def _rule_kept(n: Tensor) -> Shape:
+    """Fused and opaque nodes keep the layout they were given; a fused node's record checks what it carries."""
+    if n.op.is_fused:
+        record(n.op).validate(n)
     return Shape(n.type, n.ne, n.nb, n.view_src, n.view_offs)
 
 
@@ -275,9 +257,9 @@ _RULES: dict[Op, Callable[[Tensor], Shape]] = {
     Op.MUL_MAT: _rule_mul_mat,
     Op.SSM_CONV: _rule_ssm_conv,
     Op.GATED_DELTA_NET: _rule_gdn,
-    Op.GDN_CONV_CHAIN: _rule_fused,
-    Op.MUL_MAT_VEC_PAIR: _rule_fused,
-    Op.OPAQUE: _rule_fused,
+    Op.GDN_CONV_CHAIN: _rule_kept,
+    Op.MUL_MAT_VEC_PAIR: _rule_kept,
+    Op.OPAQUE: _rule_kept,
 }
 
 
@@ -294,7 +276,7 @@ def validate_node(n: Tensor) -> None:
     _req(n.type is want.type, n, f"type {n.type.label}, expected {want.type.label}")
     _req(tuple(n.ne) == want.ne, n, f"ne {n.ne}, expected {want.ne}")
     _req(tuple(n.nb) == want.nb, n, f"nb {n.nb}, expected {want.nb}")
-    if n.op in (Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.OPAQUE):
+    if n.op.is_fused or n.op is Op.OPAQUE:
         return
     if want.view_of is None:
         _req(n.view_src is None, n, "computes new data but is marked as a view")
@@ -303,6 +285,13 @@ def validate_node(n: Tensor) -> None:
              f"view_src is {getattr(n.view_src, 'name', None)!r}, expected base {want.view_of.base.name!r}")
         offs = want.view_of.view_offs + want.view_offs
         _req(n.view_offs == offs, n, f"view_offs {n.view_offs}, expected {offs}")
+
+
+def validate(graph: Graph) -> None:
+    """Every node's shape/type rules (as ggml asserts them), then execution order and acyclicity. Raises GraphError."""
+    for n in graph.nodes:
+        validate_node(n)
+    graph.check_order()
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Callable, Iterable
 import torch
 
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, inputs, runs_kernel
+from gdnpass.kernels.fused import RECORDS
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
 
@@ -25,21 +26,20 @@ def launches(graph: Graph) -> Counter:
     c: Counter = Counter()
     for n in graph.nodes:
         if runs_kernel(n):
-            c[f"UNARY({n.op_params['kind']})" if n.op is Op.UNARY else n.op.value] += 1
-            if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate"):
-                c["L2_NORM"] += 2  # q and k written by the unfused L2 kernel after the fused launch
+            c[f"UNARY({n.op_params['kind']})" if n.op is Op.UNARY else n.op.value] += (
+                RECORDS[n.op].launches(n) if n.op.is_fused else 1)
     return c
 
 
 def backend_for(device: str, backend: str | None) -> dict:
     """The op -> kernel table: torch references on the CPU, Triton kernels for the arithmetic ops on CUDA."""
-    from gdnpass import kernels
+    from gdnpass.kernels import backends
 
     name = backend or ("triton" if device.startswith("cuda") else "torch")
     if name == "torch":
-        return kernels.TORCH_BACKEND
+        return backends.TORCH_BACKEND
     if name == "triton":
-        return kernels.TRITON_BACKEND
+        return backends.TRITON_BACKEND
     raise GraphError(f"unknown backend {name!r} (expected torch or triton)")
 
 
@@ -146,7 +146,7 @@ class Executor:
                 fn = self.kernels.get(n.op)
                 if fn is None:
                     raise GraphError(f"node {n.name!r}: no kernel for op {n.op.value}")
-                fn(n, [self.view(s) if s is not None else None for s in n.src], self.view(n))
+                fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
             if progress is not None:
                 progress(i + 1, len(nodes))
         for t in at.get(len(nodes), ()):

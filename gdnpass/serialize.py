@@ -18,27 +18,30 @@ Schema, version 1::
       "leafs": [ids]
     }
 
+A fused node stores ``src`` as its inputs followed by ``Tensor.outs`` (the other tensors it writes), with
+``op_params["n_inputs"]`` saying where the inputs end.
+
 A tensor's ``id`` is its index in ``tensors``; all references (``src``, ``view_src``, ``nodes``, ``leafs``) are ids, so
 a tensor used by several nodes is stored once and loaded as one object. Names need not be unique. ``uid`` is not
 stored: loading gives fresh uids.
 
 Loading checks everything a later pass would trip over and raises :class:`~gdnpass.ir.GraphError` with a single line
-naming the file and the tensor or field at fault; it ends with :meth:`Graph.validate`.
+naming the file and the tensor or field at fault; it ends with :meth:`Graph.check_order` (and, for a planned graph, :func:`gdnpass.alloc.check_plan`).
 """
 
 from __future__ import annotations
 
 import copy
 import json
-
-from gdnpass.alloc import check_plan
 import math
 import os
 from typing import Any, Callable, NoReturn
 
 import networkx as nx
 
+from gdnpass.alloc import check_plan
 from gdnpass.ir import BUFFERS, GGML_MAX_DIMS, DType, Flag, Graph, GraphError, Op, Tensor
+from gdnpass.ops import validate_node
 
 FORMAT = "gdnpass-graph"
 VERSION = 1
@@ -87,7 +90,7 @@ def _ordered(graph: Graph) -> list[Tensor]:
     i = 0
     while i < len(order):  # order grows while we walk it: this pulls in outside tensors transitively
         t = order[i]
-        for s in t.src:
+        for s in [*t.src, *t.outs]:
             add(s)
         add(t.view_src)
         i += 1
@@ -126,6 +129,7 @@ def to_dict(graph: Graph) -> dict:
 
     tensors = []
     for i, t in enumerate(order):
+        params = {**t.op_params, "n_inputs": len(t.src)} if t.outs or t.op.is_fused else t.op_params
         tensors.append({
             "id": i,
             "name": t.name,
@@ -133,8 +137,8 @@ def to_dict(graph: Graph) -> dict:
             "ne": [int(x) for x in t.ne],
             "nb": [int(x) for x in t.nb],
             "op": t.op.value,
-            "op_params": _jsonable(t.op_params, f"tensor {i} ({t.name!r}): op_params"),
-            "src": [ref(s) for s in t.src],
+            "op_params": _jsonable(params, f"tensor {i} ({t.name!r}): op_params"),
+            "src": [ref(s) for s in [*t.src, *t.outs]],
             "view_src": ref(t.view_src),
             "view_offs": int(t.view_offs),
             "flags": int(t.flags),
@@ -321,7 +325,7 @@ def _check_acyclic(tensors: list[Tensor], index: dict[int, int], source: str) ->
     g = nx.DiGraph()
     g.add_nodes_from(range(len(tensors)))
     for i, t in enumerate(tensors):
-        for s in [*t.src, t.view_src]:
+        for s in [*t.src, *t.outs, t.view_src]:
             if s is not None:
                 g.add_edge(index[id(s)], i)
     if not nx.is_directed_acyclic_graph(g):
@@ -380,7 +384,16 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
         where = f"{source}: {_label(i, t)}"
         if not isinstance(e["src"], list):
             _fail(where, "field 'src' must be a list of tensor ids (or null for an empty slot)")
-        t.src = [None if x is None else tensors[_ref(x, n, where, "src")] for x in e["src"]]
+        src = [None if x is None else tensors[_ref(x, n, where, "src")] for x in e["src"]]
+        if "n_inputs" in t.op_params:  # a fused node: its inputs, then the other tensors it writes
+            k = t.op_params.pop("n_inputs")
+            if not (_is_int(k) and 0 <= k <= len(src)) or any(s is None for s in src[k:]):
+                _fail(where, f"field 'op_params': 'n_inputs' must be an int in 0..{len(src)} (the sources before "
+                             f"the written tensors), got {k!r}")
+            src, t.outs = src[:k], src[k:]
+        elif t.op.is_fused:
+            _fail(where, "field 'op_params' lacks 'n_inputs' (a fused node's count of input sources)")
+        t.src = src
         if e["view_src"] is not None:
             t.view_src = tensors[_ref(e["view_src"], n, where, "view_src")]
 
@@ -400,8 +413,6 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
     graph._visited = {t.uid for t in graph.tensors()}  # a later expand() must not add them again
 
     # ---- shape rules, per node so the message carries the tensor id (names may repeat)
-    from gdnpass.ops import validate_node  # ops imports ir only; kept local like ir.Graph.validate does
-
     for t in nodes:
         where = f"{source}: tensor {index[id(t)]}"
         try:
@@ -412,7 +423,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
             # op_params of a shape no rule expects (the typed keys above are checked; others are free-form)
             _fail(where, f"node {t.name!r} ({t.op.value}) cannot be checked: {type(err).__name__}: {err}")
     try:
-        graph.validate()  # execution order (src computed before use) and acyclicity
+        graph.check_order()  # execution order (src computed before use) and acyclicity
         if "arena" in buffers:
             check_plan(graph)  # no two live tensors on the same bytes: fusion is decided on the plan
     except GraphError as err:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from gdnpass import ops
 from gdnpass.ir import GraphError, Op
 from gdnpass.models import PRESETS, VerifyConfig, build_verify_graph, default_ids
 
@@ -36,7 +37,7 @@ def layer_ops(K, first_layer):
 def test_qwen35_9b_layer_structure(n_t, n_rs):
     cfg = VerifyConfig("qwen3.5-9b", n_t, n_rs, n_layers=2)
     g = build_verify_graph(cfg)
-    g.validate()
+    ops.validate(g)
     K = n_rs + 1
     first, second = layer_ops(K, True), layer_ops(K, False)
     assert [n.op for n in g.nodes] == first + second
@@ -95,7 +96,7 @@ def test_l2_views_have_head_geometry():
 
 def test_multi_sequence_and_dflash_flags():
     g = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=6, n_seqs=2, dflash=True))
-    g.validate()
+    ops.validate(g)
     outs = [n.name for n in g.nodes if n.flags & 2]
     assert len(outs) == 1 + len(g.meta["dflash_taps"]) and outs[-1].startswith("l_out")
     assert g.find("conv_input-0").ne == (3 + 4, 8192, 2, 1)

@@ -93,7 +93,7 @@ def by_name(g: Graph, name: str) -> Tensor:
 @pytest.mark.parametrize("plan", [False, True])
 def test_round_trip_dict(plan):
     g = build_graph(plan)
-    g.validate()
+    ops.validate(g)
     g2 = serialize.from_dict(serialize.to_dict(g))
     assert_same_graph(g, g2)
     assert serialize.to_dict(g2) == serialize.to_dict(g)

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gdnpass.errors import KernelError
+from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS
 from gdnpass.kernels.reference import f32, gdn_scale
 
 NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper must launch with the same
@@ -29,9 +31,6 @@ ELT_BLOCK = 1024    # elements per program (SiLU)
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
-MV_MAX_COLS = 16    # mat-vec handles activations of 1..16 columns (the backend picks which: kernels.runs_as_mat_vec)
-CHAIN_MAX_TOKENS = 16  # GDN_CONV_CHAIN: tokens (registers per thread: dc-1+n_t window columns, n_t outputs)
-CHAIN_MAX_ROWS = 16    # GDN_CONV_CHAIN: snapshot rows
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
 
 
@@ -45,9 +44,15 @@ def l2_tile(ne0: int) -> tuple[int, int]:
     return max(1, L2_TILE // block_d), block_d
 
 
+def _require(cond: bool, msg: str) -> None:
+    """A launcher's memory-safety check: raised, never ``assert`` (which ``python -O`` strips)."""
+    if not cond:
+        raise KernelError(msg)
+
+
 def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
     """Element strides in ggml order (s0, s1, s2, s3) of a 4-D (ne3, ne2, ne1, ne0) view."""
-    assert t.dim() == 4, f"expected a 4-D (ne3, ne2, ne1, ne0) view, got shape {tuple(t.shape)}"
+    _require(t.dim() == 4, f"expected a 4-D (ne3, ne2, ne1, ne0) view, got shape {tuple(t.shape)}")
     return t.stride()[::-1]
 
 
@@ -196,7 +201,7 @@ def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
     if x.numel() == 0:
         return
     xs = _strides(x)
-    assert xs[0] == 1, "L2_NORM needs contiguous rows"
+    _require(xs[0] == 1, "L2_NORM needs contiguous rows")
     block_r, block_d = l2_tile(x.shape[3])
     _l2_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
@@ -276,7 +281,8 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
 
 def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
     """Element offset of view ``v`` from ``states`` (both views of the cache buffer)."""
-    assert v.untyped_storage().data_ptr() == states.untyped_storage().data_ptr(), "destinations must be cache views"
+    _require(v.untyped_storage().data_ptr() == states.untyped_storage().data_ptr(),
+             "destinations must be cache views")
     return v.storage_offset() - states.storage_offset()
 
 
@@ -287,7 +293,7 @@ def _chain_table(states: torch.Tensor, wins: list[torch.Tensor]) -> torch.Tensor
     """int32 [offsets from ``states``, channel strides, step strides] of the per-window destinations, on the
     device, built once per distinct table: a later run (or its CUDA-graph capture) then does no host->device copy."""
     vals = ([_offset(states, v) for v in wins] + [v.stride(0) for v in wins] + [v.stride(1) for v in wins]) or [0]
-    assert all(-2**31 <= v < 2**31 for v in vals), "cache offsets must fit in int32"
+    _require(all(-2**31 <= v < 2**31 for v in vals), "cache offsets must fit in int32")
     key = (states.device, *vals)
     table = _chain_tables.get(key)
     if table is None:
@@ -305,8 +311,8 @@ def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
     off = _offset(states, wins[idx[0]]) - columns[idx[0]] * s_col
     first, n = tile["first"], tile["n_cols"]
     # rule 5b, re-checked on the real views: every window is columns column .. +dc-2 of the one shared row
-    assert all(wins[j].stride() == (s_ch, s_col) and _offset(states, wins[j]) == off + columns[j] * s_col
-               and first <= columns[j] <= first + n - (d_conv - 1) for j in idx), "windows are not one shared row"
+    _require(all(wins[j].stride() == (s_ch, s_col) and _offset(states, wins[j]) == off + columns[j] * s_col
+               and first <= columns[j] <= first + n - (d_conv - 1) for j in idx), "windows are not one shared row")
     return (off, s_col, s_ch), first, n
 
 
@@ -340,14 +346,16 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     """
     n_t, C, d_conv = x.shape[3], x.shape[2], w.shape[3]
     H_k, S = q_out.shape[2], q_out.shape[3]
-    assert S & (S - 1) == 0 and C % S == 0 and C >= 2 * H_k * S, f"head size {S} must be a power of two dividing {C}"
-    assert 1 <= n_t <= CHAIN_MAX_TOKENS, f"1..{CHAIN_MAX_TOKENS} tokens"
-    assert 1 <= len(rows) == len(columns) <= CHAIN_MAX_ROWS, f"1..{CHAIN_MAX_ROWS} snapshot rows"
-    assert all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t"
-    assert states.stride(3) == 1, "cache rows must be contiguous"
+    _require(S & (S - 1) == 0 and C % S == 0 and C >= 2 * H_k * S,
+             f"head size {S} must be a power of two dividing {C}")
+    _require(1 <= n_t <= CHAIN.max_tokens, f"1..{CHAIN.max_tokens} tokens")
+    _require(1 <= len(rows) == len(columns) <= CHAIN.max_rows, f"1..{CHAIN.max_rows} snapshot rows")
+    _require(all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t")
+    _require(states.stride(3) == 1, "cache rows must be contiguous")
     wins = [row.view(C, d_conv - 1) for row in rows]
     qs, xs, ws, ys = _strides(q_out), _strides(x), _strides(w), _strides(out)
-    assert qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1, "q and k share strides; q, k, out rows contiguous"
+    _require(qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1,
+             "q and k share strides; q, k, out rows contiguous")
     tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
     per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
     num_warps = num_warps or chain_warps(S)
@@ -413,9 +421,10 @@ def _mat_vecs(products, x: torch.Tensor) -> None:
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
     for v, y in products:
-        assert v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride()
-    assert w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows"
-    assert 1 <= N <= MV_MAX_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MV_MAX_COLS} contiguous columns"
+        _require(v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride(),
+                 "the products of a pair need weights and outputs of one shape, type and layout")
+    _require(w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows")
+    _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
     block_m, cols, block_k = mat_vec_blocks(M, N)
     xs = _strides(x)
     _mul_mat_vec_kernel[(triton.cdiv(M, block_m), len(products))](
@@ -477,10 +486,10 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
     One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers."""
     n_s, n_t, H_v, S = v.shape
-    assert S & (S - 1) == 0, f"head size {S} must be a power of two"
-    assert out.is_contiguous(), "the GDN output must be contiguous"
+    _require(S & (S - 1) == 0, f"head size {S} must be a power of two")
+    _require(out.is_contiguous(), "the GDN output must be contiguous")
     qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
-    assert qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous"
+    _require(qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous")
     g_s0 = gs[0] if g.shape[3] == S else 0
     block_v = min(block_v, S)
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](

@@ -1,20 +1,52 @@
-"""What every matcher shares: the Match/Refusal values and byte-range helpers over the memory plan.
+"""What every matcher shares: the anatomy of a pattern, its rules, and the Match / Refusal values.
 
-A matcher is a plain object with a ``name``, ``candidates(graph)`` (the anchor nodes it looks at) and
-``match(graph, anchor, ctx) -> Match | Refusal | None`` (None: not this pattern at all). A refusal is a value,
-never an exception: it names the rule (a short stable string such as ``cpy-run.row-written-twice``), the node at
-fault and, for aliasing rules, the two byte ranges that collide. ``rewrite(graph, match)`` builds the fused node.
+A pattern has one anatomy, in four steps::
+
+    candidates(graph)          the anchor nodes it looks at
+    capture(graph, anchor)     a typed capture: the named nodes of one candidate (None: not this pattern at all)
+    rules                      a tuple of named rules, each a small function (capture, ctx) -> Why | None
+    plan(capture, ctx)         the kernel variant of a legal match; rewrite(capture, plan) builds the fused node
+
+A rule is *structural* (the subgraph is the pattern, inside the kernel's scope, its uses confined) or a *hazard*
+(moving the subgraph's reads and writes to one position is safe on this memory plan). Rules run in order and the
+first that says why not is the refusal: a value, never an exception, naming the rule (a short stable string such as
+``cpy-run.row-written-twice``), the node at fault and, for aliasing rules, the two byte ranges that collide. Later
+rules may assume that earlier ones held. ``force`` (the negative control of the tests) skips the hazard rules.
 Legality is decided on byte ranges of the plan, as ggml-cuda decides it, never on tensor identity.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 from gdnpass.ir import Graph, Tensor, byte_range, inputs, outputs, ranges_overlap
 
 Range = tuple[str, int, int]  # (buffer, lo, hi)
+
+STRUCTURAL = "structural"
+HAZARD = "hazard"
+
+
+@dataclass(frozen=True)
+class Why:
+    """What a rule says when it refuses: the node at fault, a sentence, and for aliasing rules the colliding ranges."""
+
+    node: Tensor
+    reason: str
+    ranges: tuple[Range, Range] | None = None
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    kind: str                                      # STRUCTURAL or HAZARD
+    check: Callable[[Any, "Context"], Why | None]
+
+
+def rule(name: str, kind: str = STRUCTURAL) -> Callable[[Callable], Rule]:
+    """Decorator: a check function becomes a named Rule."""
+    return lambda fn: Rule(name, kind, fn)
 
 
 @dataclass
@@ -22,7 +54,8 @@ class Match:
     pattern: str
     anchor: Tensor                 # the fused node runs at this node's position
     layer: int | None
-    captures: dict                 # named captures (tensors or lists of tensors)
+    capture: Any                   # the pattern's typed capture
+    plan: Any                      # the kernel variant
     removed: list[Tensor]          # the nodes the fused node replaces
     span: tuple[int, int]          # first and last node index the rewrite reorders
 
@@ -50,16 +83,64 @@ class Refusal:
 
 
 @dataclass
+class Decision:
+    """One candidate: the match to apply (None: leave it), and the refusal to report (None: it was legal)."""
+
+    match: Match | None
+    refusal: Refusal | None
+
+
+def decide(pattern, graph: Graph, anchor, ctx: "Context", force: bool = False) -> Decision | None:
+    """Capture, run the rules in order, plan. ``force`` applies a match that only hazard rules refuse (and still
+    reports the refusal). None: the anchor is not this pattern at all."""
+    cap = pattern.capture(graph, anchor, ctx)
+    if cap is None:
+        return None
+    refusal = None
+    for r in pattern.rules(ctx):
+        why = r.check(cap, ctx)
+        if why is None:
+            continue
+        refusal = Refusal(pattern.name, r.name, why.node, why.reason, cap.layer, why.ranges)
+        if r.kind == STRUCTURAL or not force:
+            return Decision(None, refusal)
+        break
+    removed = pattern.removed(cap)
+    pos = [ctx.pos[t.uid] for t in removed if t.uid in ctx.pos]
+    m = Match(pattern.name, cap.anchor, cap.layer, cap, pattern.plan(cap, ctx), removed, (min(pos), max(pos)))
+    return Decision(m, refusal)
+
+
+def violations(pattern, graph: Graph, anchor, ctx: "Context") -> list[str]:
+    """Every rule the candidate breaks: structural rules up to the first that fails (later ones assume it held),
+    then, if all structural rules hold, every hazard rule. For tests: a graph made to trip one rule trips no other."""
+    cap = pattern.capture(graph, anchor, ctx)
+    if cap is None:
+        return []
+    out = []
+    for r in pattern.rules(ctx):
+        if r.kind == HAZARD and out:
+            break
+        if r.check(cap, ctx) is not None:
+            out.append(r.name)
+            if r.kind == STRUCTURAL:
+                break
+    return out
+
+
+@dataclass
 class Context:
     """Per-pass state a matcher may use: the current node positions and use counts, and the between-check flavour."""
 
     graph: Graph
     between: str = "narrow"  # "narrow": the seed's rules; "broad": no in-between node touches any chain buffer
-    check_hazards: bool = True  # False only for fuse(force=True), the negative control
     pos: dict[int, int] = field(default_factory=dict)
     use_counts: dict[int, int] = field(default_factory=dict)
     _users: dict[int, list[Tensor]] = field(default_factory=dict)
     _ranges: dict[int, Range | None] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.refresh()
 
     def refresh(self) -> None:
         """Index the graph once per pattern (positions, ggml use counts, users), so matching stays linear."""
@@ -82,15 +163,15 @@ class Context:
         """Nodes reading ``t`` through a src slot, in execution order."""
         return self._users.get(t.uid, [])
 
-    def ranges(self, ts: Iterable[Tensor]) -> list[tuple[Range, Tensor]]:
+    def ranges(self, ts: Iterable[Tensor | None]) -> list[tuple[Range, Tensor]]:
         """The byte ranges of tensors, skipping empty ones (they touch nothing); memoised for this graph state."""
         out = []
         for t in ts:
             if t is None:
                 continue
-            r = self._ranges.get(t.uid)
-            if r is None:
-                r = self._ranges[t.uid] = None if t.is_empty else byte_range(t)
+            if t.uid not in self._ranges:
+                self._ranges[t.uid] = None if t.is_empty else byte_range(t)
+            r = self._ranges[t.uid]
             if r:
                 out.append((r, t))
         return out
@@ -113,3 +194,8 @@ def first_collision(a: list[tuple[Range, Tensor]], b: list[tuple[Range, Tensor]]
             if ranges_overlap(ra, rb):
                 return ra, ta, rb, tb
     return None
+
+
+def collision(node: Tensor, reason: str, hit) -> Why:
+    """A Why for an aliasing rule from :func:`first_collision`'s result."""
+    return Why(node, reason, (hit[0], hit[2]))

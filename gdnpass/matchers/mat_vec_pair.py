@@ -5,11 +5,11 @@
 Candidates are MUL_MATs of one layer whose weights have the same shape, paired in node order. The fused node
 writes B's product early (at A's position) and reads B's weight and x early; the rules protect those moves.
 
-Legality rules (all must hold; the bracketed name is what a refusal reports):
+Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-6):
  1. [pair.different-src1] both read the same src1 tensor.
  2. [pair.type] both weights have the same type (f32, f16 or bf16) and x is f32.
  3. [pair.n-cols] each weight is one matrix and the product runs the Triton mat-vec unfused
-    (``kernels.runs_as_mat_vec``: 1..8 columns, or up to 16 for thin products of <= 256 rows, where the H200
+    (``kernels.limits.runs_as_mat_vec``: 1..8 columns, or up to 16 for thin products of <= 256 rows, where the H200
     measurement says pairing still pays), so the pair is byte-identical to the two products.
  4. [pair.flags] B is not an INPUT/OUTPUT tensor (OUTPUT may be read by the host at any point).
  5. [pair.alias] B's product overlaps nothing the pair reads (x, the weights) nor A's product.
@@ -26,19 +26,109 @@ in between and keeps A alive while B is allocated. Without it, gallocr may give 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, runs_kernel
-from gdnpass.kernels import runs_as_mat_vec
-from gdnpass.matchers.common import Context, Match, Refusal, first_collision
+from gdnpass.kernels.fused import MAT_VEC_PAIR
+from gdnpass.matchers.common import HAZARD, Context, Match, Why, collision, first_collision, rule
 
 NAME = "mul_mat_vec_pair"
+runs_as_mat_vec = MAT_VEC_PAIR.scope  # the kernel's limits
 
 
-def _cols(x: Tensor) -> int:
-    return x.ne[1] * x.ne[2] * x.ne[3]
+@dataclass
+class PairCapture:
+    a: Tensor
+    b: Tensor
+
+    @property
+    def anchor(self) -> Tensor:
+        return self.a
+
+    @property
+    def layer(self) -> int | None:
+        return self.a.layer
+
+    @property
+    def w_a(self) -> Tensor:
+        return self.a.src[0]
+
+    @property
+    def w_b(self) -> Tensor:
+        return self.b.src[0]
+
+    @property
+    def x(self) -> Tensor:
+        return self.a.src[1]
+
+    @property
+    def cols(self) -> int:
+        x = self.x
+        return x.ne[1] * x.ne[2] * x.ne[3]
+
+
+@rule("pair.different-src1")
+def _same_src1(c: PairCapture, ctx):
+    if c.b.src[1] is not c.x:
+        return Why(c.b, f"{c.a.name!r} reads {c.x.name!r} but {c.b.name!r} reads {c.b.src[1].name!r}")
+
+
+@rule("pair.type")
+def _types(c: PairCapture, ctx):
+    wa, wb = c.w_a, c.w_b
+    if wa.type is not wb.type or wa.type not in (DType.F32, DType.F16, DType.BF16) or c.x.type is not DType.F32:
+        return Why(c.b, f"weight types {wa.type.label}/{wb.type.label} (x {c.x.type.label}) do not pair")
+
+
+@rule("pair.n-cols")
+def _n_cols(c: PairCapture, ctx):
+    wa = c.w_a
+    if not runs_as_mat_vec(wa.ne[1], c.cols) or wa.ne[2] * wa.ne[3] != 1:
+        return Why(c.b, f"{c.cols} columns of {wa.ne[1]} rows: outside the mat-vec's scope "
+                        "(1..8 columns, or 9..16 for <= 256 rows)")
+
+
+@rule("pair.flags")
+def _flags(c: PairCapture, ctx):
+    if c.b.flags & (Flag.OUTPUT | Flag.INPUT):
+        return Why(c.b, f"{c.b.name!r} is flagged INPUT/OUTPUT and cannot be computed early")
+
+
+@rule("pair.alias", HAZARD)
+def _alias(c: PairCapture, ctx):
+    hit = first_collision(ctx.ranges([c.b]), ctx.ranges([c.x, c.w_a, c.w_b, c.a]))
+    if hit:
+        return collision(c.b, f"{c.b.name!r} overlaps {hit[3].name!r}", hit)
+
+
+def _between_rule(name: str, kind: str, what: str, theirs):
+    """No node after A and before B may read or write (``kind`` 'r' / 'w') the byte ranges ``theirs(capture)``."""
+
+    @rule(name, HAZARD)
+    def check(c: PairCapture, ctx):
+        targets = ctx.ranges(theirs(c))
+        for n in ctx.graph.nodes[ctx.pos[c.a.uid] + 1: ctx.pos[c.b.uid]]:
+            if runs_kernel(n):
+                hit = first_collision(ctx.node_writes(n) if kind == "w" else ctx.node_reads(n), targets)
+                if hit:
+                    return collision(n, f"{n.name!r} {what} ({hit[3].name!r}) between the pair", hit)
+
+    return check
+
+
+RULES = (
+    _same_src1, _types, _n_cols, _flags, _alias,
+    _between_rule("between.writes-destination", "w", "writes a product", lambda c: [c.a, c.b]),
+    _between_rule("between.writes-input", "w", "writes an input of the pair", lambda c: [c.x, c.w_b]),
+    _between_rule("between.reads-destination-early", "r", "reads the second product early", lambda c: [c.b]),
+)
 
 
 class MatVecPair:
     name = NAME
+
+    def rules(self, ctx: Context) -> tuple:
+        return RULES
 
     def candidates(self, graph: Graph) -> list[tuple[Tensor, Tensor]]:
         """(A, B): MUL_MATs of one layer with same-shaped weights, paired in node order."""
@@ -49,7 +139,8 @@ class MatVecPair:
         pairs = []
         for mms in groups.values():
             pairs += list(zip(mms[0::2], mms[1::2]))
-        return sorted(pairs, key=lambda p: graph.nodes.index(p[0]))
+        pos = graph.positions()
+        return sorted(pairs, key=lambda p: pos[p[0].uid])
 
     def prepare(self, graph: Graph) -> int:
         """Move each candidate's B right after its A when B's inputs are ready there; returns how many moved."""
@@ -63,50 +154,20 @@ class MatVecPair:
                 moved += 1
         return moved
 
-    def match(self, graph: Graph, pair: tuple[Tensor, Tensor], ctx: Context) -> Match | Refusal:
-        a, b = pair
-        wa, x = a.src
-        wb, xb = b.src
+    def capture(self, graph: Graph, pair: tuple[Tensor, Tensor], ctx: Context) -> PairCapture:
+        return PairCapture(*pair)
 
-        def refuse(rule: str, node: Tensor, reason: str, hit=None) -> Refusal:
-            return Refusal(NAME, rule, node, reason, a.layer, (hit[0], hit[2]) if hit else None)
+    def removed(self, c: PairCapture) -> list[Tensor]:
+        return [c.a, c.b]
 
-        if xb is not x:
-            return refuse("pair.different-src1", b, f"{a.name!r} reads {x.name!r} but {b.name!r} reads {xb.name!r}")
-        if wa.type is not wb.type or wa.type not in (DType.F32, DType.F16, DType.BF16) or x.type is not DType.F32:
-            return refuse("pair.type", b, f"weight types {wa.type.label}/{wb.type.label} (x {x.type.label}) do not pair")
-        cols = _cols(x)
-        if not runs_as_mat_vec(wa.ne[1], cols) or wa.ne[2] * wa.ne[3] != 1:
-            return refuse("pair.n-cols", b, f"{cols} columns of {wa.ne[1]} rows: outside the mat-vec's scope "
-                                            "(1..8 columns, or 9..16 for <= 256 rows)")
-        if b.flags & (Flag.OUTPUT | Flag.INPUT):
-            return refuse("pair.flags", b, f"{b.name!r} is flagged INPUT/OUTPUT and cannot be computed early")
-
-        if ctx.check_hazards:
-            hit = first_collision(ctx.ranges([b]), ctx.ranges([x, wa, wb, a]))
-            if hit:
-                return refuse("pair.alias", b, f"{b.name!r} overlaps {hit[3].name!r}", hit)
-            pos = ctx.pos
-            for n in graph.nodes[pos[a.uid] + 1: pos[b.uid]]:
-                if not runs_kernel(n):
-                    continue
-                w, r = ctx.node_writes(n), ctx.node_reads(n)
-                for rule, mine, theirs, what in (
-                        ("between.writes-destination", w, ctx.ranges([a, b]), "writes a product"),
-                        ("between.writes-input", w, ctx.ranges([x, wb]), "writes an input of the pair"),
-                        ("between.reads-destination-early", r, ctx.ranges([b]), "reads the second product early")):
-                    hit = first_collision(mine, theirs)
-                    if hit:
-                        return refuse(rule, n, f"{n.name!r} {what} ({hit[3].name!r}) between the pair", hit)
-        return Match(NAME, a, a.layer, dict(a=a, b=b, w_a=wa, w_b=wb, x=x), [a, b], (ctx.pos[a.uid], ctx.pos[b.uid]))
+    def plan(self, c: PairCapture, ctx: Context) -> None:
+        return None  # one variant: the mat-vec kernel with a second program row
 
     def rewrite(self, graph: Graph, m: Match) -> Tensor:
         """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
-        a, b = m.captures["a"], m.captures["b"]
+        c = m.capture
         il = m.layer if m.layer is not None else -1
         stem = lambda w: w.name.split(".")[-2] if w.name.startswith("blk.") else w.name  # blk.N.ssm_alpha.weight
-        fused = Tensor(name=f"mul_mat_vec_pair({stem(m.captures['w_a'])}+{stem(m.captures['w_b'])})-{il}", type=DType.F32, ne=a.ne, nb=a.nb,
-                       op=Op.MUL_MAT_VEC_PAIR, op_params={"n_inputs": 3, "replaced": [a.name, b.name]},
-                       src=[m.captures["w_a"], m.captures["x"], m.captures["w_b"], b], view_src=a, view_offs=0,
-                       layer=m.layer)
-        return fused
+        return Tensor(name=f"mul_mat_vec_pair({stem(c.w_a)}+{stem(c.w_b)})-{il}", type=DType.F32, ne=c.a.ne,
+                      nb=c.a.nb, op=Op.MUL_MAT_VEC_PAIR, op_params={"replaced": [c.a.name, c.b.name]},
+                      src=[c.w_a, c.x, c.w_b], outs=[c.b], view_src=c.a, view_offs=0, layer=m.layer)
