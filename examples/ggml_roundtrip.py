@@ -2,13 +2,14 @@
 
     python examples/ggml_roundtrip.py                        # tiny-dc4-h32, 8 tokens, 7 rollback planes, 2 layers
     python examples/ggml_roundtrip.py --model tiny-dc4-h128 --tokens 4 --rs-seq 3 --seqs 2 --referee
+    python examples/ggml_roundtrip.py --layout dedup-t           # the time-major shared-window snapshot layout
 
 Needs ggml-python (pip install 'ggml-python==0.0.45'). Steps:
 
-1. ggml builds the graph (gdnpass.frontends.ggml mirrors gdnpass.models call for call), gallocr plans it on the
-   CPU buffer type, and from_ggml imports it;
-2. the import is compared with gdnpass.models' own graph (node order, wiring, use counts) and gdnpass.alloc.plan at
-   ggml's alignment with gallocr's offsets;
+1. ggml builds the graph (gdnpass's one builder, gdnpass.models.builder, through the ggml facade
+   gdnpass.frontends.ggml.GgmlFacade), gallocr plans it on the CPU buffer type, and from_ggml imports it;
+2. the import is compared with the same builder's graph through gdnpass.ops (gdnpass.models.build_verify_graph:
+   node order, wiring, use counts), and gdnpass.alloc.plan at ggml's alignment with gallocr's offsets;
 3. both sides get the same weights, caches and inputs; ggml computes on the CPU; gdnpass's Executor runs the import
    unfused, then fused (gdnpass.fusion.fuse), from the same bytes; outputs and caches are compared with ggml's.
 """
@@ -25,7 +26,7 @@ from gdnpass.alloc import plan
 from gdnpass.frontends import ggml as fg
 from gdnpass.fusion import fuse
 from gdnpass.ir import Flag
-from gdnpass.models import VerifyConfig, build_verify_graph
+from gdnpass.models import SNAPSHOT_LAYOUTS, VerifyConfig, build_verify_graph
 from gdnpass.runtime import Executor
 
 
@@ -44,14 +45,15 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seqs", type=int, default=1)
     p.add_argument("--no-ffn", action="store_true", help="build only the GDN sub-layers")
+    p.add_argument("--layout", default="rows", choices=SNAPSHOT_LAYOUTS, help="conv snapshot layout (default: rows)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--referee", action="store_true", help="also check every node against the torch reference")
     a = p.parse_args(argv)
 
     cfg = VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=a.layers, n_seqs=a.seqs,
-                       ffn=not a.no_ffn, wtype="f32")  # f32: with f16/bf16 weights ggml rounds activations too
+                       ffn=not a.no_ffn, snapshot_layout=a.layout, wtype="f32")  # f32: with f16/bf16 weights ggml rounds activations too
     print(f"ggml {fg.version()}: {cfg.model}, {len(cfg.layer_ids())} GDN layers, n_t={cfg.n_tokens}, "
-          f"n_rs_seq={cfg.n_rs_seq}, seqs={cfg.n_seqs}")
+          f"n_rs_seq={cfg.n_rs_seq}, seqs={cfg.n_seqs}, snapshot layout {cfg.snapshot_layout}")
 
     # 1. build with ggml, let gallocr plan it, import
     t0 = time.perf_counter()
@@ -67,7 +69,7 @@ def main(argv=None) -> int:
         # 2. the referee on structure and memory
         ours = build_verify_graph(cfg)
         diffs = fg.diff_graphs(ours, graph)
-        print(f"  vs gdnpass.models: {'identical node order, wiring, params and leafs' if not diffs else diffs}")
+        print(f"  vs gdnpass.models.build_verify_graph: {'identical node order, wiring, params and leafs' if not diffs else diffs}")
         counts, mine = fg.ggml_use_counts(s.gf, imp), ours.use_counts()
         same_counts = [counts.get(t.uid, 0) for t in [*graph.leafs, *graph.nodes]] == \
             [mine.get(t.uid, 0) for t in [*ours.leafs, *ours.nodes]]
