@@ -24,9 +24,11 @@ import torch
 
 sys.path.insert(0, ".")
 
-from gdnpass.fusion import fuse, prepare_and_plan  # noqa: E402
+from gdnpass import pipeline  # noqa: E402
+from gdnpass.fusion import fuse  # noqa: E402
+from gdnpass.pipeline import PassOptions  # noqa: E402
 from gdnpass.ir import Op, runs_kernel  # noqa: E402
-from gdnpass.models import VerifyConfig, build_verify_graph, default_ids  # noqa: E402
+from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
 from gdnpass.runtime import Executor, launches  # noqa: E402
 
 REPS_IN_GRAPH = 20
@@ -60,7 +62,7 @@ def graph_time_us(fn, reps_in_graph=REPS_IN_GRAPH, replays=30) -> float:
 
 def node_runner(ex: Executor, n):
     fn = ex.kernels[n.op]
-    srcs = [ex.view(s) if s is not None else None for s in n.src]
+    srcs = [ex.view(s) if s is not None else None for s in [*n.src, *n.outs]]
     out = ex.view(n)
     return lambda: fn(n, srcs, out)
 
@@ -103,7 +105,7 @@ def chain_nodes(g, il):
 
 def bench_chain(T: int, rows: int) -> dict:
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, n_layers=1, share_weights=True)
-    g = prepare_and_plan(build_verify_graph(cfg), enabled=True)
+    g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
     ex = Executor(g, device="cuda")
     ex.fill(seed=1, ids=default_ids(cfg))
     il = cfg.layer_ids()[0]
@@ -153,8 +155,8 @@ def bench_pair(cols: list[int]) -> list[dict]:
 
 
 def forward_executor(cfg: VerifyConfig, fused: bool):
-    g = prepare_and_plan(build_verify_graph(cfg), enabled=fused)
-    report = fuse(g, enabled=fused)
+    res = pipeline.run(cfg, PassOptions(fusion=fused))
+    g, report = res.graph, res.report
     ex = Executor(g, device="cuda")
     ex.fill(seed=2, ids=default_ids(cfg))
     return g, ex, report
@@ -232,7 +234,7 @@ def bench_pass(n=10) -> dict:
     times = []
     for _ in range(n):
         cfg = VerifyConfig("qwen3.5-9b", 8, 7, dflash=True)
-        g = prepare_and_plan(build_verify_graph(cfg), enabled=True)
+        g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
         t0 = time.perf_counter()
         fuse(g, enabled=True)
         times.append((time.perf_counter() - t0) * 1e3)

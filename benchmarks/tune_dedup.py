@@ -25,9 +25,10 @@ sys.path.insert(0, "benchmarks")
 
 from bench import graph_time_us, node_runner  # noqa: E402
 
-from gdnpass.fusion import fuse, prepare_and_plan  # noqa: E402
+from gdnpass import pipeline  # noqa: E402
+from gdnpass.pipeline import PassOptions  # noqa: E402
 from gdnpass.ir import Op  # noqa: E402
-from gdnpass.models import VerifyConfig, build_verify_graph, default_ids  # noqa: E402
+from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
 from gdnpass.runtime import Executor  # noqa: E402
 
 GPU = torch.cuda.is_available()
@@ -36,8 +37,7 @@ CASES = [(1, 0), (1, 1), (8, 7), (8, 8), (16, 15)]  # (T, n_rs_seq): rows = T, a
 
 def fused_chain(model: str, T: int, n_rs: int, layout: str):
     cfg = VerifyConfig(model, T, n_rs, n_layers=1, share_weights=True, ffn=False, snapshot_layout=layout)
-    g = prepare_and_plan(build_verify_graph(cfg), enabled=True)
-    fuse(g, enabled=True)
+    g = pipeline.run(cfg, PassOptions(fusion=True)).graph
     ex = Executor(g, device="cuda" if GPU else "cpu", backend="triton")
     ex.fill(seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))  # an accepted-token offset: plane 1 is read
     return ex, next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)

@@ -30,6 +30,7 @@ class PassOptions:
     fusion: bool | None = None
     alignment: int = DEFAULT_ALIGNMENT
     between: str = "narrow"
+    hints: bool = True  # False: plan without the patterns' pre-plan step (tests and benchmarks of the fallback)
 
     def __post_init__(self) -> None:
         if self.alignment < 1 or self.alignment & (self.alignment - 1):
@@ -84,7 +85,7 @@ def run(source: Source, options: PassOptions = PassOptions(), *, fuse_now: bool 
     graph, what = load(source)
     on = options.enabled
     if "arena" not in graph.buffers:
-        prepare(graph, enabled=on)
+        prepare(graph, enabled=on and options.hints)
         plan(graph, options.alignment)
     result = Planned(graph, what, list(graph.nodes))
     if fuse_now:
