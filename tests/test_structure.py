@@ -1,0 +1,175 @@
+"""The shape of the code itself: no import circles, one error base class, one record per fused op (and the loader
+checks fused nodes against it), launchers that raise instead of assert, a pipeline that builds no torch."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import networkx as nx
+import pytest
+import torch
+
+from gdnpass import errors, ir, serialize
+from gdnpass.ir import FUSED_OPS, GraphError, Op
+from gdnpass.kernels import backends, fused
+from gdnpass.models import VerifyConfig
+from gdnpass.pipeline import PassOptions, run
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "gdnpass"
+
+
+# ---- imports --------------------------------------------------------------------------------------------------------
+
+
+def _module(path: pathlib.Path, root: pathlib.Path) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: pathlib.Path = PACKAGE) -> nx.DiGraph:
+    """module -> gdnpass module it imports, anywhere in the file (function-level imports count: a lazy import that
+    closes a circle is still a circle)."""
+    g = nx.DiGraph()
+    modules = {_module(p, root): p for p in root.rglob("*.py")}
+    for name, path in modules.items():
+        g.add_node(name)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + [base]).strip(".")
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for t in targets:
+                if t in modules and t != name:
+                    g.add_edge(name, t)
+    return g
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    g = import_graph()
+    assert len(g) > 20  # the scan found the package
+    cycles = list(nx.simple_cycles(g))
+    assert not cycles, f"import circles: {cycles}"
+
+
+def test_the_cycle_check_can_fail(tmp_path):
+    pkg = tmp_path / "gdnpass"
+    pkg.mkdir()
+    for name in ("__init__", "a", "b", *(f"m{i}" for i in range(20))):
+        (pkg / f"{name}.py").write_text("")
+    (pkg / "a.py").write_text("from gdnpass import b\n")
+    (pkg / "b.py").write_text("def f():\n    import gdnpass.a\n")  # hidden in a function: still a circle
+    assert list(nx.simple_cycles(import_graph(pkg))) != []
+
+
+def test_building_planning_fusing_and_dumping_need_no_torch():
+    code = ("import sys\n"
+            "from gdnpass import pipeline, dump, serialize\n"
+            "from gdnpass.models import VerifyConfig\n"
+            "r = pipeline.run(VerifyConfig('tiny-dc4-h64', 4, 3, n_layers=1), pipeline.PassOptions(fusion=True))\n"
+            "assert r.report.applied\n"
+            "serialize.dumps(r.graph)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---- errors ---------------------------------------------------------------------------------------------------------
+
+
+def test_one_error_base_class():
+    kinds = [errors.GraphError, errors.KernelError, errors.ResourceError]
+    assert all(issubclass(k, errors.GdnpassError) for k in kinds)
+    assert ir.GraphError is errors.GraphError
+
+
+def test_launcher_checks_raise_kernel_errors_not_asserts():
+    from gdnpass.kernels import triton_ops as tri
+
+    x = torch.zeros(1, 1, 4, 8)[..., ::2]  # rows not contiguous
+    with pytest.raises(errors.KernelError, match="contiguous rows"):
+        tri.l2_norm(x, 1e-6, torch.zeros(1, 1, 4, 4))
+    src = (PACKAGE / "kernels" / "triton_ops.py").read_text()
+    assert not [n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Assert)]
+
+
+# ---- the fused-op records ------------------------------------------------------------------------------------------
+
+
+def test_every_fused_op_has_a_record_and_backends_run_it():
+    assert set(fused.RECORDS) == FUSED_OPS
+    for op, r in fused.RECORDS.items():
+        assert backends.TORCH_BACKEND[op] is r.torch and backends.TRITON_BACKEND[op] is r.triton
+        assert r.scope is not None and r.src
+
+
+@pytest.fixture(scope="module")
+def fused_file() -> dict:
+    res = run(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1), PassOptions(fusion=True))
+    assert {a.pattern for a in res.report.applied} == {"gdn_conv_chain", "mul_mat_vec_pair"}
+    return serialize.to_dict(res.graph)
+
+
+def _entry(d: dict, op: Op) -> dict:
+    return next(t for t in d["tensors"] if t["op"] == op.value)
+
+
+def test_a_fused_graph_file_round_trips(fused_file):
+    g = serialize.from_dict(fused_file)
+    chain = next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)
+    assert len(chain.src) == 4 and len(chain.outs) == 2 + len(chain.op_params["columns"])
+    assert "n_inputs" not in chain.op_params  # a file detail, not a parameter
+    assert serialize.to_dict(g) == fused_file
+
+
+@pytest.mark.parametrize("key, value, says", [
+    ("n_tokens", 5, "projection"),
+    ("n_tokens", 17, "n_tokens 17 is outside"),
+    ("d_conv", 3, "weight"),
+    ("d_conv", 9, "d_conv 9 is not one of"),
+    ("head_dim", 48, "head_dim 48"),
+    ("head_dim", 32, "is not \\[head_dim, n_k_heads, n_tokens\\]"),
+    ("n_k_heads", 2, "is not \\[head_dim, n_k_heads, n_tokens\\]"),
+    ("n_k_heads", 0, "n_k_heads 0"),
+    ("eps", -1.0, "'eps' must be a finite number"),
+    ("eps", "x", "'eps' must be a finite number"),
+    ("columns", [0, 9], "columns"),
+    ("columns", [0, 1], "outs must be q, k and one destination per column"),
+    ("l2_separate", 1, "'l2_separate' must be a bool"),
+])
+def test_inconsistent_chain_parameters_are_refused_on_load(fused_file, key, value, says):
+    d = __import__("copy").deepcopy(fused_file)
+    _entry(d, Op.GDN_CONV_CHAIN)["op_params"][key] = value
+    with pytest.raises(GraphError, match=says) as e:
+        serialize.from_dict(d, "g.json")
+    assert "\n" not in str(e.value) and str(e.value).startswith("g.json: tensor ")
+
+
+@pytest.mark.parametrize("mutate, says", [
+    (lambda e: e["op_params"].pop("n_inputs"), "lacks 'n_inputs'"),
+    (lambda e: e["op_params"].update(n_inputs=2), "needs 3 sources"),
+    (lambda e: e["op_params"].update(n_inputs=99), "'n_inputs' must be an int in 0..4"),
+    (lambda e: e["src"].pop(), "outs must hold the second product"),
+])
+def test_damaged_pair_nodes_are_refused_on_load(fused_file, mutate, says):
+    d = __import__("copy").deepcopy(fused_file)
+    mutate(_entry(d, Op.MUL_MAT_VEC_PAIR))
+    with pytest.raises(GraphError, match=says):
+        serialize.from_dict(d, "g.json")
+
+
+def test_launches_come_from_the_record():
+    from gdnpass.runtime import launches
+
+    res = run(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1), PassOptions(fusion=True, hints=False))
+    chain = next(n for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN)
+    want = 3 if chain.op_params["l2_separate"] else 1
+    assert fused.CONV_CHAIN.launches(chain) == want and launches(res.graph)["GDN_CONV_CHAIN"] == want
