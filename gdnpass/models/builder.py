@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from gdnpass.ir import DType
-from gdnpass.models.hparams import VerifyConfig, default_ids
+from gdnpass.models.hparams import VerifyConfig, default_ids, qk_rms_params
 
 F32 = DType.F32
 
@@ -45,6 +45,7 @@ class Facade(Protocol):
     def concat(self, a, b, dim: int) -> Any: ...
     def get_rows(self, a, b) -> Any: ...
     def cpy(self, a, b) -> Any: ...
+    def scale(self, a, s: float) -> Any: ...
     def scale_inplace(self, a, s: float) -> Any: ...
     def add(self, a, b) -> Any: ...
     def mul(self, a, b) -> Any: ...
@@ -166,10 +167,20 @@ class VerifyBuilder:
         q_conv = self.cb(f.view_4d(conv_silu, S, H_k, n_t, n_s, 4 * S, nb1, nb1 * n_t, 0), "q_conv", il)
         k_conv = self.cb(f.view_4d(conv_silu, S, H_k, n_t, n_s, 4 * S, nb1, nb1 * n_t, 4 * S * H_k), "k_conv", il)
         v_conv = self.cb(f.view_4d(conv_silu, S, H_v, n_t, n_s, 4 * S, nb1, nb1 * n_t, 4 * 2 * S * H_k), "v_conv", il)
-        q_conv = self.cb(f.l2_norm(q_conv, m.eps), "q_conv_predelta", il)
-        k_conv = self.cb(f.l2_norm(k_conv, m.eps), "k_conv_predelta", il)
+        q_conv = self.cb(self.build_gdn_l2_norm(q_conv), "q_conv_predelta", il)
+        k_conv = self.cb(self.build_gdn_l2_norm(k_conv), "k_conv_predelta", il)
         # fused GDN broadcasts k-heads itself (h % H_k): no REPEAT nodes
         return conv_silu, q_conv, k_conv, v_conv, state
+
+    def build_gdn_l2_norm(self, x):
+        """The q/k normalisation (``cfg.qk_norm``, hparams.QK_NORMS). "rms" is upstream's models.h
+        ``build_gdn_l2_norm``: ``ggml_scale(ggml_rms_norm(x, eps/n), 1.0f/sqrtf(n))``, n = ne0 (the head size), so
+        the RMS_NORM is created before its SCALE (and q's pair before k's); "l2" the fork's one L2_NORM(x, eps)."""
+        f, eps = self.f, self.m.eps
+        if self.cfg.qk_norm == "l2":
+            return f.l2_norm(x, eps)
+        rms_eps, s = qk_rms_params(eps, f.ne(x)[0])
+        return f.scale(f.rms_norm(x, rms_eps), s)
 
     # ---- delta-net-base.cpp build_recurrent_attn ------------------------------------------------------------------
     def build_recurrent_attn(self, ssm_states_all, q, k, v, g, b, s, il: int):
@@ -273,7 +284,8 @@ def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
 
 def build_conv_chain_only(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
     """One layer's conv chain alone (:meth:`VerifyBuilder.build_conv_chain`), with the projection ``inp_qkv_mixed``
-    [C, n_t, n_s] as an input, so every cache byte written is a copy. SILU and both L2 outputs are flagged OUTPUT
+    [C, n_t, n_s] as an input, so every cache byte written is a copy. SILU and both q/k outputs (L2_NORM, or the
+    SCALE of the RMS form) are flagged OUTPUT
     (readable after the run)."""
     b = VerifyBuilder(f, cfg)
     m, il = cfg.shape, 0

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from gdnpass.ir import DType, GraphError
 
 
@@ -101,6 +103,24 @@ def get_model(name: str | ModelShape) -> ModelShape:
 # cache_w, as sglang's scatter; not part of this graph) puts the state the next ubatch reads.
 SNAPSHOT_LAYOUTS = ("rows", "dedup", "dedup-t")
 
+# How q and k are normalised after the conv (issue 14):
+#   l2   one L2_NORM(x, eps) per tensor: the seed's fork;
+#   rms  upstream llama.cpp's build_gdn_l2_norm (src/models/models.h, 0c1e570), RMS_NORM then SCALE:
+#        ggml_scale(ggml_rms_norm(x, eps/n), 1.0f/sqrtf(n)) with n = x->ne[0] (the head size) as a float; the same
+#        direction as L2_NORM (x / sqrt(Σx² + eps)), other rounding. Params: qk_rms_params.
+# The default stays "l2" until the conv-chain matcher knows the RMS form; flipping it is this one constant.
+QK_NORMS = ("l2", "rms")
+DEFAULT_QK_NORM = "l2"
+
+
+def qk_rms_params(eps: float, n: int) -> tuple[float, float]:
+    """(RMS_NORM eps, SCALE s) of build_gdn_l2_norm for rows of ``n`` elements, computed as the C code computes them,
+    in float32 (``const float n = x->ne[0]``; ``eps/n``; ``1.0f/sqrtf(n)``; eps is ``hparams.f_norm_rms_eps``, a
+    float), returned as the f32 values ggml stores in op_params. n = 32, eps = 1e-6: (3.125e-8 in f32,
+    1/sqrtf(32) = 0.17677669...)."""
+    nf = np.float32(n)
+    return float(np.float32(eps) / nf), float(np.float32(1.0) / np.sqrt(nf))
+
 
 @dataclass(frozen=True)
 class VerifyConfig:
@@ -121,6 +141,7 @@ class VerifyConfig:
     wtype: str = "bf16"        # type of the large projections (qkv, z, ssm_out, FFN)
     ab_wtype: str = "f32"      # type of the alpha/beta mat-vec weights
     snapshot_layout: str = "rows"  # conv snapshot planes 1..n_rs_seq: "rows", "dedup" or "dedup-t" (SNAPSHOT_LAYOUTS)
+    qk_norm: str = DEFAULT_QK_NORM  # q/k normalisation: "l2" (L2_NORM) or "rms" (upstream's RMS_NORM + SCALE)
 
     def check(self) -> None:
         m = get_model(self.model)
@@ -136,6 +157,7 @@ class VerifyConfig:
         _need(-1 <= self.rs_z < self.cells, "rs_z", f"must be -1..{self.cells - 1}, is {self.rs_z}")
         _need(self.snapshot_layout in SNAPSHOT_LAYOUTS, "snapshot_layout",
               f"must be one of {', '.join(SNAPSHOT_LAYOUTS)}, is {self.snapshot_layout!r}")
+        _need(self.qk_norm in QK_NORMS, "qk_norm", f"must be one of {', '.join(QK_NORMS)}, is {self.qk_norm!r}")
         for f in ("wtype", "ab_wtype"):
             _need(DType.parse(getattr(self, f)) is not DType.I32, f, "weights cannot be i32")
 

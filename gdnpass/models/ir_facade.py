@@ -59,6 +59,9 @@ class IrFacade:
     def cpy(self, a, b):
         return ops.cpy(a, b)
 
+    def scale(self, a, s):
+        return ops.scale(a, s)
+
     def scale_inplace(self, a, s):
         return ops.scale(a, s, inplace=True)
 

@@ -61,6 +61,9 @@ class GgmlFacade:
     def cpy(self, a, b):
         return self.g.ggml_cpy(self.ctx, a, b)
 
+    def scale(self, a, s):
+        return self.g.ggml_scale(self.ctx, a, s)
+
     def scale_inplace(self, a, s):
         return self.g.ggml_scale_inplace(self.ctx, a, s)
 
