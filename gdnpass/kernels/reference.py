@@ -65,8 +65,21 @@ def mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def scale(x: torch.Tensor, s: float, b: float = 0.0) -> torch.Tensor:
-    """SCALE: x*s + b (just x*s when b == 0, as ggml: 0*NaN stays NaN, no -0.0 + 0.0)."""
-    return x * s + b if b else x * s
+    """SCALE with op params (s, b), both f32.
+
+    b == 0 (ggml_scale, the only form the builder makes): ``x * s``, one f32 multiply, as ggml's CPU op
+    (``ggml_vec_scale_f32``; -0.0 stays -0.0, 0 * NaN stays NaN). (ggml-cuda's ``scale_f32`` computes
+    ``scale * x[i] + bias`` for every b, which nvcc contracts to fma(s, x, 0): the same value except that a -0.0
+    product comes out +0.0.)
+    b != 0 (ggml_scale_bias): ``x * s + b`` rounded once, a fused multiply-add, as both backends round it: the CPU's
+    ``ggml_vec_mad1_f32`` is GGML_F32_VEC_FMA on FMA builds (measured on ggml-python 0.15.3: bit-identical to the
+    fma, 339 of 2368 elements off by an ulp from mul-then-add) and ggml-cuda's expression is contracted to an FMA.
+    Computed as (x*s exact in f64) + b in f64, then rounded to f32: the fma but for double rounding, which can
+    only move a result lying within 2^-53 relative of an f32 rounding midpoint.
+    """
+    if not b:
+        return x * s
+    return (x.to(torch.float64) * f32(s) + f32(b)).to(F32)
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
@@ -93,9 +106,19 @@ UNARY = {"SILU": silu, "SIGMOID": sigmoid, "SOFTPLUS": softplus, "EXP": exp}
 # ---- row reductions -------------------------------------------------------------------------------------------------
 
 
-def rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMS_NORM per row along ne0: x * rsqrt(mean(x²) + eps)."""
-    return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + f32(eps))
+def rms_norm(x: torch.Tensor, eps: float, acc: torch.dtype = F32) -> torch.Tensor:
+    """RMS_NORM per row along ne0, ggml-cuda's form (``rms_norm_f32``, ggml-cuda/norm.cu): Σx² of f32 squares
+    summed in f32, ``mean = Σ / ncols`` (f32 division), ``scale = rsqrtf(mean + eps)`` (eps f32), ``y = scale * x``.
+    Only the order of the f32 sum is torch's (CUDA: lane-strided partial sums and an xor butterfly; the Triton
+    kernel: the fixed pairwise tree of ``sum_sq_rows``).
+
+    ggml's CPU op (ggml-cpu/ops.cpp ``ggml_compute_forward_rms_norm_f32``) rounds at the same points but
+    accumulates the f32 squares in double: ``mean = (float)(sum / ne00)``, ``scale = 1.0f/sqrtf(mean + eps)``,
+    ``y = x * scale`` (``ggml_vec_scale_f32``). ``acc=torch.float64`` gives that form (bit-identical to ggml's
+    CPU on the CPU, where torch.rsqrt is 1/sqrt, both correctly rounded; tests/test_ggml_interop.py)."""
+    ss = (x * x).to(acc).sum(-1, keepdim=True)
+    mean = (ss / x.shape[-1]).to(F32)
+    return x * torch.rsqrt(mean + f32(eps))
 
 
 def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
