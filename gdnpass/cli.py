@@ -57,6 +57,9 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--snapshot-layout", default="rows", choices=["rows", "dedup", "dedup-t"],
                    help="conv snapshot planes 1..n_rs_seq: one cache row each, or windows of one shared row per cell, "
                         "channel-major or time-major (default: rows; see gdnpass.models.SNAPSHOT_LAYOUTS)")
+    g.add_argument("--qk-norm", default=None, choices=["l2", "rms"],
+                   help="q/k normalisation: L2_NORM (the seed's fork) or upstream llama.cpp's RMS_NORM + SCALE "
+                        "(default: gdnpass.models.hparams.DEFAULT_QK_NORM)")
     p.add_argument("--graph", metavar="FILE", help="read a graph file (written by --save) instead of building one")
 
 
@@ -81,7 +84,8 @@ def verify_config(a: argparse.Namespace):
     if layers is None:
         layers = min(DEFAULT_LAYERS, len(get_model(a.model).gdn_layers))
     return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
-                        dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype, snapshot_layout=a.snapshot_layout)
+                        dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype, snapshot_layout=a.snapshot_layout,
+                        **({"qk_norm": a.qk_norm} if getattr(a, "qk_norm", None) else {}))
 
 
 def pass_options(a: argparse.Namespace, fusion: bool | None = None):
