@@ -17,7 +17,7 @@ sys.path.insert(0, ".")
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
 INT_PTRS = {"ids_ptr", "table_ptr"}
-FLOATS = {"eps", "scale"}
+FLOATS = {"eps", "scale", "bias"}
 
 
 def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS):
@@ -37,6 +37,10 @@ def variants():
     yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C), tri.NUM_WARPS
     yield tri._silu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
     yield tri._l2_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(128))), tri.NUM_WARPS
+    for S in (32, 128):  # the q/k head sizes of the tiny and the real models
+        yield tri._rms_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S))), tri.NUM_WARPS
+    for has_bias in (False, True):
+        yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
     yield tri._mul_mat_vec_kernel, dict(zip(("BLOCK_M", "COLS", "BLOCK_K"), tri.mat_vec_blocks(32, 8))), tri.NUM_WARPS
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
     # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile

@@ -145,6 +145,88 @@ def test_l2_norm_reference_vs_f64():
     np.testing.assert_allclose(ref.l2_norm(x, 1e-6).numpy(), want, rtol=1e-6, atol=0)
 
 
+# ---- RMS_NORM, SCALE (upstream's q/k norm: SCALE(RMS_NORM(x, eps/n), 1/sqrtf(n))) -------------------------------
+
+
+@pytest.mark.parametrize("S,H_k,H_v,n_t,n_s", [(32, 2, 4, 3, 2), (128, 1, 2, 2, 1)])
+@pytest.mark.parametrize("strided_out", [False, True])
+def test_rms_norm_on_conv_views(S, H_k, H_v, n_t, n_s, strided_out):
+    """q and k as the real graph reads them (head views of the SiLU output), eps = eps/n as the builder sets it.
+    Within 2^-20 relative of the reference: the same f32 operations, but the reference sums in torch's order and
+    the kernel in sum_sq_rows' fixed pairwise tree (and on a GPU rsqrt is approximate)."""
+    from gdnpass.models.hparams import qk_rms_params
+
+    eps, _ = qk_rms_params(1e-6, S)
+    a = Arena()
+    C = 2 * S * H_k + S * H_v
+    conv = a.put(rnd(1, n_s, n_t, C))
+    conv[0, 0, 0, :S] *= 1e-6  # mean(x²) below eps
+    conv[0, 0, 0, S:2 * S] = 0.0  # Σx² = 0
+    flat = conv.reshape(-1)
+    for off in (0, S * H_k):  # q, then k
+        x = flat[off:].as_strided((n_s, n_t, H_k, S), (n_t * C, C, S, 1))
+        y = a.view((n_s, n_t, H_k, S), row_stride=S + 8 if strided_out else None)
+        a.run(lambda: tri.rms_norm(x, eps, y), y)
+        assert_close(y, ref.rms_norm(x, eps), rtol=2 ** -20)
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="exact only where rsqrt is 1/sqrt (the interpreter, torch on the CPU)")
+def test_rms_norm_exact_when_the_sum_is_exact():
+    """Integer rows whose squares sum exactly in f32 in any order: then the kernel and the reference do the same
+    operations on the same values (Σ / n, + eps, rsqrt, times x), so the bytes are equal; row lengths 100
+    (masked lanes) and 32 (n a power of two)."""
+    a = Arena()
+    for ne0 in (100, 32):
+        x = a.put(torch.randint(-50, 51, (2, 3, 5, ne0), device=DEVICE).float())
+        y = a.view(tuple(x.shape))
+        a.run(lambda: tri.rms_norm(x, 3.125e-8, y), y)
+        assert torch.equal(y, ref.rms_norm(x, 3.125e-8))
+
+
+def test_rms_norm_in_place():
+    a = Arena()
+    x = a.put(rnd(1, 2, 7, 64))
+    want = ref.rms_norm(x.clone(), 1e-6)
+    a.run(lambda: tri.rms_norm(x, 1e-6, x), x)
+    assert_close(x, want, rtol=2 ** -20)
+
+
+def test_rms_norm_reference_vs_f64():
+    x = rnd(1, 3, 4, 64).cpu()
+    x[0, 0, 0] *= 1e-6
+    xd = x.double().numpy()
+    want = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + ref.f32(1e-6))
+    np.testing.assert_allclose(ref.rms_norm(x, 1e-6).numpy(), want, rtol=1e-6, atol=0)
+    # upstream's q/k norm is the L2 direction: x / sqrt(Σx² + eps)
+    eps, s = 1e-6 / 64, 64 ** -0.5
+    np.testing.assert_allclose(ref.scale(ref.rms_norm(x, eps), s).numpy(),
+                               xd / np.sqrt((xd * xd).sum(-1, keepdims=True) + 1e-6), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("s,b", [(0.17677669, 0.0), (0.0, 0.0), (0.5, 0.25), (0.3, 0.7)])
+def test_scale_strided_and_in_place(s, b):
+    """b == 0: x * s, byte-identical (one f32 multiply; -0.0 and NaN kept). b != 0: fma(x, s, b), one rounding on
+    the GPU; the interpreter evaluates tl.fma as numpy's x*s + b in f32 (two roundings), so there it is exact only
+    where x*s is (s = 0.5) and otherwise within half an ulp of x*s plus half an ulp of the result."""
+    a = Arena()
+    x = a.put(rnd(2, 3, 5, 300) * 3, row_stride=320)  # rows with gaps
+    x[0, 0, 0, :3] = torch.tensor([-0.0, float("nan"), -1.0])
+    y = a.view((2, 3, 5, 300))
+    a.run(lambda: tri.scale(x, s, b, y), y)
+    want = ref.scale(x, s, b)
+    if b == 0.0 or s == 0.5 or not INTERPRETED:
+        assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y[~y.isnan()], want[~want.isnan()])
+        if b == 0.0:
+            assert torch.equal(y.view(torch.int32)[~y.isnan()], want.view(torch.int32)[~want.isnan()])  # -0.0
+    else:
+        ok = ~want.isnan()  # mul-then-add: half an ulp of x*s plus half an ulp of the sum, at most
+        bound = 2 ** -23 * (x[ok].abs() * abs(s) + abs(b))
+        assert ((y[ok] - want[ok]).abs() <= bound).all()
+    view = x[..., 1:, :]  # in place on a view, as build_rs zeroes a cache row
+    a.run(lambda: tri.scale(view, 0.0, 0.0, view), view)
+    assert (view[~view.isnan()] == 0).all()
+
+
 # ---- MUL_MAT (mat-vec) ----------------------------------------------------------------------------------------------
 
 
@@ -282,11 +364,13 @@ def node(op, **params):
 @pytest.mark.parametrize("n,src_fn,out_shape", [
     (node(Op.SSM_CONV), lambda a: [a.put(rnd(1, 2, 64, 3 + 4)), a.put(rnd(1, 1, 64, 4))], (1, 2, 4, 64)),
     (node(Op.L2_NORM, eps=1e-6), lambda a: [a.put(rnd(2, 3, 4, 32))], (2, 3, 4, 32)),
+    (node(Op.RMS_NORM, eps=3.125e-8), lambda a: [a.put(rnd(2, 3, 4, 32))], (2, 3, 4, 32)),
+    (node(Op.SCALE, s=0.17677669, b=0.0), lambda a: [a.put(rnd(2, 3, 4, 32))], (2, 3, 4, 32)),
     (node(Op.MUL_MAT), lambda a: [a.put(rnd(1, 1, 40, 64).bfloat16()), a.put(rnd(1, 2, 3, 64))], (1, 2, 3, 40)),
     (node(Op.MUL_MAT), lambda a: [a.put(rnd(1, 1, 40, 64)), a.put(rnd(1, 1, 9, 64))], (1, 1, 9, 40)),  # torch
     (node(Op.UNARY, kind=Unary.SOFTPLUS.value), lambda a: [a.put(rnd(1, 2, 3, 16))], (1, 2, 3, 16)),  # torch
     (node(Op.GATED_DELTA_NET, K=2), lambda a: list(gdn_inputs(a, 32, 1, 2, 3, 1, False)), (1, 1, 3 + 2 * 32, 64)),
-], ids=["ssm_conv", "l2_norm", "mat_vec", "mul_mat_9cols", "softplus", "gdn"])
+], ids=["ssm_conv", "l2_norm", "rms_norm", "scale", "mat_vec", "mul_mat_9cols", "softplus", "gdn"])
 def test_triton_backend_matches_torch_backend(n, src_fn, out_shape):
     a = Arena()
     src = src_fn(a)

@@ -87,6 +87,14 @@ def l2_scale_rows(x, eps):
 
 
 @triton.jit
+def rms_scale_rows(x, n, eps):
+    """x: [BLOCK_R, BLOCK_D] rows of ``n`` elements (masked lanes 0) -> rsqrt(Σx² / n + eps) * x per row: ggml-cuda's
+    rms_norm_f32 (mean = Σ / ncols in f32, rsqrtf(mean + eps), scale * x), Σ the same fixed tree as L2_NORM's."""
+    mean = sum_sq_rows(x) / n
+    return tl.math.rsqrt(mean + eps)[:, None] * x
+
+
+@triton.jit
 def conv_dot(win, w):
     """Causal depthwise conv of one token: Σ_j win[j]·w[j], taps in order from 0.0 (win, w: tuples of D_CONV
     tensors, the window's columns and the tap weights). SSM_CONV and the fused chain both call it."""
@@ -206,6 +214,66 @@ def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
     _l2_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
         BLOCK_R=block_r, BLOCK_D=block_d, **LAUNCH)
+
+
+# ---- RMS_NORM -------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
+                     x_s1, x_s2, x_s3,          # x rows are contiguous (nb0 == 4)
+                     y_s0, y_s1, y_s2, y_s3,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.arange(0, BLOCK_D)
+    mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
+    x = tl.load(x_ptr + _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None] + cols[None, :], mask=mask, other=0.0)
+    y = rms_scale_rows(x, ne0, eps)
+    tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
+
+
+def rms_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """RMS_NORM of each row (along ne0) of ``x`` (nb0 == 4, rows anywhere) into ``out`` (same shape, any strides;
+    ``out`` may be ``x``: a program reads its rows before it writes them). One launch, L2_NORM's tile."""
+    n_rows = x.shape[0] * x.shape[1] * x.shape[2]
+    if x.numel() == 0:
+        return
+    xs = _strides(x)
+    _require(xs[0] == 1, "RMS_NORM needs contiguous rows")
+    _require(tuple(out.shape) == tuple(x.shape), f"RMS_NORM output shape {tuple(out.shape)} != {tuple(x.shape)}")
+    block_r, block_d = l2_tile(x.shape[3])
+    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+        x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
+        BLOCK_R=block_r, BLOCK_D=block_d, **LAUNCH)
+
+
+# ---- SCALE ----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _scale_kernel(x_ptr, y_ptr, n, ne0, ne1, ne2, scale, bias, x_s0, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
+                  HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    i0, r = idx % ne0, idx // ne0
+    x = tl.load(x_ptr + i0 * x_s0 + _row_offset(r, ne1, ne2, x_s1, x_s2, x_s3), mask=mask)
+    if HAS_BIAS:
+        y = tl.fma(x, scale, bias)  # one rounding, as ggml (see reference.scale); LAUNCH's no-contraction is for a*b+c
+    else:
+        y = x * scale
+    tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), y, mask=mask)
+
+
+def scale(x: torch.Tensor, s: float, b: float, out: torch.Tensor) -> None:
+    """SCALE elementwise into ``out`` (same shape, any strides; ``out`` may be ``x``, e.g. build_rs's in-place zeroing
+    of a cache row): ``x * s`` when b == 0, else fma(x, s, b). s and b are rounded to f32 (ggml's op params)."""
+    n = x.numel()
+    if n == 0:
+        return
+    _require(tuple(out.shape) == tuple(x.shape), f"SCALE output shape {tuple(out.shape)} != {tuple(x.shape)}")
+    _scale_kernel[(triton.cdiv(n, ELT_BLOCK),)](
+        x, out, n, x.shape[3], x.shape[2], x.shape[1], f32(s), f32(b), *_strides(x), *_strides(out),
+        HAS_BIAS=bool(b), BLOCK=ELT_BLOCK, **LAUNCH)
 
 
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
