@@ -118,9 +118,7 @@ def violations(pattern, graph: Graph, anchor, ctx: "Context") -> list[str]:
     if cap is None:
         return []
     out = []
-    for r in pattern.rules(ctx):
-        if r.kind == HAZARD and out:
-            break
+    for r in pattern.rules(ctx):  # (a structural failure ends the loop below; hazards all run)
         if r.check(cap, ctx) is not None:
             out.append(r.name)
             if r.kind == STRUCTURAL:
