@@ -31,7 +31,7 @@ from gdnpass.fusion import fuse
 from gdnpass.ir import DType, Flag, Graph, Op
 from gdnpass.kernels import backends
 from gdnpass.matchers import conv_chain, mat_vec_pair
-from gdnpass.matchers.common import HAZARD, STRUCTURAL, Context, violations
+from gdnpass.matchers.common import HAZARD, STRUCTURAL, Context, Rule, violations
 from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.matchers.mat_vec_pair import MatVecPair
 from gdnpass.models import ModelShape, VerifyConfig
@@ -212,6 +212,10 @@ def m_state_from_mid_cache(g, c):  # GET_ROWS from a view of the cache at row 1,
     c["gr"].src[0] = rows
 
 
+def m_state_copied(g, c):  # CONCAT(CONT(the gathered state), ...): its first source is no RESHAPE(GET_ROWS)
+    c["concat"].src[0] = insert_before(g, c["concat"], ops.cont(c["concat"].src[0]))
+
+
 def m_projection_copied(g, c):  # CONCAT(state, CONT(TRANSPOSE(x))): its second source is no TRANSPOSE
     c["concat"].src[1] = insert_before(g, c["concat"], ops.cont(c["concat"].src[1]))
 
@@ -243,6 +247,10 @@ def m_weight_strided(g, c):  # SSM_CONV's weight: [d_conv, C] columns of a wider
 
 def m_window_column(g, c):
     c["windows"][0].view_offs = 4 * (c["concat"].ne[0] - 2)  # past column n_t
+
+
+def m_window_read_twice(g, c):  # a second reader of a window
+    insert_after(g, c["cpys"][0], ops.cont(c["windows"][0]))
 
 
 def m_half_row(g, c):
@@ -388,6 +396,7 @@ PAIR = "mul_mat_vec_pair"
 TRIPS = [
     Trip("structure.concat", m_concat_dim),
     Trip("structure.state", m_state_from_mid_cache),
+    Trip("structure.state", m_state_copied, name="copied"),
     Trip("structure.projection", m_projection_copied),
     Trip("scope.n-seqs", config=dict(n_seqs=2)),
     Trip("scope.n-tokens", config=dict(n_tokens=17)),
@@ -396,6 +405,7 @@ TRIPS = [
     Trip("scope.type", m_cache_type),
     Trip("structure.weight", m_weight_strided),
     Trip("cpy-run.view-of-concat", m_window_column),
+    Trip("cpy-run.view-of-concat", m_window_read_twice, name="read-twice"),
     Trip("cpy-run.whole-row", m_half_row),
     Trip("cpy-run.row-written-twice", m_row_twice),
     Trip("concat.user-count", m_concat_user),
@@ -471,10 +481,38 @@ def build(t: Trip, mutate: bool = True):
     return g, pattern, anchor
 
 
+def uncovered(patterns: dict, trips: list[Trip]) -> list[str]:
+    """Rule keys of ``patterns`` ({name: pattern}, every between-mode) that no trip graph covers."""
+    names = {key(n, r.name) for n, p in patterns.items() for m in MODES for r in p.rules(Context(Graph(), m))}
+    return sorted(names - {t.rule for t in trips})
+
+
 @pytest.mark.parametrize("rule", RULE_KEYS)
 def test_every_rule_has_a_trip_graph(rule):
     """A new rule without a graph that trips it alone fails here."""
     assert any(t.rule == rule for t in TRIPS), f"no trip graph for {rule}: add one to TRIPS"
+
+
+def test_a_new_rule_without_a_trip_graph_is_caught():
+    """Negative control of the test above: a pattern with one more rule has exactly that rule uncovered."""
+    class Extended(MatVecPair):
+        def rules(self, ctx):
+            return super().rules(ctx) + (Rule("between.new-hazard", HAZARD, lambda c, ctx: None),)
+
+    patterns = {"gdn_conv_chain": ConvChain(), PAIR: MatVecPair()}
+    assert uncovered(patterns, TRIPS) == []
+    assert uncovered({**patterns, PAIR: Extended()}, TRIPS) == [PAIR + ":between.new-hazard"]
+
+
+def test_violations_lists_every_hazard():
+    """Negative control of "trips alone": an in-place SCALE of snapshot row 0 after the fused position both writes
+    and reads it, and ``violations`` names both hazards (fuse reports the first)."""
+    def scale_row(g, c):
+        insert_after(g, c["concat"], ops.scale(c["dsts"][0], 2.0, inplace=True))
+
+    g, p, anchor = build(Trip("", scale_row))
+    assert violations(p, g, anchor, Context(g)) == ["between.writes-cache", "between.reads-cache"]
+    assert [r.rule for r in fuse(g, enabled=True, patterns=[p]).refused] == ["between.writes-cache"]
 
 
 def test_trip_table_names_only_real_rules():
