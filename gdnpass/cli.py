@@ -47,7 +47,8 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rs-seq", type=int, default=7, help="rollback snapshot planes n_rs_seq (default: 7)")
     g.add_argument("--layers", type=int, default=None,
                    help=f"GDN layers to build (default: {DEFAULT_LAYERS}, or all if the preset has fewer; 0 = all of "
-                        "the preset's, e.g. 24 for qwen3.5-9b: about 10 GiB of bf16 weights and as much RAM)")
+                        "the preset's; qwen3.5-9b has 24: 10.2 GiB of buffers (9.8 GiB bf16 weights, 0.4 GiB caches), about "
+                        "11.5 GB of RAM at peak, twice that with --check, which keeps a copy of every buffer)")
     g.add_argument("--seqs", type=int, default=1, help="sequences in the ubatch (default: 1)")
     g.add_argument("--dflash", action="store_true", help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
     g.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
@@ -111,20 +112,66 @@ def _planned(a: argparse.Namespace, fuse_now: bool = True, fusion: bool | None =
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _progress(label: str):
-    """A throttled progress line on stderr for long runs (only when stderr is a terminal)."""
-    if not sys.stderr.isatty():
-        return None
-    last = [0.0]
+def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: float = 1.0):
+    """The progress callback of one long step (gdnpass.progress: a bar on a terminal, plain lines otherwise)."""
+    from gdnpass.progress import step
 
-    def report(done: int, total: int) -> None:
-        now = time.perf_counter()
-        if done == total or now - last[0] > 0.25:
-            last[0] = now
-            end = "\n" if done == total else ""
-            print(f"\r{label}: {done}/{total} nodes", end=end, file=sys.stderr, flush=True)
+    return step(label, unit, quiet=getattr(a, "quiet", False), scale=scale)
 
-    return report
+
+# seconds per Triton program under TRITON_INTERPRET=1: (fixed, per loop step), steps as triton_ops.programs says
+# (tokens for the convolutions and GDN, K blocks for the mat-vec). Measured on the project's 2-core CPU machine
+# (shared, so on the slow side) from single launches of the tiny-* models and direct launches of silu/mul_mat_vec:
+# silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec
+# ~22 ms at 1 K block and ~35 ms at 4.
+INTERPRETER_S = {"silu": (0.020, 0.0), "l2_norm": (0.025, 0.0), "ssm_conv": (0.020, 0.009),
+                 "chain": (0.020, 0.008), "gdn": (0.020, 0.015), "mat_vec": (0.018, 0.004)}
+SLOW_LIMIT_S = 60.0
+
+
+def interpreter_seconds(nodes) -> float:
+    """Estimated seconds of one execution of ``nodes`` on Triton's interpreter, from the programs each launch runs
+    (:func:`gdnpass.kernels.triton_ops.programs`). Needs TRITON_INTERPRET set (it imports the kernels)."""
+    from gdnpass.kernels.triton_ops import programs
+
+    total = 0.0
+    for n in nodes:
+        for kernel, count, steps in programs(n):
+            name = kernel.rstrip("0123456789")
+            taps = int(kernel[len(name):] or 4)
+            fixed, per_step = INTERPRETER_S[name]
+            total += count * (fixed + per_step * steps * (taps / 4 if name in ("ssm_conv", "chain") else 1))
+    return total
+
+
+def _refuse_slow(a: argparse.Namespace, seconds: float) -> None:
+    if seconds <= SLOW_LIMIT_S or a.allow_slow:
+        return
+    from gdnpass.errors import ResourceError
+
+    raise ResourceError(f"--backend triton on the CPU runs Triton's interpreter: this graph would take about "
+                        f"{_duration(seconds)} (over {SLOW_LIMIT_S:.0f} s); pass --allow-slow to run it anyway, or use "
+                        "a smaller graph (--model tiny-dc4-h64 --layers 1), --backend torch, or --device cuda")
+
+
+def _duration(s: float) -> str:
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def hints(nodes) -> int:
+    """Allocator-hint nodes (keep-alive NONE nodes that ``prepare`` added) among ``nodes``."""
+    from gdnpass.ir import Op
+
+    return sum(1 for n in nodes if n.op is Op.NONE and n.op_params.get("hint"))
+
+
+def _nodes_line(before, after) -> str:
+    h = hints(before)
+    return f"nodes {len(before)}" + (f" ({h} allocator hint{'s' if h != 1 else ''})" if h else "") + f" -> {len(after)}"
 
 
 def _check_device(device: str) -> None:
@@ -138,7 +185,8 @@ def _check_device(device: str) -> None:
 
 def cmd_run(a: argparse.Namespace) -> int:
     _check_device(a.device)
-    if a.device == "cpu" and a.backend == "triton":
+    interpreted = a.device == "cpu" and a.backend == "triton"
+    if interpreted:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' definition
     from gdnpass.runtime import Executor, launches
 
@@ -147,27 +195,32 @@ def cmd_run(a: argparse.Namespace) -> int:
     t_build = time.perf_counter() - t0
     graph = res.graph
     if a.check:
-        return _run_check(a, res)
+        return _run_check(a, res, interpreted)
+    if interpreted:
+        _refuse_slow(a, interpreter_seconds(graph.nodes))
 
     report = res.report
     before = launches_of(res.before)
     ex = Executor(graph, device=a.device, backend=a.backend)
     t0 = time.perf_counter()
-    ex.fill(seed=a.seed)
+    with _progress(a, "fill", "GB", scale=1e-9) as p:
+        ex.fill(seed=a.seed, progress=p)
     t_fill = time.perf_counter() - t0
     t0 = time.perf_counter()
-    ex.run(progress=_progress("execute"))
-    if ex.device.type == "cuda":
-        import torch
+    with _progress(a, "execute") as p:
+        ex.run(progress=p)
+        if ex.device.type == "cuda":
+            import torch
 
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
     t_exec = time.perf_counter() - t0
 
     counts = launches(graph)
     summary = {
         "source": res.source, "device": str(ex.device), "backend": _backend_name(a),
         "layers": graph.meta.get("layers"), "dflash_taps": graph.meta.get("dflash_taps"),
-        "nodes": len(graph.nodes), "nodes_unfused": len(res.before), "leafs": len(graph.leafs),
+        "nodes": len(graph.nodes), "nodes_unfused": len(res.before), "allocator_hints": hints(res.before),
+        "leafs": len(graph.leafs),
         "buffers": graph.buffers, "launches": sum(counts.values()), "launches_unfused": before,
         "launches_per_op": dict(sorted(counts.items())), "fusion": report.to_json(),
         "seconds": {"build_and_plan": round(t_build - report.seconds, 4), "fuse": round(report.seconds, 4),
@@ -179,7 +232,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     mib = 1 << 20
     print(f"gdnpass run: {res.source}; on {ex.device}, backend {summary['backend']}")
     print(f"  fusion: {report.summary()}")
-    print(f"  nodes {len(res.before)} -> {len(graph.nodes)}, launches {before} -> {summary['launches']}, "
+    print(f"  {_nodes_line(res.before, graph.nodes)}, launches {before} -> {summary['launches']}, "
           f"leafs {len(graph.leafs)}")
     print("  buffers: " + ", ".join(f"{k} {v / mib:.2f} MiB" for k, v in graph.buffers.items()))
     print("  launches per op: " + ", ".join(f"{k} {v}" for k, v in summary["launches_per_op"].items()))
@@ -205,12 +258,19 @@ def _backend_name(a: argparse.Namespace) -> str:
     return name
 
 
-def _run_check(a: argparse.Namespace, res) -> int:
+def _run_check(a: argparse.Namespace, res, interpreted: bool = False) -> int:
     """``run --check``: unfused then fused from identical inputs; exit 1 on any differing byte."""
     from gdnpass.check import check_fusion
 
-    out = check_fusion(res.graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
-                       progress=_progress("check"))
+    fused = sorted({n.op.value for n in res.graph.nodes if n.op.is_fused})
+    if fused:
+        raise GdnpassError(f"--check compares the unfused graph with its fusion, but {res.source} is already fused "
+                           f"({', '.join(fused)}); save an unfused graph with 'gdnpass run --no-fuse --save FILE'")
+    if interpreted:
+        _refuse_slow(a, 2 * interpreter_seconds(res.graph.nodes))  # unfused, then fused (cheaper)
+    with _progress(a, "check") as p:
+        out = check_fusion(res.graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
+                           progress=p)
     if a.json:
         print(json.dumps(out.to_json(), indent=2))
     else:
@@ -258,7 +318,13 @@ def cmd_dump(a: argparse.Namespace) -> int:
     if shows and (a.format != "text" or a.render):
         raise GdnpassError(f"{shows[0]} prints text; it cannot be combined with "
                            + ("--render" if a.render else f"--format {a.format}"))
-    return dump.cmd_dump(a, _planned(a))
+    res = _planned(a)
+    rc = dump.cmd_dump(a, res)
+    h = hints(res.before)
+    if h and a.format == "text" and not a.render:
+        dump.emit(f"{_nodes_line(res.before, res.graph.nodes)}: the {h} allocator hint{'s' if h != 1 else ''} "
+                  "(keep-alive NONE nodes from the pass's prepare) launch nothing\n")
+    return rc
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -281,7 +347,10 @@ def make_parser() -> argparse.ArgumentParser:
     x.add_argument("--seed", type=int, default=0, help="seed of weights, caches and inputs (default: 0)")
     x.add_argument("--check", action="store_true",
                    help="run unfused and fused from identical inputs and compare the bytes (exit 1 on a difference)")
+    x.add_argument("--allow-slow", action="store_true",
+                   help="run even when Triton's interpreter (--backend triton on cpu) is estimated over a minute")
     r.add_argument("--json", action="store_true", help="print the summary as JSON")
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress on stderr")
     r.set_defaults(func=cmd_run)
 
     d = sub.add_parser("dump", help="print the graph, what fusion did and why (text, DOT or JSON)",

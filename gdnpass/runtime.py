@@ -13,6 +13,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from gdnpass.errors import ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, inputs, runs_kernel
 from gdnpass.kernels.fused import RECORDS
 
@@ -52,6 +53,7 @@ class Executor:
         self.graph = graph
         self.device = torch.device(device)
         self.kernels = backend_for(device, backend)
+        check_memory(graph, self.device)  # before allocating: a 4 TB plan is refused, not attempted
         # pad so that any dtype view of the byte buffer is well formed
         self.buffers = {name: torch.empty(_pad(size), dtype=torch.uint8, device=self.device)
                         for name, size in graph.buffers.items()}
@@ -93,26 +95,30 @@ class Executor:
         """The raw bytes of a base tensor or a contiguous view (for byte-for-byte comparisons)."""
         return self.read(t).contiguous().view(torch.uint8).numpy().tobytes()
 
-    def fill(self, seed: int = 0, ids: list[int] | None = None) -> None:
+    def fill(self, seed: int = 0, ids: list[int] | None = None,
+             progress: Callable[[int, int], None] | None = None) -> None:
         """Reproducible contents for every leaf, and poison (NaN) in the arena.
 
-        Weights depend only on (seed, name), so two graphs built from one config get the same weights. Caches and
-        inputs are random, never zeros (zeros hide unwritten outputs). ``ids`` sets ``inp_s_copy``.
+        A leaf's bytes depend only on (seed, name, shape, type): two graphs built from one config get the same
+        weights, and no tensor's fill depends on another's. Caches and inputs are random, never zeros (zeros hide
+        unwritten outputs). ``ids`` sets ``inp_s_copy``. ``progress(done_bytes, total_bytes)`` after each leaf.
         """
         self.buffers["arena"].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
-        for t in self.graph.leafs:
-            if t.is_view or t.is_empty:
-                continue
+        leafs = [t for t in self.graph.leafs if not t.is_view and not t.is_empty]
+        total, done = sum(t.nbytes for t in leafs), 0
+        for t in leafs:
             if t.type is DType.I32:
                 vals = torch.tensor(ids if ids is not None else self.graph.meta.get("ids", [0] * t.nelements),
                                     dtype=torch.int32)
                 if vals.numel() != t.nelements:
                     raise GraphError(f"tensor {t.name!r}: {vals.numel()} ids given, needs {t.nelements}")
                 self.view(t).copy_(vals.reshape(self.view(t).shape))
-                continue
-            g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{t.name}".encode()))
-            x = _init_values(t, g)
-            self.view(t).copy_(x.reshape(self.view(t).shape))
+            else:
+                g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{t.name}".encode()))
+                _init_into(self.view(t), t, g)
+            done += t.nbytes
+            if progress is not None:
+                progress(done, total)
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.buffers.items()}
@@ -193,18 +199,36 @@ def _pad(n: int) -> int:
     return max(16, (n + 15) // 16 * 16)
 
 
-_TILE = 1 << 20
+_TILE = 1 << 20        # leafs above this many elements repeat one random block ...
+_BLOCK = (1 << 16) + 97  # ... of this many values: an odd period, so no two rows of a matrix are equal
+
+
+def _init_into(dst: torch.Tensor, t: Tensor, g: torch.Generator) -> None:
+    """Write ``t``'s initial values (:func:`_init_values`) into its view ``dst``. A big contiguous leaf is written
+    in one broadcast copy of its block (cache-resident source: a fill of gigabytes runs at memory bandwidth)."""
+    if t.nelements > _TILE and dst.is_contiguous():
+        block = _role(t, torch.randn(_BLOCK, generator=g)).to(dst.dtype)
+        flat = dst.reshape(-1)  # a view: dst is contiguous
+        q = flat.numel() // _BLOCK
+        flat[: q * _BLOCK].view(q, _BLOCK).copy_(block.expand(q, _BLOCK))
+        flat[q * _BLOCK:].copy_(block[: flat.numel() - q * _BLOCK])
+        return
+    dst.copy_(_init_values(t, g).reshape(dst.shape))
 
 
 def _init_values(t: Tensor, g: torch.Generator) -> torch.Tensor:
-    """Plausible magnitudes per tensor role (so the GDN recurrence and norms stay finite)."""
+    """A leaf's initial values, from (its generator, name, shape, buffer) alone: normals at a plausible magnitude per
+    tensor role (so the GDN recurrence and norms stay finite); above _TILE elements one block of _BLOCK, repeated
+    (drawing gigabytes of normals would dominate a CPU run)."""
+    if t.nelements > _TILE:
+        block = _role(t, torch.randn(_BLOCK, generator=g)).to(TORCH_DTYPES[t.type])
+        return block.repeat(t.nelements // _BLOCK + 1)[: t.nelements]
+    return _role(t, torch.randn(t.nelements, generator=g))
+
+
+def _role(t: Tensor, r: torch.Tensor) -> torch.Tensor:
+    """Standard normals ``r`` scaled (in place) to ``t``'s role."""
     name = t.name
-    if t.buffer == "weights" and t.nelements > _TILE:
-        # big projections: a random block repeated (drawing gigabytes of normals would dominate a CPU run), at an
-        # odd period so that no two rows are equal
-        block = torch.randn(_TILE + 97, generator=g).mul_(t.ne[0] ** -0.5).to(TORCH_DTYPES[t.type])
-        return block.repeat(t.nelements // block.numel() + 1)[: t.nelements]
-    r = torch.randn(t.nelements, generator=g)
     if name.endswith("norm.weight"):
         return r.mul_(0.1).add_(1.0)
     if name.endswith(".ssm_a"):
@@ -216,3 +240,54 @@ def _init_values(t: Tensor, g: torch.Generator) -> torch.Tensor:
     if name.startswith("cache_s"):
         return r.mul_(0.1)
     return r
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# memory available
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def available_bytes(device: torch.device) -> int | None:
+    """Memory a plan may use on ``device``: free GPU memory (CUDA), else MemAvailable (psutil if installed, else
+    /proc/meminfo); None where it cannot be known."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _size(n: int) -> str:
+    for unit, k in (("TiB", 40), ("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << k:
+            return f"{n / (1 << k):.2f} {unit}"
+    return f"{n} B"
+
+
+def check_memory(graph: Graph, device: torch.device, available: int | None = None) -> None:
+    """Refuse (:class:`ResourceError`, one line) a plan whose buffers exceed the memory available on ``device``,
+    naming the buffer sizes and the largest tensors."""
+    need = sum(_pad(s) for s in graph.buffers.values())
+    have = available_bytes(device) if available is None else available
+    if have is None or need <= have:
+        return
+    bases = {id(t.base): t.base for t in graph.tensors() if t.base.buffer is not None and not t.base.is_empty}
+    big = sorted(bases.values(), key=lambda t: t.nbytes, reverse=True)[:3]
+    where = "free GPU memory" if device.type == "cuda" else "available RAM"
+    raise ResourceError(
+        f"the memory plan needs {_size(need)} ("
+        + ", ".join(f"{k} {_size(v)}" for k, v in graph.buffers.items())
+        + f") but {where} on {device} is {_size(have)}; largest tensors: "
+        + ", ".join(f"{t.name!r} {_size(t.nbytes)} ({t.buffer})" for t in big))

@@ -340,6 +340,9 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
     # ---- top level: format first, so a foreign JSON file gets the clearest message
     if not isinstance(d, dict):
         _fail(source, f"the top level must be a JSON object, not {type(d).__name__}")
+    if d.get("schema") == "gdnpass-dump":  # gdnpass.dump.SCHEMA (not imported: dump builds on fusion)
+        _fail(source, "this is the output of 'gdnpass dump --format json' (a report), not a graph file; write a graph "
+                      "file with --save FILE (gdnpass run/dump ... --save FILE) and pass that to --graph")
     if d.get("format") != FORMAT:
         _fail(source, f"field 'format' is {d.get('format')!r}, expected {FORMAT!r} (not a gdnpass graph file?)")
     if "version" not in d:

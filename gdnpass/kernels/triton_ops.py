@@ -564,3 +564,50 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
         q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
         qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
         ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, **LAUNCH)
+
+
+# ---- launch sizes (for cost estimates) -------------------------------------------------------------------------------
+
+
+def programs(node) -> list[tuple[str, int, int]]:
+    """The Triton programs one execution of graph node ``node`` (a :class:`gdnpass.ir.Tensor`) launches under
+    :data:`gdnpass.kernels.backends.TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs,
+    steps)]``, ``steps`` being each program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for
+    mat_vec; 1 otherwise). Empty for nodes that run on torch (or launch nothing). Pure: reads shapes only."""
+    from gdnpass.ir import Op, Unary, runs_kernel
+    from gdnpass.kernels.limits import runs_as_mat_vec
+
+    if not runs_kernel(node):
+        return []
+    op, ne = node.op, node.ne
+    if op is Op.UNARY:
+        if Unary(node.op_params["kind"]) is not Unary.SILU:
+            return []
+        return [("silu", triton.cdiv(node.nelements, ELT_BLOCK), 1)]
+    if op is Op.L2_NORM:
+        block_r, _ = l2_tile(ne[0])
+        return [("l2_norm", triton.cdiv(ne[1] * ne[2] * ne[3], block_r), 1)]
+    if op is Op.SSM_CONV:
+        C, n_t, n_s = ne[0], ne[1], ne[2]
+        return [(f"ssm_conv{node.src[1].ne[0]}", n_s * triton.cdiv(C, CONV_BLOCK_C), n_t)]
+    if op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
+        w, x = node.src[0], node.src[1]
+        K, M, N = w.ne[0], w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
+        if w.ne[2] * w.ne[3] != 1 or not runs_as_mat_vec(M, N):
+            return []  # torch's matmul
+        block_m, _, block_k = mat_vec_blocks(M, N)
+        return [("mat_vec", triton.cdiv(M, block_m) * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
+                 triton.cdiv(K, block_k))]
+    if op is Op.GATED_DELTA_NET:
+        v = node.src[2]  # ne [S, H_v, n_t, n_s]
+        S, H_v, n_t, n_s = v.ne
+        return [("gdn", triton.cdiv(S, min(GDN_BLOCK_V, S)) * H_v * n_s, n_t)]
+    if op is Op.GDN_CONV_CHAIN:
+        p = node.op_params
+        C, n_t, S = node.ne[0], int(p["n_tokens"]), int(p["head_dim"])
+        out = [(f"chain{p['d_conv']}", C // S, n_t)]
+        if p.get("l2_separate"):
+            block_r, _ = l2_tile(S)
+            out.append(("l2_norm", 2 * triton.cdiv(n_t * int(p["n_k_heads"]), block_r), 1))
+        return out
+    return []
