@@ -118,3 +118,38 @@ def test_presets_shapes():
     assert PRESETS["qwen3.5-27b"].conv_channels == 10240 and len(PRESETS["qwen3.5-27b"].gdn_layers) == 48
     assert PRESETS["qwen3-next-80b"].conv_channels == 8192 and len(PRESETS["qwen3-next-80b"].gdn_layers) == 36
     assert {PRESETS[n].d_conv for n in PRESETS if n.startswith("tiny")} == {3, 4, 5}
+
+
+def test_qk_norm_rms_is_upstreams_build_gdn_l2_norm():
+    """qk_norm="rms": where the L2_NORMs were, RMS_NORM(x, eps/n) then SCALE(1/sqrtf(n)) for q, then for k (upstream
+    models.h build_gdn_l2_norm, qwen35.cpp), params the f32 values ggml stores; everything else unchanged."""
+    import numpy as np
+
+    from gdnpass.models import hparams
+
+    assert VerifyConfig("tiny-dc4-h32", 2).qk_norm == hparams.DEFAULT_QK_NORM == "l2"  # until the matcher knows rms
+    assert hparams.qk_rms_params(1e-6, 32) == (float(np.float32(3.125e-8)), float(np.float32(1) / np.sqrt(np.float32(32))))
+    assert hparams.qk_rms_params(1e-6, 128) == (float(np.float32(1e-6) / np.float32(128)),
+                                                float(np.float32(1) / np.sqrt(np.float32(128))))
+    l2 = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1))
+    g = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, qk_norm="rms"))
+    ops.validate(g)
+    want = []
+    for n in l2.nodes:
+        want += [Op.RMS_NORM, Op.SCALE] if n.op is Op.L2_NORM else [n.op]
+    assert [n.op for n in g.nodes] == want
+    silu = next(n for n in g.nodes if n.name == "conv_output_silu-0")
+    i = g.nodes.index(silu)
+    q_view, q_rms, q_scale, k_view, k_rms, k_scale = g.nodes[i + 1:i + 7]
+    eps, s = hparams.qk_rms_params(1e-6, 128)
+    for view, rms, sc, name in ((q_view, q_rms, q_scale, "q"), (k_view, k_rms, k_scale, "k")):
+        assert rms.src == [view] and rms.op_params == {"eps": eps} and view.view_src is silu
+        assert sc.src == [rms] and sc.op_params == {"s": s, "b": 0.0, "inplace": False}
+        assert sc.name == f"{name}_conv_predelta-0" and sc.layer == 0
+    gdn = next(n for n in g.nodes if n.op is Op.GATED_DELTA_NET)
+    assert gdn.src[0] is q_scale and gdn.src[1] is k_scale
+
+
+def test_qk_norm_is_checked():
+    with pytest.raises(GraphError, match="qk_norm"):
+        build_verify_graph(VerifyConfig("tiny-dc4-h32", 2, qk_norm="layer"))

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from gdnpass.ir import DType, GraphError
 
 
@@ -118,6 +116,8 @@ def qk_rms_params(eps: float, n: int) -> tuple[float, float]:
     in float32 (``const float n = x->ne[0]``; ``eps/n``; ``1.0f/sqrtf(n)``; eps is ``hparams.f_norm_rms_eps``, a
     float), returned as the f32 values ggml stores in op_params. n = 32, eps = 1e-6: (3.125e-8 in f32,
     1/sqrtf(32) = 0.17677669...)."""
+    import numpy as np  # here: building a graph needs no numpy otherwise
+
     nf = np.float32(n)
     return float(np.float32(eps) / nf), float(np.float32(1.0) / np.sqrt(nf))
 
