@@ -528,6 +528,9 @@ def test_the_unmutated_candidates_break_no_rule(pattern, mode):
 
 @pytest.mark.parametrize("t", TRIPS, ids=[t.id for t in TRIPS])
 def test_each_rule_trips_alone(t):
+    if t.mutate:  # the mutation is what breaks the rule: unmutated, the same config's candidate is legal
+        g, p, anchor = build(t, mutate=False)
+        assert violations(p, g, anchor, Context(g, t.between)) == []
     g, p, anchor = build(t)
     assert violations(p, g, anchor, Context(g, t.between)) == [rule_of(t)]
     if KIND[t.rule] == STRUCTURAL:  # structural rules are the same in both modes
