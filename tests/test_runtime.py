@@ -149,3 +149,59 @@ def test_cuda_graph_capture_replays_the_same_bytes():
     ex.restore(start)
     ex.run()
     assert all(torch.equal(eager[k], ex.buffers[k]) for k in eager)
+
+
+def _filled(cfg, seed=0):
+    g = build_verify_graph(cfg)
+    plan(g)
+    ex = Executor(g)
+    ex.fill(seed=seed)
+    return g, ex
+
+
+def test_fill_depends_on_seed_and_name_only():
+    # two graphs from one config: the same bytes for every leaf
+    cfg = VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=2)
+    (g1, e1), (g2, e2) = _filled(cfg), _filled(cfg)
+    for t in g1.leafs:
+        if not t.is_view and not t.is_empty:
+            assert e1.bytes_of(t) == e2.bytes_of(g2.find(t.name)), t.name
+    # a tensor's fill does not depend on the others: layer 0 of a 1-layer graph equals layer 0 of the 2-layer one,
+    # also at other plan offsets (fusion hints move the arena, not the weights; a wider graph moves the offsets)
+    g3, e3 = _filled(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1))
+    shared = [t for t in g3.leafs if t.buffer == "weights" and not t.is_view]
+    assert shared
+    for t in shared:
+        assert e3.bytes_of(t) == e1.bytes_of(g1.find(t.name)), t.name
+    # another seed, other bytes
+    _, e4 = _filled(cfg, seed=1)
+    w = next(t for t in g1.leafs if t.name.endswith("ssm_out.weight"))
+    assert e4.bytes_of(g1.find(w.name)) != e1.bytes_of(w)
+
+
+def test_big_leafs_fill_in_place_like_the_values():
+    """The fast path (one block, broadcast into the view) gives exactly _init_values' values."""
+    from gdnpass.ir import DType, Tensor
+    from gdnpass.runtime import _TILE, _init_into, _init_values
+
+    for dtype, tdt in ((DType.BF16, torch.bfloat16), (DType.F32, torch.float32)):
+        ne1 = _TILE // 4096 + 3
+        es = dtype.size
+        t = Tensor(name="blk.0.ffn_up.weight", type=dtype, ne=(4096, ne1, 1, 1),
+                   nb=(es, 4096 * es, 4096 * ne1 * es, 4096 * ne1 * es))
+        t.buffer = "weights"
+        dst = torch.empty(t.nelements, dtype=tdt)
+        _init_into(dst, t, torch.Generator().manual_seed(5))
+        want = _init_values(t, torch.Generator().manual_seed(5))
+        assert torch.equal(dst, want)
+        assert dst.float().abs().max() < 1.0 and dst.float().std() > 0.5 / 64
+
+
+def test_forward_stays_finite_through_every_layer():
+    cfg = VerifyConfig("tiny-dc4-h64", 8, 7, n_layers=3)
+    g, ex = _filled(cfg)
+    outs = [n for n in g.nodes if n.name.startswith("l_out")]
+    assert len(outs) >= 3
+    got = ex.run(probes=outs)
+    for name, x in got.items():
+        assert torch.isfinite(x).all() and x.abs().max() < 1e4, name
