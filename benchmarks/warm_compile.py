@@ -1,4 +1,5 @@
-"""Compile the kernels of the GPU sweep (tests/test_fusion.py::test_sweep_gpu_all_400) in parallel processes, so that
+"""Compile the kernels of the GPU sweep (gdnpass/sweep.py, run by tests/test_fusion.py::test_sweep_gpu_all_400) in
+parallel processes, so that
 `pytest -m gpu` then loads them from Triton's disk cache. The fused chain compiles once per (n_t, window columns) of
 a model; the sweep's 400 cases need about as many compiles, one after another in a single pytest process.
 
@@ -11,11 +12,10 @@ import sys
 import time
 
 sys.path.insert(0, ".")
-sys.path.insert(0, "tests")
 
 
 def run_cases(cases):
-    from test_fusion import sweep_case_gpu  # each worker imports torch and CUDA itself
+    from gdnpass.sweep import sweep_case_gpu  # each worker imports torch and CUDA itself
 
     return [case for case in cases if not sweep_case_gpu(case)[1].identical]
 
@@ -24,7 +24,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--procs", type=int, default=16)
     a = ap.parse_args()
-    from test_fusion import SWEEP
+    from gdnpass.sweep import SWEEP
     start = time.time()
     slices = [list(range(i, len(SWEEP), a.procs)) for i in range(a.procs)]
     with mp.get_context("spawn").Pool(a.procs) as pool:

@@ -12,28 +12,21 @@ import pytest
 import torch
 
 from gdnpass import cli
-from gdnpass.alloc import plan
 from gdnpass.check import check_fusion
 from gdnpass.fusion import fuse
 from gdnpass.ir import GraphError, Op
-from gdnpass.kernels import TORCH_BACKEND, TRITON_BACKEND
-from gdnpass.matchers.conv_chain import ConvChain
-from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
-from test_kernels import Arena, node, rnd
+from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
+from gdnpass.models import VerifyConfig, default_ids
+from gdnpass.sweep import sweep_ids
+from support import graphs
+from support.arena import Arena, node, rnd
+from support.compare import assert_bits
+from support.graphs import CHAIN
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
-CHAIN = [ConvChain()]
 LAYOUTS = ["dedup", "dedup-t"]
 EPS = 1e-6
-
-
-def int_bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(torch.int32)
-
-
-def assert_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert torch.equal(int_bits(got), int_bits(want)), f"{what}: bytes differ"
 
 
 # ---- kernel level ---------------------------------------------------------------------------------------------------
@@ -134,10 +127,7 @@ def test_tile_arguments():
 
 
 def planned(layout="dedup", model="tiny-dc4-h64", n_t=4, n_rs=3, **kw):
-    cfg = VerifyConfig(model, n_t, n_rs, snapshot_layout=layout, **{"n_layers": 1, "mem_size": 2, "ffn": False, **kw})
-    g = build_verify_graph(cfg)
-    plan(g)
-    return cfg, g
+    return graphs.planned(model, n_t, n_rs, snapshot_layout=layout, **{"ffn": False, **kw})
 
 
 def fused_node(g):
@@ -182,18 +172,11 @@ def test_bad_layout_is_a_config_error():
         VerifyConfig("tiny-dc4-h64", 4, 3, snapshot_layout="tiles").check()
 
 
-def ids_for(cfg, case):
-    """Alternate: plane 1 of the own cell (an accepted-token offset), then the last plane of the other cell."""
-    if case % 2 == 0:
-        return default_ids(cfg, read_plane=min(1, cfg.n_rs_seq))
-    return default_ids(cfg, read_plane=cfg.n_rs_seq, src_cell=1)
+ids_for = sweep_ids  # alternate: plane 1 of the own cell (an accepted-token offset), then the last plane of the other
 
 
 def assert_identical(res):
-    assert len(res.report.applied) == 1, res.report.summary()
-    bad = [c.to_json() for c in res.compared if not c.identical]
-    assert not bad, bad
-    assert "cache_w_l0" in {c.name for c in res.compared}
+    graphs.assert_identical(res, compared={"cache_w_l0"})
 
 
 GRAPH_CASES = [(T, n_rs, model) for T, n_rs, model in [

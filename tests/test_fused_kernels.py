@@ -11,19 +11,14 @@ import pytest
 import torch
 
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels import TORCH_BACKEND, TRITON_BACKEND
-from test_kernels import Arena, assert_close, node, rnd
+from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
+from support.arena import Arena, assert_close, node, rnd
+from support.compare import assert_same_bytes
 
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
 
 BACKENDS = pytest.mark.parametrize("backend", [TORCH_BACKEND, TRITON_BACKEND], ids=["torch", "triton"])
 EPS = 1e-6
-
-
-def assert_same_bytes(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    assert not got.isnan().any(), f"{what}: {int(got.isnan().sum())} elements not written"
-    int_type = {4: torch.int32, 2: torch.int16}[got.element_size()]
-    assert torch.equal(got.contiguous().view(int_type), want.contiguous().view(int_type)), f"{what}: bytes differ"
 
 
 # ---- GDN_CONV_CHAIN -------------------------------------------------------------------------------------------------

@@ -1,8 +1,6 @@
 """The conv-chain fusion: exactness sweep, one test per refusal rule, the 9B DFlash graphs, a negative control."""
 
-import itertools
 import json
-import os
 
 import pytest
 import torch
@@ -12,35 +10,10 @@ from gdnpass.alloc import plan
 from gdnpass.check import check_fusion, watched
 from gdnpass.fusion import env_enabled, fuse, prepare
 from gdnpass.ir import DType, Flag, GraphError, Op
-from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.models import ModelShape, VerifyConfig, build_verify_graph, default_ids
-
-CHAIN = [ConvChain()]
 from gdnpass.runtime import Executor
-
-SWEEP_SHAPES = ["tiny-dc3-h32", "tiny-dc4-h64", "tiny-dc5-h128", "tiny-dc4-h32", "tiny-dc4-h128"]
-SWEEP = list(itertools.product(range(1, 17), [0, 2, 3, 7, 15], SWEEP_SHAPES))  # the seed's 400 cases
-
-
-def planned(model="tiny-dc4-h64", n_t=4, n_rs=3, **kw):
-    cfg = VerifyConfig(model, n_t, n_rs, **{"n_layers": 1, "mem_size": 2, **kw})
-    g = build_verify_graph(cfg)
-    plan(g)
-    return cfg, g
-
-
-def sweep_ids(cfg, case):
-    """Alternate the read row between one of the written rows (own cell) and an unwritten one (the other cell)."""
-    if case % 2 == 0:
-        return default_ids(cfg, read_plane=min(1, cfg.n_rs_seq))
-    return default_ids(cfg, read_plane=cfg.n_rs_seq, src_cell=1)
-
-
-def assert_identical(res, applied=1):
-    assert len(res.report.applied) == applied, res.report.summary()
-    bad = [c for c in res.compared if not c.identical]
-    assert not bad, [c.to_json() for c in bad]
-    assert len(res.compared) >= 5
+from gdnpass.sweep import SWEEP, sweep_case_gpu, sweep_ids
+from support.graphs import CHAIN, assert_identical, planned
 
 
 @pytest.mark.parametrize("case", range(len(SWEEP)))
@@ -59,16 +32,6 @@ def test_sweep_triton_interpreter_is_byte_identical(case):
     n_t, n_rs, model = SWEEP[case]
     cfg, g = planned(model, n_t, n_rs)
     assert_identical(check_fusion(g, patterns=CHAIN, backend="triton", ids=sweep_ids(cfg, case), seed=case))
-
-
-def sweep_case_gpu(case: int, hints: bool = True):
-    """One sweep case through the compiled kernels (also benchmarks/warm_compile.py): (fused graph, CheckResult)."""
-    n_t, n_rs, model = SWEEP[case]
-    cfg = VerifyConfig(model, n_t, n_rs, n_layers=1, mem_size=2)
-    g = build_verify_graph(cfg)
-    prepare(g, enabled=hints, patterns=CHAIN)
-    plan(g)
-    return g, check_fusion(g, patterns=CHAIN, device="cuda", ids=sweep_ids(cfg, case), seed=case)
 
 
 @pytest.mark.gpu
@@ -344,11 +307,11 @@ def test_fused_graph_validates_and_serializes():
 
     _, g = planned(n_t=8, n_rs=7)
     fuse(g, enabled=True, patterns=CHAIN)
-    g.validate()
+    ops.validate(g)
     (f,) = [n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN]
     assert f.op_params["columns"] == [max(0, 8 - s) for s in range(7, -1, -1)]
     g2 = serialize.loads(serialize.dumps(g))
-    g2.validate()
+    ops.validate(g2)
     assert [n.op for n in g2.nodes] == [n.op for n in g.nodes]
 
 

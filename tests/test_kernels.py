@@ -5,69 +5,21 @@ first so an element the kernel forgot to write shows up. Grids stay small: the i
 """
 
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels import TORCH_BACKEND, TRITON_BACKEND
+from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_ops as tri
+from support.arena import DEVICE, Arena, assert_close, node, rnd
 
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-NAN = float("nan")
 
 # triton 3.6's interpreter converts runtime loop bounds through a deprecated numpy path
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning")
-
-
-class Arena:
-    """One uint8 buffer handing out typed strided 4-D views (torch shape (ne3, ne2, ne1, ne0)), NaN-poisoned."""
-
-    def __init__(self, nbytes: int = 1 << 22):
-        self.buf = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
-        self.top = 0
-
-    def view(self, shape, dtype=torch.float32, row_stride=None) -> torch.Tensor:
-        """A new view; rows (along ne0) are ``row_stride`` elements apart (default: packed), packed above."""
-        d3, d2, d1, d0 = shape
-        r = row_stride or d0
-        strides = (r * d1 * d2, r * d1, r, 1)
-        size = torch.empty(0, dtype=dtype).element_size()
-        n = 1 + sum((d - 1) * s for d, s in zip(shape, strides))
-        self.top = -(-self.top // 64) * 64
-        t = self.buf[self.top:self.top + n * size].view(dtype).as_strided(shape, strides)
-        self.top += n * size
-        return t.fill_(NAN)
-
-    def put(self, x: torch.Tensor, row_stride=None) -> torch.Tensor:
-        return self.view(tuple(x.shape), x.dtype, row_stride).copy_(x)
-
-    def run(self, fn, *outs: torch.Tensor) -> None:
-        """fn(), checking that it changed no byte outside the elements of ``outs``."""
-        before = self.buf.clone()
-        fn()
-        allowed = torch.zeros_like(self.buf)
-        for o in outs:
-            as_int = {4: torch.int32, 2: torch.int16}[o.element_size()]
-            allowed.view(as_int).as_strided(o.shape, o.stride(), o.storage_offset()).fill_(-1)
-        stray = (self.buf != before) & (allowed == 0)
-        assert not stray.any(), f"{int(stray.sum())} bytes written outside the outputs"
-
-
-def rnd(*shape, lo=None, hi=None):
-    if lo is None:
-        return torch.randn(shape, device=DEVICE)
-    return lo + (hi - lo) * torch.rand(shape, device=DEVICE)
-
-
-def assert_close(got, want, rtol=1e-5):
-    """f32 agreement up to summation order: rtol, plus an absolute slack relative to the largest magnitude."""
-    assert not got.isnan().any(), f"{int(got.isnan().sum())} elements not written"
-    torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * float(want.abs().max()))
 
 
 @pytest.fixture(autouse=True)
@@ -355,10 +307,6 @@ def test_reference_unary_and_norms():
 
 
 # ---- backend tables -------------------------------------------------------------------------------------------------
-
-
-def node(op, **params):
-    return SimpleNamespace(op=op, op_params=params)
 
 
 @pytest.mark.parametrize("n,src_fn,out_shape", [

@@ -1,6 +1,6 @@
 """Issue 9: soundness by search. The pass never accepts an unsafe rewrite, and refuses as little as possible.
 
-Hypothesis perturbs valid 1-layer verify graphs of the tiny presets (see tests/soundness_tools.py): it moves blocks
+Hypothesis perturbs valid 1-layer verify graphs of the tiny presets (see tests/support/soundness.py): it moves blocks
 of nodes, flags nodes OUTPUT, reorders for fusion or not, varies n_t, n_rs_seq, d_conv and the ids, and inserts 1-3
 nodes inside the conv chain's span or between a mat-vec pair that read or write random byte ranges of the arena,
 the caches, the projection, the chain outputs, the ids and the weights. For every sample:
@@ -41,8 +41,8 @@ from gdnpass.alloc import plan
 from gdnpass.check import check_fusion
 from gdnpass.ir import GraphError, Op
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
-from soundness_tools import (LAYOUTS, Bases, Insert, Sample, Stats, build, examine, mutations, n_examples,
-                             plan_conflicts, planned, raw, regions, run, samples)
+from support.soundness import (LAYOUTS, Bases, Insert, Sample, Stats, build, examine, mutations, n_examples,
+                              plan_conflicts, planned, raw, regions, run, samples)
 
 STRICT = os.environ.get("GDNPASS_SOUNDNESS_STRICT", "1") == "1"  # the file bugs found earlier are fixed
 
