@@ -584,9 +584,11 @@ def programs(node) -> list[tuple[str, int, int]]:
         if Unary(node.op_params["kind"]) is not Unary.SILU:
             return []
         return [("silu", triton.cdiv(node.nelements, ELT_BLOCK), 1)]
-    if op is Op.L2_NORM:
+    if op is Op.SCALE:
+        return [("scale", triton.cdiv(node.nelements, ELT_BLOCK), 1)]
+    if op in (Op.L2_NORM, Op.RMS_NORM):
         block_r, _ = l2_tile(ne[0])
-        return [("l2_norm", triton.cdiv(ne[1] * ne[2] * ne[3], block_r), 1)]
+        return [(op.value.lower(), triton.cdiv(ne[1] * ne[2] * ne[3], block_r), 1)]
     if op is Op.SSM_CONV:
         C, n_t, n_s = ne[0], ne[1], ne[2]
         return [(f"ssm_conv{node.src[1].ne[0]}", n_s * triton.cdiv(C, CONV_BLOCK_C), n_t)]
