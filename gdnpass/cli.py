@@ -124,7 +124,7 @@ def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: flo
 # (shared, so on the slow side) from single launches of the tiny-* models and direct launches of silu/mul_mat_vec:
 # silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec
 # ~22 ms at 1 K block and ~35 ms at 4.
-INTERPRETER_S = {"silu": (0.026, 0.0), "l2_norm": (0.032, 0.0), "ssm_conv": (0.026, 0.012),
+INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032, 0.0), "rms_norm": (0.032, 0.0), "ssm_conv": (0.026, 0.012),
                  "chain": (0.026, 0.010), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0
