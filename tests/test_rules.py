@@ -15,6 +15,8 @@ a fused node's outputs with its own inputs (``alias.output-overlaps-input``, ``p
 there; those hazards are races between the programs of one Triton launch. Their proofs run the Triton kernels of the
 ops involved (fused and unfused) in the interpreter, the rest of the graph on torch: the interpreter runs programs
 one after another, so a program that writes over what a later program reads corrupts it, as on the GPU.
+And ``between.writes-destination`` refuses writes to A's product between A and B, which no forced rewrite can turn
+into a difference (see ``p_write_a_between``); its B half is the hazard.
 """
 
 from __future__ import annotations
@@ -353,7 +355,10 @@ def p_write_b_between(g, a, b):  # a node between A and B writes B's block (B ov
     insert_after(g, a, ops.cont(ops.view_1d(x, b.nelements, 0)), offset=b.offset)
 
 
-def p_write_a_between(g, a, b):  # the same, over A's block (the existing test's graph)
+def p_write_a_between(g, a, b):
+    """The same over A's block (test_pair's old graph): a conservative refusal. The pair writes A at A's own
+    position, as the unfused graph did, so a node between clobbers A in both graphs alike and forcing changes no
+    byte: the A half of between.writes-destination protects nothing (writes-input, consistently, leaves w_a out)."""
     x = a.src[1]
     insert_after(g, a, ops.cont(ops.view_1d(x, a.nelements, 0)), offset=a.offset)
 
@@ -658,7 +663,7 @@ def test_forcing_a_hazard_corrupts_bytes(t, monkeypatch):
     if t.corrupts:
         assert differing, "forced past the rule, the fused graph is still byte-identical"
     else:
-        assert not differing, differing  # a conservative refusal: see the Trip's comment
+        assert not differing, differing  # a conservative refusal: see its mutation's docstring
     if t.kernels != "torch":  # control: with these kernels the unmutated candidate fuses byte-identically
         clean = check(t, force=False, mutate=False, monkeypatch=monkeypatch)
         assert len(clean.report.applied) == 1 and clean.identical
