@@ -3,7 +3,6 @@ JSON schema, focusing (--layer, --around, --diff), DOT rendering and every error
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import shutil
@@ -11,9 +10,7 @@ import stat
 
 import pytest
 
-from gdnpass import dump, serialize
-from gdnpass.alloc import plan
-from gdnpass.fusion import fuse, prepare
+from gdnpass import cli, dump, pipeline as pipe, serialize
 from gdnpass.models import VerifyConfig, build_verify_graph
 
 TINY = ["--model", "tiny-dc4-h64", "--layers", "2"]
@@ -29,20 +26,15 @@ def no_ambient_gdn_fusion(monkeypatch):
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
-    rc = dump.main(list(argv))
+    rc = cli.dump_main(list(argv))
     out, err = capsys.readouterr()
     return rc, out, err
 
 
 def pipeline(model="tiny-dc4-h64", layers=2, fused=True, n_tokens=8):
-    """(nodes fusion starts from, graph) as dump should show them, built here through the library: prepared,
-    planned, fused."""
-    g = build_verify_graph(VerifyConfig(model, n_tokens, 7, n_layers=layers))
-    prepare(g, enabled=fused)
-    plan(g)
-    before = list(g.nodes)
-    fuse(g, enabled=fused)
-    return before, g
+    """(nodes fusion starts from, graph) as dump should show them, built here through the library's pipeline."""
+    res = pipe.run(VerifyConfig(model, n_tokens, 7, n_layers=layers), pipe.PassOptions(fusion=fused))
+    return res.before, res.graph
 
 
 def graph_of(*args, **kw):
@@ -385,9 +377,7 @@ def test_bad_gdn_fusion_value_is_an_error(capsys, monkeypatch):
     assert rc == 2 and "GDN_FUSION must be 0 or 1" in err
 
 
-def test_add_parser_registers_dump_as_a_subcommand(capsys):
-    parser = argparse.ArgumentParser(prog="gdnpass")
-    dump.add_parser(parser.add_subparsers(dest="cmd", required=True))
-    a = parser.parse_args(["dump", *TINY, "--fuse", "--format", "json"])
-    assert a.func(a) == 0
+def test_gdnpass_dump_is_the_same_command(capsys):
+    a = cli.make_parser().parse_args(["dump", *TINY, "--fuse", "--format", "json"])
+    assert a.func is cli.cmd_dump and a.func(a) == 0
     check(json.loads(capsys.readouterr().out), SCHEMA)

@@ -454,6 +454,6 @@ def test_rule_crash_becomes_one_line(d, monkeypatch):
     def boom(n):
         raise TypeError("float() argument must be a string or a real number, not 'list'")
 
-    monkeypatch.setattr(ops, "validate_node", boom)
+    monkeypatch.setattr(serialize, "validate_node", boom)
     i = d["nodes"][0]
     _bad(d, rf"graph\.json: tensor {i}: node '.*' \(GET_ROWS\) cannot be checked: TypeError: float\(\) argument")
