@@ -57,7 +57,7 @@ def chain(S, H_k, H_v, dc, n_t, n_rs, layout, read_plane, cells=3, cell=1, seed=
     rows = [cache_r[:, :, cell:cell + 1] if s == 0 else row[..., c:c + dc - 1] for s, c in zip(slots, columns)]
     first = max(0, n_t - n_rs)  # the spec's range: planes n_rs..1 write CONCAT columns first .. W-1
     tile = {"windows": list(range(n_rs)), "first": first, "n_cols": W - first} if n_rs else None
-    params = dict(n_inputs=4, d_conv=dc, n_tokens=n_t, columns=columns, eps=EPS, head_dim=S, n_k_heads=H_k,
+    params = dict(d_conv=dc, n_tokens=n_t, columns=columns, eps=EPS, head_dim=S, n_k_heads=H_k,
                   l2_separate=False)
     y, q, k = a.view((1, 1, n_t, C)), a.view((1, n_t, H_k, S)), a.view((1, n_t, H_k, S))
     src = [cache_r, ids, proj.transpose(-1, -2), w, q, k, *rows]

@@ -19,6 +19,7 @@ from gdnpass import fusion, models, ops
 from gdnpass.alloc import plan
 from gdnpass.check import CheckResult, check_fusion
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, inputs, outputs, ranges_overlap, runs_kernel
+from gdnpass.matchers.common import Refusal, Rule
 from gdnpass.matchers.mat_vec_pair import MatVecPair
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 
@@ -454,22 +455,40 @@ def pattern_of(k: str) -> str:
 
 
 class Tracked:
-    """A matcher wrapper: records its first decision per candidate; ``only`` limits it to one candidate."""
+    """A matcher wrapper: records its first decision per candidate (the first rule that refused it, or True when
+    it was planned); ``only`` limits it to one candidate. Everything else is the wrapped pattern's."""
 
     def __init__(self, pattern, only: str | None = None) -> None:
         self.pattern, self.only, self.name = pattern, only, pattern.name
         self.decisions: dict = {}
+        self._key = ""
+
+    def __getattr__(self, name):
+        return getattr(self.pattern, name)  # prepare, removed, rewrite
 
     def candidates(self, graph: Graph) -> list:
         return [c for c in self.pattern.candidates(graph) if self.only in (None, key(self.name, c))]
 
-    def match(self, graph: Graph, candidate, ctx):
-        r = self.pattern.match(graph, candidate, ctx)
-        self.decisions.setdefault(key(self.name, candidate), r)
-        return r
+    def capture(self, graph: Graph, candidate, ctx):
+        self._key = key(self.name, candidate)
+        return self.pattern.capture(graph, candidate, ctx)
 
-    def rewrite(self, graph: Graph, m):
-        return self.pattern.rewrite(graph, m)
+    def rules(self, ctx) -> tuple:
+        return tuple(Rule(r.name, r.kind, self._recording(r)) for r in self.pattern.rules(ctx))
+
+    def _recording(self, r: Rule):
+        def check(c, ctx):
+            why = r.check(c, ctx)
+            if why is not None:
+                self.decisions.setdefault(self._key, Refusal(self.name, r.name, why.node, why.reason, c.layer,
+                                                             why.ranges))
+            return why
+
+        return check
+
+    def plan(self, c, ctx):
+        self.decisions.setdefault(self._key, True)
+        return self.pattern.plan(c, ctx)
 
 
 def tracked(only: str | None = None) -> list[Tracked]:
@@ -480,7 +499,7 @@ def tracked(only: str | None = None) -> list[Tracked]:
 @dataclass
 class Run:
     result: CheckResult
-    decisions: dict  # candidate key -> Match or Refusal
+    decisions: dict  # candidate key -> True (accepted) or the Refusal
 
     @property
     def accepted(self) -> set[str]:
