@@ -48,12 +48,15 @@ class CheckResult:
 
 
 def watched(graph: Graph) -> list[Tensor]:
-    """What the fused graph must reproduce: every SiLU/L2/mat-vec output of a fusable pattern and layer outputs."""
+    """What the fused graph must reproduce: every SiLU, q/k-norm and mat-vec output of a fusable pattern, and the
+    layer outputs."""
     out = []
     for n in graph.nodes:
         if n.op is Op.UNARY and n.src[0].op is Op.SSM_CONV:
             out.append(n)
-        elif n.op is Op.L2_NORM or n.op is Op.MUL_MAT and runs_as_mat_vec(n.ne[0], n.ne[1] * n.ne[2] * n.ne[3]):
+        elif n.op is Op.L2_NORM or n.op is Op.SCALE and n.src[0].op is Op.RMS_NORM:  # the q/k norms, either form
+            out.append(n)
+        elif n.op is Op.MUL_MAT and runs_as_mat_vec(n.ne[0], n.ne[1] * n.ne[2] * n.ne[3]):
             out.append(n)
         elif n.name.startswith("l_out"):
             out.append(n)

@@ -96,8 +96,9 @@ def user_counts(nodes: list[Tensor]) -> dict[int, int]:
 def count_launches(nodes: list[Tensor]) -> tuple[int, int]:
     """(kernel launches, how many GDN_CONV_CHAIN nodes run with l2_separate).
 
-    An l2_separate chain writes its q/k L2 outputs over the projection it reads, so it costs 3 launches: the fused
-    kernel, then the two L2_NORMs once every program has read the projection (its record counts them)."""
+    An l2_separate chain writes its normalised q/k over the projection it reads, so it costs more launches: the
+    fused kernel, then the unfused q/k norm kernels once every program has read the projection (its record counts
+    them: 3 in the L2 form, 5 in the RMS form)."""
     launches = sum(RECORDS[n.op].launches(n) if n.op.is_fused else 1 for n in nodes if runs_kernel(n))
     separate = sum(1 for n in nodes if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate"))
     return launches, separate
@@ -228,7 +229,8 @@ def format_rows(rows: list[Row], users: dict[int, int], headings: dict[int, str]
         out.append(line(cells))
         names = replaced(r.t)
         if show_replaced and names:
-            extra = ", 3 launches: fused kernel + 2 L2" if r.t.op_params.get("l2_separate") else ""
+            k = RECORDS[r.t.op].launches(r.t)
+            extra = f", {k} launches: fused kernel + {k - 1} q/k norm" if r.t.op_params.get("l2_separate") else ""
             out.append(f"{'':{widths[0] + widths[1] + 4}}^ replaces {len(names)} nodes{extra}: {', '.join(names)}")
     return out
 
@@ -284,8 +286,10 @@ def _some(names: list[str], limit: int = 4) -> str:
 def format_summary(d: Dump) -> list[str]:
     n_before, n_after = len(d.before), len(d.graph.nodes)
     (l_before, _), (l_after, separate) = count_launches(d.before), count_launches(d.graph.nodes)
-    note = (f" (incl. {separate} GDN_CONV_CHAIN with l2_separate: 3 launches each, fused kernel + 2 L2)"
-            if separate else "")
+    per = sorted({RECORDS[n.op].launches(n) for n in d.graph.nodes
+                  if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate")})
+    note = (f" (incl. {separate} GDN_CONV_CHAIN with l2_separate: {'/'.join(map(str, per))} launches each, the "
+            "fused kernel then the q/k norm kernels)" if separate else "")
     lines = [f"nodes {n_before} -> {n_after}, leafs {len(d.graph.leafs)}",
              f"launches {l_before} -> {l_after}{note}"]
     if not d.report.enabled:

@@ -70,7 +70,7 @@ def test_text_lists_every_node_in_order_and_marks_the_fused_ones(capsys):
     for r in fused:  # each fused node is followed by what it replaced
         i = next(k for k, line in enumerate(lines) if (m := ROW.match(line)) and int(m[3]) == r[2])
         assert re.search(r"\^ replaces \d+ nodes", lines[i + 1])
-    assert "replaces 33 nodes: conv_states-0, conv_states_reshaped-0, conv_input-0" in out
+    assert "replaces 35 nodes: conv_states-0, conv_states_reshaped-0, conv_input-0" in out  # RMS form: +2 SCALEs
     assert "UNARY(SILU)" in out and "arena[0x" in out and "view of cache_r_l0 +0x" in out
     assert f"nodes {len(pipeline()[0])} -> {len(g.nodes)}" in out
     assert "fusion gdn_conv_chain: applied 2" in out and "fusion mul_mat_vec_pair: applied 4" in out
@@ -90,13 +90,16 @@ def test_gdn_fusion_decides_without_a_flag(capsys, monkeypatch, env, fused):
     assert any(r[1] == "*" for r in rows(out)) == fused
 
 
-def test_l2_separate_chains_count_three_launches(capsys, tmp_path):
-    # planned without the graph-optimize step, the L2 outputs land on the projection: l2_separate
+@pytest.mark.parametrize("qk_norm, launches", [("l2", 3), ("rms", 5)])
+def test_l2_separate_chains_count_their_extra_launches(capsys, tmp_path, qk_norm, launches):
+    # planned without the graph-optimize step, the q/k outputs land on the projection: l2_separate, and the q/k
+    # norms run as their unfused kernels after the fused one (L2_NORM, or RMS_NORM + SCALE, for q and for k)
     path = tmp_path / "unprepared.json"
-    serialize.save(graph_of(fused=False), path)
+    g = pipe.run(VerifyConfig("tiny-dc4-h64", 8, 7, n_layers=2, qk_norm=qk_norm), pipe.PassOptions(fusion=False))
+    serialize.save(g.graph, path)
     _, out, _ = run(capsys, "--graph", str(path), "--fuse")
-    assert "3 launches: fused kernel + 2 L2" in out
-    assert "incl. 2 GDN_CONV_CHAIN with l2_separate: 3 launches each" in out
+    assert f"{launches} launches: fused kernel + {launches - 1} q/k norm" in out
+    assert f"incl. 2 GDN_CONV_CHAIN with l2_separate: {launches} launches each" in out
 
 
 def test_a_graph_file_without_a_plan_gets_one(capsys, tmp_path):

@@ -31,7 +31,8 @@ def chain(S, H_k, H_v, dc, n_t, K, alias=""):
     and row K+1 a bystander; ids[0] is row K. ``alias``, comma-separated: "row": ids[0] is row 0, which plane 0
     writes; "out" / "out+d": the SiLU output is the projection's memory, shifted by d tokens (same channel, another
     token); "qk": the L2 outputs lie on the projection (node param l2_separate, as the matcher sets it). Never both
-    "out" and "qk": the SiLU and L2 outputs of one graph do not overlap."""
+    "out" and "qk": the SiLU and L2 outputs of one graph do not overlap. "rms": q/k normalised in upstream's form,
+    RMS_NORM(eps/S) then SCALE(1/sqrt(S)), instead of L2_NORM(eps)."""
     opts = alias.split(",") if alias else []
     shift = next((int(o[3:] or 0) for o in opts if o.startswith("out")), None)
     torch.manual_seed(0)
@@ -50,16 +51,18 @@ def chain(S, H_k, H_v, dc, n_t, K, alias=""):
         q, k = proj.reshape(2, -1)[:, :n_t * H_k * S].unflatten(-1, (n_t, H_k, S)).split(1)
     else:
         q, k = a.view((1, n_t, H_k, S)), a.view((1, n_t, H_k, S))
-    params = dict(n_inputs=4, d_conv=dc, n_tokens=n_t, columns=columns, eps=EPS, head_dim=S, n_k_heads=H_k,
-                  l2_separate="qk" in opts)
+    norm = {"norm": "rms", "eps": float(np.float32(EPS) / np.float32(S)),
+            "scale": float(np.float32(1) / np.sqrt(np.float32(S)))} if "rms" in opts else {"norm": "l2", "eps": EPS}
+    params = dict(d_conv=dc, n_tokens=n_t, columns=columns, head_dim=S, n_k_heads=H_k, l2_separate="qk" in opts,
+                  **norm)
     return SimpleNamespace(
         a=a, C=C, S=S, H_k=H_k, dc=dc, n_t=n_t, cache=cache, x=proj.transpose(-1, -2), w=w, ids=ids,
-        rows=[cache[:, :, s:s + 1] for s in slots], columns=columns, node=node(Op.GDN_CONV_CHAIN, **params),
+        rows=[cache[:, :, s:s + 1] for s in slots], columns=columns, node=node(Op.GDN_CONV_CHAIN, **params), norm=norm,
         y=a.view((1, 1, n_t, C)) if shift is None else tokens[:, :, pad + shift:pad + shift + n_t], q=q, k=k)
 
 
 def run_unfused(c, backend) -> None:
-    """GET_ROWS -> CONCAT -> snapshot CPYs -> SSM_CONV -> SILU -> L2_NORM(q), L2_NORM(k), each into its own view."""
+    """GET_ROWS -> CONCAT -> snapshot CPYs -> SSM_CONV -> SILU -> the q and k norms, each into its own view."""
     a, dc, C = c.a, c.dc, c.C
     states = a.view((1, 1, 1, (dc - 1) * C))
     backend[Op.GET_ROWS](node(Op.GET_ROWS), [c.cache, c.ids], states)
@@ -71,8 +74,13 @@ def run_unfused(c, backend) -> None:
     backend[Op.SSM_CONV](node(Op.SSM_CONV), [conv_input, c.w], conv)
     backend[Op.UNARY](node(Op.UNARY, kind=Unary.SILU.value), [conv], c.y)
     heads = c.y[0, 0].unflatten(-1, (-1, c.S))[None]
-    backend[Op.L2_NORM](node(Op.L2_NORM, eps=EPS), [heads[:, :, :c.H_k]], c.q)
-    backend[Op.L2_NORM](node(Op.L2_NORM, eps=EPS), [heads[:, :, c.H_k:2 * c.H_k]], c.k)
+    for part, out in ((heads[:, :, :c.H_k], c.q), (heads[:, :, c.H_k:2 * c.H_k], c.k)):
+        if c.norm["norm"] == "rms":  # upstream's build_gdn_l2_norm: RMS_NORM, then an out-of-place SCALE
+            normed = a.view(tuple(part.shape))
+            backend[Op.RMS_NORM](node(Op.RMS_NORM, eps=c.norm["eps"]), [part], normed)
+            backend[Op.SCALE](node(Op.SCALE, s=c.norm["scale"], b=0.0), [normed], out)
+        else:
+            backend[Op.L2_NORM](node(Op.L2_NORM, eps=EPS), [part], out)
 
 
 def run_fused(c, backend) -> None:
@@ -91,6 +99,9 @@ CHAIN_CASES = [  # S, H_k, H_v, dc, n_t, K, alias
     (64, 1, 4, 4, 3, 3, ""),
     (128, 1, 1, 5, 16, 16, "row,out-3"),   # widest verify, most rows, SiLU over earlier token columns
     (128, 1, 2, 4, 9, 1, "out+2"),         # no snapshots; SiLU over later token columns
+    (64, 1, 2, 4, 4, 4, "row,out,rms"),    # upstream's q/k form
+    (32, 2, 2, 4, 7, 8, "qk,rms"),         # ... with q/k on the projection: RMS_NORM + SCALE in later launches
+    (128, 1, 1, 5, 16, 16, "rms"),
 ]
 
 
@@ -164,7 +175,7 @@ def test_mat_vec_pair(backend, wtype, cols):
     n1, n2, n3 = cols
     x = a.put(rnd(n3, n2, n1, K), row_stride=K + 24)  # activation columns with gaps
     out_a, out_b, want_a, want_b = (a.view((n3, n2, n1, M)) for _ in range(4))
-    a.run(lambda: backend[Op.MUL_MAT_VEC_PAIR](node(Op.MUL_MAT_VEC_PAIR, n_inputs=3), [w_a, x, w_b, out_b], out_a),
+    a.run(lambda: backend[Op.MUL_MAT_VEC_PAIR](node(Op.MUL_MAT_VEC_PAIR), [w_a, x, w_b, out_b], out_a),
           out_a, out_b)
     backend[Op.MUL_MAT](node(Op.MUL_MAT), [w_a, x], want_a)
     backend[Op.MUL_MAT](node(Op.MUL_MAT), [w_b, x], want_b)

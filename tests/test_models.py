@@ -35,7 +35,7 @@ def layer_ops(K, first_layer):
 
 @pytest.mark.parametrize("n_t,n_rs", [(1, 0), (4, 3), (8, 7), (16, 15)])
 def test_qwen35_9b_layer_structure(n_t, n_rs):
-    cfg = VerifyConfig("qwen3.5-9b", n_t, n_rs, n_layers=2)
+    cfg = VerifyConfig("qwen3.5-9b", n_t, n_rs, n_layers=2, qk_norm="l2")  # the seed's form (rms: see below)
     g = build_verify_graph(cfg)
     ops.validate(g)
     K = n_rs + 1
@@ -127,11 +127,11 @@ def test_qk_norm_rms_is_upstreams_build_gdn_l2_norm():
 
     from gdnpass.models import hparams
 
-    assert VerifyConfig("tiny-dc4-h32", 2).qk_norm == hparams.DEFAULT_QK_NORM == "l2"  # until the matcher knows rms
+    assert VerifyConfig("tiny-dc4-h32", 2).qk_norm == hparams.DEFAULT_QK_NORM == "rms"  # upstream's form by default
     assert hparams.qk_rms_params(1e-6, 32) == (float(np.float32(3.125e-8)), float(np.float32(1) / np.sqrt(np.float32(32))))
     assert hparams.qk_rms_params(1e-6, 128) == (float(np.float32(1e-6) / np.float32(128)),
                                                 float(np.float32(1) / np.sqrt(np.float32(128))))
-    l2 = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1))
+    l2 = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, qk_norm="l2"))
     g = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, qk_norm="rms"))
     ops.validate(g)
     want = []

@@ -157,8 +157,11 @@ def chain(g: Graph) -> dict:
     concat = n["conv_input-0"]
     windows = [w for w in g.nodes if w.op is Op.VIEW and w.view_src is concat]
     cpys = [c for c in g.nodes if c.op is Op.CPY and c.src[0] in windows]
+    # q_l2 / k_l2: what the GDN reads (the L2_NORM, or the RMS form's SCALE); k_norm: k's L2_NORM or RMS_NORM
+    k_l2 = n["k_conv_predelta-0"]
     return dict(concat=concat, gr=n["conv_states-0"], conv=n["conv_output_raw-0"], silu=n["conv_output_silu-0"],
-                q=n["q_conv-0"], k=n["k_conv-0"], q_l2=n["q_conv_predelta-0"], k_l2=n["k_conv_predelta-0"],
+                q=n["q_conv-0"], k=n["k_conv-0"], q_l2=n["q_conv_predelta-0"], k_l2=k_l2,
+                k_norm=k_l2.src[0] if k_l2.op is Op.SCALE else k_l2,
                 cpys=cpys, dsts=[c.src[1] for c in cpys], windows=windows, ids=n["inp_s_copy_main"],
                 proj=n["linear_attn_qkv_mixed-0"].base, weight=n["conv_output_raw-0"].src[1],
                 cache=concat.src[0].src[0].src[0].base, attn_norm=n["attn_norm-0"],
@@ -281,6 +284,18 @@ def m_conv_user(g, c):
 
 def m_k_geometry(g, c):
     c["k"].view_offs += 4
+
+
+def m_rms_norm_user(g, c):  # a second reader of k's RMS_NORM output, which the fused node never writes
+    insert_after(g, c["k_norm"], ops.cont(c["k_norm"]))
+
+
+def m_scale_bias(g, c):
+    c["k_l2"].op_params["b"] = 0.5
+
+
+def m_k_eps(g, c):  # k's RMS_NORM with another eps than q's
+    c["k_norm"].op_params["eps"] *= 2
 
 
 # ---- the conv chain: hazards ----------------------------------------------------------------------------------------
@@ -417,7 +432,11 @@ TRIPS = [
     Trip("concat.user-count", m_concat_output, name="output"),
     Trip("get-rows.user-count", m_gr_user),
     Trip("ssm-conv.user-count", m_conv_user),
-    Trip("l2.head-geometry", m_k_geometry),
+    Trip("l2.head-geometry", m_k_geometry, config=dict(qk_norm="l2")),
+    Trip("rms.head-geometry", m_k_geometry),
+    Trip("rms.norm-use", m_rms_norm_user),
+    Trip("rms.scale-bias", m_scale_bias),
+    Trip("rms.same-params", m_k_eps),
     Trip("alias.output-overlaps-input", m_silu_across_channels, kernels="triton-chain"),
     Trip("between.writes-cache", m_write_row_between, name="snapshot-row"),
     Trip("between.writes-cache", m_write_gathered_row_between, name="gathered-row"),

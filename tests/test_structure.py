@@ -171,5 +171,6 @@ def test_launches_come_from_the_record():
 
     res = run(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1), PassOptions(fusion=True, hints=False))
     chain = next(n for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN)
-    want = 3 if chain.op_params["l2_separate"] else 1
+    # l2_separate: the fused launch, then the unfused norm kernels for q and k (RMS form: RMS_NORM and SCALE each)
+    want = 1 + (4 if chain.op_params["norm"] == "rms" else 2) * chain.op_params["l2_separate"]
     assert fused.CONV_CHAIN.launches(chain) == want and launches(res.graph)["GDN_CONV_CHAIN"] == want

@@ -107,11 +107,17 @@ def _check_chain(n: Tensor) -> None:
         _need(out.ne == (S, H_k, n_t, 1), n, f"{out.name!r} {out.ne} is not [head_dim, n_k_heads, n_tokens]")
     for row in n.outs[2:]:
         _need(row.nelements == (dc - 1) * C, n, f"destination {row.name!r} does not hold (d_conv-1)*C elements")
+    _need(p.get("norm", "l2") in NORMS, n, f"norm {p.get('norm')!r} is not one of {NORMS}")
+    if p.get("norm") == "rms":
+        _need(NUM.ok(p.get("scale")), n, "the RMS form needs op_params 'scale' (the SCALE after the RMS_NORM)")
     tile = p.get("tile")
     if tile is not None:
         _need(isinstance(tile, dict) and {"windows", "first", "n_cols"} <= set(tile), n,
               "op_params 'tile' must hold windows, first and n_cols")
         _need(all(_is_int(i) and 0 <= i < len(cols) for i in tile["windows"]), n, "tile windows index the columns")
+
+
+NORMS = ("l2", "rms")  # L2_NORM(x, eps), or RMS_NORM(x, eps) then SCALE(scale): see matchers/conv_chain.py rule 9
 
 
 def _chain_args(node: Tensor, views: list) -> tuple:
@@ -120,13 +126,20 @@ def _chain_args(node: Tensor, views: list) -> tuple:
     return (*views[:4], views[6:], p["columns"], float(p["eps"]))
 
 
+def _norm(p: dict) -> dict:
+    """The q/k normalisation's form and SCALE factor; files written before the RMS form have no 'norm': L2."""
+    form = p.get("norm", "l2")
+    return {"norm": form, "qk_scale": float(p["scale"]) if form == "rms" else 1.0}
+
+
 def _chain_torch(node: Tensor, views: list, out) -> None:
     from gdnpass.kernels import reference as ref
 
     p = node.op_params
     # everything is computed before anything is written: rows and out may alias inputs. The snapshots are copied
     # window by window, in the CPYs' order, whatever the layout (op_params["tile"] only changes the Triton store)
-    snapshots, y, q, k = ref.gdn_conv_chain_ref(*_chain_args(node, views), int(p["head_dim"]), int(p["n_k_heads"]))
+    snapshots, y, q, k = ref.gdn_conv_chain_ref(*_chain_args(node, views), int(p["head_dim"]), int(p["n_k_heads"]),
+                                                **_norm(p))
     for row, value in zip(views[6:], snapshots):
         row.copy_(value)
     out.copy_(y)
@@ -139,19 +152,24 @@ def _chain_triton(node: Tensor, views: list, out) -> None:
 
     p = node.op_params
     triton_ops.gdn_conv_chain(*_chain_args(node, views), out, views[4], views[5], bool(p.get("l2_separate")),
-                              p.get("tile"))
+                              p.get("tile"), **_norm(p))
 
 
 CONV_CHAIN = FusedOp(
     op=Op.GDN_CONV_CHAIN,
     src=("states", "ids", "projection_t", "weight"),
-    outs="q and k normalised, then one conv-state destination per snapshot column",
+    outs="q and k normalised (the L2_NORMs, or the SCALEs of the RMS form), then one conv-state destination per "
+         "snapshot column",
     params={"d_conv": INT, "n_tokens": INT, "columns": INTS, "eps": NUM, "head_dim": INT, "n_k_heads": INT,
+            "norm": Param(lambda x: x in NORMS, f"one of {NORMS}", optional=True),
+            "scale": Param(NUM.ok, NUM.what, optional=True),
             "l2_separate": BOOL, "tile": Param(lambda x: isinstance(x, dict), "an object", optional=True),
             "replaced": Param(NAMES.ok, NAMES.what, optional=True)},
     check=_check_chain,
-    # l2_separate: the q/k outputs sit on the projection the kernel reads, so two L2_NORM launches write them after
-    launches=lambda n: 3 if n.op_params.get("l2_separate") else 1,
+    # l2_separate: the q/k outputs sit on the projection the kernel reads, so the unfused norm kernels write them
+    # after (L2_NORM twice, or RMS_NORM and SCALE twice)
+    launches=lambda n: 1 + (2 * (2 if n.op_params.get("norm") == "rms" else 1) if n.op_params.get("l2_separate")
+                            else 0),
     torch=_chain_torch,
     triton=_chain_triton,
     scope=limits.CHAIN,

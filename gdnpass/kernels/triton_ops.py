@@ -281,7 +281,7 @@ def scale(x: torch.Tensor, s: float, b: float, out: torch.Tensor) -> None:
 
 @triton.jit
 def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
-                           n_rows, H_k, n_l2, eps,
+                           n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
                            st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
                            x_s0, x_s1,      # x [n_t, C] (the projection, transposed)
                            w_s0, w_s1,      # w [dc, C]
@@ -290,7 +290,7 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            tile_off, tile_sc, tile_sch,  # the shared row (TILE_N > 0)
                            D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, COLUMNS: tl.constexpr,
                            TILE_C0: tl.constexpr, TILE_N: tl.constexpr, WHOLE_ROWS: tl.constexpr,
-                           L2_ROWS: tl.constexpr):
+                           L2_ROWS: tl.constexpr, RMS: tl.constexpr):
     # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
     # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
     head = tl.program_id(0)
@@ -344,7 +344,11 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
         y = tl.load(y_ptr + (head * S + i[None, :]) * y_s0 + tok * y_s1, mask=mask, other=0.0)
         o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
-        tl.store(o_ptr + tok * qk_s2 + i[None, :], l2_scale_rows(y, eps), mask=mask)
+        if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
+            qk = rms_scale_rows(y, head_n, eps) * scale
+        else:
+            qk = l2_scale_rows(y, eps)
+        tl.store(o_ptr + tok * qk_s2 + i[None, :], qk, mask=mask)
 
 
 def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
@@ -391,9 +395,11 @@ def chain_warps(S: int) -> int:
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
-                   tile: dict | None = None, num_warps: int | None = None) -> None:
-    """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three with
-    ``l2_separate``).
+                   tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
+                   qk_scale: float = 1.0) -> None:
+    """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
+    five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
+    (RMS_NORM(eps) then SCALE(qk_scale), upstream's form), computed by the same helpers as the unfused kernels.
 
     states torch (1,1,R,(dc-1)*C), ids int32 (1 element), x (1,1,C,n_t) any strides, w (1,1,C,dc); rows: the
     destinations, views into the storage of ``states`` of C*(dc-1) elements that view as [C, dc-1] (channel, step):
@@ -414,6 +420,7 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     """
     n_t, C, d_conv = x.shape[3], x.shape[2], w.shape[3]
     H_k, S = q_out.shape[2], q_out.shape[3]
+    _require(norm in ("l2", "rms"), f"q/k norm {norm!r} is not l2 or rms")
     _require(S & (S - 1) == 0 and C % S == 0 and C >= 2 * H_k * S,
              f"head size {S} must be a power of two dividing {C}")
     _require(1 <= n_t <= CHAIN.max_tokens, f"1..{CHAIN.max_tokens} tokens")
@@ -429,16 +436,21 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     num_warps = num_warps or chain_warps(S)
     _gdn_conv_chain_kernel[(C // S,)](
         states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]),
-        len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), states.stride(2),
+        len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), f32(qk_scale), S, states.stride(2),
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
         D_CONV=d_conv, S=S, N_T=n_t, COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
         WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per),
         L2_ROWS=max(triton.next_power_of_2(n_t), num_warps),  # at least a row per warp
+        RMS=norm == "rms",
         **{**LAUNCH, "num_warps": num_warps})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
-        l2_norm(heads[:, :, :H_k], eps, q_out)
-        l2_norm(heads[:, :, H_k:2 * H_k], eps, k_out)
+        for part, dst in ((heads[:, :, :H_k], q_out), (heads[:, :, H_k:2 * H_k], k_out)):
+            if norm == "rms":
+                rms_norm(part, eps, dst)
+                scale(dst, qk_scale, 0.0, dst)
+            else:
+                l2_norm(part, eps, dst)
 
 
 # ---- MUL_MAT (mat-vec) ----------------------------------------------------------------------------------------------

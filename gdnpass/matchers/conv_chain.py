@@ -1,11 +1,14 @@
 """The GDN conv chain of a speculative-verify ubatch, fused into one GDN_CONV_CHAIN node.
 
     GET_ROWS(conv cache, ids) -> RESHAPE -> CONCAT(dim 0, state, projectionᵀ) -> K x (VIEW -> CPY into a cache row)
-    -> SSM_CONV -> SILU -> VIEW -> L2_NORM (q), VIEW -> L2_NORM (k)
+    -> SSM_CONV -> SILU -> VIEW -> q/k normalisation, VIEW -> q/k normalisation
+
+The q/k normalisation has two forms: upstream llama.cpp's ``build_gdn_l2_norm``, RMS_NORM(x, eps/S) then
+SCALE(1/sqrt(S)) (the default builder form), and the seed fork's L2_NORM(x, eps).
 
 The fused node runs at the CONCAT position (seed 000): it gathers the state row there (later than GET_ROWS did),
-reads the projection there (as CONCAT did), and writes the snapshot rows, the SiLU output and the q/k L2 outputs
-there (earlier than the CPYs, SILU and L2_NORMs did). The rules below protect exactly those moves.
+reads the projection there (as CONCAT did), and writes the snapshot rows, the SiLU output and the normalised q/k
+there (earlier than the CPYs, SILU and norms did). The rules below protect exactly those moves.
 
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-9, hazards 10-11):
  1. [structure.concat] the CONCAT is along dim 0.
@@ -30,9 +33,14 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  6. [concat.user-count] the CONCAT has exactly n_cpy + 1 uses and is not OUTPUT.
  7. [get-rows.user-count] the gathered state (GET_ROWS and its RESHAPE) feeds only the CONCAT and is not OUTPUT.
  8. [ssm-conv.user-count] the SSM_CONV's only use is a SILU and it is not OUTPUT.
- 9. [l2.head-geometry] L2_NORM(q) and L2_NORM(k) read views of the SiLU output with the head geometry:
+ 9. The q/k normalisation, in the form of the q heads' norm (the other form's rules hold trivially):
+    [l2.head-geometry] L2 form: L2_NORM(q) and L2_NORM(k) read views of the SiLU output with the head geometry:
     ne [S, H_k, n_t, 1], nb [4, 4S, 4C, 4C*n_t], offsets 0 and 4*S*H_k (2*S*H_k <= C), one use each, the same eps,
     contiguous outputs.
+    [rms.head-geometry] RMS form: RMS_NORM(q) and RMS_NORM(k) read those views, one use each.
+    [rms.norm-use] each RMS_NORM's only use is a SCALE, and it is not OUTPUT (the fused kernel never writes it).
+    [rms.scale-bias] each SCALE has bias 0 and a contiguous output.
+    [rms.same-params] q and k use the same eps and the same scale (they become parameters of the fused node).
 10. [alias.output-overlaps-input] the bytes the fused kernel writes overlap none it reads, except the aliasings it
     is built for (each program reads all tokens of its channels before writing them): the SiLU output over the
     projection with the same layout and an offset that is a whole number of token rows (so every element lands on
@@ -96,6 +104,30 @@ def _dedup_tile(dsts: list[Tensor], wins: list[int], columns: list[int], dc: int
 
 
 @dataclass
+class Norm:
+    """One of the q/k normalisations: the view of the SiLU output, its L2_NORM or RMS_NORM, and (RMS form) the
+    SCALE the GDN reads."""
+
+    view: Tensor
+    first: Tensor                 # L2_NORM or RMS_NORM
+    scale: Tensor | None = None   # RMS form: the RMS_NORM's sole SCALE user
+    uses_of_view: int = 0
+
+    @property
+    def form(self) -> str:
+        return "l2" if self.first.op is Op.L2_NORM else "rms"
+
+    @property
+    def out(self) -> Tensor:
+        """What the GDN reads, and the fused node writes."""
+        return self.first if self.form == "l2" else self.scale
+
+    @property
+    def nodes(self) -> list[Tensor]:
+        return [self.view, self.first] + ([self.scale] if self.form == "rms" else [])
+
+
+@dataclass
 class ChainCapture:
     """The named nodes of one candidate chain; fields a malformed candidate lacks are None (the rules say why)."""
 
@@ -107,8 +139,8 @@ class ChainCapture:
     silu: Tensor | None = None            # the SSM_CONV's sole user, when it has exactly one
     windows: list[Tensor] = field(default_factory=list)   # VIEW users of the CONCAT, in node order
     window_users: list[list[Tensor]] = field(default_factory=list)  # each window's users
-    q: tuple[Tensor, Tensor] | None = None  # (view of the SiLU output, L2_NORM)
-    k: tuple[Tensor, Tensor] | None = None
+    q: "Norm | None" = None                # the q heads' normalisation (at view offset 0)
+    k: "Norm | None" = None                # the k heads' (right after the q heads)
 
     # ---- derived ---------------------------------------------------------------------------------------------------
     @property
@@ -176,12 +208,12 @@ class ChainCapture:
     @property
     def early(self) -> list[Tensor]:
         """What the fused kernel writes earlier than the unfused graph did: the SiLU and the q/k L2 outputs."""
-        return [self.silu, self.q[1], self.k[1]]
+        return [self.silu, self.q.out, self.k.out]
 
     @property
     def chain(self) -> list[Tensor]:
         return [self.get_rows, self.state_r, self.concat, *self.windows, *self.cpys, *self.dsts, self.ssm_conv,
-                self.silu, *self.q, *self.k]
+                self.silu, *self.q.nodes, *self.k.nodes]
 
 
 @dataclass(frozen=True)
@@ -195,7 +227,7 @@ class ChainPlan:
 def _span(c: ChainCapture, ctx: Context) -> tuple[int, int, int]:
     """(first, fused position, last) node index of the chain."""
     pos = ctx.pos
-    return pos[c.get_rows.uid], pos[c.concat.uid], max(pos[c.q[1].uid], pos[c.k[1].uid])
+    return pos[c.get_rows.uid], pos[c.concat.uid], max(pos[c.q.out.uid], pos[c.k.out.uid])
 
 
 def _between(c: ChainCapture, ctx: Context) -> list[tuple[Tensor, bool]]:
@@ -331,23 +363,70 @@ def _ssm_conv_uses(c: ChainCapture, ctx):
         return Why(c.ssm_conv, "SSM_CONV's only user is not a SILU, or it is OUTPUT")
 
 
-@rule("l2.head-geometry")
-def _head_geometry(c: ChainCapture, ctx):
-    if c.q is None or c.k is None:
-        return Why(c.silu, "no L2_NORM(q) at offset 0 and L2_NORM(k) after the q heads")
-    S, H_k = c.q[0].ne[0], c.q[0].ne[1]
+def _head_views(c: ChainCapture) -> Why | None:
+    """The q and k views of the SiLU output have the head geometry and one use each (the norm)."""
+    S, H_k = c.q.view.ne[0], c.q.view.ne[1]
     C, n_t = c.C, c.n_tokens
     want_ne, want_nb = (S, H_k, n_t, 1), (4, 4 * S, 4 * C, 4 * C * n_t)
-    for v, n in (c.q, c.k):
-        if v.ne != want_ne or v.nb != want_nb or 2 * S * H_k > C or ctx.uses(v) != 1:
+    for norm in (c.q, c.k):
+        v = norm.view
+        if v.ne != want_ne or v.nb != want_nb or 2 * S * H_k > C or norm.uses_of_view != 1:
             return Why(v, f"{v.name!r} is not [S, H_k, n_t, 1] heads of the SiLU output")
-        if n.op_params.get("eps") != c.q[1].op_params.get("eps") or not n.is_contiguous():
+    return None
+
+
+@rule("l2.head-geometry")
+def _l2_geometry(c: ChainCapture, ctx):
+    if c.q is not None and c.q.form == "rms":
+        return None
+    if c.q is None or c.k is None or c.k.form != "l2":
+        return Why(c.silu, "no L2_NORM(q) at offset 0 and L2_NORM(k) after the q heads "
+                           "(nor RMS_NORM + SCALE of them)")
+    why = _head_views(c)
+    if why:
+        return why
+    for n in (c.q.first, c.k.first):
+        if n.op_params.get("eps") != c.q.first.op_params.get("eps") or not n.is_contiguous():
             return Why(n, "q and k L2_NORMs differ in eps or layout")
+
+
+@rule("rms.head-geometry")
+def _rms_geometry(c: ChainCapture, ctx):
+    if c.q.form != "rms":
+        return None
+    if c.k is None or c.k.form != "rms":
+        return Why(c.silu, "no RMS_NORM(k) after the q heads, in the q heads' form")
+    return _head_views(c)
+
+
+@rule("rms.norm-use")
+def _rms_norm_use(c: ChainCapture, ctx):
+    for norm in (c.q, c.k):
+        if norm.form == "rms" and (norm.scale is None or ctx.uses(norm.first) != 1 or norm.first.flags & Flag.OUTPUT):
+            return Why(norm.first, f"{norm.first.name!r} has uses other than one SCALE, or is OUTPUT")
+
+
+@rule("rms.scale-bias")
+def _rms_scale_bias(c: ChainCapture, ctx):
+    for norm in (c.q, c.k):
+        if norm.form == "rms" and (float(norm.scale.op_params.get("b", 0.0)) != 0.0 or not norm.scale.is_contiguous()
+                                   or norm.scale.view_src is not None):
+            return Why(norm.scale, f"{norm.scale.name!r} has a bias, or is in place / not contiguous")
+
+
+@rule("rms.same-params")
+def _rms_same_params(c: ChainCapture, ctx):
+    if c.q.form != "rms":
+        return None
+    q, k = c.q, c.k
+    if (q.first.op_params.get("eps") != k.first.op_params.get("eps")
+            or q.scale.op_params.get("s") != k.scale.op_params.get("s")):
+        return Why(k.first, "q and k differ in eps or scale")
 
 
 STRUCTURE = (_concat_dim, _state, _projection, _n_seqs, _n_tokens, _n_rows, _d_conv, _types, _weight,
              _views_of_concat, _whole_rows, _row_twice, _concat_uses, _get_rows_uses, _ssm_conv_uses,
-             _head_geometry)
+             _l2_geometry, _rms_geometry, _rms_norm_use, _rms_scale_bias, _rms_same_params)
 
 
 # ---- 10. what the kernel writes vs what it reads --------------------------------------------------------------------
@@ -356,7 +435,7 @@ STRUCTURE = (_concat_dim, _state, _projection, _n_seqs, _n_tokens, _n_rows, _d_c
 def _q_k_on_projection(c: ChainCapture, ctx: Context) -> bool:
     """The q/k L2 outputs overlap the (dead) projection: a cross-program race inside one launch, so the node writes
     them in a second launch, after every program has read the projection (ChainPlan.l2_separate)."""
-    return first_collision(ctx.ranges([c.q[1], c.k[1]]), ctx.ranges([c.projection_t])) is not None
+    return first_collision(ctx.ranges([c.q.out, c.k.out]), ctx.ranges([c.projection_t])) is not None
 
 
 @rule("alias.output-overlaps-input", HAZARD)
@@ -367,7 +446,7 @@ def _alias(c: ChainCapture, ctx):
     shift = byte_range(silu)[1] - byte_range(proj)[1]
     silu_reads = [c.ids, c.weight] + ([] if silu.nb == proj.nb and shift % proj.nb[1] == 0 else [xt])
     windows = [d for d in c.dsts if d.base is not c.cache]  # unlike a row, a window may not touch the cache
-    hit = (first_collision(ctx.ranges([c.q[1], c.k[1], *c.dsts]), ctx.ranges([c.ids, c.weight]))
+    hit = (first_collision(ctx.ranges([c.q.out, c.k.out, *c.dsts]), ctx.ranges([c.ids, c.weight]))
            or first_collision(ctx.ranges(c.dsts), ctx.ranges([xt]))
            or first_collision(ctx.ranges(windows), ctx.ranges([c.cache]))
            or first_collision(ctx.ranges([silu]), ctx.ranges(silu_reads)))
@@ -442,7 +521,7 @@ class ConvChain:
         return [n.src[0] for n in graph.nodes if n.op is Op.SSM_CONV and n.src[0].op is Op.CONCAT]
 
     def prepare(self, graph: Graph) -> int:
-        """Before planning: keep each chain's projection allocated until its last L2_NORM (an allocator hint, as
+        """Before planning: keep each chain's projection allocated until its last q/k norm (an allocator hint, as
         ggml-cuda's graph_optimize adds for its fusions). Otherwise gallocr may place the L2 outputs on the dead
         projection, which the fused kernel (running at the CONCAT) still reads: a race between its programs, which
         forces the node to write them in a second launch (``l2_separate``)."""
@@ -451,10 +530,12 @@ class ConvChain:
             xt = concat.src[1]
             conv = next(n for n in graph.nodes if n.op is Op.SSM_CONV and n.src[0] is concat)
             silus = [n for n in graph.nodes if n.op is Op.UNARY and n.src[0] is conv]
-            l2s = [n for n in graph.nodes if n.op is Op.L2_NORM and silus and n.src[0].view_src is silus[0]]
-            if xt.op is not Op.TRANSPOSE or not l2s:
+            norms = [n for n in graph.nodes if n.op in (Op.L2_NORM, Op.RMS_NORM) and silus
+                     and n.src[0].view_src is silus[0]]
+            norms += [n for n in graph.nodes if n.op is Op.SCALE and n.src[0] in norms]  # the RMS form's SCALEs
+            if xt.op is not Op.TRANSPOSE or not norms:
                 continue
-            last = max(graph.index(n) for n in l2s)
+            last = max(graph.index(n) for n in norms)
             il = concat.layer if concat.layer is not None else -1
             graph.nodes.insert(last + 1, ops.keep_alive(f"keep_projection-{il}", xt.src[0].base))
             added += 1
@@ -478,11 +559,12 @@ class ConvChain:
             for v in ctx.users(silu):
                 if v.op is Op.VIEW:
                     for n in ctx.users(v):
-                        if n.op is Op.L2_NORM and n.src[0] is v:
-                            norms[v.view_offs] = (v, n)
-            q = norms.get(0)
-            if q is not None:
-                c.q, c.k = q, norms.get(4 * q[0].ne[0] * q[0].ne[1])
+                        if n.op in (Op.L2_NORM, Op.RMS_NORM) and n.src[0] is v:
+                            scales = [u for u in ctx.users(n) if u.op is Op.SCALE and u.src[0] is n]
+                            norms[v.view_offs] = Norm(v, n, scales[0] if len(scales) == 1 else None, ctx.uses(v))
+            c.q = norms.get(0)
+            if c.q is not None:
+                c.k = norms.get(4 * c.q.view.ne[0] * c.q.view.ne[1])
         return c
 
     def removed(self, c: ChainCapture) -> list[Tensor]:
@@ -495,12 +577,15 @@ class ConvChain:
         """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
         c, p = m.capture, m.plan
         il = m.layer if m.layer is not None else -1
-        q = c.q[0]
+        q = c.q.view
+        norm = {"norm": c.q.form, "eps": c.q.first.op_params["eps"]}
+        if c.q.form == "rms":
+            norm["scale"] = c.q.scale.op_params["s"]
         return Tensor(
             name=f"gdn_conv_chain-{il}", type=DType.F32, ne=c.silu.ne, nb=c.silu.nb, op=Op.GDN_CONV_CHAIN,
-            op_params={"d_conv": c.d_conv, "n_tokens": c.n_tokens, "columns": c.columns,
-                       "eps": c.q[1].op_params["eps"], "head_dim": q.ne[0], "n_k_heads": q.ne[1],
+            op_params={"d_conv": c.d_conv, "n_tokens": c.n_tokens, "columns": c.columns, **norm,
+                       "head_dim": q.ne[0], "n_k_heads": q.ne[1],
                        "l2_separate": p.l2_separate, **({"tile": p.tile} if p.tile else {}),
                        "replaced": [t.name for t in m.removed]},
-            src=[c.states, c.ids, c.projection_t, c.weight], outs=[c.q[1], c.k[1], *c.dsts],
+            src=[c.states, c.ids, c.projection_t, c.weight], outs=[c.q.out, c.k.out, *c.dsts],
             view_src=c.silu, view_offs=0, layer=m.layer)
