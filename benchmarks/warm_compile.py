@@ -1,4 +1,4 @@
-"""Compile the kernels of the GPU sweep (gdnpass/sweep.py, run by tests/test_fusion.py::test_sweep_gpu_all_400) in
+"""Compile the kernels of the GPU sweep (gdnpass/sweep.py, run by tests/test_fusion.py::test_sweep_gpu_all_800) in
 parallel processes, so that
 `pytest -m gpu` then loads them from Triton's disk cache. The fused chain compiles once per (n_t, window columns) of
 a model; the sweep's 400 cases need about as many compiles, one after another in a single pytest process.
@@ -15,9 +15,9 @@ sys.path.insert(0, ".")
 
 
 def run_cases(cases):
-    from gdnpass.sweep import sweep_case_gpu  # each worker imports torch and CUDA itself
+    from gdnpass.sweep import run_case  # each worker imports torch and CUDA itself
 
-    return [case for case in cases if not sweep_case_gpu(case)[1].identical]
+    return [case for case in cases if not run_case(case, device="cuda")[1].identical]
 
 
 def main() -> int:

@@ -8,8 +8,9 @@
 The ggml front end (:mod:`gdnpass.frontends.ggml`) runs the same builder with real ggml calls.
 """
 
-from gdnpass.models.hparams import PRESETS, SNAPSHOT_LAYOUTS, ModelShape, VerifyConfig, default_ids, get_model
+from gdnpass.models.hparams import (PRESETS, QK_NORMS, SNAPSHOT_LAYOUTS, ModelShape, VerifyConfig, default_ids,
+                                     get_model)
 from gdnpass.models.ir_facade import build_conv_chain_graph, build_verify_graph
 
-__all__ = ["ModelShape", "PRESETS", "get_model", "VerifyConfig", "SNAPSHOT_LAYOUTS", "build_verify_graph",
+__all__ = ["ModelShape", "PRESETS", "get_model", "VerifyConfig", "SNAPSHOT_LAYOUTS", "QK_NORMS", "build_verify_graph",
            "build_conv_chain_graph", "default_ids"]
