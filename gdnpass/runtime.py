@@ -32,10 +32,13 @@ def launches(graph: Graph) -> Counter:
     return c
 
 
-def backend_for(device: str, backend: str | None) -> dict:
-    """The op -> kernel table: torch references on the CPU, Triton kernels for the arithmetic ops on CUDA."""
+def backend_for(device: str, backend: str | dict | None) -> dict:
+    """The op -> kernel table: torch references on the CPU, Triton kernels for the arithmetic ops on CUDA; a table
+    itself (a dict, e.g. torch with the Triton kernels of a few ops, as the interpreter tests use) as it is."""
     from gdnpass.kernels import backends
 
+    if isinstance(backend, dict):
+        return backend
     name = backend or ("triton" if device.startswith("cuda") else "torch")
     if name == "torch":
         return backends.TORCH_BACKEND

@@ -13,7 +13,7 @@ from gdnpass.fusion import env_enabled, fuse, prepare
 from gdnpass.ir import GraphError, Op
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 from gdnpass.sweep import SEED_CASES, SWEEP, run_case
-from support.graphs import CHAIN, assert_identical, planned
+from support.graphs import CHAIN, CHAIN_OPS, assert_identical, planned, triton_for
 
 
 # CI: the seed's 400 cases on the torch path in upstream's RMS form, planned without the pre-plan hints (so some
@@ -33,7 +33,8 @@ TRITON_SUBSET += [len(SEED_CASES) + c for c in TRITON_SUBSET[1::3]]  # the L2 fo
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (on a GPU the gpu sweep covers Triton)")
 @pytest.mark.parametrize("case", TRITON_SUBSET)
 def test_sweep_triton_interpreter_is_byte_identical(case):
-    assert_identical(run_case(case, hints=case % 2 == 0, backend="triton")[1])
+    """The chain's ops on Triton (in the interpreter), unfused and fused; the rest of the graph on torch."""
+    assert_identical(run_case(case, hints=case % 2 == 0, backend=triton_for(CHAIN_OPS))[1])
 
 
 @pytest.mark.gpu

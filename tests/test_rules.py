@@ -38,6 +38,7 @@ from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.matchers.mat_vec_pair import MatVecPair
 from gdnpass.models import ModelShape, VerifyConfig
 from gdnpass.pipeline import PassOptions, run
+from support.graphs import CHAIN_OPS, triton_for
 
 MODES = ("narrow", "broad")
 
@@ -629,7 +630,7 @@ def test_pair_different_src1_is_reported_for_same_shaped_weights():
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-TORCH, TRITON = backends.TORCH_BACKEND, backends.TRITON_BACKEND  # (the tests below patch the Triton table)
+TORCH, TRITON = backends.TORCH_BACKEND, backends.TRITON_BACKEND
 
 
 def _small(op):
@@ -646,23 +647,19 @@ def _small(op):
 def kernels(name: str) -> dict:
     """A kernel table: torch, with the Triton kernels (in the interpreter on a CPU) of the ops a race involves, fused
     and unfused alike (each fused kernel is byte-identical to its unfused Triton kernels, not to torch's)."""
-    tri, ref = TRITON, TORCH
     if name == "triton-chain":
-        return {**ref, **{op: tri[op] for op in (Op.SSM_CONV, Op.UNARY, Op.L2_NORM, Op.GDN_CONV_CHAIN)}}
+        return triton_for(CHAIN_OPS)
     if name == "triton-pair":
-        return {**ref, Op.MUL_MAT: _small(Op.MUL_MAT), Op.MUL_MAT_VEC_PAIR: _small(Op.MUL_MAT_VEC_PAIR)}
+        return {**TORCH, Op.MUL_MAT: _small(Op.MUL_MAT), Op.MUL_MAT_VEC_PAIR: _small(Op.MUL_MAT_VEC_PAIR)}
     raise KeyError(name)
 
 
 HAZARDS = [t for t in TRIPS if KIND[t.rule] == HAZARD]
 
 
-def check(t: Trip, force: bool, mutate: bool = True, monkeypatch=None):
+def check(t: Trip, force: bool, mutate: bool = True):
     g, p, anchor = build(t, mutate)
-    backend = None
-    if t.kernels != "torch":
-        monkeypatch.setattr(backends, "TRITON_BACKEND", kernels(t.kernels))
-        backend = "triton"
+    backend = None if t.kernels == "torch" else kernels(t.kernels)
     return check_fusion(g, patterns=[Only(p, anchor)], ids=IDS, between=t.between, force=force, backend=backend)
 
 
@@ -672,11 +669,11 @@ def test_every_hazard_has_a_corruption_proof(rule):
 
 
 @pytest.mark.parametrize("t", HAZARDS, ids=[t.id for t in HAZARDS])
-def test_forcing_a_hazard_corrupts_bytes(t, monkeypatch):
-    refused = check(t, force=False, monkeypatch=monkeypatch)
+def test_forcing_a_hazard_corrupts_bytes(t):
+    refused = check(t, force=False)
     assert [r.rule for r in refused.report.refused] == [rule_of(t)] and not refused.report.applied
     assert refused.identical, [c.to_json() for c in refused.compared if not c.identical]
-    forced = check(t, force=True, monkeypatch=monkeypatch)
+    forced = check(t, force=True)
     assert [r.rule for r in forced.report.refused] == [rule_of(t)] and len(forced.report.applied) == 1
     differing = [c.name for c in forced.compared if not c.identical]
     if t.corrupts:
@@ -684,7 +681,7 @@ def test_forcing_a_hazard_corrupts_bytes(t, monkeypatch):
     else:
         assert not differing, differing  # a conservative refusal: see its mutation's docstring
     if t.kernels != "torch":  # control: with these kernels the unmutated candidate fuses byte-identically
-        clean = check(t, force=False, mutate=False, monkeypatch=monkeypatch)
+        clean = check(t, force=False, mutate=False)
         assert len(clean.report.applied) == 1 and clean.identical
 
 

@@ -2,6 +2,8 @@
 ``check_fusion`` result."""
 
 from gdnpass.alloc import plan
+from gdnpass.ir import Op
+from gdnpass.kernels import backends
 from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.models import VerifyConfig, build_verify_graph
 
@@ -26,3 +28,14 @@ def assert_identical(res, applied=1, compared=()):
     assert len(res.compared) >= 5
     names = {c.name for c in res.compared}
     assert set(compared) <= names, sorted(set(compared) - names)
+
+
+# The ops of the conv chain, unfused and fused: the interpreter tests run these on Triton and the rest of the graph
+# on torch (each fused kernel is byte-identical to its unfused Triton kernels, not to torch's; the FFN's products
+# would take seconds per launch in the interpreter).
+CHAIN_OPS = (Op.SSM_CONV, Op.UNARY, Op.L2_NORM, Op.RMS_NORM, Op.SCALE, Op.GDN_CONV_CHAIN)
+
+
+def triton_for(ops) -> dict:
+    """A kernel table: torch, with the Triton kernels of ``ops``."""
+    return {**backends.TORCH_BACKEND, **{op: backends.TRITON_BACKEND[op] for op in ops}}
