@@ -136,15 +136,19 @@ class Context:
     use_counts: dict[int, int] = field(default_factory=dict)
     _users: dict[int, list[Tensor]] = field(default_factory=dict)
     _ranges: dict[int, Range | None] = field(default_factory=dict)
+    _indexed: bool = False
 
     def __post_init__(self) -> None:
         self.refresh()
 
     def refresh(self) -> None:
-        """Index the graph once per pattern (positions, ggml use counts, users), so matching stays linear."""
-        self.pos, self.use_counts, self._users, self._ranges = {}, {}, {}, {}
-        for i, n in enumerate(self.graph.nodes):
-            self.pos[n.uid] = i
+        """Index the graph state: positions now, ggml use counts and users on first use (the pair needs none)."""
+        self.pos = {n.uid: i for i, n in enumerate(self.graph.nodes)}
+        self.use_counts, self._users, self._ranges = {}, {}, {}
+        self._indexed = False
+
+    def _index_uses(self) -> None:
+        for n in self.graph.nodes:
             seen = set()
             for s in n.src:
                 if s is None:
@@ -153,12 +157,17 @@ class Context:
                 if s.uid not in seen:
                     seen.add(s.uid)
                     self._users.setdefault(s.uid, []).append(n)
+        self._indexed = True
 
     def uses(self, t: Tensor) -> int:
+        if not self._indexed:
+            self._index_uses()
         return self.use_counts.get(t.uid, 0)
 
     def users(self, t: Tensor) -> list[Tensor]:
         """Nodes reading ``t`` through a src slot, in execution order."""
+        if not self._indexed:
+            self._index_uses()
         return self._users.get(t.uid, [])
 
     def ranges(self, ts: Iterable[Tensor | None]) -> list[tuple[Range, Tensor]]:

@@ -141,6 +141,7 @@ class ChainCapture:
     window_users: list[list[Tensor]] = field(default_factory=list)  # each window's users
     q: "Norm | None" = None                # the q heads' normalisation (at view offset 0)
     k: "Norm | None" = None                # the k heads' (right after the q heads)
+    between: "list[Between] | None" = None  # the nodes in between, once a hazard rule asked
 
     # ---- derived ---------------------------------------------------------------------------------------------------
     @property
@@ -183,20 +184,20 @@ class ChainCapture:
     def n_tokens(self) -> int:
         return self.concat.ne[0] - (self.d_conv - 1)
 
-    @property
+    @cached_property
     def cpys(self) -> list[Tensor]:
         """Each window's CPY (rule 3 makes it the window's only user)."""
         return [users[0] for users in self.window_users]
 
-    @property
+    @cached_property
     def dsts(self) -> list[Tensor]:
         return [c.src[1] for c in self.cpys]
 
-    @property
+    @cached_property
     def columns(self) -> list[int]:
         return [w.view_offs // 4 for w in self.windows]
 
-    @property
+    @cached_property
     def window_dsts(self) -> list[int]:
         """Indices of the destinations that are windows of another tensor (not whole cache rows)."""
         return [i for i, d in enumerate(self.dsts) if d.base is not self.cache]
@@ -205,12 +206,12 @@ class ChainCapture:
     def tile(self) -> dict | None:
         return _dedup_tile(self.dsts, self.window_dsts, self.columns, self.d_conv, self.C)
 
-    @property
+    @cached_property
     def early(self) -> list[Tensor]:
         """What the fused kernel writes earlier than the unfused graph did: the SiLU and the q/k L2 outputs."""
         return [self.silu, self.q.out, self.k.out]
 
-    @property
+    @cached_property
     def chain(self) -> list[Tensor]:
         return [self.get_rows, self.state_r, self.concat, *self.windows, *self.cpys, *self.dsts, self.ssm_conv,
                 self.silu, *self.q.nodes, *self.k.nodes]
@@ -230,12 +231,25 @@ def _span(c: ChainCapture, ctx: Context) -> tuple[int, int, int]:
     return pos[c.get_rows.uid], pos[c.concat.uid], max(pos[c.q.out.uid], pos[c.k.out.uid])
 
 
-def _between(c: ChainCapture, ctx: Context) -> list[tuple[Tensor, bool]]:
-    """(node, after the fused position) for every kernel node inside the chain's span that is not part of it."""
-    start, at, end = _span(c, ctx)
-    skip = {t.uid for t in c.chain} | {c.projection.base.uid}
-    return [(n, i > at) for i, n in enumerate(ctx.graph.nodes[start:end + 1], start)
-            if n.uid not in skip and runs_kernel(n)]
+@dataclass(frozen=True)
+class Between:
+    """A kernel node inside the chain's span that is not part of it, with the byte ranges it reads and writes."""
+
+    node: Tensor
+    after: bool   # after the fused position (the CONCAT's)
+    reads: list
+    writes: list
+
+
+def _between(c: ChainCapture, ctx: Context) -> list[Between]:
+    """The nodes in between (computed once per candidate: every between-rule scans them)."""
+    if c.between is None:
+        start, at, end = _span(c, ctx)
+        skip = {t.uid for t in c.chain} | {c.projection.base.uid}
+        c.between = [Between(n, i > at, ctx.node_reads(n), ctx.node_writes(n))
+                     for i, n in enumerate(ctx.graph.nodes[start:end + 1], start)
+                     if n.uid not in skip and runs_kernel(n)]
+    return c.between
 
 
 # ---- 1-2. structure and scope ---------------------------------------------------------------------------------------
@@ -467,10 +481,11 @@ def _between_rule(name: str, after: bool, kind: str, what: str, theirs):
     @rule(name, HAZARD)
     def check(c: ChainCapture, ctx):
         targets = ctx.ranges(theirs(c))
-        for n, is_after in _between(c, ctx):
-            if is_after is after:
-                hit = first_collision(ctx.node_writes(n) if kind == "w" else ctx.node_reads(n), targets)
+        for b in _between(c, ctx):
+            if b.after is after:
+                hit = first_collision(b.writes if kind == "w" else b.reads, targets)
                 if hit:
+                    n = b.node
                     return collision(n, f"{n.name!r} {what} ({hit[3].name!r}) between the chain's nodes", hit)
 
     return check
@@ -479,11 +494,11 @@ def _between_rule(name: str, after: bool, kind: str, what: str, theirs):
 @rule("between.writes-cache", HAZARD)
 def _writes_cache(c: ChainCapture, ctx):
     before, after = ctx.ranges([c.cache]), ctx.ranges(c.dsts)
-    for n, is_after in _between(c, ctx):
-        hit = first_collision(ctx.node_writes(n), after if is_after else before)
+    for b in _between(c, ctx):
+        hit = first_collision(b.writes, after if b.after else before)
         if hit:
-            what = "writes a snapshot row" if is_after else "writes the cache"
-            return collision(n, f"{n.name!r} {what} ({hit[3].name!r}) between the chain's nodes", hit)
+            what = "writes a snapshot row" if b.after else "writes the cache"
+            return collision(b.node, f"{b.node.name!r} {what} ({hit[3].name!r}) between the chain's nodes", hit)
 
 
 NARROW = (
@@ -500,11 +515,10 @@ NARROW = (
 def _touches_chain_buffer(c: ChainCapture, ctx):
     owned = ctx.ranges([c.get_rows, c.concat, c.projection.base, c.ssm_conv, *c.early, c.cache, *c.dsts])
     read_only = ctx.ranges([c.ids, c.weight])  # shared read-only inputs: reading them is no hazard
-    for n, _ in _between(c, ctx):
-        hit = (first_collision(ctx.node_writes(n) + ctx.node_reads(n), owned)
-               or first_collision(ctx.node_writes(n), read_only))
+    for b in _between(c, ctx):
+        hit = first_collision(b.writes + b.reads, owned) or first_collision(b.writes, read_only)
         if hit:
-            return collision(n, f"{n.name!r} touches {hit[3].name!r}, a buffer of the chain", hit)
+            return collision(b.node, f"{b.node.name!r} touches {hit[3].name!r}, a buffer of the chain", hit)
 
 
 BROAD = (_touches_chain_buffer,)
