@@ -43,13 +43,13 @@ def variants():
         yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
     yield tri._mul_mat_vec_kernel, dict(zip(("BLOCK_M", "COLS", "BLOCK_K"), tri.mat_vec_blocks(32, 8))), tri.NUM_WARPS
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
-    # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile
-    for n_t, rows, tile, whole in ((1, 1, 0, True), (8, 8, 0, True), (16, 16, 0, True), (3, 2, 0, False),
-                                   (8, 1, 10, True)):
+    # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
+    for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
+                                        (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):
         columns = tuple(max(0, n_t - s) for s in range(rows - 1, -1, -1))
         yield tri._gdn_conv_chain_kernel, dict(
             D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole,
-            L2_ROWS=max(triton.next_power_of_2(n_t), tri.chain_warps(128))), tri.chain_warps(128)
+            L2_ROWS=max(triton.next_power_of_2(n_t), tri.chain_warps(128)), RMS=rms), tri.chain_warps(128)
 
 
 @triton.jit
@@ -69,9 +69,14 @@ def main() -> int:
             print(f"refused as expected: {type(e).__name__}")
             return 0
         return 1
-    for kernel, constexprs, num_warps in variants():
+    todo = list(variants())
+    for kernel, constexprs, num_warps in todo:
+        missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in constexprs]
+        if missing:  # a constexpr left out compiles as a plain argument: the check would test another kernel
+            raise SystemExit(f"{kernel.__name__}: constexprs {missing} not given")
         compile_sm90(kernel, constexprs, num_warps)
         print(f"sm_90 ok: {kernel.__name__} {constexprs}", flush=True)
+    print(f"compiled {len(todo)} variants")
     return 0
 
 

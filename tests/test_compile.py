@@ -16,7 +16,8 @@ def compile_sm90(*args):
 def test_every_kernel_compiles_for_sm90():
     r = compile_sm90()
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stdout.count("sm_90 ok") == 10, r.stdout
+    n = int(r.stdout.rsplit("compiled ", 1)[1].split()[0])
+    assert n >= 14 and r.stdout.count("sm_90 ok") == n, r.stdout
 
 
 def test_the_compile_check_refuses_what_only_the_interpreter_accepts():

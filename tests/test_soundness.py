@@ -73,7 +73,7 @@ def report(name: str, text: str, counts: dict) -> None:
 def test_perturbed_graphs_fuse_soundly():
     stats = Stats()
 
-    @search(n_examples(500))
+    @search(n_examples(200))  # CI; the long run (docs/soundness.md): GDNPASS_SOUNDNESS_EXAMPLES=4000
     @given(samples())
     def check(s):
         problems = examine(s, stats)
