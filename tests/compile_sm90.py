@@ -36,9 +36,9 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS):
 def variants():
     yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C), tri.NUM_WARPS
     yield tri._silu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
-    yield tri._l2_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(128))), tri.NUM_WARPS
+    yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(128)), RMS=False), tri.NUM_WARPS
     for S in (32, 128):  # the q/k head sizes of the tiny and the real models
-        yield tri._rms_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S))), tri.NUM_WARPS
+        yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S)), RMS=True), tri.NUM_WARPS
     for has_bias in (False, True):
         yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
     yield tri._mul_mat_vec_kernel, dict(zip(("BLOCK_M", "COLS", "BLOCK_K"), tri.mat_vec_blocks(32, 8))), tri.NUM_WARPS

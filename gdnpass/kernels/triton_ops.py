@@ -187,64 +187,47 @@ def silu(x: torch.Tensor, out: torch.Tensor) -> None:
         BLOCK=ELT_BLOCK, **LAUNCH)
 
 
-# ---- L2_NORM --------------------------------------------------------------------------------------------------------
+# ---- L2_NORM and RMS_NORM ------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _l2_norm_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
-                    x_s1, x_s2, x_s3,          # x rows are contiguous (nb0 == 4)
-                    y_s0, y_s1, y_s2, y_s3,
-                    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
+def _row_norm_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
+                     x_s1, x_s2, x_s3,          # x rows are contiguous (nb0 == 4)
+                     y_s0, y_s1, y_s2, y_s3,
+                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RMS: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
     x = tl.load(x_ptr + _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None] + cols[None, :], mask=mask, other=0.0)
-    y = l2_scale_rows(x, eps)
+    if RMS:
+        y = rms_scale_rows(x, ne0, eps)
+    else:
+        y = l2_scale_rows(x, eps)
     tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
 
 
-def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
-    """L2_NORM of each row (along ne0) of ``x`` (nb0 == 4, rows anywhere) into ``out`` (same shape, any strides)."""
+def _row_norm(x: torch.Tensor, eps: float, out: torch.Tensor, op: str) -> None:
     n_rows = x.shape[0] * x.shape[1] * x.shape[2]
     if x.numel() == 0:
         return
     xs = _strides(x)
-    _require(xs[0] == 1, "L2_NORM needs contiguous rows")
+    _require(xs[0] == 1, f"{op} needs contiguous rows")
+    _require(tuple(out.shape) == tuple(x.shape), f"{op} output shape {tuple(out.shape)} != {tuple(x.shape)}")
     block_r, block_d = l2_tile(x.shape[3])
-    _l2_norm_kernel[(triton.cdiv(n_rows, block_r),)](
+    _row_norm_kernel[(triton.cdiv(n_rows, block_r),)](
         x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_R=block_r, BLOCK_D=block_d, **LAUNCH)
+        BLOCK_R=block_r, BLOCK_D=block_d, RMS=op == "RMS_NORM", **LAUNCH)
 
 
-# ---- RMS_NORM -------------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _rms_norm_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
-                     x_s1, x_s2, x_s3,          # x rows are contiguous (nb0 == 4)
-                     y_s0, y_s1, y_s2, y_s3,
-                     BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
-    mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
-    x = tl.load(x_ptr + _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None] + cols[None, :], mask=mask, other=0.0)
-    y = rms_scale_rows(x, ne0, eps)
-    tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
+def l2_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
+    """L2_NORM of each row (along ne0) of ``x`` (nb0 == 4, rows anywhere) into ``out`` (same shape, any strides)."""
+    _row_norm(x, eps, out, "L2_NORM")
 
 
 def rms_norm(x: torch.Tensor, eps: float, out: torch.Tensor) -> None:
     """RMS_NORM of each row (along ne0) of ``x`` (nb0 == 4, rows anywhere) into ``out`` (same shape, any strides;
     ``out`` may be ``x``: a program reads its rows before it writes them). One launch, L2_NORM's tile."""
-    n_rows = x.shape[0] * x.shape[1] * x.shape[2]
-    if x.numel() == 0:
-        return
-    xs = _strides(x)
-    _require(xs[0] == 1, "RMS_NORM needs contiguous rows")
-    _require(tuple(out.shape) == tuple(x.shape), f"RMS_NORM output shape {tuple(out.shape)} != {tuple(x.shape)}")
-    block_r, block_d = l2_tile(x.shape[3])
-    _rms_norm_kernel[(triton.cdiv(n_rows, block_r),)](
-        x, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_R=block_r, BLOCK_D=block_d, **LAUNCH)
+    _row_norm(x, eps, out, "RMS_NORM")
 
 
 # ---- SCALE ----------------------------------------------------------------------------------------------------------
