@@ -269,13 +269,25 @@ def format_explain(cands: list[Candidate], d: Dump) -> list[str]:
         if c.applied is not None:  # (a Refusal is falsy: test identity, not truth)
             a = c.applied
             node = where(c.node) if c.node is not None else repr(a.node)
-            out.append(f"  applied  {c.pattern}: {node} replaces {len(a.replaced)} nodes: {_some(a.replaced)}")
+            out.append(f"  applied  {c.pattern}: {node}{_variant(c.node)} replaces {len(a.replaced)} nodes: "
+                       f"{_some(a.replaced)}")
         else:
             r = c.refusal
             out.append(f"  REFUSED  {c.pattern}: rule {r.rule} at {where(r.node)}: {r.reason}")
             if r.ranges:
                 out.append(f"           bytes collide: {fmt_range(r.ranges[0])} vs {fmt_range(r.ranges[1])}")
     return out
+
+
+QK_FORMS = {"rms": "RMS_NORM + SCALE (upstream)", "l2": "L2_NORM"}
+
+
+def _variant(t: Tensor | None) -> str:
+    """The kernel variant of a fused node worth a reader's eye: the chain's q/k form, its later-launch fallback."""
+    if t is None or t.op is not Op.GDN_CONV_CHAIN:
+        return ""
+    p = t.op_params
+    return f" [q/k {QK_FORMS[p.get('norm', 'l2')]}{', l2_separate' if p.get('l2_separate') else ''}]"
 
 
 def _some(names: list[str], limit: int = 4) -> str:

@@ -384,3 +384,10 @@ def test_gdnpass_dump_is_the_same_command(capsys):
     a = cli.make_parser().parse_args(["dump", *TINY, "--fuse", "--format", "json"])
     assert a.func is cli.cmd_dump and a.func(a) == 0
     check(json.loads(capsys.readouterr().out), SCHEMA)
+
+
+@pytest.mark.parametrize("form, says", [("rms", "[q/k RMS_NORM + SCALE (upstream)]"), ("l2", "[q/k L2_NORM]")])
+def test_explain_names_the_q_k_form(capsys, form, says):
+    rc, out, _ = run(capsys, *TINY, "--fuse", "--explain", "--qk-norm", form)
+    chains = [line for line in out.splitlines() if "applied  gdn_conv_chain" in line]
+    assert rc == 0 and len(chains) == 2 and all(says in line for line in chains)
