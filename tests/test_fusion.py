@@ -16,12 +16,9 @@ from gdnpass.sweep import SEED_CASES, SWEEP, run_case
 from support.graphs import CHAIN, CHAIN_OPS, assert_identical, planned, triton_for
 
 
-# CI: the seed's 400 cases on the torch path in upstream's RMS form, planned without the pre-plan hints (so some
-# chains take the l2_separate path), every 4th of the L2 form; both forms through the interpreter on a subset.
-TORCH_CASES = list(range(len(SEED_CASES))) + list(range(len(SEED_CASES), len(SWEEP), 4))
-
-
-@pytest.mark.parametrize("case", TORCH_CASES)
+# CI: all 800 on the torch path, planned without the pre-plan hints (so some chains take the l2_separate path);
+# both forms through the interpreter on a subset.
+@pytest.mark.parametrize("case", range(len(SWEEP)))
 def test_sweep_torch_path_is_byte_identical(case):
     assert_identical(run_case(case, hints=False)[1])
 
