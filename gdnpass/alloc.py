@@ -12,7 +12,14 @@ What it reproduces, because fusion legality is decided on exactly this plan:
 - NONE nodes in the node list are allocator hints (ggml-backend's dependency nodes): their sources count as
   children, so a hint keeps tensors alive up to its position, and the hint itself is never allocated.
 
-Leafs (weights, caches, inputs) have memory of their own: each buffer is laid out by a simple aligned bump allocator.
+Leafs: those in the ``weights`` / ``cache`` / ``input`` buffers of a gdnpass-built graph are laid out by a simple
+aligned bump allocator per buffer; a leaf already placed in another named buffer (a llama.cpp capture's model, KV or
+recurrent buffer) keeps its place; a leaf with no buffer is a graph input gallocr allocates in the arena, as ggml does
+(all such leafs first, in leaf order, then INPUT-flagged nodes and sources in node order; freed after their last use).
+
+:func:`bind` models what llama.cpp does with the plan: gallocr plans the worst-case (reserve) graph once and binds its
+offsets to every later graph of the same topology whose tensors fit, node by node and source slot by source slot;
+otherwise it re-plans that graph itself (``ggml_gallocr_needs_realloc``).
 """
 
 from __future__ import annotations
@@ -63,9 +70,8 @@ class DynAllocator:
         return offset
 
     def free(self, offset: int, size: int) -> None:
+        # a zero-size tensor's free still goes through the merge search (and may insert an empty block), as in ggml
         size = _align(size, self.alignment)
-        if size == 0:
-            return
         for i, b in enumerate(self.blocks):
             if b.offset + b.size == offset:  # grows an earlier block; maybe bridges to the next
                 b.size += size
@@ -103,9 +109,14 @@ class Plan:
     events: list[tuple[int, str, str, int]] = field(default_factory=list)  # (node index, 'alloc'|'inplace'|'free', name, offset)
 
 
-def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
-    """Assign ``buffer``/``offset`` to every base tensor of ``graph`` (in place) and return the plan."""
+def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT, arena_name: str = "arena") -> Plan:
+    """Assign ``buffer``/``offset`` to every base tensor of ``graph`` (in place) and return the plan.
+
+    ``arena_name`` is gallocr's buffer: ``arena`` in gdnpass-built graphs, ``compute`` in llama.cpp captures."""
     events: list[tuple[int, str, str, int]] = []
+    inputs_ = [t for t in graph.leafs if t.view_src is None and t.buffer in (None, arena_name)]
+    for t in inputs_:
+        t.buffer, t.offset = None, None
     bufs = _place_leafs(graph, alignment)
     arena = DynAllocator(alignment)
     info: dict[int, _Info] = {}
@@ -114,21 +125,14 @@ def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
         return info.setdefault(t.uid, _Info())
 
     for n in graph.nodes:
-        if n.view_src is None and n.buffer not in (None, "arena"):
+        if n.view_src is None and n.buffer not in (None, arena_name):
             raise GraphError(f"node {n.name!r}: computed tensors cannot live in buffer {n.buffer!r}")
         n.buffer, n.offset = (None, None) if n.view_src is None else (n.buffer, n.offset)
 
-    # count children and views (ggml_gallocr_alloc_graph_impl, first pass)
-    for n in graph.nodes:
-        if n.view_src is not None and n.op is not Op.NONE:  # NONE nodes are allocator hints, not views (as ggml)
-            inf(n.view_src).n_views += 1
-        for s in n.src:
-            if s is not None:
-                inf(s).n_children += 1
-
     def allocate(i: int, n: Tensor) -> None:
         st = inf(n)
-        if n.view_src is not None or n.is_leaf or st.owned:
+        # views, hint nodes (views too) and leafs with memory of their own are never allocated here
+        if n.view_src is not None or st.owned or (n.is_leaf and n.buffer is not None):
             return
         st.allocated = st.owned = True
         if n.op in INPLACE_OPS or (n.op is Op.OPAQUE and n.op_params.get("can_inplace")):
@@ -141,11 +145,11 @@ def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
                     continue
                 ps = inf(p)
                 if ps.n_children == 1 and ps.n_views == 0:
-                    n.buffer, n.offset = "arena", p.offset
+                    n.buffer, n.offset = arena_name, p.offset
                     ps.allocated = False  # the child now owns the block; the parent must not free it
                     events.append((i, "inplace", n.name, n.offset))
                     return
-        n.buffer, n.offset = "arena", arena.alloc(n.nbytes, n.name)
+        n.buffer, n.offset = arena_name, arena.alloc(n.nbytes, n.name)
         events.append((i, "alloc", n.name, n.offset))
 
     def free(i: int, t: Tensor) -> None:
@@ -156,7 +160,25 @@ def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
         arena.free(t.offset, t.nbytes)
         events.append((i, "free", t.name, t.offset))
 
+    # graph inputs without memory first, in leaf order (ggml_gallocr_alloc_graph_impl: "allocate leafs")
+    for t in inputs_:
+        allocate(-1, t)
+    # count children and views; INPUT nodes and sources next, in node order
     for i, n in enumerate(graph.nodes):
+        if n.view_src is not None and n.op is not Op.NONE:  # NONE nodes are allocator hints, not views (as ggml)
+            inf(n.view_src).n_views += 1
+        if n.flags & Flag.INPUT:
+            allocate(i, n)
+        for s in n.src:
+            if s is not None:
+                inf(s).n_children += 1
+                if s.flags & Flag.INPUT:
+                    allocate(i, s)
+
+    for i, n in enumerate(graph.nodes):
+        for p in n.src:  # parents: only inputs can still be unallocated here
+            if p is not None:
+                allocate(i, p)
         allocate(i, n)
         for p in n.src:
             if p is None:
@@ -172,22 +194,76 @@ def plan(graph: Graph, alignment: int = DEFAULT_ALIGNMENT) -> Plan:
                 else:
                     free(i, p)
 
-    bufs["arena"] = arena.max_size
+    bufs[arena_name] = arena.max_size
     graph.buffers = bufs
     graph.alignment = alignment
     return Plan(bufs, alignment, events)
 
 
+@dataclass
+class Binding:
+    """How :func:`bind` placed a graph: on the reserve plan, or (as gallocr then does) on a plan of its own."""
+
+    reallocated: bool
+    why: str | None = None    # the first reason gallocr re-plans (ggml_gallocr_needs_realloc's)
+
+
+def bind(reserve: Graph, graph: Graph, arena_name: str = "arena") -> Binding:
+    """Place ``graph`` as gallocr places a graph after reserving ``reserve`` (a *planned* graph): when both have the
+    same numbers of nodes and leafs and every tensor of ``graph`` that needs memory fits the reserve tensor in the
+    same slot (node i, node i's source j, leaf i), take the reserve's offsets slot by slot; otherwise plan ``graph``
+    itself. Slots are positions, not names: the two graphs need only the same topology."""
+    for t in [*graph.leafs, *graph.nodes]:
+        if t.view_src is None and t.buffer == arena_name:
+            t.buffer, t.offset = None, None
+    pairs: list[tuple[Tensor, Tensor]] = []
+    why = None
+    if len(reserve.nodes) != len(graph.nodes):
+        why = f"the graph has {len(graph.nodes)} nodes, the reserve graph {len(reserve.nodes)}"
+    elif len(reserve.leafs) != len(graph.leafs):
+        why = f"the graph has {len(graph.leafs)} leafs, the reserve graph {len(reserve.leafs)}"
+    else:
+        for r, t in zip(reserve.nodes, graph.nodes):
+            pairs.append((t, r))
+            pairs += [(ts, rs) for ts, rs in zip(t.src, r.src) if ts is not None and rs is not None]
+        pairs += list(zip(graph.leafs, reserve.leafs))
+        for t, r in pairs:  # ggml_gallocr_node_needs_realloc
+            if t.view_src is not None or t.buffer is not None:
+                continue
+            if r.view_src is not None or r.buffer != arena_name:
+                why = f"{t.name!r} needs memory but its reserve slot {r.name!r} has none in {arena_name}"
+            elif t.nbytes > r.nbytes:
+                why = f"{t.name!r} needs {t.nbytes} bytes, its reserve slot {r.name!r} has {r.nbytes}"
+            if why:
+                break
+    if why:
+        plan(graph, reserve.alignment, arena_name)
+        return Binding(True, why)
+    for t, r in pairs:
+        if t.view_src is None and t.buffer is None and r.view_src is None and r.buffer == arena_name:
+            t.buffer, t.offset = arena_name, r.offset
+    graph.alignment = reserve.alignment
+    return Binding(False)
+
+
 def _place_leafs(graph: Graph, alignment: int) -> dict[str, int]:
-    """Weights, caches and inputs: each buffer is packed in leaf order, aligned."""
+    """gdnpass's weights, caches and inputs: each buffer packed in leaf order, aligned. Leafs placed elsewhere keep
+    their place (their buffer's size is at least their end); leafs without a buffer are the arena's."""
     sizes: dict[str, int] = {"weights": 0, "cache": 0, "input": 0}
+    external: dict[str, int] = {}
     for t in graph.leafs:
-        if t.view_src is not None:
+        if t.view_src is not None or t.buffer is None:
             continue
-        if t.buffer not in sizes:
-            raise GraphError(f"leaf {t.name!r}: buffer {t.buffer!r} is not one of weights/cache/input")
-        t.offset = sizes[t.buffer]
-        sizes[t.buffer] = _align(t.offset + t.nbytes, alignment)
+        if t.buffer in sizes:
+            t.offset = sizes[t.buffer]
+            sizes[t.buffer] = _align(t.offset + t.nbytes, alignment)
+        elif t.offset is not None:
+            external[t.buffer] = max(external.get(t.buffer, 0), t.offset + t.nbytes)
+        else:
+            raise GraphError(f"leaf {t.name!r}: buffer {t.buffer!r} is not one of weights/cache/input and the leaf "
+                             "has no offset in it")
+    for name, end in external.items():
+        sizes[name] = max(end, graph.buffers.get(name, 0) if isinstance(graph.buffers.get(name), int) else end)
     return sizes
 
 

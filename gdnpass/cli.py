@@ -1,4 +1,5 @@
-"""The ``gdnpass`` command: ``run`` (build, plan, fuse, execute a verify forward) and ``dump`` (show it).
+"""The ``gdnpass`` command: ``run`` (build, plan, fuse, execute a verify forward), ``dump`` (show it), ``capture``
+(llama.cpp's own verify graph of a GGUF model) and ``llama-build`` (the pinned llama.cpp, cached).
 
 Both go through :mod:`gdnpass.pipeline` and speak the same flags: the graph flags (or ``--graph FILE``), the pass
 flags (``--fuse/--no-fuse`` over ``GDN_FUSION``, ``--between``, ``--alignment``), ``--json``, ``--save FILE``.
@@ -329,6 +330,64 @@ def cmd_dump(a: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# llama.cpp: build it, capture its verify graph
+# ---------------------------------------------------------------------------------------------------------------------
+
+CAPTURE_DESCRIPTION = (
+    "Run the pinned llama.cpp on a GGUF file: decode a prompt, then one verify ubatch of --tokens tokens with "
+    "--rs-seq rollback planes, recording every node the scheduler computes (op, shape, strides, views, op params, "
+    "buffer and byte offset), and write it as a gdnpass graph file. Then: gdnpass dump --graph FILE --fuse --explain.")
+
+
+def _add_capture_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gguf", required=True, metavar="FILE", help="the model (arch qwen35)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="write the verify graph here")
+    p.add_argument("--reserve", metavar="FILE", help="also write the reserve graph (n_ubatch tokens, unplanned): the "
+                   "graph gallocr planned the compute buffer for")
+    g = p.add_argument_group("context settings (llama_context_params)")
+    g.add_argument("--tokens", type=int, default=4, help="tokens in the verify ubatch (default: 4)")
+    g.add_argument("--rs-seq", type=int, default=3, help="n_rs_seq, rollback snapshot planes (default: 3)")
+    g.add_argument("--ubatch", type=int, default=512, help="n_ubatch; must exceed rs-seq + 1 (default: 512)")
+    g.add_argument("--batch", type=int, default=None, help="n_batch (default: max(2048, n_ubatch))")
+    g.add_argument("--ctx", type=int, default=256, help="n_ctx (default: 256)")
+    g.add_argument("--prompt", type=int, default=8, help="prompt tokens decoded before the verify (default: 8)")
+    g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"], help="default: auto")
+    g.add_argument("--threads", type=int, default=2, help="default: 2")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def cmd_capture(a: argparse.Namespace) -> int:
+    from gdnpass.frontends.llama import build, capture
+    from gdnpass.serialize import save
+
+    settings = capture.Settings(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_ubatch=a.ubatch,
+                                n_batch=a.batch or max(2048, a.ubatch), n_ctx=a.ctx, n_prompt=a.prompt,
+                                flash_attn=a.flash_attn, n_threads=a.threads)
+    install = build.ensure(log=lambda line: print(f"gdnpass capture: {line}", file=sys.stderr))
+    cap = capture.capture(a.gguf, settings, install=install)
+    save(cap.verify, a.output)
+    if a.reserve:
+        save(cap.reserve, a.reserve)
+    summary = capture.summary(cap)
+    if a.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(capture.summary_text(summary, a.output))
+    return 0
+
+
+def cmd_llama_build(a: argparse.Namespace) -> int:
+    from gdnpass.frontends.llama import build
+
+    found = build.find()
+    inst = found or build.ensure(log=lambda line: print(f"gdnpass llama-build: {line}", file=sys.stderr),
+                                 sdist=a.sdist)
+    print(f"llama.cpp {inst.commit[:12]} ({build.PACKAGE}=={build.VERSION}, ggml + libllama, -O0): {inst.root}"
+          + (" (cached)" if found else f", built in {inst.build_s:.0f} s"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # the command
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -358,6 +417,18 @@ def make_parser() -> argparse.ArgumentParser:
                        description=DUMP_DESCRIPTION)
     _add_dump_args(d)
     d.set_defaults(func=cmd_dump)
+
+    c = sub.add_parser("capture", help="capture llama.cpp's own verify graph of a GGUF model as a graph file",
+                       description=CAPTURE_DESCRIPTION)
+    _add_capture_args(c)
+    c.set_defaults(func=cmd_capture)
+
+    b = sub.add_parser("llama-build", help="build the pinned llama.cpp (ggml + libllama, -O0) into the cache",
+                       description="Download llama-cpp-python's sdist, build ggml + libllama of its vendored llama.cpp "
+                                   "at -O0 (about 2 min on 2 cores) and cache it under ~/.cache/gdnpass "
+                                   "($GDNPASS_CACHE); a cached build returns at once.")
+    b.add_argument("--sdist", metavar="FILE", help="a local llama_cpp_python-0.3.36.tar.gz instead of downloading")
+    b.set_defaults(func=cmd_llama_build)
     return p
 
 

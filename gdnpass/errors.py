@@ -21,3 +21,9 @@ class KernelError(GdnpassError, ValueError):
 
 class ResourceError(GdnpassError):
     """A request the machine cannot serve: a plan larger than the memory available, an interpreter run too long."""
+
+
+class LlamaError(GdnpassError):
+    """llama.cpp as a front end or referee could not do what was asked: its build failed, its layout is not the one
+    gdnpass reads, or it aborted (a ggml assert) while capturing. The message is llama.cpp's own one line when it has
+    one."""

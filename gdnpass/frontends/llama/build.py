@@ -1,0 +1,246 @@
+"""Build the pinned llama.cpp (ggml + libllama only, -O0) and cache it under the user's cache directory.
+
+The pin is llama-cpp-python's sdist: PyPI has no wheel for it and ``pip install llama-cpp-python`` builds common,
+tools and mtmd too (10-22 min on 2 cores). Here: download the sdist (``pip download``, or ``GDNPASS_LLAMA_SDIST``
+naming a local copy), check that its vendored llama.cpp is the pinned commit, build CMake target ``llama`` at -O0
+(about 2 min on 2 cores; -O0, Release and the pip wheel give the same captures node for node), and keep:
+
+    <cache>/llama.cpp-<commit12>/
+        lib/        libllama.so, libggml*.so (LLAMA_CPP_LIB_PATH for the bindings)
+        py/llama_cpp/   the sdist's pure-Python ctypes bindings, with an empty ``__init__`` (the real one imports the
+                        high-level API and its dependencies)
+        install.json    pin, build settings, the struct layout probed from the vendored headers, build time
+
+``<cache>`` is ``$GDNPASS_CACHE``, else ``$XDG_CACHE_HOME/gdnpass``, else ``~/.cache/gdnpass``. A second call finds
+``install.json`` and returns in milliseconds; concurrent callers wait on a lock. One command: ``gdnpass llama-build``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from gdnpass.errors import LlamaError
+
+PACKAGE = "llama-cpp-python"
+VERSION = "0.3.36"
+COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendor/llama.cpp of the 0.3.36 sdist (2026-10-01)
+
+# what the sdist must give us: the sources of ggml + libllama, and the bindings
+_SOURCES = ("CMakeLists.txt", "cmake/", "ggml/", "src/", "include/", "vendor/", "licenses/")
+_BINDINGS = ("llama_cpp.py", "_ctypes_extensions.py", "_ggml.py", "llama_types.py")
+_CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_C_FLAGS_DEBUG=-O0", "-DCMAKE_CXX_FLAGS_DEBUG=-O0", "-DGGML_NATIVE=OFF",
+    "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_CURL=OFF",
+    f"-DLLAMA_BUILD_COMMIT={COMMIT[:7]}",
+    "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",  # the libraries find each other after the copy into the cache
+)
+_PROBE = Path(__file__).with_name("layout_probe.c")
+
+
+@dataclass(frozen=True)
+class Install:
+    """A built llama.cpp: where its libraries and bindings are, and what was probed from its headers."""
+
+    root: Path
+    commit: str
+    layout: dict          # {"tensor": {...}, "graph": {...}} from layout_probe.c
+    build_s: float
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.root / "lib"
+
+    @property
+    def py_dir(self) -> Path:
+        return self.root / "py"
+
+    def env(self) -> dict[str, str]:
+        """Environment for a process that imports the bindings (``import llama_cpp.llama_cpp``)."""
+        env = dict(os.environ)
+        env["LLAMA_CPP_LIB_PATH"] = str(self.lib_dir)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(self.lib_dir), *filter(None, [env.get("LD_LIBRARY_PATH")])])
+        env["PYTHONPATH"] = os.pathsep.join([str(self.py_dir), *filter(None, [env.get("PYTHONPATH")])])
+        return env
+
+
+def cache_root() -> Path:
+    if os.environ.get("GDNPASS_CACHE"):
+        return Path(os.environ["GDNPASS_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "gdnpass"
+
+
+def install_dir() -> Path:
+    return cache_root() / f"llama.cpp-{COMMIT[:12]}"
+
+
+def find() -> Install | None:
+    """The cached build, if it is complete; None otherwise."""
+    root = install_dir()
+    try:
+        meta = json.loads((root / "install.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("commit") != COMMIT or not (root / "lib" / "libllama.so").exists():
+        return None
+    return Install(root, meta["commit"], meta["layout"], float(meta.get("build_s", 0.0)))
+
+
+def toolchain_missing() -> str | None:
+    """What of the compiler toolchain is absent (a reason to skip), or None."""
+    missing = [t for t in ("cmake", "cc", "c++") if shutil.which(t) is None]
+    return f"no {', '.join(missing)} on PATH" if missing else None
+
+
+def ensure(log=None, sdist: str | os.PathLike | None = None) -> Install:
+    """The cached build, building it first when missing. ``log(line)`` receives progress lines (None: quiet)."""
+    found = find()
+    if found is not None:
+        return found
+    say = log or (lambda line: None)
+    root = install_dir()
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(root.parent / f".{root.name}.lock"):
+        found = find()  # another process may have built it while we waited
+        if found is not None:
+            return found
+        return _build(root, say, sdist)
+
+
+@contextmanager
+def _lock(path: Path):
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _run(cmd: list[str], what: str, cwd: Path | None = None, say=None) -> str:
+    """Run a build step; its output streams to ``say`` line by line; a failure is one LlamaError line with the
+    first error the tool printed."""
+    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    for line in proc.stdout:  # type: ignore[union-attr]
+        lines.append(line.rstrip())
+        if say is not None:
+            say(line.rstrip())
+    if proc.wait() != 0:
+        first = next((x for x in lines if re.search(r"error|Error|ERROR", x)), lines[-1] if lines else "")
+        raise LlamaError(f"llama.cpp build: {what} failed (exit {proc.returncode}): {first.strip()[:300]}")
+    return "\n".join(lines)
+
+
+def _sdist(tmp: Path, sdist, say) -> Path:
+    given = sdist or os.environ.get("GDNPASS_LLAMA_SDIST")
+    if given:
+        p = Path(given)
+        if not p.is_file():
+            raise LlamaError(f"llama.cpp build: sdist {p} does not exist (GDNPASS_LLAMA_SDIST / --sdist)")
+        return p
+    say(f"downloading {PACKAGE}=={VERSION} (sdist, ~75 MB)")
+    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",
+          f"{PACKAGE}=={VERSION}", "-d", str(tmp)], f"pip download {PACKAGE}=={VERSION}")
+    found = sorted(tmp.glob(f"{PACKAGE.replace('-', '_')}-{VERSION}.tar.gz")) + sorted(tmp.glob("*.tar.gz"))
+    if not found:
+        raise LlamaError(f"llama.cpp build: pip download left no sdist in {tmp}")
+    return found[0]
+
+
+def _extract(archive: Path, dest: Path) -> tuple[Path, Path]:
+    """The vendored sources and the bindings out of the sdist; checks the vendored commit."""
+    top = f"{PACKAGE.replace('-', '_')}-{VERSION}"
+    vendor = f"{top}/vendor/llama.cpp/"
+    head = f"{top}/.git/modules/vendor/llama.cpp/HEAD"
+    try:
+        with tarfile.open(archive) as tf:
+            try:
+                commit = tf.extractfile(head).read().decode().strip()  # type: ignore[union-attr]
+            except KeyError:
+                raise LlamaError(f"llama.cpp build: {archive.name} has no {head}; cannot tell its llama.cpp commit")
+            if commit != COMMIT:
+                raise LlamaError(f"llama.cpp build: {archive.name} vendors llama.cpp {commit[:12]}, gdnpass is pinned "
+                                 f"to {COMMIT[:12]}")
+            keep = [m for m in tf.getmembers()
+                    if (m.name.startswith(vendor) and m.name[len(vendor):].startswith(_SOURCES))
+                    or m.name in {f"{top}/llama_cpp/{b}" for b in _BINDINGS}]
+            tf.extractall(dest, members=keep, filter="data")
+    except (tarfile.TarError, OSError) as err:
+        raise LlamaError(f"llama.cpp build: cannot read {archive}: {err}") from None
+    return dest / vendor, dest / top / "llama_cpp"
+
+
+def _build(root: Path, say, sdist) -> Install:
+    missing = toolchain_missing()
+    if missing:
+        raise LlamaError(f"llama.cpp build: {missing} (install cmake and a C/C++ compiler)")
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gdnpass-llama-") as tmp_s:
+        tmp = Path(tmp_s)
+        src, bindings = _extract(_sdist(tmp, sdist, say), tmp / "src")
+        build = tmp / "build"
+        gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+        say(f"configuring llama.cpp {COMMIT[:12]} (ggml + libllama, -O0)")
+        _run(["cmake", "-S", str(src), "-B", str(build), *gen, *_CMAKE_FLAGS], "cmake configure")
+        jobs = str(os.cpu_count() or 2)
+        say(f"building target llama with {jobs} jobs (about 2 min on 2 cores)")
+        steps = re.compile(r"^\[(\d+)/(\d+)\]")
+        last = [0.0]
+
+        def progress(line: str) -> None:  # one line every 15 s is enough for a log
+            if steps.match(line) and time.perf_counter() - last[0] > 15:
+                last[0] = time.perf_counter()
+                say(f"  {line[:100]}")
+        _run(["cmake", "--build", str(build), "--target", "llama", "-j", jobs], "cmake --build", say=progress)
+        layout = _probe(src, tmp)
+        staging = root.with_name(root.name + ".tmp")
+        shutil.rmtree(staging, ignore_errors=True)
+        (staging / "lib").mkdir(parents=True)
+        (staging / "py" / "llama_cpp").mkdir(parents=True)
+        for so in build.rglob("*.so*"):
+            if so.is_file() and not so.is_symlink():
+                shutil.copy2(so, staging / "lib" / so.name)
+        for so in build.rglob("*.so*"):  # the unversioned names the bindings open
+            if so.is_symlink():
+                target = staging / "lib" / so.name
+                if not target.exists():
+                    os.symlink(os.readlink(so), target)
+        for b in _BINDINGS:
+            shutil.copy2(bindings / b, staging / "py" / "llama_cpp" / b)
+        (staging / "py" / "llama_cpp" / "__init__.py").write_text(
+            "# gdnpass: the low-level ctypes bindings only (the sdist's __init__ imports the high-level API)\n")
+        build_s = time.perf_counter() - t0
+        meta = {"package": PACKAGE, "version": VERSION, "commit": COMMIT, "build_type": "Debug -O0",
+                "cmake_flags": list(_CMAKE_FLAGS), "layout": layout, "build_s": round(build_s, 1)}
+        (staging / "install.json").write_text(json.dumps(meta, indent=1) + "\n")
+        shutil.rmtree(root, ignore_errors=True)
+        staging.rename(root)
+    say(f"llama.cpp {COMMIT[:12]} built in {build_s:.0f} s: {root}")
+    return Install(root, COMMIT, layout, build_s)
+
+
+def _probe(src: Path, tmp: Path) -> dict:
+    """The struct layout of this tree's ggml, from layout_probe.c compiled against its headers (-O1: unused static
+    inline helpers of ggml-impl.h are then not emitted, so nothing needs linking)."""
+    exe = tmp / "layout_probe"
+    _run(["cc", "-O1", "-I", str(src / "ggml" / "include"), "-I", str(src / "ggml" / "src"), str(_PROBE), "-o",
+          str(exe)], "compiling the layout probe")
+    out = _run([str(exe)], "running the layout probe")
+    try:
+        return json.loads(out)
+    except ValueError:
+        raise LlamaError(f"llama.cpp build: the layout probe printed {out[:200]!r}") from None

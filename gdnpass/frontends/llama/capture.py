@@ -1,0 +1,309 @@
+"""Capture llama.cpp's own verify graph and its memory plan, as gdnpass graphs.
+
+:func:`capture` runs :mod:`.worker` in a subprocess on a GGUF file with the given context settings and returns a
+:class:`Capture`:
+
+* ``verify``: the graph llama.cpp computed for one verify ubatch of ``n_tokens`` tokens of one sequence, node for
+  node in execution order, with llama.cpp's names, types, shapes, strides, views and op params, and every base
+  tensor's buffer and byte offset as llama.cpp placed it. Buffers are named by role: ``weights`` (the model),
+  ``compute`` (the scheduler's gallocr buffer: graph inputs and computed tensors alike), ``rs`` (recurrent states
+  ``cache_r_l*`` / ``cache_s_l*``), ``kv`` (``cache_k_l*`` / ``cache_v_l*``); another buffer keeps its backend name.
+* ``reserve``: the worst-case graph of ``n_ubatch`` tokens the compute buffer was planned for, unplanned (gallocr
+  plans it once, at context creation, and binds that plan to every later graph of the same topology, node by node:
+  :func:`gdnpass.alloc.bind`). Its leaf list also gives the verify graph its leafs, which the eval callback cannot see.
+* ``use_counts``: ggml's own use count of every verify tensor (``cgraph->use_counts`` of the reserve graph, by
+  position), ``logits``, the resolved settings, llama.cpp's log.
+
+A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the worker; it becomes one
+:class:`~gdnpass.errors.LlamaError` line quoting the assert.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdnpass.errors import GraphError, LlamaError
+from gdnpass.frontends.llama import build
+from gdnpass.frontends.structs import TensorStruct, to_graph
+from gdnpass.ir import DType, Graph, Tensor
+
+# one hint per ggml assert a user can cause with the context settings
+_ASSERT_HINTS = {
+    "n_ubatch > n_keep_tail": "n_ubatch must be greater than n_rs_seq + 1",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The context settings of a capture (llama_context_params) and the batch it decodes."""
+
+    n_tokens: int = 4          # the verify ubatch: draft tokens + 1
+    n_rs_seq: int = 3          # rollback snapshot planes (llama_context_params.n_rs_seq)
+    n_ubatch: int = 512        # llama.cpp's default; the reserve graph has min(n_ctx, n_ubatch) tokens
+    n_batch: int = 2048
+    n_ctx: int = 256           # padded to 256 by llama.cpp
+    n_prompt: int = 8          # tokens decoded before the verify ubatch
+    flash_attn: str = "auto"   # auto | on | off (auto resolves to FLASH_ATTN_EXT on the CPU)
+    n_threads: int = 2
+    seed: int = 0              # picks the token ids
+
+    def check(self) -> None:
+        def need(ok: bool, flag: str, msg: str) -> None:
+            if not ok:
+                raise GraphError(f"capture setting {flag}: {msg}")
+        need(1 <= self.n_tokens <= 64, "n_tokens", f"must be 1..64, is {self.n_tokens}")
+        need(0 <= self.n_rs_seq <= 15, "n_rs_seq", f"must be 0..15, is {self.n_rs_seq}")
+        need(self.n_ubatch >= self.n_tokens, "n_ubatch", f"must be at least n_tokens ({self.n_tokens})")
+        need(self.n_batch >= self.n_ubatch, "n_batch", f"must be at least n_ubatch ({self.n_ubatch})")
+        need(self.n_prompt >= 1, "n_prompt", f"must be >= 1, is {self.n_prompt}")
+        need(self.n_ctx >= self.n_prompt + self.n_tokens, "n_ctx",
+             f"{self.n_ctx} cannot hold {self.n_prompt} prompt + {self.n_tokens} verify tokens")
+        need(self.flash_attn in ("auto", "on", "off"), "flash_attn", f"must be auto, on or off, is {self.flash_attn!r}")
+
+    def tokens(self, n_vocab_hint: int = 1 << 30) -> tuple[list[int], list[int]]:
+        """Prompt and verify token ids (deterministic in ``seed``; the worker reduces them modulo the vocab)."""
+        ids = [(1 + 7919 * (self.seed + 1) * (i + 1)) % 32749 for i in range(self.n_prompt + self.n_tokens)]
+        return ids[: self.n_prompt], ids[self.n_prompt:]
+
+
+@dataclass
+class Capture:
+    verify: Graph
+    reserve: Graph
+    use_counts: dict[int, int]                 # verify Tensor.uid -> ggml's use count (zeros left out)
+    settings: dict
+    logits: bytes                              # float32, n_tokens x n_vocab
+    n_vocab: int
+    log: list[str] = field(default_factory=list)
+
+    @property
+    def reallocated(self) -> bool | None:
+        """Whether gallocr re-planned for the verify graph (None: a build without debug logging cannot say)."""
+        return self.verify.meta["llama"]["reallocated"]
+
+
+def capture(gguf: str | os.PathLike, settings: Settings = Settings(), *, install: build.Install | None = None,
+            timeout_s: float = 600.0) -> Capture:
+    install = install or build.ensure()
+    return _assemble(run_worker(gguf, settings, install, timeout_s), Path(gguf), settings, install)
+
+
+def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Install, timeout_s: float = 600.0) -> dict:
+    """The worker's raw records (see :mod:`.worker`); LlamaError when llama.cpp refuses or aborts."""
+    settings.check()
+    path = Path(gguf)
+    if not path.is_file():
+        raise LlamaError(f"capture: GGUF file {path} does not exist")
+    prompt, verify = settings.tokens()
+    req = {"gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "layout": install.layout,
+           "n_ctx": settings.n_ctx, "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch,
+           "n_rs_seq": settings.n_rs_seq, "flash_attn": settings.flash_attn, "n_threads": settings.n_threads,
+           "prompt": prompt, "verify": verify}
+    with tempfile.TemporaryDirectory(prefix="gdnpass-capture-") as tmp:
+        req_path, out_path = Path(tmp, "request.json"), Path(tmp, "capture.json")
+        req_path.write_text(json.dumps(req))
+        try:
+            proc = subprocess.run([sys.executable, "-m", "gdnpass.frontends.llama.worker", str(req_path),
+                                   str(out_path)], env=install.env(), capture_output=True, text=True,
+                                  timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            raise LlamaError(f"capture: llama.cpp did not finish within {timeout_s:.0f} s on {path.name}") from None
+        if proc.returncode != 0 or not out_path.exists():
+            raise LlamaError(f"capture of {path.name}: {_failure(proc)}")
+        out = json.loads(out_path.read_text())
+    if not out.get("ok"):
+        raise LlamaError(f"capture of {path.name}: {out.get('error')}")
+    return out
+
+
+def _failure(proc: subprocess.CompletedProcess) -> str:
+    """One line for a worker that died: the ggml assert if there is one, else its last error line."""
+    text = (proc.stderr or "") + (proc.stdout or "")
+    m = re.search(r"([\w./-]+:\d+): GGML_ASSERT\((.+?)\) failed", text)
+    if m:
+        hint = next((h for k, h in _ASSERT_HINTS.items() if k in m.group(2)), None)
+        return (f"llama.cpp aborted: GGML_ASSERT({m.group(2)}) failed at {m.group(1).split('/vendor/')[-1]}"
+                + (f" ({hint})" if hint else ""))
+    m = re.search(r"([\w./-]+:\d+): (GGML_ABORT|fatal error)[^\n]*", text)
+    if m:
+        return f"llama.cpp aborted: {m.group(0).strip()}"
+    lines = [x for x in text.splitlines() if x.strip()]
+    tail = next((x for x in reversed(lines) if re.search(r"error|Error", x)), lines[-1] if lines else "")
+    return f"the llama.cpp worker exited with status {proc.returncode}: {tail.strip()[:300]}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# records -> graphs
+# ---------------------------------------------------------------------------------------------------------------------
+
+_DTYPES = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16, "i32": DType.I32}
+
+
+def _dtype(c: TensorStruct) -> DType:
+    dt = _DTYPES.get(c.type_name) or (getattr(DType, "I64", None) if c.type_name == "i64" else None)
+    if dt is None:
+        raise GraphError(f"tensor {c.name!r}: ggml type {c.type_name} is not modelled (gdnpass has "
+                         f"{', '.join(t.label for t in DType)}); quantized weights are the whole-model issue's")
+    return dt
+
+
+def _op_of(c: TensorStruct, is_node: bool):
+    from gdnpass.frontends.decode import ir_op
+    return ir_op(c.op_name, c.op_params, unary_name=c.sub_name if c.op_name == "UNARY" else None,
+                 glu_name=c.sub_name if c.op_name == "GLU" else None, inplace=c.view_src is not None,
+                 is_node=is_node)
+
+
+def buffer_roles(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[int, str]:
+    """A name per backend buffer address: weights / compute by usage, rs / kv by the caches they hold."""
+    holds: dict[int, set[str]] = {}
+    for c in structs:
+        if c.buffer:
+            holds.setdefault(c.buffer, set()).add(c.name)
+    names: dict[int, str] = {}
+    for key, b in buffers.items():
+        a = int(key)
+        held = holds.get(a, set())
+        if b["usage"] == "weights":
+            role = "weights"
+        elif b["usage"] == "compute":
+            role = "compute"
+        elif held and all(re.match(r"cache_[rs]_l\d+$", n.split(" ")[0]) for n in held if n.startswith("cache_")) \
+                and any(n.startswith(("cache_r_", "cache_s_")) for n in held):
+            role = "rs"
+        elif any(n.startswith(("cache_k_", "cache_v_")) for n in held):
+            role = "kv"
+        else:
+            role = b["name"].lower()
+        name, i = role, 1
+        while name in names.values():  # a second buffer of the same role (e.g. weights split over buffers)
+            i += 1
+            name = f"{role}{i}"
+        names[a] = name
+    return names
+
+
+def _graph(part: dict, names: dict[int, str], buffers: dict[str, dict], leafs: list[int], meta: dict):
+    structs = {c["addr"]: TensorStruct.from_json(c) for c in part["tensors"]}
+
+    def place(c: TensorStruct, t: Tensor) -> None:
+        if c.buffer and c.data:
+            t.buffer = names[c.buffer]
+            t.offset = c.data - buffers[str(c.buffer)]["base"]
+
+    asm = to_graph(structs, part["nodes"], leafs, op_of=_op_of, dtype_of=_dtype, place=place, meta=meta)
+    for a, t in asm.tensors.items():  # computed base tensors too: llama.cpp's plan, as it ran
+        c = structs[a]
+        if t.view_src is None and t.buffer is None and c.buffer and c.data:
+            t.buffer, t.offset = names[c.buffer], c.data - buffers[str(c.buffer)]["base"]
+    return asm
+
+
+def _assemble(out: dict, path: Path, settings: Settings, install: build.Install) -> Capture:
+    buffers = out["buffers"]
+    structs = [TensorStruct.from_json(c) for c in out["verify"]["tensors"] + out["reserve"]["tensors"]]
+    names = buffer_roles(buffers, structs)
+    log = out["log"]
+    verify_log = [x for x in log if x.startswith("verify:")]
+    realloc = any("reallocating buffers automatically" in x for x in verify_log)
+    llama = {"commit": build.COMMIT, "package": f"{build.PACKAGE}=={build.VERSION}", "build": "Debug -O0",
+             "gguf": path.name, "gguf_bytes": path.stat().st_size, "settings": out["settings"],
+             "reallocated": realloc, "flash_attn": _flash_attn(log), "resolved": _resolved(log),
+             "capture_s": out["capture_s"]}
+    bufmeta = {names[int(k)]: {"size": b["size"], "backend": b["name"], "usage": b["usage"]}
+               for k, b in buffers.items()}
+
+    reserve = _graph(out["reserve"], names, buffers, out["reserve"]["leafs"],
+                     {"builder": "llama.cpp", "graph": "reserve", "llama": llama, "buffers": bufmeta})
+    # the verify graph's leafs: the reserve graph's, through the (node, src slot) correspondence of two graphs of one
+    # topology; a verify graph of another topology keeps its leafs in first-use order
+    vnodes = out["verify"]["nodes"]
+    vstructs = {c["addr"]: c for c in out["verify"]["tensors"]}
+    rstructs = {c["addr"]: c for c in out["reserve"]["tensors"]}
+    same = len(vnodes) == len(out["reserve"]["nodes"]) and all(
+        vstructs[v]["op_name"] == rstructs[r]["op_name"] for v, r in zip(vnodes, out["reserve"]["nodes"]))
+    corr: dict[int, int] = {}  # reserve address -> verify address
+    if same:
+        for v, r in zip(vnodes, out["reserve"]["nodes"]):
+            corr[r] = v
+            for vs, rs in zip(vstructs[v]["src"], rstructs[r]["src"]):
+                if vs is not None and rs is not None:
+                    corr.setdefault(rs, vs)
+    # A reserve leaf no node reads (llama.cpp makes inp_embd next to inp_tokens and uses one) is in the verify
+    # graph's leaf list too, and gallocr allocates it, but the eval callback never sees it: it stands in with the
+    # reserve graph's record (same name, type, shape; its bytes are never read).
+    unseen = [a for a in out["reserve"]["leafs"] if a not in corr] if same else []
+    for i, a in enumerate(unseen):  # (a made-up address: the reserve graph may reuse the verify graph's memory)
+        out["verify"]["tensors"].append(dict(rstructs[a], addr=-1 - i, data=0, buffer=0))
+        corr[a] = -1 - i
+    leafs = [corr[a] for a in out["reserve"]["leafs"]] if same else []
+    llama["same_topology_as_reserve"] = same
+    llama["unseen_leafs"] = [rstructs[a]["name"] for a in unseen]
+    verify = _graph(out["verify"], names, buffers, leafs,
+                    {"builder": "llama.cpp", "graph": "verify", "llama": llama, "buffers": bufmeta})
+    counts = {}
+    if same:
+        rcounts = {int(k): v for k, v in out["reserve"]["use_counts"].items()}
+        for r, v in corr.items():
+            if rcounts.get(r):
+                counts[verify.tensors[v].uid] = rcounts[r]
+    return Capture(verify.graph, reserve.graph, counts, out["settings"], __import__("base64").b64decode(out["logits"]),
+                   out["n_vocab"], log)
+
+
+def _resolved(log: list[str]) -> list[str]:
+    """How llama.cpp resolved its automatic settings at context creation (``resolve_fused_ops`` log lines)."""
+    lines = [x.split("resolve_fused_ops: ", 1)[1] for x in log if "resolve_fused_ops: " in x]
+    return list(dict.fromkeys(x for x in lines if not x.startswith("resolving")))
+
+
+def _flash_attn(log: list[str]) -> str | None:
+    """'on' or 'off' as the context resolved flash attention (an 'auto' request resolves to one of them)."""
+    for x in _resolved(log):
+        if x.startswith("Flash Attention"):
+            return "on" if x.endswith("enabled") else "off"
+    return None
+
+
+def summary(cap: Capture) -> dict:
+    """What a capture holds, for ``gdnpass capture`` (text or --json)."""
+    from gdnpass.ir import Op
+
+    g = cap.verify
+    llama = g.meta["llama"]
+    ops = [n.op.value if n.op is not Op.OPAQUE else n.op_params.get("ggml_op", "?") for n in g.nodes]
+    gdn = sorted({n.layer for n in g.nodes if n.op.value == "GATED_DELTA_NET" and n.layer is not None})
+    attn = sorted({n.layer for n in g.nodes if n.op.value in ("FLASH_ATTN_EXT", "SOFT_MAX") and n.layer is not None})
+    return {"gguf": llama["gguf"], "llama_cpp": llama["commit"][:12], "settings": llama["settings"],
+            "nodes": len(g.nodes), "leafs": len(g.leafs), "reserve_nodes": len(cap.reserve.nodes),
+            "gdn_layers": gdn, "attention_layers": attn, "zero_size_nodes": sum(n.is_empty for n in g.nodes),
+            "opaque": sorted({o for n, o in zip(g.nodes, ops) if n.op is Op.OPAQUE}),
+            "buffers": llama and g.meta["buffers"], "reallocated": llama["reallocated"],
+            "flash_attn": llama["flash_attn"], "capture_s": llama["capture_s"]}
+
+
+def summary_text(s: dict, path: str) -> str:
+    st = s["settings"]
+    bufs = ", ".join(f"{k} {v['size'] / 2**20:.2f} MiB" for k, v in s["buffers"].items())
+    lines = [
+        f"gdnpass capture: {s['gguf']} on llama.cpp {s['llama_cpp']}: verify ubatch of {st['n_tokens']} tokens, "
+        f"n_rs_seq {st['n_rs_seq']}, n_ubatch {st['n_ubatch']} (reserve graph {st['reserve']['n_tokens']} tokens), "
+        f"n_ctx {st['n_ctx']}, after a {st['n_prompt']}-token prompt",
+        f"  nodes {s['nodes']} ({s['zero_size_nodes']} zero-size), leafs {s['leafs']}; GDN layers {s['gdn_layers']}, "
+        f"attention layers {s['attention_layers']} (flash attention: {s['flash_attn']})",
+        f"  buffers: {bufs}",
+        f"  plan: the reserve plan, bound node by node" if s["reallocated"] is False else
+        f"  plan: gallocr re-planned for this graph" if s["reallocated"] else "  plan: unknown (no allocator log)",
+    ]
+    if s["opaque"]:
+        lines.append(f"  kept as ggml made them (not modelled): {', '.join(s['opaque'])}")
+    lines.append(f"  wrote {path} in {s['capture_s']:.2f} s of llama.cpp; next: gdnpass dump --graph {path} --fuse "
+                 "--explain")
+    return "\n".join(lines)

@@ -1,0 +1,226 @@
+"""The capture worker: runs llama.cpp in its own process (``python -m gdnpass.frontends.llama.worker REQUEST OUT``).
+
+A ggml assert aborts the whole process, so the parent (:mod:`.capture`) never loads llama.cpp itself. This module
+imports neither torch nor the rest of gdnpass: only the bindings, ctypes and the struct reader.
+
+What it does, with the request's context settings:
+
+1. checks the library's ``ggml_tensor`` against the layout gdnpass reads (:data:`PINNED_TENSOR`): the size from the
+   library itself (``ggml_tensor_overhead``) and every field offset from the probe compiled against the vendored
+   headers at build time;
+2. loads the GGUF and makes a context whose scheduler eval callback records every node it is asked about (returning
+   "not needed", so the graph runs in one go: asking does not change the plan, which is made before the callback loop);
+3. decodes the prompt (recording off), then one verify ubatch of ``n_tokens`` tokens of sequence 0 with logits for
+   every token (recording on): the nodes in execution order, every tensor they reach, and each tensor's backend
+   buffer (name, base, size, usage);
+4. builds the reserve graph (``llama_graph_reserve``: the worst-case ``n_ubatch``-token graph the scheduler planned
+   its compute buffer for) and reads its node and leaf lists and ggml's use counts, which the eval callback cannot see;
+5. writes all of it as JSON to OUT. The log lines (llama.cpp's and ggml's) go along: they say how flash attention and
+   the fused GDN ops resolved and whether gallocr re-allocated for the verify graph.
+"""
+
+from __future__ import annotations
+
+import base64
+import ctypes
+import json
+import os
+import sys
+import time
+
+from gdnpass.frontends.structs import GraphLayout, Names, TensorLayout, check_size, read_graph, read_reachable
+
+# struct ggml_tensor of the pinned commit (0c1e570): what gdnpass was checked against. The probe of the build must
+# agree field for field; the library's ggml_tensor_overhead() must agree on the size.
+PINNED_TENSOR = TensorLayout(size=336, type=0, buffer=8, ne=16, nb=48, op=80, op_params=84, n_op_params=16, flags=148,
+                             src=152, n_src=10, view_src=232, view_offs=240, data=248, name=256, name_len=64)
+PINNED_GRAPH = GraphLayout(n_nodes=4, n_leafs=8, nodes=16, leafs=40, use_counts=48, hash_size=56, hash_used=64,
+                           hash_keys=72)
+GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object) (ggml.c, private): offs, size, next, type, padding[4]
+
+_USAGE = {0: "any", 1: "weights", 2: "compute"}  # enum ggml_backend_buffer_usage
+_RESERVE_SYMBOL = "_Z19llama_graph_reserveP13llama_contextjjj"  # llama-ext.h, C++ linkage
+FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+
+
+class Refused(Exception):
+    """A request the worker refuses before touching llama.cpp (one line, for the parent to show)."""
+
+
+def _ggml(lib_dir: str):
+    """libggml-base's functions the worker needs, with their C signatures."""
+    g = ctypes.CDLL(os.path.join(lib_dir, "libggml-base.so"))
+    sig = {
+        "ggml_type_name": ([ctypes.c_int], ctypes.c_char_p),
+        "ggml_op_name": ([ctypes.c_int], ctypes.c_char_p),
+        "ggml_unary_op_name": ([ctypes.c_int], ctypes.c_char_p),
+        "ggml_glu_op_name": ([ctypes.c_int], ctypes.c_char_p),
+        "ggml_tensor_overhead": ([], ctypes.c_size_t),
+        "ggml_backend_buffer_name": ([ctypes.c_void_p], ctypes.c_char_p),
+        "ggml_backend_buffer_get_base": ([ctypes.c_void_p], ctypes.c_void_p),
+        "ggml_backend_buffer_get_size": ([ctypes.c_void_p], ctypes.c_size_t),
+        "ggml_backend_buffer_get_usage": ([ctypes.c_void_p], ctypes.c_int),
+    }
+    for name, (args, res) in sig.items():
+        fn = getattr(g, name)
+        fn.argtypes, fn.restype = args, res
+    return g
+
+
+def _names(g) -> Names:
+    dec = lambda fn: (lambda v: (fn(v) or b"?").decode())  # noqa: E731
+    return Names(type_name=dec(g.ggml_type_name), op_name=dec(g.ggml_op_name), unary_name=dec(g.ggml_unary_op_name),
+                 glu_name=dec(g.ggml_glu_op_name))
+
+
+def check_layout(probe: dict, g) -> None:
+    """Refuse a build whose ``ggml_tensor`` / ``ggml_cgraph`` is not the one the reader was checked against."""
+    where = "llama.cpp layout check"
+    built = TensorLayout.from_dict(probe.get("tensor", {}), where)
+    bad = PINNED_TENSOR.mismatch(built)
+    if bad:
+        raise Refused(f"{where}: struct ggml_tensor of this build differs from the pinned one ({bad}); "
+                      "rebuild with `gdnpass llama-build`")
+    graph = GraphLayout.from_dict(probe.get("graph", {}), where)
+    if graph != PINNED_GRAPH:
+        raise Refused(f"{where}: struct ggml_cgraph of this build differs from the pinned one ({graph})")
+    check_size(PINNED_TENSOR, int(g.ggml_tensor_overhead()), GGML_OBJECT_SIZE, where)
+
+
+def run(req: dict) -> dict:
+    import llama_cpp.llama_cpp as L  # the sdist's bindings, from PYTHONPATH; LLAMA_CPP_LIB_PATH names the libraries
+
+    g = _ggml(req["lib_dir"])
+    check_layout(req["layout"], g)
+    names = _names(g)
+    logs: list[str] = []
+    phase = ["load"]
+
+    @L.llama_log_callback
+    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
+        logs.append(f"{phase[0]}: {(text or b'').decode(errors='replace').rstrip()}")
+
+    L.llama_log_set(on_log, None)
+    L.llama_backend_init()
+
+    mp = L.llama_model_default_params()
+    model = L.llama_model_load_from_file(req["gguf"].encode(), mp)
+    if not model:
+        raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
+
+    recording = [False]
+    order: list[int] = []
+
+    @L.ggml_backend_sched_eval_callback
+    def on_eval(t, ask, user_data):  # noqa: ARG001
+        if recording[0] and ask:
+            order.append(int(t))
+        return False  # "not needed": the scheduler computes the graph in one go
+
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
+    cp.n_seq_max, cp.n_rs_seq = 1, req["n_rs_seq"]
+    cp.n_threads = cp.n_threads_batch = req["n_threads"]
+    cp.flash_attn_type = FLASH_ATTN[req["flash_attn"]]
+    cp.cb_eval = on_eval
+    cp.cb_eval_user_data = None
+    phase[0] = "context"
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise Refused("llama.cpp could not create the context: " + _last_error(logs))
+
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = L.llama_vocab_n_tokens(vocab)
+    prompt = [int(x) % n_vocab for x in req["prompt"]]
+    verify = [int(x) % n_vocab for x in req["verify"]]
+
+    def decode(tokens: list[int], pos0: int, all_logits: bool) -> None:
+        b = L.llama_batch_init(len(tokens), 0, 1)
+        try:
+            b.n_tokens = len(tokens)
+            for i, tok in enumerate(tokens):
+                b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 1 if all_logits or i == len(tokens) - 1 else 0
+            rc = L.llama_decode(ctx, b)
+            if rc != 0:
+                raise Refused(f"llama_decode returned {rc} for {len(tokens)} tokens at position {pos0}: "
+                              + _last_error(logs))
+        finally:
+            L.llama_batch_free(b)
+
+    t0 = time.perf_counter()
+    phase[0] = "prompt"
+    decode(prompt, 0, False)
+    phase[0] = "verify"
+    recording[0] = True
+    decode(verify, len(prompt), True)
+    recording[0] = False
+    verify_tensors = read_reachable(order, PINNED_TENSOR, names)
+    logits_p = L.llama_get_logits(ctx)
+    logits = ctypes.string_at(logits_p, 4 * n_vocab * len(verify)) if logits_p else b""
+
+    # the worst-case graph the compute buffer was planned for (llama_context::sched_reserve's last reserve)
+    phase[0] = "reserve"
+    lib = ctypes.CDLL(os.path.join(req["lib_dir"], "libllama.so"))
+    reserve = getattr(lib, _RESERVE_SYMBOL)
+    reserve.argtypes, reserve.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_uint32], \
+        ctypes.c_void_p
+    n_ctx = L.llama_n_ctx(ctx)
+    r_tokens = min(n_ctx, req["n_ubatch"])
+    n_outputs_max = req["n_batch"]  # llama_context_params.n_outputs_max = 0 -> n_batch
+    gf = reserve(ctx, r_tokens, 1, min(r_tokens, n_outputs_max))
+    if not gf:
+        raise Refused("llama_graph_reserve failed: " + _last_error(logs))
+    rg = read_graph(gf, PINNED_GRAPH)
+    reserve_tensors = read_reachable(rg.nodes + rg.leafs, PINNED_TENSOR, names)
+
+    buffers: dict[int, dict] = {}
+    for c in list(verify_tensors.values()) + list(reserve_tensors.values()):
+        if c.buffer and c.buffer not in buffers:
+            buffers[c.buffer] = {"name": g.ggml_backend_buffer_name(c.buffer).decode(),
+                                 "base": int(g.ggml_backend_buffer_get_base(c.buffer) or 0),
+                                 "size": int(g.ggml_backend_buffer_get_size(c.buffer)),
+                                 "usage": _USAGE.get(int(g.ggml_backend_buffer_get_usage(c.buffer)), "?")}
+    out = {
+        "settings": {"n_ctx": int(n_ctx), "n_ctx_requested": req["n_ctx"], "n_batch": req["n_batch"],
+                     "n_ubatch": req["n_ubatch"], "n_seq_max": 1, "n_rs_seq": int(L.llama_n_rs_seq(ctx)),
+                     "n_rs_seq_requested": req["n_rs_seq"], "flash_attn": req["flash_attn"],
+                     "n_threads": req["n_threads"], "n_prompt": len(prompt), "n_tokens": len(verify),
+                     "reserve": {"n_tokens": r_tokens, "n_seqs": 1, "n_outputs": min(r_tokens, n_outputs_max)}},
+        "system_info": (L.llama_print_system_info() or b"").decode(errors="replace"),
+        "n_vocab": int(n_vocab),
+        "verify": {"nodes": order, "tensors": [c.to_json() for c in verify_tensors.values()]},
+        "reserve": {"nodes": rg.nodes, "leafs": rg.leafs, "use_counts": {str(k): v for k, v in rg.use_counts.items()},
+                    "tensors": [c.to_json() for c in reserve_tensors.values()]},
+        "buffers": {str(k): v for k, v in buffers.items()},
+        "logits": base64.b64encode(logits).decode(),
+        "log": logs,
+        "capture_s": round(time.perf_counter() - t0, 3),
+    }
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+    return out
+
+
+def _last_error(logs: list[str], n: int = 1) -> str:
+    """The last ``n`` error lines of llama.cpp's log, joined (the cause usually comes one line before the summary)."""
+    errs = [x.split(": ", 1)[-1] for x in logs if "error" in x.lower() or "failed" in x.lower()]
+    return "; ".join(errs[-n:]) if errs else (logs[-1].split(": ", 1)[-1] if logs else "no message")
+
+
+def main(argv: list[str]) -> int:
+    req_path, out_path = argv
+    with open(req_path) as fh:
+        req = json.load(fh)
+    try:
+        out = {"ok": True, **run(req)}
+    except Refused as err:
+        out = {"ok": False, "error": str(err)}
+    with open(out_path, "w") as fh:
+        json.dump(out, fh)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
