@@ -1,6 +1,7 @@
 """Model shapes and the verify-step configuration: what the builder (:mod:`gdnpass.models.builder`) builds.
 
-:class:`ModelShape` holds a model's hparams (the GGUF ``qwen35.*`` keys the GDN layers need), :data:`PRESETS` the
+:class:`ModelShape` holds a model's hparams (the GGUF ``qwen35.*`` keys of a whole model: the GDN layers, the
+full-attention layers, the vocabulary; :mod:`gdnpass.models.gguf_write` writes and reads them), :data:`PRESETS` the
 known shapes, :class:`VerifyConfig` one speculative-verify ubatch (tokens, rollback planes, cells, snapshot layout),
 :func:`default_ids` the ``s_copy`` input llama.cpp would set for it.
 """
@@ -14,6 +15,15 @@ from gdnpass.ir import DType, GraphError
 
 @dataclass(frozen=True)
 class ModelShape:
+    """A qwen35 model's hyperparameters, as its GGUF file gives them.
+
+    The GDN fields come first (what the verify builder needs); the rest complete a whole model, named after their
+    ``qwen35.<key>`` GGUF keys (``attention.head_count`` -> ``head_count``, ``rope.dimension_sections`` ->
+    ``rope_dimension_sections``). The GDN fields map to GGUF keys too: ``n_embd`` = embedding_length, ``n_layer`` =
+    block_count, ``n_ff`` = feed_forward_length, ``eps`` = attention.layer_norm_rms_epsilon, and the ``ssm.*`` keys are
+    the ``ssm_*`` properties below (conv_kernel = d_conv, state_size = head_dim, group_count = n_k_heads,
+    time_step_rank = n_v_heads, inner_size = value_dim). The defaults are Qwen3.5-9B's (see PRESETS)."""
+
     name: str
     n_embd: int
     n_layer: int          # all decoder layers; every ``full_attention_interval``-th one is full attention
@@ -24,6 +34,44 @@ class ModelShape:
     n_ff: int = 0         # FFN width (0: 3 * n_embd)
     full_attention_interval: int = 4
     eps: float = 1e-6
+    # the rest of a whole model (GGUF qwen35.* keys); the full-attention layers' q projection is 2 * head_count *
+    # key_length wide (queries and their output gate), as llama.cpp's qwen35 loader reads it
+    vocab_size: int = 248320            # qwen35.vocab_size (the token embedding's rows)
+    context_length: int = 262144        # qwen35.context_length (n_ctx_train)
+    head_count: int = 16                # qwen35.attention.head_count
+    head_count_kv: int = 4              # qwen35.attention.head_count_kv
+    key_length: int = 256               # qwen35.attention.key_length (attention head size; = value_length)
+    value_length: int = 256             # qwen35.attention.value_length
+    rope_dimension_count: int = 64      # qwen35.rope.dimension_count (rotary dims: partial_rotary_factor*key_length)
+    rope_dimension_sections: tuple[int, int, int, int] = (11, 11, 10, 0)  # qwen35.rope.dimension_sections (pairs)
+    rope_freq_base: float = 1e7         # qwen35.rope.freq_base
+    tie_embeddings: bool = False        # no output.weight: the output projection is token_embd (llama.cpp's fallback)
+
+    @property
+    def ssm_conv_kernel(self) -> int:
+        return self.d_conv
+
+    @property
+    def ssm_state_size(self) -> int:
+        return self.head_dim
+
+    @property
+    def ssm_group_count(self) -> int:
+        return self.n_k_heads
+
+    @property
+    def ssm_time_step_rank(self) -> int:
+        return self.n_v_heads
+
+    @property
+    def ssm_inner_size(self) -> int:
+        return self.value_dim
+
+    @property
+    def attn_layers(self) -> list[int]:
+        """The full-attention layers (the complement of :attr:`gdn_layers`)."""
+        gdn = set(self.gdn_layers)
+        return [i for i in range(self.n_layer) if i not in gdn]
 
     @property
     def ffn_dim(self) -> int:
@@ -56,21 +104,51 @@ class ModelShape:
         return [i for i in range(self.n_layer) if (i + 1) % k != 0] if k > 0 else list(range(self.n_layer))
 
 
+# The released models' values are their HF configs' (text_config of Qwen/Qwen3.5-9B, -4B, -27B: hidden_size,
+# num_hidden_layers, intermediate_size, num_attention_heads / num_key_value_heads, head_dim 256, linear_* for the GDN
+# heads, vocab_size 248320, max_position_embeddings 262144, rms_norm_eps 1e-6, rope_parameters {rope_theta 1e7,
+# partial_rotary_factor 0.25 -> 64 of 256 dims rotate, mrope_interleaved, mrope_section [11, 11, 10]},
+# tie_word_embeddings below 9B only), as transformers' Qwen3_5TextConfig defaults (= 9B) and public copies of the
+# configs give them (vLLM's qwen3_5 config; slime's scripts/models/qwen3.5-27B.sh), mapped to GGUF keys as llama.cpp's
+# converter maps them (conversion/qwen.py at 0c1e570: Qwen3NextModel.set_gguf_parameters writes rope.dimension_count =
+# head_dim * partial_rotary_factor; _Qwen35MRopeMixin pads the sections to 4, default [11, 11, 10, 0]).
+# Qwen3-Next-80B-A3B: 16 / 2 heads of 256, the same rope base and partial rotation, vocab 151936, plain RoPE.
+# GDN shapes also in reference/kernels-and-matchers.md A4.
+_QWEN35 = dict(vocab_size=248320, context_length=262144, key_length=256, value_length=256, rope_dimension_count=64,
+               rope_dimension_sections=(11, 11, 10, 0), rope_freq_base=1e7)
+# The tiny-qwen35* shapes are whole models small enough to write as GGUF files in well under a second that llama.cpp
+# loads and runs (gdnpass.models.gguf_write; docs/gguf.md); sections sum to rope_dimension_count / 2.
+_TINY = dict(vocab_size=512, context_length=4096)
+
 PRESETS: dict[str, ModelShape] = {
     m.name: m
     for m in [
-        # shapes from HF configs (reference/kernels-and-matchers.md A4)
-        ModelShape("qwen3.5-9b", n_embd=4096, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=12288),
-        ModelShape("qwen3.5-4b", n_embd=2560, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=9216),
-        ModelShape("qwen3.5-27b", n_embd=5120, n_layer=64, n_k_heads=16, n_v_heads=48, head_dim=128, n_ff=17408),
-        # Qwen3-Next's FFN is a mixture of experts; a dense FFN of the shared expert's width stands in for it
-        ModelShape("qwen3-next-80b", n_embd=2048, n_layer=48, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=512),
+        ModelShape("qwen3.5-9b", n_embd=4096, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=12288,
+                   head_count=16, head_count_kv=4, **_QWEN35),
+        ModelShape("qwen3.5-4b", n_embd=2560, n_layer=32, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=9216,
+                   head_count=16, head_count_kv=4, tie_embeddings=True, **_QWEN35),
+        ModelShape("qwen3.5-27b", n_embd=5120, n_layer=64, n_k_heads=16, n_v_heads=48, head_dim=128, n_ff=17408,
+                   head_count=24, head_count_kv=4, **_QWEN35),
+        # Qwen3-Next's FFN is a mixture of experts; a dense FFN of the shared expert's width stands in for it. It
+        # ropes without M-RoPE; as a qwen35 stand-in it keeps Qwen3.5's sections (for text the same rotation)
+        ModelShape("qwen3-next-80b", n_embd=2048, n_layer=48, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=512,
+                   head_count=16, head_count_kv=2, vocab_size=151936,
+                   **{k: v for k, v in _QWEN35.items() if k != "vocab_size"}),
         # small shapes for tests and the exactness sweep: d_conv 3-5, head size 32-128
         ModelShape("tiny-dc3-h32", n_embd=64, n_layer=4, n_k_heads=2, n_v_heads=4, head_dim=32, d_conv=3),
         ModelShape("tiny-dc4-h64", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=64, d_conv=4),
         ModelShape("tiny-dc5-h128", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=1, head_dim=128, d_conv=5),
         ModelShape("tiny-dc4-h32", n_embd=96, n_layer=4, n_k_heads=2, n_v_heads=2, head_dim=32, d_conv=4),
         ModelShape("tiny-dc4-h128", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=128, d_conv=4),
+        # whole tiny models for llama.cpp captures (GGUF files of 9.6 and 7.4 MiB in f32): layers 3 (and 7) are full
+        # attention. a: GDN 2 k-heads / 4 v-heads of 32, attention 4 / 2 KV heads of 64 (16 rotary dims);
+        # b: GDN 1 / 2 heads of 64, attention 8 / 1 KV heads of 32 (8 rotary dims), 8 layers
+        ModelShape("tiny-qwen35", n_embd=256, n_layer=4, n_k_heads=2, n_v_heads=4, head_dim=32, n_ff=512,
+                   head_count=4, head_count_kv=2, key_length=64, value_length=64, rope_dimension_count=16,
+                   rope_dimension_sections=(3, 3, 2, 0), **_TINY),
+        ModelShape("tiny-qwen35-b", n_embd=128, n_layer=8, n_k_heads=1, n_v_heads=2, head_dim=64, n_ff=384,
+                   head_count=8, head_count_kv=1, key_length=32, value_length=32, rope_dimension_count=8,
+                   rope_dimension_sections=(2, 1, 1, 0), rope_freq_base=1e6, **_TINY),
     ]
 }
 

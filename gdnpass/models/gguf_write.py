@@ -1,0 +1,357 @@
+"""Write a :class:`~gdnpass.models.hparams.ModelShape` as a qwen35 GGUF model file with random weights, and read the
+shape of a qwen35 GGUF file back.
+
+:func:`write_gguf` writes what llama.cpp's qwen35 loader (src/models/qwen35.cpp at 0c1e570, ``load_arch_hparams`` /
+``load_arch_tensors``) asks for: the ``qwen35.*`` hparams, a token-free vocabulary (``tokenizer.ggml.model = "none"``
+and ``qwen35.vocab_size``: token ids are fed directly) and every tensor of the trunk, under llama.cpp's names and
+shapes. The weights are random but tame (matrices uniform with std 0.02, norms near 1, ``ssm_a`` in [-1, -0.1],
+``ssm_dt.bias`` small), so a forward stays finite at any depth; the same shape, type and seed give the same bytes.
+Tensors are generated and written in chunks, so a full-size shape (qwen3.5-9b: 18 GB in bf16) needs little memory.
+
+:func:`read_shape` reads only a file's header (its metadata and tensor infos, through :class:`gguf.GGUFReader`)
+and maps the keys back to a :class:`ModelShape`; write -> read gives the shape written (:data:`GGUF_KEYS` is the one
+mapping both use). See docs/gguf.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from gdnpass.errors import GdnpassError
+from gdnpass.models.hparams import ModelShape, get_model
+
+ARCH = "qwen35"
+WTYPES = ("f32", "f16", "bf16")
+_CHUNK = 1 << 23  # elements generated and written at a time
+
+
+class GgufError(GdnpassError, ValueError):
+    """A GGUF file that cannot be written or read as asked: the path, the weight type, the shape, or the file's
+    architecture and keys. The message is one line naming the file (or field) at fault."""
+
+
+def _gguf():
+    try:
+        import gguf
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise GgufError("writing or reading GGUF files needs the gguf package: pip install 'gdnpass[llama]'") from None
+    return gguf
+
+
+# ---- the metadata: ModelShape field (or property) <-> qwen35.* key -------------------------------------------------
+# (GGUF key without the "qwen35." prefix, ModelShape attribute, value type, required when reading); the GDN fields
+# keep their builder names and map to their keys here.
+GGUF_KEYS: tuple[tuple[str, str, str, bool], ...] = (
+    ("context_length", "context_length", "u32", True),
+    ("embedding_length", "n_embd", "u32", True),
+    ("block_count", "n_layer", "u32", True),
+    ("feed_forward_length", "ffn_dim", "u32", True),
+    ("vocab_size", "vocab_size", "u32", False),
+    ("attention.head_count", "head_count", "u32", True),
+    ("attention.head_count_kv", "head_count_kv", "u32", False),
+    ("attention.key_length", "key_length", "u32", False),
+    ("attention.value_length", "value_length", "u32", False),
+    ("attention.layer_norm_rms_epsilon", "eps", "f32", True),
+    ("rope.dimension_count", "rope_dimension_count", "u32", False),
+    ("rope.dimension_sections", "rope_dimension_sections", "i32[4]", True),
+    ("rope.freq_base", "rope_freq_base", "f32", False),
+    ("ssm.conv_kernel", "ssm_conv_kernel", "u32", True),
+    ("ssm.state_size", "ssm_state_size", "u32", True),
+    ("ssm.group_count", "ssm_group_count", "u32", True),
+    ("ssm.time_step_rank", "ssm_time_step_rank", "u32", True),
+    ("ssm.inner_size", "ssm_inner_size", "u32", True),
+    ("full_attention_interval", "full_attention_interval", "u32", False),
+)
+_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # gguf.LlamaFileType ALL_F32, MOSTLY_F16, MOSTLY_BF16
+
+
+def gguf_metadata(shape: ModelShape) -> dict[str, Any]:
+    """The ``qwen35.*`` key/values :func:`write_gguf` writes for ``shape`` (full key names, in writing order)."""
+    return {f"{ARCH}.{key}": (list(getattr(shape, attr)) if typ.endswith("]") else getattr(shape, attr))
+            for key, attr, typ, _ in GGUF_KEYS}
+
+
+def check_shape(shape: ModelShape) -> None:
+    """Raise :class:`GgufError` if llama.cpp's qwen35 loader or graph could not take ``shape``."""
+    m = shape
+    problems = []
+    if m.key_length != m.value_length:
+        problems.append(f"key_length {m.key_length} != value_length {m.value_length} (llama.cpp asserts them equal)")
+    if m.head_count < 1 or m.head_count_kv < 1 or m.head_count % m.head_count_kv:
+        problems.append(f"head_count {m.head_count} is not a positive multiple of head_count_kv {m.head_count_kv}")
+    if m.n_k_heads < 1 or m.n_v_heads % m.n_k_heads:
+        problems.append(f"n_v_heads {m.n_v_heads} is not a multiple of n_k_heads {m.n_k_heads}")
+    r = m.rope_dimension_count
+    if r % 2 or not 0 < r <= m.key_length:
+        problems.append(f"rope_dimension_count {r} must be even and 1..key_length {m.key_length}")
+    secs = tuple(m.rope_dimension_sections)
+    # qwen35 always ropes with interleaved M-RoPE (GGML_ROPE_TYPE_IMROPE), whose CPU kernel asserts a non-empty
+    # section among the first three; for text (all position components equal) the split changes nothing
+    if len(secs) != 4 or any(s < 0 for s in secs) or 2 * sum(secs) != r or not any(secs[:3]):
+        problems.append(f"rope_dimension_sections {list(secs)} must be 4 counts of rotary pairs summing to "
+                        f"rope_dimension_count/2 = {r // 2}, one of the first three > 0")
+    if m.vocab_size < 1 or m.n_layer < 1 or m.d_conv < 2 or m.full_attention_interval < 1:
+        problems.append("vocab_size, n_layer, full_attention_interval must be >= 1 and d_conv >= 2")
+    if problems:
+        raise GgufError(f"model {m.name!r} cannot be a qwen35 GGUF: {'; '.join(problems)}")
+
+
+# ---- the tensors: llama.cpp's names and shapes, and how each is filled ---------------------------------------------
+# A tensor is (name, numpy shape (ne reversed), kind); kind picks the type and the values.
+def tensor_plan(shape: ModelShape) -> list[tuple[str, tuple[int, ...], str]]:
+    """Every tensor of the trunk in writing order: (name, numpy shape = ggml ne reversed, kind), kind one of
+    "mat" (a projection, ``wtype``), "ab" (ssm_alpha/beta, ``ab_wtype``), "norm", "conv", "dt", "a" (f32)."""
+    m = shape
+    E, V, F = m.n_embd, m.vocab_size, m.ffn_dim
+    qd, kvd = m.head_count * m.key_length, m.head_count_kv * m.key_length
+    t: list[tuple[str, tuple[int, ...], str]] = [("token_embd.weight", (V, E), "mat"),
+                                                 ("output_norm.weight", (E,), "norm")]
+    if not m.tie_embeddings:
+        t.append(("output.weight", (V, E), "mat"))
+    gdn = set(m.gdn_layers)
+    for il in range(m.n_layer):
+        b = f"blk.{il}."
+        t += [(b + "attn_norm.weight", (E,), "norm"), (b + "post_attention_norm.weight", (E,), "norm")]
+        if il in gdn:
+            H = m.n_v_heads
+            t += [(b + "attn_qkv.weight", (m.conv_channels, E), "mat"),
+                  (b + "attn_gate.weight", (m.value_dim, E), "mat"),
+                  (b + "ssm_conv1d.weight", (m.conv_channels, m.d_conv), "conv"),
+                  (b + "ssm_dt.bias", (H,), "dt"),
+                  (b + "ssm_a", (H,), "a"),  # LLM_TENSOR_SSM_A_NOSCAN: no .weight suffix
+                  (b + "ssm_beta.weight", (H, E), "ab"),
+                  (b + "ssm_alpha.weight", (H, E), "ab"),
+                  (b + "ssm_norm.weight", (m.head_dim,), "norm"),
+                  (b + "ssm_out.weight", (E, m.value_dim), "mat")]
+        else:
+            t += [(b + "attn_q.weight", (2 * qd, E), "mat"),  # queries and their sigmoid output gate
+                  (b + "attn_k.weight", (kvd, E), "mat"),
+                  (b + "attn_v.weight", (m.head_count_kv * m.value_length, E), "mat"),
+                  (b + "attn_output.weight", (E, qd), "mat"),
+                  (b + "attn_q_norm.weight", (m.key_length,), "norm"),
+                  (b + "attn_k_norm.weight", (m.key_length,), "norm")]
+        t += [(b + "ffn_gate.weight", (F, E), "mat"), (b + "ffn_down.weight", (E, F), "mat"),
+              (b + "ffn_up.weight", (F, E), "mat")]
+    return t
+
+
+# uniform (lo, hi) per kind: "mat"/"ab" std 0.02 (half-width 0.02*sqrt(3)); norms 1 +- 0.05; the conv taps std ~0.3;
+# ssm_a = -exp(A_log) negative, here in [-1, -0.1] (decays exp(softplus(.)*a) that neither vanish nor explode);
+# dt_bias small
+_RANGES = {"mat": (-0.0346, 0.0346), "ab": (-0.0346, 0.0346), "norm": (0.95, 1.05), "conv": (-0.5, 0.5),
+           "dt": (-0.1, 0.1), "a": (-1.0, -0.1)}
+
+
+def _chunks(name: str, n: int, kind: str, seed: int) -> Iterator[np.ndarray]:
+    """The f32 values of tensor ``name`` (``n`` elements), in chunks: one PCG64 stream per (seed, name), so a tensor's
+    values depend only on the seed, its name and its size."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, zlib.crc32(name.encode())])))
+    lo, hi = _RANGES[kind]
+    for start in range(0, n, _CHUNK):
+        x = rng.random(min(_CHUNK, n - start), dtype=np.float32)
+        x *= np.float32(hi - lo)
+        x += np.float32(lo)
+        yield x
+
+
+def _convert(x: np.ndarray, wtype: str) -> np.ndarray:
+    if wtype == "f32":
+        return x
+    if wtype == "f16":
+        return x.astype(np.float16)
+    # bf16: the high half of each f32 (round toward zero; little-endian: the odd uint16s)
+    return x.view(np.uint16)[1::2].copy()
+
+
+_BYTES = {"f32": 4, "f16": 2, "bf16": 2}
+
+
+def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str = "f32", seed: int = 0,
+               ab_wtype: str | None = None) -> Path:
+    """Write ``shape`` (a :class:`ModelShape` or a preset name) as a qwen35 GGUF file at ``path`` and return the path.
+
+    ``wtype`` is the type of the projections and the token embedding / output (``f32``, ``f16`` or ``bf16``);
+    ``ab_wtype`` that of ssm_alpha/ssm_beta (default: ``wtype``; gdnpass's VerifyConfig defaults are bf16 + f32).
+    Norms, ssm_conv1d, ssm_a and ssm_dt.bias are f32, as llama.cpp's converter keeps them. The file is written
+    under a temporary name next to ``path`` and renamed into place, so ``path`` is never left half-written.
+    """
+    gguf = _gguf()
+    shape = get_model(shape) if isinstance(shape, str) else shape
+    ab_wtype = wtype if ab_wtype is None else ab_wtype
+    for field, t in (("wtype", wtype), ("ab_wtype", ab_wtype)):
+        if t not in WTYPES:
+            raise GgufError(f"{field} {t!r} is not supported (supported: {', '.join(WTYPES)}; quantized types: later)")
+    check_shape(shape)
+    path = Path(path)
+    if path.is_dir():
+        raise GgufError(f"cannot write {path}: it is a directory")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+    w = gguf.GGUFWriter(None, ARCH)
+    w.add_name(shape.name)
+    w.add_type("model")
+    w.add_file_type(_FILE_TYPE[wtype])
+    adders: dict[str, Callable[[str, Any], None]] = {"u32": w.add_uint32, "f32": w.add_float32,
+                                                     "i32[4]": lambda k, v: w.add_array(k, [int(x) for x in v])}
+    for key, attr, typ, _ in GGUF_KEYS:
+        v = getattr(shape, attr)
+        adders[typ](f"{ARCH}.{key}", float(v) if typ == "f32" else v)
+    w.add_string("tokenizer.ggml.model", "none")
+
+    plan = tensor_plan(shape)
+    types = {"mat": wtype, "ab": ab_wtype}
+    raw = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+           "bf16": gguf.GGMLQuantizationType.BF16}
+    for name, np_shape, kind in plan:
+        t = types.get(kind, "f32")
+        n = int(np.prod(np_shape))
+        w.add_tensor_info(name, np_shape, np.dtype(np.float32), n * _BYTES[t], raw_dtype=raw[t])
+
+    try:
+        w.open_output_file(tmp)
+    except OSError as e:
+        raise GgufError(f"cannot write {path}: {e.strerror or e}") from None
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        assert w.fout is not None and len(w.fout) == 1
+        fout = w.fout[0]
+        for name, np_shape, kind in plan:
+            t = types.get(kind, "f32")
+            n = int(np.prod(np_shape))
+            w.write_padding(fout, fout.tell())  # each tensor starts aligned, as write_tensor_data places it
+            for x in _chunks(name, n, kind, seed):
+                _convert(x, t).tofile(fout)
+            w.write_padding(fout, n * _BYTES[t])
+        w.close()
+        os.replace(tmp, path)
+    except OSError as e:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise GgufError(f"cannot write {path}: {e.strerror or e}") from None
+    except BaseException:
+        w.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+# ---- the reverse: a file's header -> ModelShape ----------------------------------------------------------------
+def _f32_value(x: float) -> float:
+    """An f32 read back as the shortest decimal that rounds to it (1e-6, not 9.99999997e-07)."""
+    return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
+
+
+def read_shape(path: str | os.PathLike) -> ModelShape:
+    """The :class:`ModelShape` of the qwen35 GGUF file at ``path``, from its header alone.
+
+    Keys llama.cpp treats as optional get llama.cpp's defaults (head_count_kv = head_count, key/value length =
+    n_embd / head_count, rope dims = key_length, rope base 1e4, full_attention_interval 4, vocab size = the number
+    of tokens). ``n_layer`` is the trunk: block_count less any ``nextn_predict_layers`` (MTP) blocks. The name is
+    ``general.name`` (else the file's stem)."""
+    gguf = _gguf()
+    path = Path(path)
+    try:
+        r = gguf.GGUFReader(path, "r")
+    except FileNotFoundError:
+        raise GgufError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+    fields = r.fields
+
+    def get(key: str, default: Any = None) -> Any:
+        f = fields.get(key)
+        return default if f is None else f.contents()
+
+    arch = get("general.architecture")
+    needed = [k for k, _, _, req in GGUF_KEYS if req]
+    if arch != ARCH:
+        missing = [k for k in needed if f"{arch}.{k}" not in fields]
+        raise GgufError(f"{path}: architecture {arch!r}, not {ARCH!r}: read_shape reads qwen35 files only"
+                        + (f" (it lacks {', '.join(f'{arch}.{k}' for k in missing)})" if missing else ""))
+    missing = [f"{ARCH}.{k}" for k in needed if f"{ARCH}.{k}" not in fields]
+    if missing:
+        raise GgufError(f"{path}: qwen35 file lacks {', '.join(missing)}")
+    kv = {k: get(f"{ARCH}.{k}") for k, _, _, _ in GGUF_KEYS}
+
+    def scalar(key: str) -> Any:
+        v = kv[key]
+        if isinstance(v, list):
+            vals = set(v)
+            if len(vals) != 1:
+                raise GgufError(f"{path}: {ARCH}.{key} differs per layer ({v}); a ModelShape has one value")
+            v = vals.pop()
+        return v
+
+    n_embd, n_head = int(scalar("embedding_length")), int(scalar("attention.head_count"))
+    key_len = int(kv["attention.key_length"] or n_embd // n_head)
+    val_len = int(kv["attention.value_length"] or n_embd // n_head)
+    n_tok = fields.get("tokenizer.ggml.tokens")
+    vocab = kv["vocab_size"] if kv["vocab_size"] is not None else (len(n_tok.data) if n_tok is not None else None)
+    if vocab is None:
+        raise GgufError(f"{path}: qwen35 file has neither {ARCH}.vocab_size nor tokenizer.ggml.tokens")
+    n_layer = int(scalar("block_count")) - int(get(f"{ARCH}.nextn_predict_layers", 0))
+    interval = int(kv["full_attention_interval"] if kv["full_attention_interval"] is not None else 4)
+    rec = get(f"{ARCH}.attention.recurrent_layers")
+    if rec is not None and [bool(x) for x in rec[:n_layer]] != [(i + 1) % interval != 0 for i in range(n_layer)]:
+        raise GgufError(f"{path}: {ARCH}.attention.recurrent_layers is not every-{interval}th-layer attention; "
+                        "a ModelShape cannot hold that pattern")
+    S, H_v = int(kv["ssm.state_size"]), int(kv["ssm.time_step_rank"])
+    if int(kv["ssm.inner_size"]) != S * H_v:
+        raise GgufError(f"{path}: {ARCH}.ssm.inner_size {kv['ssm.inner_size']} != state_size {S} * time_step_rank "
+                        f"{H_v} (a ModelShape derives it)")
+    secs = [int(x) for x in kv["rope.dimension_sections"]]
+    if len(secs) != 4:
+        raise GgufError(f"{path}: {ARCH}.rope.dimension_sections has {len(secs)} entries, llama.cpp reads 4")
+    tensors = {t.name for t in r.tensors}
+    return ModelShape(
+        name=str(get("general.name", path.stem)),
+        n_embd=n_embd, n_layer=n_layer, n_k_heads=int(kv["ssm.group_count"]), n_v_heads=H_v, head_dim=S,
+        d_conv=int(kv["ssm.conv_kernel"]), n_ff=int(scalar("feed_forward_length")),
+        full_attention_interval=interval, eps=_f32_value(kv["attention.layer_norm_rms_epsilon"]),
+        vocab_size=int(vocab), context_length=int(kv["context_length"]), head_count=n_head,
+        head_count_kv=int(scalar("attention.head_count_kv")) if kv["attention.head_count_kv"] is not None else n_head,
+        key_length=key_len, value_length=val_len,
+        rope_dimension_count=int(kv["rope.dimension_count"] if kv["rope.dimension_count"] is not None else key_len),
+        rope_dimension_sections=tuple(secs),  # type: ignore[arg-type]
+        rope_freq_base=_f32_value(kv["rope.freq_base"] if kv["rope.freq_base"] is not None else 10000.0),
+        tie_embeddings="output.weight" not in tensors,
+    )
+
+
+def explicit(shape: ModelShape) -> ModelShape:
+    """``shape`` with its derived defaults spelled out (``n_ff`` = ffn_dim), as :func:`read_shape` returns it."""
+    return dataclasses.replace(shape, n_ff=shape.ffn_dim)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gdnpass.models.gguf_write PRESET PATH [--wtype T] [--seed N]``: write one file, print its size."""
+    import argparse
+    import time
+
+    p = argparse.ArgumentParser(prog="python -m gdnpass.models.gguf_write", description=main.__doc__)
+    p.add_argument("model", help="preset name (gdnpass run --help lists them), e.g. tiny-qwen35")
+    p.add_argument("path", help="the .gguf file to write")
+    p.add_argument("--wtype", default="f32", choices=WTYPES)
+    p.add_argument("--ab-wtype", default=None, choices=WTYPES)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    try:
+        t0 = time.perf_counter()
+        out = write_gguf(a.model, a.path, wtype=a.wtype, seed=a.seed, ab_wtype=a.ab_wtype)
+    except GdnpassError as e:
+        print(f"error: {e}")
+        return 2
+    print(f"{out}: {out.stat().st_size / 2**20:.2f} MiB in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
