@@ -23,10 +23,13 @@ import sys
 from dataclasses import dataclass
 from typing import Sequence
 
+from gdnpass import ir
 from gdnpass.fusion import Applied, FusionReport
 from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
 from gdnpass.kernels.fused import RECORDS
 from gdnpass.matchers.common import Refusal, fmt_range
+from gdnpass.ops import ROPE_MODES
+from gdnpass.serialize import buffers_dict
 
 SCHEMA = "gdnpass-dump"
 SCHEMA_VERSION = 1
@@ -72,9 +75,52 @@ def replaced(t: Tensor) -> list[str]:
     return list(t.op_params.get("replaced", [])) if is_fused(t) else []
 
 
-def op_label(t: Tensor) -> str:
-    """The op as runtime.launches labels it: UNARY shows its kind."""
-    return f"UNARY({t.op_params['kind']})" if t.op is Op.UNARY else t.op.value
+op_label = ir.op_label  # as runtime.launches labels it: UNARY(SILU), GLU(SWIGLU)
+
+
+def _num(x: float) -> str:
+    return f"{x:g}"
+
+
+def params_text(t: Tensor) -> str:
+    """A node's op params in a few words: what a reader checks first (RoPE's mode, sections and n_dims, the softmax
+    and attention scales, the GLU form); fused nodes list what they replaced instead."""
+    p, src = t.op_params, t.src
+
+    def has(i: int) -> bool:  # an optional source (mask, sinks, freq factors) is set
+        return len(src) > i and src[i] is not None
+
+    words: list[str] = []
+    if t.op is Op.ROPE:
+        words += [ROPE_MODES.get(p["mode"], f"mode={p['mode']}"), f"n_dims={p['n_dims']}"]
+        if any(p["sections"]):
+            words.append("sections=" + ",".join(map(str, p["sections"])))
+        words.append(f"base={_num(p['freq_base'])}")
+        words += [f"{k}={_num(p[k])}" for k, default in (("freq_scale", 1.0), ("ext_factor", 0.0),
+                                                         ("attn_factor", 1.0)) if p[k] != default]
+        words += [f"n_offs={p['n_offs']}"] * bool(p["n_offs"]) + ["freq_factors"] * has(2)
+    elif t.op in (Op.SOFT_MAX, Op.FLASH_ATTN_EXT):
+        words.append(f"scale={_num(p['scale'])}")
+        words += [f"max_bias={_num(p['max_bias'])}"] * bool(p["max_bias"])
+        if t.op is Op.FLASH_ATTN_EXT:
+            words += [f"softcap={_num(p['logit_softcap'])}"] * bool(p["logit_softcap"]) + [f"prec={p['prec']}"]
+            words += [f"n_kv_max={p['n_kv_max']}"] * bool(p["n_kv_max"])
+        mask, sinks = (1, 2) if t.op is Op.SOFT_MAX else (3, 4)
+        words += ["mask"] * has(mask) + ["sinks"] * has(sinks)
+    elif t.op is Op.GLU:
+        words.append("split" if has(1) else "fused" + " swapped" * bool(p["swapped"]))
+        words += [f"{k}={_num(p[k])}" for k in ("alpha", "limit") if k in p]
+    elif t.op is Op.SET_ROWS:
+        words.append(f"ids {src[1].type.label}")
+    elif t.op is Op.SCALE:
+        words += [f"s={_num(p['s'])}"] + [f"b={_num(p['b'])}"] * bool(p.get("b"))
+    elif t.op in (Op.RMS_NORM, Op.L2_NORM):
+        words.append(f"eps={_num(p['eps'])}")
+    elif t.op in (Op.PERMUTE, Op.CONCAT, Op.GATED_DELTA_NET, Op.MUL_MAT):
+        words += [f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in p.items()]
+    elif t.op is Op.OPAQUE:
+        words.append(f"ggml {p['ggml_op']}")
+    return " ".join(words + ["inplace"] * bool(p.get("inplace") and t.op is not Op.OPAQUE))
 
 
 def writers(nodes: list[Tensor]) -> dict[int, Tensor]:
@@ -203,11 +249,16 @@ def _cells(r: Row, users: dict[int, int]) -> list[str]:
     t = r.t
     view = f"view of {t.view_src.name} +{t.view_offs:#x}" if t.view_src is not None else ""
     ne = "[" + ", ".join(map(str, t.ne)) + "]"
-    return [r.sign + ("*" if is_fused(t) else " "), str(r.index), op_label(t), t.name, t.type.label, ne,
-            fmt_range(byte_range(t)), str(users.get(t.uid, 0)), view]
+    try:
+        where = fmt_range(byte_range(t))
+    except GraphError:  # a captured tensor llama.cpp gave no memory (an empty one)
+        where = "no memory"
+    where += " (empty)" * t.is_empty  # zero-size: launches nothing, but keeps its place in the graph
+    return [r.sign + ("*" if is_fused(t) else " "), str(r.index), op_label(t), t.name, t.type.label, ne, where,
+            str(users.get(t.uid, 0)), view, params_text(t)]
 
 
-HEADER = ["", "#", "op", "name", "type", "ne", "bytes [lo, hi)", "users", "view"]
+HEADER = ["", "#", "op", "name", "type", "ne", "bytes [lo, hi)", "users", "view", "params"]
 
 
 def format_rows(rows: list[Row], users: dict[int, int], headings: dict[int, str] | None = None,
@@ -295,6 +346,16 @@ def _some(names: list[str], limit: int = 4) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
 
 
+def format_buffers(g: Graph) -> str:
+    """The buffers by name, with their size and role (and backend) where the name does not say it."""
+    parts = []
+    for name, b in buffers_dict(g).items():
+        size = "unplanned" if b["size"] is None else f"{b['size'] / (1 << 20):.2f} MiB"
+        about = [x for x in (b["role"], b.get("backend")) if x is not None and x != name]
+        parts.append(f"{name} {size}" + (f" ({', '.join(about)})" if about else ""))
+    return "buffers: " + (", ".join(parts) if parts else "none")
+
+
 def format_summary(d: Dump) -> list[str]:
     n_before, n_after = len(d.before), len(d.graph.nodes)
     (l_before, _), (l_after, separate) = count_launches(d.before), count_launches(d.graph.nodes)
@@ -303,7 +364,7 @@ def format_summary(d: Dump) -> list[str]:
     note = (f" (incl. {separate} GDN_CONV_CHAIN with l2_separate: {'/'.join(map(str, per))} launches each, the "
             "fused kernel then the q/k norm kernels)" if separate else "")
     lines = [f"nodes {n_before} -> {n_after}, leafs {len(d.graph.leafs)}",
-             f"launches {l_before} -> {l_after}{note}"]
+             f"launches {l_before} -> {l_after}{note}", format_buffers(d.graph)]
     if not d.report.enabled:
         return lines + ["fusion off (--fuse, or GDN_FUSION=1, turns it on)"]
     counts = d.report.counts()
@@ -422,7 +483,7 @@ def to_json(d: Dump, rows: list[Row], cands: list[Candidate], layer: int | None,
         "schema": SCHEMA,
         "version": SCHEMA_VERSION,
         "source": d.source,
-        "graph": {"meta": d.graph.meta, "buffers": d.graph.buffers, "alignment": d.graph.alignment},
+        "graph": {"meta": d.graph.meta, "buffers": buffers_dict(d.graph), "alignment": d.graph.alignment},
         "focus": {"layer": layer, "around": around},
         "summary": {"nodes_before": len(d.before), "nodes_after": len(d.graph.nodes), "leafs": len(d.graph.leafs),
                     "launches_before": l_before, "launches_after": l_after, "l2_separate": separate},

@@ -5,9 +5,12 @@ say how it is computed, ``view_src`` is always the *base* tensor and ``view_offs
 A :class:`Graph` holds ``nodes`` in execution order and ``leafs`` (op NONE), and :meth:`Graph.expand` reproduces
 ``ggml_build_forward_expand`` (DFS post-order, src[0] first, each tensor once).
 
-Memory is described by ``buffer`` and ``offset`` on base tensors: leafs live in the ``weights``, ``cache`` and
-``input`` buffers, computed tensors in the ``arena`` once :mod:`gdnpass.alloc` has planned it. A view has no memory
-of its own; :func:`byte_range` resolves it through its base.
+Memory is described by ``buffer`` and ``offset`` on base tensors: ``buffer`` names one of the graph's buffers, and
+each buffer has a role (:class:`BufferSpec`, :func:`buffer_role`). gdnpass's own graphs use four buffers named after
+their roles: leafs in ``weights``, ``cache`` and ``input``, computed tensors in the ``arena`` (role ``compute``) once
+:mod:`gdnpass.alloc` has planned it. A graph captured from llama.cpp names its own (its compute buffer holds the graph
+inputs as well as the computed tensors). A view has no memory of its own; :func:`byte_range` resolves it through its
+base.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class DType(enum.Enum):
     F16 = ("f16", 2)
     BF16 = ("bf16", 2)
     I32 = ("i32", 4)
+    I64 = ("i64", 8)  # llama.cpp's KV-cache row indices (SET_ROWS)
 
     @property
     def size(self) -> int:
@@ -55,14 +59,19 @@ class Op(enum.Enum):
     CONT = "CONT"
     CPY = "CPY"
     GET_ROWS = "GET_ROWS"
+    SET_ROWS = "SET_ROWS"
     CONCAT = "CONCAT"
     SCALE = "SCALE"
     ADD = "ADD"
     MUL = "MUL"
     UNARY = "UNARY"
+    GLU = "GLU"
     RMS_NORM = "RMS_NORM"
     L2_NORM = "L2_NORM"
     MUL_MAT = "MUL_MAT"
+    SOFT_MAX = "SOFT_MAX"
+    ROPE = "ROPE"
+    FLASH_ATTN_EXT = "FLASH_ATTN_EXT"
     SSM_CONV = "SSM_CONV"
     GATED_DELTA_NET = "GATED_DELTA_NET"
     # an op gdnpass does not model (imported from ggml): kept with its shape and strides, never fused or executed
@@ -77,10 +86,56 @@ class Op(enum.Enum):
 
 
 class Unary(enum.Enum):
-    SILU = "SILU"
+    """UNARY kinds (op_params ``kind``), named as ``ggml_unary_op_name`` names them; ggml's numbering of the pinned
+    llama.cpp is :mod:`gdnpass.frontends.decode`'s. XIELU is left out: it carries four float parameters, so a XIELU
+    node stays OPAQUE."""
+
+    ABS = "ABS"
+    SGN = "SGN"
+    NEG = "NEG"
+    STEP = "STEP"
+    TANH = "TANH"
+    ELU = "ELU"
+    RELU = "RELU"
     SIGMOID = "SIGMOID"
-    SOFTPLUS = "SOFTPLUS"
+    GELU = "GELU"
+    GELU_QUICK = "GELU_QUICK"
+    SILU = "SILU"
+    HARDSWISH = "HARDSWISH"
+    HARDSIGMOID = "HARDSIGMOID"
     EXP = "EXP"
+    EXPM1 = "EXPM1"
+    SOFTPLUS = "SOFTPLUS"
+    GELU_ERF = "GELU_ERF"
+    FLOOR = "FLOOR"
+    CEIL = "CEIL"
+    ROUND = "ROUND"
+    TRUNC = "TRUNC"
+
+
+class Glu(enum.Enum):
+    """GLU kinds (op_params ``kind``), as ``ggml_glu_op_name`` names them. SWIGLU_OAI also carries ``alpha`` and
+    ``limit``, SWIGLU_CLAMP ``limit``."""
+
+    REGLU = "REGLU"
+    GEGLU = "GEGLU"
+    SWIGLU = "SWIGLU"
+    SWIGLU_OAI = "SWIGLU_OAI"
+    GEGLU_ERF = "GEGLU_ERF"
+    GEGLU_QUICK = "GEGLU_QUICK"
+    SWIGLU_CLAMP = "SWIGLU_CLAMP"
+
+
+class Prec(enum.Enum):
+    """enum ggml_prec: the accumulator precision a node asks for (op_params ``prec`` of MUL_MAT and FLASH_ATTN_EXT,
+    set by ``ggml_prec_set_acc``; llama.cpp asks F32 for attention)."""
+
+    UNDEFINED = "UNDEFINED"
+    F32 = "F32"
+    BF16 = "BF16"
+    F16 = "F16"
+    Q8 = "Q8"
+    Q4 = "Q4"
 
 
 class Flag(enum.IntFlag):
@@ -98,10 +153,28 @@ FUSED_OPS = frozenset({Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR})
 # Ops that create no data (ggml_cuda_is_view_or_noop, minus the "empty" case handled by Tensor.is_empty).
 VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE})
 
-# ggml_op_can_inplace, restricted to the ops this IR models.
-INPLACE_OPS = frozenset({Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.RMS_NORM})
+# ggml_op_can_inplace (ggml-alloc.c of the pinned llama.cpp), restricted to the ops this IR models.
+INPLACE_OPS = frozenset({Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.RMS_NORM, Op.ROPE, Op.SOFT_MAX})
 
-BUFFERS = ("weights", "cache", "input", "arena")
+# What a buffer holds. weights: the model (ggml usage WEIGHTS); cache: state kept across graph runs (KV cache,
+# recurrent states); input: graph inputs only, set before each run; compute: the buffer a gallocr-style planner
+# lays computed tensors out in (llama.cpp's compute buffer, which also holds the graph inputs; gdnpass's arena).
+BUFFER_ROLES = ("weights", "cache", "input", "compute")
+BUFFER_USAGES = ("any", "weights", "compute")  # enum ggml_backend_buffer_usage
+
+
+@dataclass(frozen=True)
+class BufferSpec:
+    """What a buffer is (its size is ``Graph.buffers[name]``, which the planner sets)."""
+
+    role: str                    # one of BUFFER_ROLES
+    backend: str | None = None   # ggml_backend_buffer_name, e.g. "CPU" (a captured graph's)
+    usage: str | None = None     # one of BUFFER_USAGES (a captured graph's)
+
+
+# gdnpass's own buffers: a graph needs no spec for these names (graph files of version 1 know only these)
+DEFAULT_BUFFERS = {"weights": BufferSpec("weights"), "cache": BufferSpec("cache"), "input": BufferSpec("input"),
+                   "arena": BufferSpec("compute")}
 
 _ids = itertools.count()
 
@@ -206,6 +279,13 @@ def same_layout(a: Tensor, b: Tensor) -> bool:
     return a.type is b.type and a.ne == b.ne and a.nb == b.nb
 
 
+def op_label(n: Tensor) -> str:
+    """The op as reports name it: UNARY and GLU show their kind (``UNARY(SILU)``, ``GLU(SWIGLU)``)."""
+    if n.op in (Op.UNARY, Op.GLU):
+        return f"{n.op.value}({n.op_params.get('kind')})"
+    return n.op.value
+
+
 def runs_kernel(n: Tensor) -> bool:
     """Nodes that launch work: not a view/no-op and not empty (ggml_cuda_is_view_or_noop / ggml_is_empty)."""
     return n.op not in VIEW_OPS and not n.is_empty
@@ -252,6 +332,7 @@ class Graph:
         self.leafs: list[Tensor] = []
         self.meta: dict = {}
         self.buffers: dict[str, int] = {}  # buffer name -> size in bytes, set by the planner
+        self.buffer_specs: dict[str, BufferSpec] = {}  # buffer name -> role; DEFAULT_BUFFERS' names need none
         self.alignment: int = 0            # arena alignment the plan used (0: not planned)
         self._visited: set[int] = set()
 
@@ -365,3 +446,30 @@ class Graph:
             new.flags |= Flag.COMPUTE
             self._visited.add(new.uid)
         self.nodes = out
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# buffers by role
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def buffer_spec(graph: Graph, name: str) -> BufferSpec:
+    """The spec of buffer ``name``: the graph's own, else gdnpass's default for that name; GraphError if neither."""
+    spec = graph.buffer_specs.get(name) or DEFAULT_BUFFERS.get(name)
+    if spec is None:
+        raise GraphError(f"buffer {name!r} has no role (give it one in graph.buffer_specs; roles: "
+                         f"{', '.join(BUFFER_ROLES)})")
+    return spec
+
+
+def buffer_role(graph: Graph, name: str) -> str:
+    return buffer_spec(graph, name).role
+
+
+def arena_buffer(graph: Graph) -> str | None:
+    """The name of the buffer the planner lays computed tensors out in (role compute): ``arena`` in gdnpass's own
+    plans, llama.cpp's compute buffer in a captured graph; None while the graph is unplanned (no such buffer sized)."""
+    names = [n for n in graph.buffers if buffer_role(graph, n) == "compute"]
+    if len(names) > 1:  # ggml_backend_sched over several backends: one gallocr buffer each, not modelled yet
+        raise GraphError(f"graph has {len(names)} compute buffers ({', '.join(names)}); gdnpass plans one")
+    return names[0] if names else None

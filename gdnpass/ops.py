@@ -15,9 +15,11 @@ from gdnpass.ir import (
     GGML_MAX_DIMS,
     DType,
     Flag,
+    Glu,
     Graph,
     GraphError,
     Op,
+    Prec,
     Tensor,
     Unary,
     contiguous_strides,
@@ -65,6 +67,36 @@ def _can_repeat(b: Tensor, a: Tensor) -> bool:
 
 def _nsrc(node: Tensor, n: int) -> None:
     _req(len(node.src) == n and all(s is not None for s in node.src), node, f"expects {n} sources, has {len(node.src)}")
+
+
+def _srcs(node: Tensor, need: int, most: int) -> list[Tensor | None]:
+    """The ``most`` source slots (missing trailing ones are None); the first ``need`` must be set."""
+    src = list(node.src)
+    _req(need <= len(src) <= most and all(s is not None for s in src[:need]), node,
+         f"expects {need} to {most} sources (the first {need} set), has {len(src)}")
+    return src + [None] * (most - len(src))
+
+
+def _divides(d: int, n: int) -> bool:
+    """``n % d == 0`` as ggml's broadcast asserts mean it; a zero divisor is rejected (ggml would divide by zero)."""
+    return d != 0 and n % d == 0
+
+
+def _rows_contiguous(t: Tensor) -> bool:
+    """ggml_is_contiguous_rows (the block size of every type modelled here is 1)."""
+    return t.ne[0] == 1 or t.nb[0] == t.type.size
+
+
+def _params(node: Tensor, *keys: str) -> None:
+    missing = [k for k in keys if k not in node.op_params]
+    _req(not missing, node, f"op_params lack {', '.join(map(repr, missing))}")
+
+
+def _same_or_view(n: Tensor, a: Tensor) -> Shape:
+    """The result of ggml_dup_tensor(a), or of ggml_view_tensor(a) for the in-place variant."""
+    if n.op_params.get("inplace"):
+        return Shape(a.type, a.ne, a.nb, a, 0)
+    return _new_shape(a.type, a.ne)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -133,9 +165,25 @@ def _rule_get_rows(n: Tensor) -> Shape:
     _nsrc(n, 2)
     a, b = n.src
     _req(b.type is DType.I32, n, f"row ids {b.name!r} must be i32, not {b.type.label}")
-    _req(a.ne[2] == b.ne[1] and b.ne[3] == 1, n, f"ids {b.ne} do not match rows of {a.ne}")
-    out = DType.I32 if a.type is DType.I32 else DType.F32
+    _req(a.ne[2] == b.ne[1] and a.ne[3] == b.ne[2] and b.ne[3] == 1, n, f"ids {b.ne} do not match rows of {a.ne}")
+    out = DType.I32 if a.type is DType.I32 else DType.F32  # ggml: "TODO: implement non F32 return"
     return _new_shape(out, (a.ne[0], b.ne[0], b.ne[1], b.ne[2]))
+
+
+def _rule_set_rows(n: Tensor) -> Shape:
+    """ggml_set_rows(a, b, c): row i of b goes to row c[i] of a. ``src`` is (b, c, a), ggml's (legacy) order, and the
+    result is a view of the destination a (as CPY's is of its destination)."""
+    _nsrc(n, 3)
+    b, c, a = n.src
+    _req(a.ne[0] == b.ne[0] and a.ne[2] == b.ne[2] and a.ne[3] == b.ne[3], n,
+         f"rows {b.name!r} {b.ne} do not fit destination {a.name!r} {a.ne}")
+    _req(b.ne[1] == c.ne[0], n, f"{b.ne[1]} rows but {c.ne[0]} ids")
+    _req(_divides(c.ne[1], b.ne[2]) and _divides(c.ne[2], b.ne[3]) and c.ne[3] == 1, n,
+         f"ids {c.name!r} {c.ne} do not broadcast over rows {b.ne}")
+    _req(b.type in (DType.F32, DType.F16), n, f"rows {b.name!r} must be f32 or f16, not {b.type.label}")
+    _req(c.type in (DType.I64, DType.I32), n, f"row ids {c.name!r} must be i64 or i32, not {c.type.label}")
+    _req(_rows_contiguous(a) and _rows_contiguous(b), n, "destination and rows need contiguous rows")
+    return Shape(a.type, a.ne, a.nb, a, 0)
 
 
 def _rule_concat(n: Tensor) -> Shape:
@@ -186,12 +234,107 @@ def _rule_mul_mat(n: Tensor) -> Shape:
     _nsrc(n, 2)
     a, b = n.src
     _req(a.ne[0] == b.ne[0], n, f"inner dims differ: {a.name!r} ne0={a.ne[0]}, {b.name!r} ne0={b.ne[0]}")
-    _req(b.ne[2] % a.ne[2] == 0 and b.ne[3] % a.ne[3] == 0, n, "batch dims do not broadcast")
+    _req(_divides(a.ne[2], b.ne[2]) and _divides(a.ne[3], b.ne[3]), n, "batch dims do not broadcast")
     _req(a.nb[0] <= a.nb[1], n, f"weight {a.name!r} is transposed")
     _req(a.type in (DType.F32, DType.F16, DType.BF16), n, f"weight type {a.type.label} not supported")
     _req(b.type is DType.F32, n, f"activation {b.name!r} must be f32")
     _req(a.has_contiguous_rows() and b.has_contiguous_rows(), n, "sources need contiguous rows")
+    _req(n.op_params.get("prec", Prec.UNDEFINED.value) in {x.value for x in Prec}, n,
+         f"unknown prec {n.op_params.get('prec')!r}")
     return _new_shape(DType.F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3]))
+
+
+def _rule_soft_max(n: Tensor) -> Shape:
+    """ggml_soft_max_ext(a, mask, scale, max_bias) (+ ggml_soft_max_add_sinks): softmax(a * scale + mask) per row.
+    ``src`` is (a, mask or None, sinks); the mask row i serves row i of a (it may have more rows: padding)."""
+    a, mask, sinks = _srcs(n, 1, 3)
+    _params(n, "scale", "max_bias")
+    _req(a.is_contiguous(), n, f"source {a.name!r} must be contiguous")
+    if mask is not None:
+        _req(mask.type in (DType.F16, DType.F32), n, f"mask {mask.name!r} must be f16 or f32, not {mask.type.label}")
+        _req(mask.is_contiguous(), n, f"mask {mask.name!r} must be contiguous")
+        _req(mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1], n, f"mask {mask.ne} does not cover {a.name!r} {a.ne}")
+        _req(_divides(mask.ne[2], a.ne[2]) and _divides(mask.ne[3], a.ne[3]), n,
+             f"mask {mask.ne} does not broadcast over {a.ne}")
+    _req(float(n.op_params["max_bias"]) <= 0.0 or mask is not None, n, "max_bias > 0 (ALiBi) needs a mask")
+    if sinks is not None:
+        _req(sinks.ne[0] == a.ne[2] and sinks.type is DType.F32, n,
+             f"sinks {sinks.name!r} must be f32 with one value per head ({a.ne[2]})")
+    return _same_or_view(n, a)
+
+
+ROPE_MODES = {0: "NORMAL", 2: "NEOX", 8: "MROPE", 24: "VISION", 40: "IMROPE"}  # GGML_ROPE_TYPE_*
+ROPE_TYPE_MROPE = 8  # a bit of the mode: VISION and IMROPE (qwen35's) are M-RoPE modes too
+ROPE_PARAMS = ("n_dims", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast",
+               "beta_slow", "sections", "n_offs")
+
+
+def _rule_rope(n: Tensor) -> Shape:
+    """ggml_rope_impl (rope_ext, rope_multi): rotate the first n_dims of each row of a by the positions b. ``src`` is
+    (a, b, freq factors or None). M-RoPE modes take 4 positions per token (``ne[2] * 4``) and 4 ``sections``."""
+    a, b, c = _srcs(n, 2, 3)
+    _params(n, *ROPE_PARAMS)
+    p = n.op_params
+    mode, n_dims = int(p["mode"]), int(p["n_dims"])
+    _req(mode & 1 == 0, n, f"mode {mode}: mode & 1 is no longer supported")
+    _req(b.ne[1] == b.ne[2] == b.ne[3] == 1 and b.type is DType.I32, n, f"positions {b.name!r} must be an i32 vector")
+    sections = list(p["sections"])
+    _req(len(sections) == 4, n, f"sections {sections} must be 4 ints")
+    if mode & ROPE_TYPE_MROPE:
+        _req(b.ne[0] == a.ne[2] * 4, n, f"M-RoPE needs 4 positions per token: {b.ne[0]} for {a.ne[2]} tokens")
+    else:
+        _req(b.ne[0] == a.ne[2], n, f"{b.ne[0]} positions for {a.ne[2]} tokens")
+        _req(sections == [0, 0, 0, 0], n, f"sections {sections} without M-RoPE (ggml stores zeros)")
+    if c is not None:
+        _req(c.type is DType.F32 and c.ne[0] >= n_dims // 2, n,
+             f"freq factors {c.name!r} must be f32 with at least n_dims/2 = {n_dims // 2} values")
+    return _same_or_view(n, a)
+
+
+FLASH_ATTN_PARAMS = ("scale", "max_bias", "logit_softcap", "prec", "n_kv_max")
+
+
+def _rule_flash_attn_ext(n: Tensor) -> Shape:
+    """ggml_flash_attn_ext (+ add_sinks, set_prec, set_n_kv_max). q [d_k, n_batch, n_head, ne3], k [d_k, n_kv,
+    n_head_kv, ne3], v [d_v, n_kv, n_head_kv, ne3] (not transposed), mask f16 [n_kv, n_batch, ne32, ne33]; the
+    result is permuted: f32 [d_v, n_head, n_batch, ne3]. ``src`` is (q, k, v, mask or None, sinks)."""
+    q, k, v, mask, sinks = _srcs(n, 3, 5)
+    _params(n, *FLASH_ATTN_PARAMS)
+    _req(k.ne[0] == q.ne[0] and _divides(k.ne[2], q.ne[2]) and _divides(k.ne[3], q.ne[3]), n,
+         f"k {k.ne} cannot multiply q {q.ne}")
+    _req(q.ne[3] == k.ne[3] == v.ne[3], n, f"ne[3] of q, k, v differ ({q.ne[3]}, {k.ne[3]}, {v.ne[3]})")
+    if mask is not None:
+        _req(mask.type is DType.F16, n, f"mask {mask.name!r} must be f16, not {mask.type.label}")
+        _req(mask.is_contiguous(), n, f"mask {mask.name!r} must be contiguous")
+        _req(_divides(mask.ne[2], q.ne[2]) and _divides(mask.ne[3], q.ne[3]), n,
+             f"mask {mask.ne} does not broadcast over q {q.ne}")
+    _req(float(n.op_params["max_bias"]) <= 0.0 or mask is not None, n, "max_bias > 0 (ALiBi) needs a mask")
+    if sinks is not None:
+        _req(sinks.ne[0] == q.ne[2] and sinks.type is DType.F32, n,
+             f"sinks {sinks.name!r} must be f32 with one value per head ({q.ne[2]})")
+    _req(n.op_params["prec"] in {x.value for x in Prec}, n, f"unknown prec {n.op_params['prec']!r}")
+    _req(int(n.op_params["n_kv_max"]) >= 0, n, "n_kv_max must be >= 0")
+    return _new_shape(DType.F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]))
+
+
+GLU_PARAMS = {Glu.SWIGLU_OAI: ("alpha", "limit"), Glu.SWIGLU_CLAMP: ("limit",)}  # beyond kind and swapped
+
+
+def _rule_glu(n: Tensor) -> Shape:
+    """ggml_glu_impl: act(x) * g. Fused form (one source): x and g are the two halves of each row of a (``swapped``
+    exchanges them) and ne[0] halves; split form (ggml_*_split): x = a, g = b, same shape."""
+    a, b = _srcs(n, 1, 2)
+    _params(n, "kind", "swapped")
+    kind = n.op_params["kind"]
+    _req(kind in {g.value for g in Glu}, n, f"unknown glu kind {kind!r}")
+    _params(n, *GLU_PARAMS.get(Glu(kind), ()))
+    _req(is_contiguous_n(a, 1), n, f"source {a.name!r} must be contiguous in its rows (ggml_is_contiguous_1)")
+    if b is None:
+        return _new_shape(a.type, (a.ne[0] // 2, *a.ne[1:]))
+    _req(is_contiguous_n(b, 1), n, f"gate {b.name!r} must be contiguous in its rows (ggml_is_contiguous_1)")
+    _req(b.ne == a.ne and b.type is a.type, n, f"gate {b.name!r} {b.type.label} {b.ne} differs from "
+                                              f"{a.name!r} {a.type.label} {a.ne}")
+    return _new_shape(a.type, a.ne)
 
 
 def _rule_ssm_conv(n: Tensor) -> Shape:
@@ -217,7 +360,7 @@ def _rule_gdn(n: Tensor) -> Shape:
     S_v, H_v = v.ne[0], v.ne[1]
     _req(K >= 1, n, f"K must be >= 1, is {K}")
     _req(S_k == S_v, n, f"S_k ({S_k}) != S_v ({S_v})")
-    _req(H_v % H_k == 0, n, f"H_v ({H_v}) is not a multiple of H_k ({H_k})")
+    _req(_divides(H_k, H_v), n, f"H_v ({H_v}) is not a multiple of H_k ({H_k})")
     _req(k.ne == q.ne, n, f"k {k.ne} != q {q.ne}")
     _req(v.ne[2] == n_t and v.ne[3] == n_s, n, f"v {v.ne} token/seq dims differ from q {q.ne}")
     _req(g.ne[0] in (1, S_v) and g.ne[1:] == (H_v, n_t, n_s), n, f"g {g.ne} has the wrong shape")
@@ -247,6 +390,7 @@ _RULES: dict[Op, Callable[[Tensor], Shape]] = {
     Op.CONT: _rule_cont,
     Op.CPY: _rule_cpy,
     Op.GET_ROWS: _rule_get_rows,
+    Op.SET_ROWS: _rule_set_rows,
     Op.CONCAT: _rule_concat,
     Op.SCALE: _rule_unary_src,
     Op.UNARY: _rule_unary_src,
@@ -255,6 +399,10 @@ _RULES: dict[Op, Callable[[Tensor], Shape]] = {
     Op.ADD: _rule_binary,
     Op.MUL: _rule_binary,
     Op.MUL_MAT: _rule_mul_mat,
+    Op.SOFT_MAX: _rule_soft_max,
+    Op.ROPE: _rule_rope,
+    Op.FLASH_ATTN_EXT: _rule_flash_attn_ext,
+    Op.GLU: _rule_glu,
     Op.SSM_CONV: _rule_ssm_conv,
     Op.GATED_DELTA_NET: _rule_gdn,
     Op.GDN_CONV_CHAIN: _rule_kept,
@@ -299,10 +447,14 @@ def validate(graph: Graph) -> None:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-def _make(op: Op, src: list[Tensor], name: str, params: dict | None = None, ne=None, nb=None) -> Tensor:
+def _make(op: Op, src: list[Tensor | None], name: str, params: dict | None = None, ne=None, nb=None) -> Tensor:
+    src = list(src)
+    while src and src[-1] is None:  # optional trailing sources (a mask, sinks) left out, as ggml leaves NULL
+        src.pop()
     t = Tensor(name=name, type=src[0].type, ne=_pad4(ne) if ne is not None else src[0].ne,
-               nb=_pad4(nb) if nb is not None else src[0].nb, op=op, op_params=dict(params or {}), src=list(src),
-               layer=next((s.layer for s in src if s.layer is not None and s.layer >= 0), src[0].layer))
+               nb=_pad4(nb) if nb is not None else src[0].nb, op=op, op_params=dict(params or {}), src=src,
+               layer=next((s.layer for s in src if s is not None and s.layer is not None and s.layer >= 0),
+                          src[0].layer))
     want = _RULES[op](t)
     t.type, t.ne, t.nb = want.type, want.ne, want.nb
     if want.view_of is not None:
@@ -368,6 +520,12 @@ def get_rows(a: Tensor, b: Tensor) -> Tensor:
     return _make(Op.GET_ROWS, [a, b], f"{a.name} (get_rows)")
 
 
+def set_rows(a: Tensor, b: Tensor, c: Tensor) -> Tensor:
+    """ggml_set_rows(a, b, c): write the rows of ``b`` into destination ``a`` at the row ids ``c`` (i64 or i32); the
+    result views ``a``. Its sources are (b, c, a), as ggml orders them."""
+    return _make(Op.SET_ROWS, [b, c, a], f"{a.name} (view)")
+
+
 def concat(a: Tensor, b: Tensor, dim: int) -> Tensor:
     return _make(Op.CONCAT, [a, b], f"{a.name} (concat)", {"dim": int(dim)})
 
@@ -402,6 +560,83 @@ def softplus(a: Tensor) -> Tensor:
 
 def exp(a: Tensor) -> Tensor:
     return unary(a, Unary.EXP)
+
+
+def neg(a: Tensor) -> Tensor:
+    return unary(a, Unary.NEG)
+
+
+def glu(a: Tensor, kind: Glu, swapped: bool = False, **params: float) -> Tensor:
+    """ggml_glu: the fused form; each row of ``a`` holds x then g (g then x when ``swapped``), the result half as
+    wide. ``params``: ``alpha``/``limit`` for SWIGLU_OAI, ``limit`` for SWIGLU_CLAMP."""
+    return _make(Op.GLU, [a], f"{a.name} ({kind.value.lower()})",
+                 {"kind": kind.value, "swapped": bool(swapped), **{k: float(v) for k, v in params.items()}})
+
+
+def glu_split(a: Tensor, b: Tensor, kind: Glu, **params: float) -> Tensor:
+    """ggml_glu_split: act(a) * b."""
+    return _make(Op.GLU, [a, b], f"{a.name} ({kind.value.lower()})",
+                 {"kind": kind.value, "swapped": False, **{k: float(v) for k, v in params.items()}})
+
+
+def swiglu(a: Tensor) -> Tensor:
+    return glu(a, Glu.SWIGLU)
+
+
+def swiglu_split(a: Tensor, b: Tensor) -> Tensor:
+    """ggml_swiglu_split: silu(a) * b (llama.cpp's build_ffn with LLM_FFN_SILU and LLM_FFN_PAR)."""
+    return glu_split(a, b, Glu.SWIGLU)
+
+
+def soft_max_ext(a: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0, *, sinks: Tensor | None = None,
+                 inplace: bool = False) -> Tensor:
+    """ggml_soft_max_ext (+ ggml_soft_max_add_sinks): softmax(a * scale + mask) along ne[0]."""
+    params = {"scale": float(scale), "max_bias": float(max_bias), **({"inplace": True} if inplace else {})}
+    return _make(Op.SOFT_MAX, [a, mask, sinks], f"{a.name} (soft_max)", params)
+
+
+def soft_max(a: Tensor) -> Tensor:
+    return soft_max_ext(a, None, 1.0, 0.0)
+
+
+def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int, n_ctx_orig: int,
+             freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float, beta_fast: float,
+             beta_slow: float, *, sections=(0, 0, 0, 0), inplace: bool = False) -> Tensor:
+    """ggml_rope_ext (with ``sections``: ggml_rope_multi), the argument order of ggml."""
+    params = {"n_dims": int(n_dims), "mode": int(mode), "n_ctx_orig": int(n_ctx_orig), "freq_base": float(freq_base),
+              "freq_scale": float(freq_scale), "ext_factor": float(ext_factor), "attn_factor": float(attn_factor),
+              "beta_fast": float(beta_fast), "beta_slow": float(beta_slow),
+              "sections": tuple(int(x) for x in sections), "n_offs": 0, **({"inplace": True} if inplace else {})}
+    return _make(Op.ROPE, [a, pos, freq_factors], f"{a.name} (rope)", params)
+
+
+def rope_multi(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, sections, mode: int,
+               n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+               beta_fast: float, beta_slow: float, inplace: bool = False) -> Tensor:
+    """ggml_rope_multi: M-RoPE (mode MROPE 8, IMROPE 40 as qwen35 uses, VISION 24); ``pos`` holds 4 positions per
+    token, ``sections`` the 4 section sizes."""
+    return rope_ext(a, pos, freq_factors, n_dims, mode, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor,
+                    beta_fast, beta_slow, sections=sections, inplace=inplace)
+
+
+def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0,
+                   logit_softcap: float = 0.0, *, sinks: Tensor | None = None, prec: Prec = Prec.UNDEFINED,
+                   n_kv_max: int = 0) -> Tensor:
+    """ggml_flash_attn_ext, with what llama.cpp sets on it afterwards (sinks, ggml_prec_set_acc, n_kv_max)."""
+    params = {"scale": float(scale), "max_bias": float(max_bias), "logit_softcap": float(logit_softcap),
+              "prec": prec.value, "n_kv_max": int(n_kv_max)}
+    return _make(Op.FLASH_ATTN_EXT, [q, k, v, mask, sinks], f"{q.name} (flash_attn_ext)", params)
+
+
+def prec_set_acc(t: Tensor, prec: Prec) -> Tensor:
+    """ggml_prec_set_acc: the accumulator precision a MUL_MAT or FLASH_ATTN_EXT must use (llama.cpp: F32 for kq)."""
+    if t.op not in (Op.MUL_MAT, Op.FLASH_ATTN_EXT):
+        raise GraphError(f"node {t.name!r} ({t.op.value}): only MUL_MAT and FLASH_ATTN_EXT carry a precision")
+    if t.op is Op.MUL_MAT and prec is Prec.UNDEFINED:
+        t.op_params.pop("prec", None)  # a MUL_MAT records only a precision that was set (ggml's word 0 is 0)
+    else:
+        t.op_params["prec"] = prec.value
+    return t
 
 
 def rms_norm(a: Tensor, eps: float) -> Tensor:

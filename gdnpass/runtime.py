@@ -14,10 +14,11 @@ from typing import Callable, Iterable
 import torch
 
 from gdnpass.errors import ResourceError
-from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, inputs, runs_kernel
+from gdnpass.ir import DType, Graph, GraphError, Tensor, arena_buffer, inputs, op_label, runs_kernel
 from gdnpass.kernels.fused import RECORDS
 
-TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
+TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
+                DType.I64: torch.int64}
 
 Kernel = Callable[[Tensor, list, torch.Tensor], None]
 
@@ -27,8 +28,7 @@ def launches(graph: Graph) -> Counter:
     c: Counter = Counter()
     for n in graph.nodes:
         if runs_kernel(n):
-            c[f"UNARY({n.op_params['kind']})" if n.op is Op.UNARY else n.op.value] += (
-                RECORDS[n.op].launches(n) if n.op.is_fused else 1)
+            c[op_label(n)] += RECORDS[n.op].launches(n) if n.op.is_fused else 1
     return c
 
 
@@ -51,7 +51,8 @@ class Executor:
     """Runs a planned graph on ``device``. ``backend`` picks the kernel table (default: by device)."""
 
     def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None) -> None:
-        if "arena" not in graph.buffers:
+        self.arena = arena_buffer(graph)
+        if self.arena is None:
             raise GraphError("graph has no memory plan: run gdnpass.alloc.plan(graph) first")
         self.graph = graph
         self.device = torch.device(device)
@@ -104,9 +105,9 @@ class Executor:
 
         A leaf's bytes depend only on (seed, name, shape, type): two graphs built from one config get the same
         weights, and no tensor's fill depends on another's. Caches and inputs are random, never zeros (zeros hide
-        unwritten outputs). ``ids`` sets ``inp_s_copy``. ``progress(done_bytes, total_bytes)`` after each leaf.
+        unwritten outputs). ``ids`` sets ``rs_s_copy``. ``progress(done_bytes, total_bytes)`` after each leaf.
         """
-        self.buffers["arena"].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
+        self.buffers[self.arena].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
         leafs = [t for t in self.graph.leafs if not t.is_view and not t.is_empty]
         total, done = sum(t.nbytes for t in leafs), 0
         for t in leafs:
@@ -146,21 +147,28 @@ class Executor:
             self._cuda_graph.replay()
             return {}
         nodes = self.graph.nodes
+        fns = [self._kernel(n) if runs_kernel(n) else None for n in nodes]  # refused before anything runs
         at = probe_points(self.graph, probes)
         captured: dict[str, torch.Tensor] = {}
-        for i, n in enumerate(nodes):
+        for i, (n, fn) in enumerate(zip(nodes, fns)):
             for t in at.get(i, ()):
                 captured[t.name] = self.read(t)
-            if runs_kernel(n):
-                fn = self.kernels.get(n.op)
-                if fn is None:
-                    raise GraphError(f"node {n.name!r}: no kernel for op {n.op.value}")
+            if fn is not None:
                 fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
             if progress is not None:
                 progress(i + 1, len(nodes))
         for t in at.get(len(nodes), ()):
             captured[t.name] = self.read(t)
         return captured
+
+    def _kernel(self, n: Tensor):
+        from gdnpass.kernels.backends import kernel
+
+        fn = kernel(self.kernels, n)
+        if fn is None:
+            raise GraphError(f"node {n.name!r}: gdnpass cannot execute {op_label(n)} (it models the op: validates, "
+                             f"saves, plans and dumps it, but has no kernel for it)")
+        return fn
 
     def capture(self) -> None:
         """Capture one whole run as a CUDA graph; later ``run`` calls replay it."""

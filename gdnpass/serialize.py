@@ -1,13 +1,16 @@
 """A versioned JSON file format for a :class:`~gdnpass.ir.Graph` (as built, planned or fused).
 
-Schema, version 1::
+Schema, version 2 (docs/graph-format.md)::
 
     {
       "format": "gdnpass-graph",
-      "version": 1,
+      "version": 2,
       "meta": {...},                    # Graph.meta, verbatim (JSON values; tuples become lists)
       "alignment": 0,                   # Graph.alignment (0: not planned)
-      "buffers": {"arena": 123456},     # Graph.buffers: buffer name (one of ir.BUFFERS) -> size in bytes
+      "buffers": {                      # every buffer a tensor names, and every buffer of the plan
+        "arena": {"size": 123456, "role": "compute"},        # size: Graph.buffers[name], null before planning
+        "kv": {"size": 4096, "role": "cache", "backend": "CPU", "usage": "any"}   # role etc.: Graph.buffer_specs
+      },
       "tensors": [                      # every tensor: leafs, then nodes, then any other referenced tensor
         {"id": 0, "name": "...", "type": "f32", "ne": [4 ints], "nb": [4 ints], "op": "NONE",
          "op_params": {...}, "src": [ids or null], "view_src": id or null, "view_offs": 0,
@@ -17,6 +20,9 @@ Schema, version 1::
       "nodes": [ids in execution order],
       "leafs": [ids]
     }
+
+Version 1 files still load: their ``buffers`` is ``{name: size}`` over gdnpass's own four buffers (weights, cache,
+input, arena), whose roles are implied by their names (:data:`gdnpass.ir.DEFAULT_BUFFERS`).
 
 A fused node stores ``src`` as its inputs followed by ``Tensor.outs`` (the other tensors it writes), with
 ``op_params["n_inputs"]`` saying where the inputs end.
@@ -40,11 +46,13 @@ from typing import Any, Callable, NoReturn
 import networkx as nx
 
 from gdnpass.alloc import check_plan
-from gdnpass.ir import BUFFERS, GGML_MAX_DIMS, DType, Flag, Graph, GraphError, Op, Tensor
+from gdnpass.ir import (BUFFER_ROLES, BUFFER_USAGES, DEFAULT_BUFFERS, GGML_MAX_DIMS, BufferSpec, DType, Flag, Graph,
+                        GraphError, Op, Tensor, arena_buffer, buffer_spec)
 from gdnpass.ops import validate_node
 
 FORMAT = "gdnpass-graph"
-VERSION = 1
+VERSION = 2          # what save writes
+VERSIONS = (1, 2)    # what load reads
 
 # top-level field -> (python type, how to say it)
 _TOP: dict[str, tuple[type, str]] = {
@@ -60,6 +68,7 @@ _TOP: dict[str, tuple[type, str]] = {
 
 _TENSOR_FIELDS = ("id", "name", "type", "ne", "nb", "op", "op_params", "src", "view_src", "view_offs", "flags",
                   "buffer", "offset", "layer")
+_BUFFER_FIELDS = ("size", "role", "backend", "usage")  # size and role required
 
 _ALL_FLAGS = 0
 for _f in Flag:
@@ -119,6 +128,21 @@ def _jsonable(x: Any, where: str) -> Any:
     raise GraphError(f"{where}: a {type(x).__name__} cannot be stored as JSON")
 
 
+def buffers_dict(graph: Graph, tensors: list[Tensor] | None = None) -> dict:
+    """Version 2's ``buffers``: every buffer of the plan, of ``graph.buffer_specs`` and named by a tensor (of
+    ``tensors``, default the graph's), with its size (null before planning) and spec."""
+    names = dict.fromkeys([*graph.buffers, *graph.buffer_specs,
+                           *(t.buffer for t in (tensors if tensors is not None else _ordered(graph)) if t.buffer)])
+    out = {}
+    for name in names:
+        spec = buffer_spec(graph, name)
+        size = graph.buffers.get(name)
+        entry = {"size": None if size is None else int(size), "role": spec.role}
+        entry |= {k: v for k, v in (("backend", spec.backend), ("usage", spec.usage)) if v is not None}
+        out[name] = entry
+    return out
+
+
 def to_dict(graph: Graph) -> dict:
     """The graph as a JSON-ready dict (see the module docstring for the schema)."""
     order = _ordered(graph)
@@ -151,7 +175,7 @@ def to_dict(graph: Graph) -> dict:
         "version": VERSION,
         "meta": _jsonable(graph.meta, "meta"),
         "alignment": int(graph.alignment),
-        "buffers": {k: int(v) for k, v in graph.buffers.items()},
+        "buffers": buffers_dict(graph, order),
         "tensors": tensors,
         "nodes": [ref(t) for t in graph.nodes],
         "leafs": [ref(t) for t in graph.leafs],
@@ -204,23 +228,74 @@ _P_INT = (_is_int, "an int")
 _P_NUM = (_is_num, "a finite number")
 _P_BOOL = (lambda x: isinstance(x, bool), "a bool")
 _P_STR = (lambda x: isinstance(x, str), "a string")
-_P_AXES = (lambda x: _int_list(x, GGML_MAX_DIMS, lambda v: True), "a list of 4 ints")
+_P_INT4 = (lambda x: _int_list(x, 4, lambda v: True), "a list of 4 ints")
 _PARAMS: dict[Op, dict[str, tuple[Callable[[Any], bool], str]]] = {
     Op.VIEW: {"offset": _P_INT},
-    Op.TRANSPOSE: {"axes": _P_AXES},
-    Op.PERMUTE: {"axes": _P_AXES},
+    Op.TRANSPOSE: {"axes": _P_INT4},
+    Op.PERMUTE: {"axes": _P_INT4},
     Op.CONCAT: {"dim": _P_INT},
     Op.SCALE: {"s": _P_NUM, "b": _P_NUM, "inplace": _P_BOOL},
     Op.ADD: {"inplace": _P_BOOL},
     Op.MUL: {"inplace": _P_BOOL},
     Op.UNARY: {"kind": _P_STR, "inplace": _P_BOOL},
+    Op.GLU: {"kind": _P_STR, "swapped": _P_BOOL, "alpha": _P_NUM, "limit": _P_NUM},
     Op.RMS_NORM: {"eps": _P_NUM, "inplace": _P_BOOL},
     Op.L2_NORM: {"eps": _P_NUM, "inplace": _P_BOOL},
+    Op.MUL_MAT: {"prec": _P_STR},
+    Op.SOFT_MAX: {"scale": _P_NUM, "max_bias": _P_NUM, "inplace": _P_BOOL},
+    Op.ROPE: {**{k: _P_INT for k in ("n_dims", "mode", "n_ctx_orig", "n_offs")},
+              **{k: _P_NUM for k in ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")},
+              "sections": _P_INT4, "inplace": _P_BOOL},
+    Op.FLASH_ATTN_EXT: {"scale": _P_NUM, "max_bias": _P_NUM, "logit_softcap": _P_NUM, "prec": _P_STR,
+                        "n_kv_max": _P_INT},
     Op.GATED_DELTA_NET: {"K": _P_INT},
 }
+_TUPLES = {Op.PERMUTE: "axes", Op.TRANSPOSE: "axes", Op.ROPE: "sections"}  # ops builds these as tuples
 
 
-def _parse_tensor(e: dict, i: int, where: str) -> Tensor:
+def _parse_buffers(d: dict, source: str) -> tuple[dict[str, int], dict[str, BufferSpec], dict[str, str]]:
+    """(sizes, specs that differ from gdnpass's defaults, role of every buffer) of the top-level ``buffers``."""
+    if d["version"] == 1:  # {name: size} over gdnpass's own buffers
+        for name, size in d["buffers"].items():
+            if name not in DEFAULT_BUFFERS:
+                _fail(source, f"field 'buffers': unknown buffer {name!r} (version 1 knows "
+                              f"{', '.join(DEFAULT_BUFFERS)})")
+            if not (_is_int(size) and size >= 0):
+                _fail(source, f"field 'buffers': size of {name!r} must be a non-negative int, got {size!r}")
+        return dict(d["buffers"]), {}, {name: spec.role for name, spec in DEFAULT_BUFFERS.items()}
+    sizes: dict[str, int] = {}
+    specs: dict[str, BufferSpec] = {}
+    roles: dict[str, str] = {}
+    for name, e in d["buffers"].items():
+        where = f"{source}: field 'buffers': buffer {name!r}"
+        if not name:
+            _fail(source, "field 'buffers': a buffer name must not be empty")
+        if not isinstance(e, dict):
+            _fail(where, f"must be an object, not {type(e).__name__}")
+        for key in ("size", "role"):
+            if key not in e:
+                _fail(where, f"missing field {key!r}")
+        for key in e:
+            if key not in _BUFFER_FIELDS:
+                _fail(where, f"unknown field {key!r}")
+        if e["size"] is not None and not (_is_int(e["size"]) and e["size"] >= 0):
+            _fail(where, f"field 'size' must be null or a non-negative int, got {e['size']!r}")
+        if e["role"] not in BUFFER_ROLES:
+            _fail(where, f"field 'role' is {e['role']!r}, expected one of {', '.join(BUFFER_ROLES)}")
+        if "backend" in e and not isinstance(e["backend"], str):
+            _fail(where, f"field 'backend' must be a string, got {e['backend']!r}")
+        if "usage" in e and e["usage"] not in BUFFER_USAGES:
+            _fail(where, f"field 'usage' is {e['usage']!r}, expected one of {', '.join(BUFFER_USAGES)}")
+        spec = BufferSpec(e["role"], e.get("backend"), e.get("usage"))
+        if spec != DEFAULT_BUFFERS.get(name):
+            specs[name] = spec
+        if e["size"] is not None:
+            sizes[name] = e["size"]
+        roles[name] = spec.role
+    return sizes, specs, roles
+
+
+def _parse_tensor(e: dict, i: int, where: str, roles: dict[str, str]) -> Tensor:
     """Every field of one entry except the references (src, view_src), which need all tensors first."""
     if e["id"] != i or not _is_int(e["id"]):
         _fail(where, f"field 'id' is {e['id']!r}, expected {i} (its index in 'tensors')")
@@ -250,14 +325,14 @@ def _parse_tensor(e: dict, i: int, where: str) -> Tensor:
         if key in params and not ok(params[key]):
             _fail(where, f"field 'op_params': {key!r} must be {what}, got {params[key]!r}")
     params = copy.deepcopy(params)  # the Graph must not alias the caller's dict
-    if op in (Op.PERMUTE, Op.TRANSPOSE) and "axes" in params:
-        params["axes"] = tuple(params["axes"])  # ops builds axes as a tuple; JSON only has lists
+    if op in _TUPLES and _TUPLES[op] in params:
+        params[_TUPLES[op]] = tuple(params[_TUPLES[op]])  # JSON only has lists
     if not (_is_int(e["view_offs"]) and e["view_offs"] >= 0):
         _fail(where, "field 'view_offs' must be a non-negative int")
     if not (_is_int(e["flags"]) and e["flags"] >= 0 and e["flags"] & ~_ALL_FLAGS == 0):
         _fail(where, f"field 'flags' must be an int made of the bits {_ALL_FLAGS:#x}, got {e['flags']!r}")
-    if e["buffer"] is not None and e["buffer"] not in BUFFERS:
-        _fail(where, f"field 'buffer' is {e['buffer']!r}, expected null or one of {', '.join(BUFFERS)}")
+    if e["buffer"] is not None and (not isinstance(e["buffer"], str) or e["buffer"] not in roles):
+        _fail(where, f"field 'buffer' is {e['buffer']!r}, expected null or one of {', '.join(roles)}")
     if e["offset"] is not None and not (_is_int(e["offset"]) and e["offset"] >= 0):
         _fail(where, f"field 'offset' must be null or a non-negative int, got {e['offset']!r}")
     if e["layer"] is not None and not _is_int(e["layer"]):
@@ -279,8 +354,10 @@ def _label(i: int, t: Tensor) -> str:
     return f"tensor {i} ({t.name!r})"
 
 
-def _check_memory(tensors: list[Tensor], index: dict[int, int], buffers: dict[str, int], source: str) -> None:
-    """Views point at bases and stay inside them; base tensors stay inside their buffers."""
+def _check_memory(tensors: list[Tensor], index: dict[int, int], buffers: dict[str, int], roles: dict[str, str],
+                  source: str) -> None:
+    """Views point at bases and stay inside them; base tensors stay inside their buffers, computed ones in a compute
+    buffer (what gallocr plans)."""
     for i, t in enumerate(tensors):
         where = f"{source}: {_label(i, t)}"
         base = t.view_src
@@ -299,6 +376,9 @@ def _check_memory(tensors: list[Tensor], index: dict[int, int], buffers: dict[st
             _fail(where, f"field 'view_offs' is {t.view_offs} but the tensor is not a view")
         if t.offset is not None and t.buffer is None:
             _fail(where, "field 'offset' is set but 'buffer' is null")
+        if t.buffer is not None and t.op is not Op.NONE and roles[t.buffer] != "compute":
+            _fail(where, f"field 'buffer': a computed tensor lives in a compute buffer, and {t.buffer!r} is a "
+                         f"{roles[t.buffer]} buffer")
         if t.offset is not None and t.buffer in buffers and t.offset + t.nbytes > buffers[t.buffer]:
             _fail(where, f"bytes [{t.offset}, {t.offset + t.nbytes}) run past buffer {t.buffer!r} "
                          f"({buffers[t.buffer]} bytes)")
@@ -347,8 +427,9 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
         _fail(source, f"field 'format' is {d.get('format')!r}, expected {FORMAT!r} (not a gdnpass graph file?)")
     if "version" not in d:
         _fail(source, "missing field 'version'")
-    if not _is_int(d["version"]) or d["version"] != VERSION:
-        _fail(source, f"unsupported version {d['version']!r} (this gdnpass reads version {VERSION})")
+    if not _is_int(d["version"]) or d["version"] not in VERSIONS:
+        _fail(source, f"unsupported version {d['version']!r} (this gdnpass reads versions "
+                      f"{', '.join(map(str, VERSIONS))})")
     for key, (typ, what) in _TOP.items():
         if key not in d:
             _fail(source, f"missing field {key!r}")
@@ -359,11 +440,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
             _fail(source, f"unknown field {key!r}")
     if d["alignment"] < 0:
         _fail(source, f"field 'alignment' must be >= 0, got {d['alignment']}")
-    for name, size in d["buffers"].items():
-        if name not in BUFFERS:
-            _fail(source, f"field 'buffers': unknown buffer {name!r} (expected one of {', '.join(BUFFERS)})")
-        if not (_is_int(size) and size >= 0):
-            _fail(source, f"field 'buffers': size of {name!r} must be a non-negative int, got {size!r}")
+    buffers, specs, roles = _parse_buffers(d, source)
 
     # ---- tensors: fields first, then references (an entry may refer to a later one)
     entries = d["tensors"]
@@ -380,7 +457,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
         for key in e:
             if key not in _TENSOR_FIELDS:
                 _fail(where, f"unknown field {key!r}")
-        tensors.append(_parse_tensor(e, i, where))
+        tensors.append(_parse_tensor(e, i, where, roles))
     index = {id(t): i for i, t in enumerate(tensors)}
     n = len(tensors)
     for i, (e, t) in enumerate(zip(entries, tensors)):
@@ -400,8 +477,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
         if e["view_src"] is not None:
             t.view_src = tensors[_ref(e["view_src"], n, where, "view_src")]
 
-    buffers = dict(d["buffers"])
-    _check_memory(tensors, index, buffers, source)
+    _check_memory(tensors, index, buffers, roles, source)
     seen: set[int] = set()
     leafs = _id_list(d, "leafs", tensors, seen, source)
     nodes = _id_list(d, "nodes", tensors, seen, source)
@@ -411,6 +487,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
     graph.meta = copy.deepcopy(d["meta"])
     graph.alignment = d["alignment"]
     graph.buffers = buffers
+    graph.buffer_specs = specs
     graph.leafs = leafs
     graph.nodes = nodes
     graph._visited = {t.uid for t in graph.tensors()}  # a later expand() must not add them again
@@ -427,7 +504,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
             _fail(where, f"node {t.name!r} ({t.op.value}) cannot be checked: {type(err).__name__}: {err}")
     try:
         graph.check_order()  # execution order (src computed before use) and acyclicity
-        if "arena" in buffers:
+        if arena_buffer(graph) is not None:
             check_plan(graph)  # no two live tensors on the same bytes: fusion is decided on the plan
     except GraphError as err:
         _fail(source, str(err))

@@ -123,8 +123,8 @@ def test_plan_larger_than_memory_is_refused(capsys, tmp_path):
     leaf = dict(next(e for e in d["tensors"] if e["buffer"] == "weights" and e["view_src"] is None))
     n = 10 ** 12
     leaf.update(id=len(d["tensors"]), name="huge.weight", ne=[n, 1, 1, 1], nb=[4, 4 * n, 4 * n, 4 * n], type="f32",
-                offset=d["buffers"]["weights"], layer=None)
-    d["buffers"]["weights"] += 4 * n
+                offset=d["buffers"]["weights"]["size"], layer=None)
+    d["buffers"]["weights"]["size"] += 4 * n
     d["tensors"].append(leaf)
     d["leafs"].append(leaf["id"])
     huge = tmp_path / "huge.json"

@@ -178,13 +178,14 @@ def test_unmodelled_ops_import_as_opaque_nodes(tmp_path):
     """Unmodelled ops: kept as ggml made them, validated as-is, planned like gallocr, never fused."""
     with fg.GgmlSession() as s:
         x = s.new_tensor("input", "inp_x", F32, (8, 4), input=True)
-        y = s.g.ggml_soft_max(s.ctx, s.g.ggml_neg(s.ctx, s.g.ggml_silu(s.ctx, x)))
+        # SQR has no counterpart; XIELU is a UNARY kind gdnpass leaves out (it carries float parameters)
+        y = s.g.ggml_sqr(s.ctx, s.g.ggml_xielu(s.ctx, s.g.ggml_silu(s.ctx, x), 0.8, 0.8, 0.5, 1e-6))
         s.expand(s.g.ggml_l2_norm(s.ctx, y, 1e-6))
         s.allocate()
         imp = s.import_graph()
         g = imp.graph
         assert [n.op for n in g.nodes] == [Op.UNARY, Op.OPAQUE, Op.OPAQUE, Op.L2_NORM]
-        assert [n.op_params["ggml_op"] for n in g.nodes[1:3]] == ["UNARY(NEG)", "SOFT_MAX"]
+        assert [n.op_params["ggml_op"] for n in g.nodes[1:3]] == ["UNARY(XIELU)", "SQR"]
         assert all(n.op_params["can_inplace"] for n in g.nodes[1:3])
         plan(g, s.alignment)
         assert [n.offset for n in g.nodes] == imp.arena_offsets

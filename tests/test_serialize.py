@@ -7,8 +7,10 @@ import json
 
 import pytest
 
+from pathlib import Path
+
 from gdnpass import ops, serialize
-from gdnpass.ir import DType, Flag, Graph, GraphError, Op, Tensor
+from gdnpass.ir import BufferSpec, DType, Flag, Graph, GraphError, Op, Tensor, arena_buffer
 
 N_EMBD, D_CONV, CHANNELS, N_TOKENS, N_SEQS, MEM = 8, 4, 6, 5, 1, 2
 ALIGN = 32
@@ -19,7 +21,7 @@ def build_graph(plan: bool = True) -> Graph:
     wqkv = ops.new_tensor("wqkv-0", DType.F32, (N_EMBD, CHANNELS), buffer="weights", layer=0)
     kernel = ops.new_tensor("ssm_conv1d-0", DType.F32, (D_CONV, CHANNELS), buffer="weights", layer=0)
     inp = ops.new_tensor("inp", DType.F32, (N_EMBD, N_TOKENS), buffer="input", flags=Flag.INPUT, layer=-1)
-    ids = ops.new_tensor("inp_s_copy", DType.I32, (N_SEQS,), buffer="input", flags=Flag.INPUT, layer=-1)
+    ids = ops.new_tensor("rs_s_copy", DType.I32, (N_SEQS,), buffer="input", flags=Flag.INPUT, layer=-1)
     cache = ops.new_tensor("cache_r_l0", DType.F32, ((D_CONV - 1) * CHANNELS, MEM), buffer="cache", layer=0)
 
     qkv = ops.cb(ops.mul_mat(wqkv, inp), "qkv_mixed", 0)
@@ -78,7 +80,7 @@ def assert_same_graph(a: Graph, b: Graph) -> None:
             assert pos_a[id(x.view_src)] == pos_b[id(y.view_src)]
     assert [pos_a[id(t)] for t in a.nodes] == [pos_b[id(t)] for t in b.nodes]
     assert [pos_a[id(t)] for t in a.leafs] == [pos_b[id(t)] for t in b.leafs]
-    assert (a.buffers, a.alignment) == (b.buffers, b.alignment)
+    assert (a.buffers, a.buffer_specs, a.alignment) == (b.buffers, b.buffer_specs, b.alignment)
 
 
 def by_name(g: Graph, name: str) -> Tensor:
@@ -114,8 +116,14 @@ def test_round_trip_string_and_file(tmp_path):
 
 def test_schema_shape():
     d = serialize.to_dict(build_graph())
-    assert d["format"] == "gdnpass-graph" and d["version"] == 1
+    assert d["format"] == "gdnpass-graph" and d["version"] == 2
     assert list(d) == ["format", "version", "meta", "alignment", "buffers", "tensors", "nodes", "leafs"]
+    assert d["buffers"] == {"cache": {"size": 144, "role": "cache"}, "input": {"size": 164, "role": "input"},
+                            "weights": {"size": 288, "role": "weights"}, "arena": {"size": 736, "role": "compute"}}
+    # unplanned: the buffers the leafs name, without a size yet
+    assert serialize.to_dict(build_graph(plan=False))["buffers"] == {
+        "cache": {"size": None, "role": "cache"}, "input": {"size": None, "role": "input"},
+        "weights": {"size": None, "role": "weights"}}
     n_leafs = len(d["leafs"])
     assert d["leafs"] == list(range(n_leafs))  # leafs first, then nodes
     assert d["nodes"] == list(range(n_leafs, n_leafs + len(d["nodes"])))
@@ -180,6 +188,86 @@ def test_to_dict_rejects_unstorable_op_params():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
+# version 1 files, named buffers, i64 / f16
+# ---------------------------------------------------------------------------------------------------------------------
+
+V1_FILE = Path(__file__).parent / "data" / "graph_v1.json"  # a planned graph saved by the version-1 writer
+
+
+def test_version_1_file_still_loads():
+    d1 = json.loads(V1_FILE.read_text())
+    g = serialize.load(V1_FILE)
+    assert d1["version"] == 1 and g.buffer_specs == {} and arena_buffer(g) == "arena"
+    d2 = serialize.to_dict(g)  # saved again: version 2, every tensor as the version-1 writer wrote it
+    roles = {"weights": "weights", "cache": "cache", "input": "input", "arena": "compute"}
+    assert d2["version"] == 2
+    assert d2["buffers"] == {name: {"size": size, "role": roles[name]} for name, size in d1["buffers"].items()}
+    rest = ("meta", "alignment", "tensors", "nodes", "leafs")
+    assert [d2[k] for k in rest] == [d1[k] for k in rest]
+    assert_same_graph(g, serialize.loads(serialize.dumps(g)))
+
+
+def test_version_1_knows_only_gdnpass_buffers():
+    d = json.loads(V1_FILE.read_text())
+    d["buffers"]["kv"] = 64
+    _bad(d, r"field 'buffers': unknown buffer 'kv' \(version 1 knows weights, cache, input, arena\)")
+    d = json.loads(V1_FILE.read_text())
+    d["buffers"]["arena"] = {"size": 1, "role": "compute"}
+    _bad(d, "field 'buffers': size of 'arena' must be a non-negative int")
+
+
+def llama_buffers_graph() -> Graph:
+    """The shape of a llama.cpp capture: inputs and computed tensors in one compute buffer, an f16 KV cache written
+    by SET_ROWS at i64 row ids, the weights in a buffer named after its backend."""
+    w = ops.new_tensor("blk.0.attn_k.weight", DType.F16, (8, 4), buffer="CPU_Mapped", layer=0)
+    x = ops.new_tensor("inp_embd", DType.F32, (8, 3), buffer="compute", flags=Flag.INPUT, layer=-1)
+    idx = ops.new_tensor("attn_inp_k_idxs", DType.I64, (3,), buffer="compute", flags=Flag.INPUT, layer=-1)
+    cache = ops.new_tensor("cache_k_l0", DType.F16, (4, 16), buffer="kv", layer=0)
+    k = ops.cb(ops.mul_mat(w, x), "Kcur", 0)
+    store = ops.set_rows(cache, k, idx)
+    g = Graph()
+    g.expand(store)
+    off = 0
+    for t in [x, idx, k]:  # by hand: gallocr's order is not the point here
+        t.offset, off = off, off + 32 * -(-t.nbytes // 32)
+    k.buffer = "compute"
+    w.offset = cache.offset = 0
+    g.buffers = {"CPU_Mapped": w.nbytes, "kv": cache.nbytes, "compute": off}
+    g.buffer_specs = {"CPU_Mapped": BufferSpec("weights", "CPU_Mapped", "weights"),
+                      "kv": BufferSpec("cache", "CPU", "any"), "compute": BufferSpec("compute", "CPU", "compute")}
+    g.alignment = 32
+    g.meta = {"llama": {"commit": "0c1e57098bba43ac29e6e3b677cdceebdd22334f", "n_ctx": 256}}
+    return g
+
+
+def test_named_buffers_round_trip():
+    g = llama_buffers_graph()
+    ops.validate(g)
+    d = serialize.to_dict(g)
+    assert d["buffers"]["kv"] == {"size": 128, "role": "cache", "backend": "CPU", "usage": "any"}
+    g2 = serialize.loads(serialize.dumps(g))
+    assert_same_graph(g, g2)
+    assert arena_buffer(g2) == "compute"
+    assert [t.type for t in g2.leafs] == [DType.F16, DType.F32, DType.I64, DType.F16]
+    store = g2.nodes[-1]
+    assert store.op is Op.SET_ROWS and store.view_src is g2.leafs[3] and store.src[1].type is DType.I64
+    assert [e["type"] for e in d["tensors"][:4]] == ["f16", "f32", "i64", "f16"]
+
+
+def test_a_buffer_without_a_role_cannot_be_saved():
+    g = llama_buffers_graph()
+    del g.buffer_specs["kv"]
+    with pytest.raises(GraphError, match=r"buffer 'kv' has no role \(give it one in graph.buffer_specs"):
+        serialize.to_dict(g)
+
+
+def test_a_buffer_a_tensor_names_must_be_listed():
+    d = serialize.to_dict(llama_buffers_graph())
+    del d["buffers"]["kv"]
+    _bad(d, r"tensor 3 \('cache_k_l0'\): field 'buffer' is 'kv', expected null or one of CPU_Mapped, compute$")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
 # malformed files
 # ---------------------------------------------------------------------------------------------------------------------
 
@@ -230,10 +318,10 @@ def test_wrong_format(d):
     _bad(d, r"field 'format' is None")
 
 
-@pytest.mark.parametrize("version", [0, 2, "1", True])
+@pytest.mark.parametrize("version", [0, 3, "2", True])
 def test_unsupported_version(d, version):
     d["version"] = version
-    _bad(d, r"unsupported version .* \(this gdnpass reads version 1\)")
+    _bad(d, r"unsupported version .* \(this gdnpass reads versions 1, 2\)")
 
 
 def test_missing_version(d):
@@ -265,11 +353,23 @@ def test_bad_alignment_and_buffers(d):
     d2 = copy.deepcopy(d)
     d2["alignment"] = -1
     _bad(d2, "field 'alignment' must be >= 0")
-    d2 = copy.deepcopy(d)
-    d2["buffers"]["vram"] = 10
-    _bad(d2, "field 'buffers': unknown buffer 'vram'")
-    d["buffers"]["arena"] = -5
-    _bad(d, "field 'buffers': size of 'arena' must be a non-negative int")
+    for change, match in [
+        (lambda b: b.update(vram=10), "buffer 'vram': must be an object, not int"),
+        (lambda b: b["arena"].update(size=-5), "buffer 'arena': field 'size' must be null or a non-negative int"),
+        (lambda b: b["arena"].update(size=True), "buffer 'arena': field 'size' must be null or a non-negative int"),
+        (lambda b: b["arena"].pop("role"), "buffer 'arena': missing field 'role'"),
+        (lambda b: b["arena"].pop("size"), "buffer 'arena': missing field 'size'"),
+        (lambda b: b["arena"].update(role="arena"), "buffer 'arena': field 'role' is 'arena', expected one of "
+                                                     "weights, cache, input, compute"),
+        (lambda b: b["arena"].update(usage="WEIGHTS"), "buffer 'arena': field 'usage' is 'WEIGHTS', expected one "
+                                                        "of any, weights, compute"),
+        (lambda b: b["arena"].update(backend=0), "buffer 'arena': field 'backend' must be a string"),
+        (lambda b: b["arena"].update(bytes=1), "buffer 'arena': unknown field 'bytes'"),
+        (lambda b: b.update({"": {"size": 0, "role": "input"}}), "a buffer name must not be empty"),
+    ]:
+        d2 = copy.deepcopy(d)
+        change(d2["buffers"])
+        _bad(d2, rf"graph\.json: field 'buffers': {match}")
 
 
 @pytest.mark.parametrize("field", serialize._TENSOR_FIELDS)
@@ -294,7 +394,7 @@ def test_tensor_not_an_object(d):
 BAD_FIELDS = [
     ("id", 99, r"field 'id' is 99, expected \d+"),
     ("name", 7, "field 'name' must be a string"),
-    ("type", "f64", r"field 'type': unknown type 'f64' \(expected one of f32, f16, bf16, i32\)"),
+    ("type", "f64", r"field 'type': unknown type 'f64' \(expected one of f32, f16, bf16, i32, i64\)"),
     ("type", 1, "field 'type' must be a string"),
     ("op", "CONV_2D", "field 'op': unknown op 'CONV_2D'"),
     ("op", None, "field 'op' must be a string"),
@@ -316,7 +416,9 @@ BAD_FIELDS = [
     ("view_offs", 16, "field 'view_offs' is 16 but the tensor is not a view"),
     ("flags", -1, "field 'flags' must be an int made of the bits 0x17"),
     ("flags", 8, "field 'flags' must be an int made of the bits 0x17"),
-    ("buffer", "vram", r"field 'buffer' is 'vram', expected null or one of weights, cache, input, arena"),
+    ("buffer", "vram", r"field 'buffer' is 'vram', expected null or one of cache, input, weights, arena"),
+    ("buffer", "weights", r"field 'buffer': a computed tensor lives in a compute buffer, and 'weights' is a weights "
+                          r"buffer"),
     ("offset", -64, "field 'offset' must be null or a non-negative int"),
     ("offset", "0", "field 'offset' must be null or a non-negative int"),
     ("layer", "0", "field 'layer' must be null or an int"),
@@ -356,16 +458,16 @@ def test_view_with_its_own_memory(d):
 
 def test_base_past_its_buffer(d):
     e = entry(d, CONV)
-    e["offset"] = d["buffers"]["arena"] - 100
+    e["offset"] = d["buffers"]["arena"]["size"] - 100
     _bad(d, ctx(d, CONV) + r"bytes \[\d+, \d+\) run past buffer 'arena' \(\d+ bytes\)")
     # without a size for the buffer there is nothing to check against
-    del d["buffers"]["arena"]
+    d["buffers"]["arena"]["size"] = None
     e["offset"] = 10**9
     serialize.from_dict(d)
 
 
 def test_base_past_a_leaf_buffer(d):
-    d["buffers"]["weights"] -= 4
+    d["buffers"]["weights"]["size"] -= 4
     _bad(d, ctx(d, "ssm_conv1d-0") + r"bytes \[192, 288\) run past buffer 'weights' \(284 bytes\)")
 
 

@@ -37,6 +37,14 @@ _REFERENCE: dict[Op, Callable] = {
 }
 
 
+def kernel(table: dict[Op, Adapter], node) -> Adapter | None:
+    """``table``'s adapter for ``node``, or None where gdnpass has none: an op it only models (ROPE, SOFT_MAX, ...,
+    OPAQUE) or a UNARY kind the reference does not implement."""
+    if node.op is Op.UNARY and node.op_params.get("kind") not in ref.UNARY:
+        return None
+    return table.get(node.op)
+
+
 def _computed_then_written(fn: Callable) -> Adapter:
     def adapter(node, views, out):
         out.copy_(fn(node, out, *views))  # the result is complete before out (which may alias a src) is touched

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import re
-import struct
 from dataclasses import dataclass
 from typing import Any
 
 from gdnpass import ops
-from gdnpass.ir import DType, Flag, Graph, GraphError, Op, Tensor, Unary
+from gdnpass.frontends.decode import ir_op
+from gdnpass.ir import DType, Flag, Graph, GraphError, Op, Tensor
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the library
@@ -54,16 +54,15 @@ def addr(p) -> int:
 # types
 # ---------------------------------------------------------------------------------------------------------------------
 
-_DTYPES = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16, "i32": DType.I32}
-_GGML_TYPE = {DType.F32: "GGML_TYPE_F32", DType.F16: "GGML_TYPE_F16", DType.BF16: "GGML_TYPE_BF16",
-              DType.I32: "GGML_TYPE_I32"}
+_DTYPES = {t.label: t for t in DType}  # ggml_type_name spells them as DType's labels
+_GGML_TYPE = {t: f"GGML_TYPE_{t.name}" for t in DType}
 
 
 def dtype_of(type_name: str, tensor_name: str) -> DType:
     """gdnpass's DType for ggml's type name (``ggml_type_name``)."""
     if type_name not in _DTYPES:
         raise GraphError(f"tensor {tensor_name!r}: ggml type {type_name} is not modelled "
-                         "(gdnpass has f32, f16, bf16, i32)")
+                         f"(gdnpass has {', '.join(_DTYPES)})")
     return _DTYPES[type_name]
 
 
@@ -150,63 +149,18 @@ def _ctx_tensors(ctx) -> set[int]:
 # ops and their parameters
 # ---------------------------------------------------------------------------------------------------------------------
 
-_UNARY_KINDS = frozenset(u.value for u in Unary)
-# ggml_op_can_inplace (ggml-alloc.c, ggml 0.15.3): the ops gallocr may place over a dying parent
-_GGML_INPLACE_OPS = frozenset({"FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL",
-                               "DIV", "SQR", "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM",
-                               "RMS_NORM_BACK", "SOFT_MAX", "SOFT_MAX_BACK"})
 _FLAG_MASK = int(Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.COMPUTE)  # ggml's LOSS flag (8) has no counterpart
-
-# ggml ops that are exactly one of ours (same name, same semantics); NONE is a leaf (or a dependency hint node)
-_EXACT_OPS = {op.value: op for op in (Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE, Op.CONT, Op.CPY, Op.GET_ROWS,
-                                      Op.CONCAT, Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.RMS_NORM, Op.L2_NORM,
-                                      Op.MUL_MAT, Op.SSM_CONV, Op.GATED_DELTA_NET)}
-
-
-def _f32(i: int) -> float:
-    return struct.unpack("<f", struct.pack("<i", i))[0]
-
-
-def _op_params(op: Op, c: TensorStruct) -> dict:
-    """ggml's int32 op_params of one tensor, decoded into gdnpass's keys (see gdnpass.ops)."""
-    p = c.op_params
-    inplace = c.view_src is not None
-    if op is Op.VIEW:
-        return {"offset": (p[0] & 0xFFFFFFFF) | ((p[1] & 0xFFFFFFFF) << 32)}  # a size_t
-    if op is Op.PERMUTE:
-        return {"axes": tuple(p[:4])}
-    if op is Op.TRANSPOSE:
-        return {"axes": (1, 0, 2, 3)}  # ggml stores none; gdnpass.ops.transpose records the swap
-    if op is Op.CONCAT:
-        return {"dim": p[0]}
-    if op is Op.SCALE:
-        return {"s": _f32(p[0]), "b": _f32(p[1]), "inplace": inplace}
-    if op is Op.UNARY:
-        return {"kind": lib().ggml_unary_op_name(p[0]).decode(), **({"inplace": True} if inplace else {})}
-    if op in (Op.RMS_NORM, Op.L2_NORM):
-        return {"eps": _f32(p[0]), **({"inplace": True} if inplace else {})}
-    if op in (Op.ADD, Op.MUL):
-        return {"inplace": True} if inplace else {}
-    if op is Op.GATED_DELTA_NET:
-        return {"K": p[0]}
-    return {}
 
 
 def _op(c: TensorStruct, is_node: bool) -> tuple[Op, dict]:
-    """gdnpass's op and op_params for a ggml tensor; unmodelled ops become OPAQUE nodes."""
-    if c.op_name == "NONE":
-        # in the node list: ggml-backend's dependency node (an allocator hint); gdnpass models it the same way
-        return Op.NONE, ({"hint": "dependency"} if is_node else {})
-    opname, op = c.op_name, _EXACT_OPS.get(c.op_name)
-    params = _op_params(op, c) if op is not None else {}
-    if op is Op.UNARY and params["kind"] not in _UNARY_KINDS:
-        opname, op = f"UNARY({params['kind']})", None
-    if op is not None:
-        return op, params
-    # a node gdnpass keeps as ggml made it and never fuses; ``can_inplace`` tells the planner what gallocr would do
-    # with it (ggml_op_can_inplace)
-    return Op.OPAQUE, {"ggml_op": opname, "ggml_op_params": list(c.op_params),
-                       "can_inplace": opname.split("(")[0] in _GGML_INPLACE_OPS}
+    """gdnpass's op and op_params for a ggml tensor (:func:`gdnpass.frontends.decode.ir_op`), the unary and GLU
+    kinds named by the library itself (ggml 0.15.3 numbers them as the pinned llama.cpp does, but lacks
+    SWIGLU_CLAMP)."""
+    g, kind = lib(), c.op_params[0]
+    return ir_op(c.op_name, c.op_params,
+                 unary_name=g.ggml_unary_op_name(kind).decode() if c.op_name == "UNARY" else None,
+                 glu_name=g.ggml_glu_op_name(kind).decode() if c.op_name == "GLU" else None,
+                 inplace=c.view_src is not None, is_node=is_node)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
