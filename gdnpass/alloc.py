@@ -26,7 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gdnpass.ir import INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, byte_range, inputs, same_layout, written
+from gdnpass.ir import (INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, arena_buffer, byte_range, inputs,
+                        same_layout, written)
 
 DEFAULT_ALIGNMENT = 128  # ggml-cuda's buffer alignment; ggml's CPU buffers use 32 (TENSOR_ALIGNMENT)
 _HUGE = 1 << 62          # ggml starts with one free block of SIZE_MAX/2
@@ -308,11 +309,12 @@ def check_plan(graph: Graph) -> None:
                 first.setdefault(t.uid, i)
                 tensors[t.uid] = t
     owners = []
+    arena = arena_buffer(graph)
     for t in [*graph.leafs, *tensors.values()]:
         if t.view_src is not None or t.buffer is None or t.offset is None or t.is_empty:
             continue
-        if t.is_leaf:
-            span = (-1, end)
+        if t.is_leaf:  # a graph input gallocr placed in the arena is freed after its last reader, like a node
+            span = (-1, last.get(t.uid, -1)) if t.buffer == arena and not t.flags & Flag.OUTPUT else (-1, end)
         else:
             f = first[t.uid]
             span = (f, end if t.flags & Flag.OUTPUT else max(f, last.get(t.uid, f)))

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gdnpass.fusion import FusionReport, fuse
-from gdnpass.ir import Graph, Op, Tensor
+from gdnpass.ir import Graph, Op, Tensor, buffer_role
 from gdnpass.kernels.limits import runs_as_mat_vec
 from gdnpass.runtime import Executor
 
@@ -82,7 +82,7 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
     ex.fill(seed=seed, ids=ids)
     start = ex.snapshot()
     unfused = ex.run(probes=probes, progress=progress)
-    caches = {t.name: ex.read(t) for t in graph.leafs if t.buffer == "cache"}
+    caches = {t.name: ex.read(t) for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"}
     report = fuse(graph, enabled=True, between=between, force=force, patterns=patterns)
     ex.restore(start)
     fused = ex.run(probes=probes, progress=progress)

@@ -459,6 +459,7 @@ def node_json(r: Row, users: dict[int, int]) -> dict:
     buffer, lo, hi = byte_range(t)
     return {"index": r.index, "name": t.name, "op": t.op.value,
             "unary": t.op_params.get("kind") if t.op is Op.UNARY else None,
+            "glu": t.op_params.get("kind") if t.op is Op.GLU else None,
             "type": t.type.label, "ne": list(t.ne), "nb": list(t.nb),
             "src": [s.name for s in inputs(t)], "writes": [o.name for o in outputs(t)[1:]],
             "view_src": t.view_src.name if t.view_src is not None else None, "view_offs": t.view_offs,

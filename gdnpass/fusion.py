@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from gdnpass.ir import Graph, GraphError
+from gdnpass.ir import Graph, GraphError, arena_buffer
 from gdnpass.matchers.common import Context, Refusal, decide, fmt_range
 from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.matchers.mat_vec_pair import MatVecPair
@@ -29,7 +29,7 @@ def prepare(graph: Graph, enabled: bool | None = None, patterns: list | None = N
     fusable ones end up adjacent. A no-op when fusion is off. Returns the number of nodes moved."""
     if not (env_enabled() if enabled is None else enabled):
         return 0
-    if "arena" in graph.buffers:
+    if arena_buffer(graph) is not None:
         raise GraphError("prepare() must run before the memory plan (it reorders nodes)")
     return sum(p.prepare(graph) for p in (PATTERNS if patterns is None else patterns) if hasattr(p, "prepare"))
 
@@ -105,7 +105,7 @@ def fuse(graph: Graph, enabled: bool | None = None, patterns: list | None = None
     if not on:
         report.nodes_after = len(graph.nodes)
         return report
-    if "arena" not in graph.buffers:
+    if arena_buffer(graph) is None:
         raise GraphError("graph has no memory plan: fusion is decided on the plan (run gdnpass.alloc.plan first)")
     t0 = time.perf_counter()
     for pattern in PATTERNS if patterns is None else patterns:

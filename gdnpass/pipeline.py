@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from gdnpass.alloc import DEFAULT_ALIGNMENT, plan
 from gdnpass.errors import GraphError
 from gdnpass.fusion import FusionReport, env_enabled, fuse, prepare
-from gdnpass.ir import Graph, Tensor
+from gdnpass.ir import Graph, Tensor, arena_buffer
 from gdnpass.models import VerifyConfig, build_verify_graph
 
 Source = VerifyConfig | Graph | str | os.PathLike
@@ -84,7 +84,7 @@ def run(source: Source, options: PassOptions = PassOptions(), *, fuse_now: bool 
     when fusion is on and ``fuse_now`` (``check`` fuses later itself, after running the unfused graph)."""
     graph, what = load(source)
     on = options.enabled
-    if "arena" not in graph.buffers:
+    if arena_buffer(graph) is None:  # (a captured graph comes with llama.cpp's plan)
         prepare(graph, enabled=on and options.hints)
         plan(graph, options.alignment)
     result = Planned(graph, what, list(graph.nodes))

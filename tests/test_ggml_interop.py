@@ -213,11 +213,8 @@ def test_structure_use_counts_and_offsets_match_ggml(conf, qk_norm):
         # use counts of the import itself: ours computed on it == ggml's
         ggml_counts, imp_counts = fg.ggml_use_counts(s.gf, imp), g.use_counts()
         assert [imp_counts.get(t.uid, 0) for t in _all(g)] == [ggml_counts.get(t.uid, 0) for t in _all(g)]
-        # layers: as our builder tags them, except each layer's input RMS_NORM (ours tags it with its own layer,
-        # an import can only inherit the previous layer's from its source)
-        for a, b in zip(ours.nodes, g.nodes):
-            if a.layer != b.layer:
-                assert a.op is Op.RMS_NORM and a.layer in cfg.layer_ids(), (a.name, a.layer, b.layer)
+        # layers: as our builder tags them (names ending in -<il>, as llama.cpp's cb gives them)
+        assert [a.layer for a in ours.nodes] == [b.layer for b in g.nodes]
         # (b) the plan of the import too
         plan(g, s.alignment)
         assert [n.offset if o is not None else None for n, o in zip(g.nodes, imp.arena_offsets)] == imp.arena_offsets
@@ -303,9 +300,9 @@ def test_a_different_alignment_gives_a_different_plan():
 
 # data movement and elementwise ops whose reference must be bit-identical to ggml's CPU result
 EXACT = {"GET_ROWS", "CONCAT", "CPY", "CONT", "ADD", "MUL", "SCALE"}
-# (max_abs, max_rel): ggml's CPU uses vectorised exp (SILU, SIGMOID, EXP), double sums in L2_NORM/RMS_NORM, its own
+# (max_abs, max_rel): ggml's CPU uses vectorised exp (SILU, SWIGLU, SIGMOID, EXP), double sums in L2_NORM/RMS_NORM, its own
 # dot-product order in MUL_MAT and GATED_DELTA_NET, and, on builds that contract it, FMA in SSM_CONV
-TOL = {"SSM_CONV": (1e-5, 1e-5), "UNARY(SILU)": (1e-6, 1e-6), "UNARY(SIGMOID)": (1e-6, 1e-6),
+TOL = {"SSM_CONV": (1e-5, 1e-5), "UNARY(SILU)": (1e-6, 1e-6), "GLU(SWIGLU)": (1e-6, 1e-6), "UNARY(SIGMOID)": (1e-6, 1e-6),
        "UNARY(SOFTPLUS)": (1e-5, 1e-6), "UNARY(EXP)": (1e-5, 1e-6), "L2_NORM": (1e-6, 1e-6),
        "RMS_NORM": (1e-5, 1e-6), "MUL_MAT": (1e-5, 1e-2), "GATED_DELTA_NET": (1e-5, 1e-3)}
 
@@ -605,7 +602,7 @@ def test_names_of_named_views_survive():
     for il in cfg.layer_ids():
         assert {f"conv_state_last.s{k}-{il}" for k in range(cfg.n_rs_seq + 1)} <= names
         assert {f"conv_input-{il}", f"conv_output_silu-{il}", f"gdn_out-{il}", f"ssm_state_update-{il}"} <= names
-    assert re.match(r"node_\d+$", imp.graph.nodes[0].name)
+    assert any(re.match(r"node_\d+$", n.name) for n in imp.graph.nodes)  # unnamed nodes keep ggml's name
 
 
 def test_gdnpass_dump_reads_an_imported_graph(tmp_path, capsys):

@@ -29,7 +29,7 @@ def layer_ops(K, first_layer):
         + [Op.MUL_MAT, RS, Op.UNARY]                            # beta
         + [RS, Op.GATED_DELTA_NET, V, V, CP]                    # state_predelta, GDN, snapshot CPY
         + [V, Op.RMS_NORM, Op.MUL, Op.MUL_MAT, RS, Op.UNARY, Op.MUL, RS, Op.MUL_MAT, RS, Op.ADD]
-        + [Op.RMS_NORM, Op.MUL, Op.MUL_MAT, Op.UNARY, Op.MUL_MAT, Op.MUL, Op.MUL_MAT, Op.ADD]  # FFN: gate, up, down
+        + [Op.RMS_NORM, Op.MUL, Op.MUL_MAT, Op.MUL_MAT, Op.GLU, Op.MUL_MAT, Op.ADD]  # FFN: gate, up, SWIGLU, down
     )
 
 

@@ -163,7 +163,7 @@ def chain(g: Graph) -> dict:
     return dict(concat=concat, gr=n["conv_states-0"], conv=n["conv_output_raw-0"], silu=n["conv_output_silu-0"],
                 q=n["q_conv-0"], k=n["k_conv-0"], q_l2=n["q_conv_predelta-0"], k_l2=k_l2,
                 k_norm=k_l2.src[0] if k_l2.op is Op.SCALE else k_l2,
-                cpys=cpys, dsts=[c.src[1] for c in cpys], windows=windows, ids=n["inp_s_copy_main"],
+                cpys=cpys, dsts=[c.src[1] for c in cpys], windows=windows, ids=n["rs_s_copy_main"],
                 proj=n["linear_attn_qkv_mixed-0"].base, weight=n["conv_output_raw-0"].src[1],
                 cache=concat.src[0].src[0].src[0].base, attn_norm=n["attn_norm-0"],
                 attn_residual=n["attn_residual-0"], l_out=n["l_out-0"])

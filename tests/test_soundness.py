@@ -287,7 +287,7 @@ def test_fused_node_with_a_null_src_is_refused_on_load():
 def test_ids_leaf_under_a_live_node_is_refused_on_load():
     """(was a bug found by this search: from_dict accepted plans with overlapping live tensors)"""
     d = tiny_dict()
-    e = tensor(d, lambda e: e["name"] == "inp_s_copy")
+    e = tensor(d, lambda e: e["name"] == "rs_s_copy")
     e["buffer"], e["offset"] = "arena", 0  # on top of attn_norm, written by the second node
     with pytest.raises(GraphError):
         check_fusion(serialize.from_dict(d, "m.json"))

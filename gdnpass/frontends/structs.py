@@ -212,13 +212,36 @@ _FLAG_MASK = 1 | 2 | 4 | 16  # INPUT, OUTPUT, PARAM, COMPUTE; ggml's LOSS flag (
 
 
 def leaf_layer(name: str) -> int | None:
-    """``blk.<il>.*`` weights and ``cache_?_l<il>`` caches belong to layer il; ``inp_*`` and ``blk.*.*`` are -1."""
+    """``blk.<il>.*`` weights and ``cache_?_l<il>`` caches belong to layer il; graph inputs (``inp_*``, llama.cpp's
+    ``rs_s_copy``) and shared weights ``blk.*.*`` are -1."""
     m = _LAYER_LEAF.match(name)
     if m:
         return int(m.group(1) or m.group(2))
-    if name.startswith("inp_") or name.startswith("blk.*."):
+    if name.startswith(("inp_", "blk.*.")) or name == "rs_s_copy":
         return -1
     return None
+
+
+def record_dtype(c: TensorStruct):
+    """gdnpass's DType for a record's ggml type name; GraphError naming the tensor for a type gdnpass lacks (the
+    quantized types)."""
+    from gdnpass.ir import DType
+
+    for t in DType:
+        if c.type_name == t.label:
+            return t
+    raise GraphError(f"tensor {c.name!r}: ggml type {c.type_name} is not modelled (gdnpass has "
+                     f"{', '.join(t.label for t in DType)})")
+
+
+def record_op(c: TensorStruct, is_node: bool) -> tuple:
+    """gdnpass's (Op, op_params) for a record (:func:`gdnpass.frontends.decode.ir_op`), the unary and GLU kinds named
+    by the library that made it."""
+    from gdnpass.frontends.decode import ir_op
+
+    return ir_op(c.op_name, c.op_params, unary_name=c.sub_name if c.op_name == "UNARY" else None,
+                 glu_name=c.sub_name if c.op_name == "GLU" else None, inplace=c.view_src is not None,
+                 is_node=is_node)
 
 
 @dataclass
@@ -228,8 +251,9 @@ class Assembled:
 
 
 def to_graph(structs: dict[int, TensorStruct], nodes: list[int], leafs: list[int], *,
-             op_of: Callable[[TensorStruct, bool], tuple], dtype_of: Callable[[TensorStruct], object],
-             place: Callable[[TensorStruct, "Tensor"], None], meta: dict | None = None) -> Assembled:
+             place: Callable[[TensorStruct, "Tensor"], None], meta: dict | None = None,
+             op_of: Callable[[TensorStruct, bool], tuple] = record_op,
+             dtype_of: Callable[[TensorStruct], object] = record_dtype) -> Assembled:
     """A :class:`gdnpass.ir.Graph` of ``nodes`` (addresses, execution order) and ``leafs`` from read records.
 
     ``op_of(record, is_node)`` gives gdnpass's (Op, op_params); ``dtype_of(record)`` its DType; ``place(record,

@@ -28,6 +28,7 @@ _REFERENCE: dict[Op, Callable] = {
     Op.SCALE: lambda n, out, x: ref.scale(x, float(n.op_params["s"]), float(n.op_params.get("b", 0.0))),
     Op.ADD: lambda n, out, a, b: ref.add(a, b),
     Op.MUL: lambda n, out, a, b: ref.mul(a, b),
+    Op.GLU: lambda n, out, a, b=None: ref.glu(n.op_params["kind"], a, b, bool(n.op_params.get("swapped"))),
     Op.UNARY: lambda n, out, x: ref.UNARY[Unary(n.op_params["kind"]).value](x),
     Op.RMS_NORM: lambda n, out, x: ref.rms_norm(x, float(n.op_params["eps"])),
     Op.L2_NORM: lambda n, out, x: ref.l2_norm(x, float(n.op_params["eps"])),
@@ -41,6 +42,8 @@ def kernel(table: dict[Op, Adapter], node) -> Adapter | None:
     """``table``'s adapter for ``node``, or None where gdnpass has none: an op it only models (ROPE, SOFT_MAX, ...,
     OPAQUE) or a UNARY kind the reference does not implement."""
     if node.op is Op.UNARY and node.op_params.get("kind") not in ref.UNARY:
+        return None
+    if node.op is Op.GLU and node.op_params.get("kind") not in ref.GLU:
         return None
     return table.get(node.op)
 

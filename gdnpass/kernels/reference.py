@@ -103,6 +103,24 @@ def exp(x: torch.Tensor) -> torch.Tensor:
 UNARY = {"SILU": silu, "SIGMOID": sigmoid, "SOFTPLUS": softplus, "EXP": exp}
 
 
+def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """GLU SWIGLU (ggml_swiglu_split): silu(gate) * up, in the same two f32 roundings as SILU then MUL."""
+    return silu(gate) * up
+
+
+GLU = {"SWIGLU": swiglu}
+
+
+def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool) -> torch.Tensor:
+    """GLU of one source (its rows split in halves: gate first, unless swapped) or of two (gate, up)."""
+    if b is None:
+        n = a.shape[-1] // 2
+        a, b = a[..., :n], a[..., n:]
+    if swapped:
+        a, b = b, a
+    return GLU[kind](a, b)
+
+
 # ---- row reductions -------------------------------------------------------------------------------------------------
 
 

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from gdnpass import ops
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, byte_range, ranges_overlap, runs_kernel
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, ranges_overlap, runs_kernel
 from gdnpass.kernels.fused import CONV_CHAIN
 from gdnpass.matchers.common import HAZARD, Context, Match, Why, collision, first_collision, rule
 
@@ -265,7 +265,8 @@ def _concat_dim(c: ChainCapture, ctx):
 def _state(c: ChainCapture, ctx):
     if c.get_rows is None:
         return Why(c.state_r, "CONCAT's first source is not RESHAPE(GET_ROWS(...))")
-    if c.cache.buffer != "cache" or c.states.op not in (Op.RESHAPE, Op.VIEW) or c.states.view_offs != 0:
+    if c.cache.buffer is None or buffer_role(ctx.graph, c.cache.buffer) != "cache" \
+            or c.states.op not in (Op.RESHAPE, Op.VIEW) or c.states.view_offs != 0:
         return Why(c.get_rows, "GET_ROWS does not gather from a recurrent cache")
 
 

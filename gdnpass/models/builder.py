@@ -53,6 +53,7 @@ class Facade(Protocol):
     def rms_norm(self, a, eps: float) -> Any: ...
     def l2_norm(self, a, eps: float) -> Any: ...
     def silu(self, a) -> Any: ...
+    def swiglu_split(self, a, b) -> Any: ...
     def sigmoid(self, a) -> Any: ...
     def softplus(self, a) -> Any: ...
     def ssm_conv(self, sx, c) -> Any: ...
@@ -73,9 +74,9 @@ class VerifyBuilder:
         self.shared: dict[str, Any] = {}
         n_rs = cfg.n_seqs + cfg.n_rs_extra
         # llama-graph.cpp build_inp_rs: one s_copy input and its two views, shared by all layers
-        self.s_copy = f.new_tensor("input", "inp_s_copy", DType.I32, (n_rs,), input=True)
-        self.s_copy_main = f.set_name(f.view_1d(self.s_copy, cfg.n_seqs, 0), "inp_s_copy_main")
-        self.s_copy_extra = f.set_name(f.view_1d(self.s_copy, cfg.n_rs_extra, cfg.n_seqs * 4), "inp_s_copy_extra")
+        self.s_copy = f.new_tensor("input", "rs_s_copy", DType.I32, (n_rs,), input=True)
+        self.s_copy_main = f.set_name(f.view_1d(self.s_copy, cfg.n_seqs, 0), "rs_s_copy_main")
+        self.s_copy_extra = f.set_name(f.view_1d(self.s_copy, cfg.n_rs_extra, cfg.n_seqs * 4), "rs_s_copy_extra")
 
     # ---- helpers --------------------------------------------------------------------------------------------------
     def cb(self, t, name: str, il: int):
@@ -109,7 +110,8 @@ class VerifyBuilder:
         output_states = f.get_rows(states, self.s_copy_main)
         f.expand(output_states)
         states_extra = f.get_rows(states, self.s_copy_extra)
-        dst = f.view_1d(s, state_size * cfg.n_rs_extra, (cfg.kv_head + cfg.n_seqs) * state_size * f.nb(s)[0])
+        row = f.nb(s)[1]
+        dst = f.view_2d(s, state_size, cfg.n_rs_extra, row, (cfg.kv_head + cfg.n_seqs) * row)
         f.expand(f.cpy(states_extra, dst))
         return output_states
 
@@ -213,9 +215,9 @@ class VerifyBuilder:
         ffn_residual = cur
         x = f.mul(f.rms_norm(cur, m.eps), self.weight("post_attention_norm.weight", il, F32, (m.n_embd,)))
         x = self.cb(x, "attn_post_norm", il)
-        up = f.mul_mat(self.weight("ffn_up.weight", il, wt, (m.n_embd, m.ffn_dim)), x)
-        gate = f.mul_mat(self.weight("ffn_gate.weight", il, wt, (m.n_embd, m.ffn_dim)), x)
-        x = f.mul(f.silu(gate), up)  # (newer llama.cpp: one fused GLU op; same buffers up to in-place reuse)
+        up = self.cb(f.mul_mat(self.weight("ffn_up.weight", il, wt, (m.n_embd, m.ffn_dim)), x), "ffn_up", il)
+        gate = self.cb(f.mul_mat(self.weight("ffn_gate.weight", il, wt, (m.n_embd, m.ffn_dim)), x), "ffn_gate", il)
+        x = self.cb(f.swiglu_split(gate, up), "ffn_swiglu", il)  # build_ffn(LLM_FFN_SILU, LLM_FFN_PAR)
         x = self.cb(f.mul_mat(self.weight("ffn_down.weight", il, wt, (m.ffn_dim, m.n_embd)), x), "ffn_out", il)
         return f.add(x, ffn_residual)
 
@@ -267,7 +269,7 @@ def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
     taps = set(cfg.dflash_taps())
     for il in cfg.layer_ids():
         inpSA = inpL
-        normed = f.set_layer(f.rms_norm(inpL, m.eps), il)  # its source belongs to the previous layer
+        normed = b.cb(f.rms_norm(inpL, m.eps), "norm", il)  # build_norm's cb (its source is the previous layer's)
         cur = b.cb(f.mul(normed, b.weight("attn_norm.weight", il, F32, (m.n_embd,))), "attn_norm", il)
         f.expand(cur)
         cur = b.build_layer_attn_linear(cur, il)

@@ -83,6 +83,9 @@ class IrFacade:
     def silu(self, a):
         return ops.silu(a)
 
+    def swiglu_split(self, a, b):
+        return ops.swiglu_split(a, b)
+
     def sigmoid(self, a):
         return ops.sigmoid(a)
 

@@ -95,7 +95,7 @@ def block_nodes(g: Graph, block: str) -> list[Tensor]:
                    if c.op is Op.CPY and c.src[1].base is n["cache_s_l0"] and c.src[0].op is Op.GET_ROWS)
         return nodes[g.index(n["cache_s_l0 (reshaped)"]): g.index(cpy) + 1]
     if block == "conv_extra":  # the conv cache's extra-row gather and copy
-        gr = next(t for t in nodes if t.op is Op.GET_ROWS and t.src[1] is n["inp_s_copy_extra"])
+        gr = next(t for t in nodes if t.op is Op.GET_ROWS and t.src[1] is n["rs_s_copy_extra"])
         return nodes[g.index(gr): g.index(next(c for c in nodes if c.op is Op.CPY and c.src[0] is gr)) + 1]
     if block == "rs_zero":  # the conv cache's zeroing SCALE and its view
         sc = next(t for t in nodes if t.op is Op.SCALE and t.view_src is n["cache_r_l0"])
@@ -168,7 +168,7 @@ def regions(g: Graph) -> dict[str, Region]:
     for name, key in [("projection", "linear_attn_qkv_mixed-0"), ("get_rows", "conv_states-0"),
                       ("concat", "conv_input-0"), ("ssm_conv", "conv_output_raw-0"), ("silu", "conv_output_silu-0"),
                       ("q_l2", "q_conv_predelta-0"), ("k_l2", "k_conv_predelta-0"), ("x", "attn_norm-0"),
-                      ("ids", "inp_s_copy"), ("w_conv", "blk.0.ssm_conv1d.weight"), ("w_qkv", "blk.0.attn_qkv.weight"),
+                      ("ids", "rs_s_copy"), ("w_conv", "blk.0.ssm_conv1d.weight"), ("w_qkv", "blk.0.attn_qkv.weight"),
                       ("w_alpha", "blk.0.ssm_alpha.weight"), ("w_beta", "blk.0.ssm_beta.weight")]:
         if key in n:
             add(name, n[key])

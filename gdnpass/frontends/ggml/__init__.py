@@ -16,7 +16,7 @@ All on ggml's CPU backend through ggml-python (0.0.45, which bundles ggml 0.15.3
   (:mod:`gdnpass.models.builder`) as real ggml calls: :func:`build_ggml_verify_graph` and :func:`build_ggml_conv_chain`
   build the graphs of :func:`gdnpass.models.build_verify_graph` / :func:`~gdnpass.models.build_conv_chain_graph`
   with ggml, ``ggml_build_forward_expand`` for ``Graph.expand``, so node order and use counts come from ggml itself.
-* :mod:`.compare`: :func:`signature`, :func:`leaf_signature`, :func:`diff_graphs` (structure, tensors by position).
+* :mod:`gdnpass.frontends.compare` (shared with the llama.cpp capture): :func:`signature`, :func:`leaf_signature`, :func:`diff_graphs` (structure, tensors by position).
 
 Buffers of imported leafs (see :func:`leaf_buffer`), first match wins:
 
@@ -38,7 +38,7 @@ pointer is truncated and the next call segfaults whenever the heap lies above 4 
 return types to ``c_void_p``.
 """
 
-from gdnpass.frontends.ggml.compare import diff_graphs, leaf_signature, signature
+from gdnpass.frontends.compare import diff_graphs, leaf_signature, signature
 from gdnpass.frontends.ggml.facade import GgmlFacade, build_ggml_conv_chain, build_ggml_verify_graph, verify_meta
 from gdnpass.frontends.ggml.importer import (Imported, TensorStruct, from_ggml, ggml_use_counts, import_ggml,
                                              leaf_buffer, lib, read_tensor, version)

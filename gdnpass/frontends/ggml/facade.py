@@ -85,6 +85,9 @@ class GgmlFacade:
     def silu(self, a):
         return self.g.ggml_silu(self.ctx, a)
 
+    def swiglu_split(self, a, b):
+        return self.g.ggml_swiglu_split(self.ctx, a, b)
+
     def sigmoid(self, a):
         return self.g.ggml_sigmoid(self.ctx, a)
 

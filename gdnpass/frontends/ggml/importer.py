@@ -1,9 +1,10 @@
 """Import a ``ggml_cgraph`` into a :class:`gdnpass.ir.Graph` (see the package docstring for the conventions).
 
-The importer touches ggml's structs in one place only: :func:`read_tensor` (one ``struct ggml_tensor``) and
-:func:`graph_lists` / :func:`_hash_slot` (``struct ggml_cgraph`` and its visited set), through ggml-python's ctypes
-mirrors of ggml 0.15.3. Everything after that works on plain :class:`TensorStruct` records, so another ggml build
-(another ``ggml_tensor`` layout) needs another reader, not another importer.
+The struct reading is :mod:`gdnpass.frontends.structs`', shared with the llama.cpp capture: :func:`read_tensor` reads
+one ``struct ggml_tensor`` through :func:`layout` (ggml 0.15.3's, taken from ggml-python's ctypes mirror and checked
+against the library's ``ggml_tensor_overhead()``), and :func:`~gdnpass.frontends.structs.to_graph` turns the records
+into a Graph. What is ggml-python's own here: the pointers, :func:`graph_lists` / :func:`_hash_slot` (its
+``ggml_cgraph`` mirror) and the naming convention that places leafs (:func:`leaf_buffer`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gdnpass import ops
-from gdnpass.frontends.decode import ir_op
-from gdnpass.ir import DType, Flag, Graph, GraphError, Op, Tensor
+from gdnpass.frontends.structs import (Names, TensorLayout, TensorStruct, check_size, leaf_layer, read_reachable,
+                                       record_dtype, to_graph)
+from gdnpass.frontends.structs import read_tensor as _read_at
+from gdnpass.ir import DType, Flag, Graph, GraphError, Tensor
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the library
@@ -54,16 +57,7 @@ def addr(p) -> int:
 # types
 # ---------------------------------------------------------------------------------------------------------------------
 
-_DTYPES = {t.label: t for t in DType}  # ggml_type_name spells them as DType's labels
 _GGML_TYPE = {t: f"GGML_TYPE_{t.name}" for t in DType}
-
-
-def dtype_of(type_name: str, tensor_name: str) -> DType:
-    """gdnpass's DType for ggml's type name (``ggml_type_name``)."""
-    if type_name not in _DTYPES:
-        raise GraphError(f"tensor {tensor_name!r}: ggml type {type_name} is not modelled "
-                         f"(gdnpass has {', '.join(_DTYPES)})")
-    return _DTYPES[type_name]
 
 
 def ggml_type(dtype: DType) -> int:
@@ -76,42 +70,46 @@ def ggml_type(dtype: DType) -> int:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class TensorStruct:
-    """The fields of one ``struct ggml_tensor`` the importer and the session read."""
+_LAYOUT: TensorLayout | None = None
+_NAMES: Names | None = None
+GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object), private to ggml.c
 
-    ptr: Any                # the ggml-python pointer
-    addr: int
-    name: str
-    type_name: str          # ggml_type_name(type): "f32", "bf16", "q8_0", ...
-    op_name: str            # ggml_op_name(op): "NONE", "VIEW", "UNARY", ...
-    ne: tuple[int, ...]
-    nb: tuple[int, ...]
-    op_params: list[int]    # the raw int32 words
-    flags: int
-    view_offs: int
-    src: list[Any]          # source pointers, trailing NULL slots dropped (a NULL in between stays None)
-    view_src: Any           # pointer or None
-    data: int               # 0: no memory
-    buffer: int             # ggml_backend_buffer address, 0: none
 
-    @property
-    def dtype(self) -> DType:
-        return dtype_of(self.type_name, self.name)
+def layout() -> TensorLayout:
+    """ggml 0.15.3's ``struct ggml_tensor``, from ggml-python's ctypes mirror, checked against the library's size."""
+    global _LAYOUT
+    if _LAYOUT is None:
+        T = lib().ggml_tensor
+        f = lambda name: getattr(T, name).offset  # noqa: E731
+        lay = TensorLayout(size=ctypes.sizeof(T), type=f("type"), buffer=f("buffer"), ne=f("ne"), nb=f("nb"),
+                           op=f("op"), op_params=f("op_params"), n_op_params=getattr(T, "op_params").size // 4,
+                           flags=f("flags"), src=f("src"), n_src=getattr(T, "src").size // 8, view_src=f("view_src"),
+                           view_offs=f("view_offs"), data=f("data"), name=f("name"), name_len=getattr(T, "name").size)
+        check_size(lay, int(lib().ggml_tensor_overhead()), GGML_OBJECT_SIZE, "ggml-python")
+        _LAYOUT = lay
+    return _LAYOUT
+
+
+def names() -> Names:
+    global _NAMES
+    if _NAMES is None:
+        g = lib()
+        _NAMES = Names(type_name=lambda v: g.ggml_type_name(v).decode(), op_name=lambda v: g.ggml_op_name(v).decode(),
+                       unary_name=lambda v: g.ggml_unary_op_name(v).decode(),
+                       glu_name=lambda v: g.ggml_glu_op_name(v).decode())
+    return _NAMES
+
+
+def pointer(a: int):
+    """The ggml-python pointer of a tensor address."""
+    return ctypes.cast(a, ctypes.POINTER(lib().ggml_tensor))
 
 
 def read_tensor(p) -> TensorStruct:
-    g = lib()
-    c = p.contents
-    src = [s if s else None for s in c.src]
-    while src and src[-1] is None:
-        src.pop()
-    return TensorStruct(ptr=p, addr=addr(p), name=c.name.decode(errors="replace"),
-                        type_name=g.ggml_type_name(c.type).decode(), op_name=g.ggml_op_name(c.op).decode(),
-                        ne=tuple(int(x) for x in c.ne), nb=tuple(int(x) for x in c.nb),
-                        op_params=[int(x) for x in c.op_params], flags=int(c.flags), view_offs=int(c.view_offs),
-                        src=src, view_src=c.view_src if c.view_src else None, data=int(c.data or 0),
-                        buffer=int(c.buffer or 0))
+    """One ``struct ggml_tensor`` (a ggml-python pointer), with the pointer kept in ``ptr``."""
+    c = _read_at(addr(p), layout(), names())
+    c.ptr = p
+    return c
 
 
 def graph_lists(cgraph) -> tuple[list, list]:
@@ -143,41 +141,6 @@ def _ctx_tensors(ctx) -> set[int]:
         out.add(addr(t))
         t = g.ggml_get_next_tensor(ctx, t)
     return out
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# ops and their parameters
-# ---------------------------------------------------------------------------------------------------------------------
-
-_FLAG_MASK = int(Flag.INPUT | Flag.OUTPUT | Flag.PARAM | Flag.COMPUTE)  # ggml's LOSS flag (8) has no counterpart
-
-
-def _op(c: TensorStruct, is_node: bool) -> tuple[Op, dict]:
-    """gdnpass's op and op_params for a ggml tensor (:func:`gdnpass.frontends.decode.ir_op`), the unary and GLU
-    kinds named by the library itself (ggml 0.15.3 numbers them as the pinned llama.cpp does, but lacks
-    SWIGLU_CLAMP)."""
-    g, kind = lib(), c.op_params[0]
-    return ir_op(c.op_name, c.op_params,
-                 unary_name=g.ggml_unary_op_name(kind).decode() if c.op_name == "UNARY" else None,
-                 glu_name=g.ggml_glu_op_name(kind).decode() if c.op_name == "GLU" else None,
-                 inplace=c.view_src is not None, is_node=is_node)
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# leaf buffers and layers
-# ---------------------------------------------------------------------------------------------------------------------
-
-_LAYER_SUFFIX = re.compile(r"-(\d+)$")
-_LAYER_LEAF = re.compile(r"^blk\.(\d+)\.|^cache_[a-z]+_l(\d+)$")
-
-
-def _leaf_layer(name: str) -> int | None:
-    m = _LAYER_LEAF.match(name)
-    if m:
-        return int(m.group(1) or m.group(2))
-    if name.startswith("inp_") or name.startswith("blk.*."):
-        return -1
-    return None
 
 
 def leaf_buffer(name: str, flags: int, in_ctx: bool = False) -> str:
@@ -271,57 +234,18 @@ def import_ggml(cgraph, ctx=None, *, buffers: dict | None = None, meta: dict | N
     compute_ctx = _ctx_tensors(ctx) if ctx is not None else set()
 
     nodes_p, leafs_p = graph_lists(cgraph)
+    node_addrs, leaf_addrs = [addr(p) for p in nodes_p], [addr(p) for p in leafs_p]
     # every tensor the lists reach through src/view_src (ggml puts all of them in one of the lists; be safe anyway)
-    structs: dict[int, TensorStruct] = {}
-    order: list[TensorStruct] = []
-    todo = list(leafs_p + nodes_p)
-    while todo:
-        p = todo.pop(0)
-        if addr(p) in structs:
-            continue
-        c = structs[addr(p)] = read_tensor(p)
-        order.append(c)
-        todo += [s for s in [*c.src, c.view_src] if s is not None]
-    nodes = [structs[addr(p)] for p in nodes_p]
-    node_set = {c.addr for c in nodes}
-    leaf_set = {addr(p) for p in leafs_p}
-    leafs = [structs[a] for a in dict.fromkeys(addr(p) for p in leafs_p)]
-    leafs += [c for c in order if c.op_name == "NONE" and c.addr not in node_set and c.addr not in leaf_set]
+    structs = read_reachable(leaf_addrs + node_addrs, layout(), names())
+    nodes = [structs[a] for a in node_addrs]
 
-    tensors: dict[int, Tensor] = {}
-    ptrs: dict[int, Any] = {}
-    for c in order:
-        op, params = _op(c, c.addr in node_set)
-        t = Tensor(name=c.name, type=c.dtype, ne=c.ne, nb=c.nb, op=op, op_params=params, view_offs=c.view_offs,
-                   flags=Flag(c.flags & _FLAG_MASK))
-        tensors[c.addr] = t
-        ptrs[t.uid] = c.ptr
-    # sources, views (all tensors exist now)
-    for c in order:
-        t = tensors[c.addr]
-        t.src = [tensors[addr(s)] if s is not None else None for s in c.src]
-        if c.view_src is not None:
-            t.view_src = tensors[addr(c.view_src)]
-    # buffers and layers, in list order, so a node's sources already have their layer
-    for c in leafs + nodes:
-        t = tensors[c.addr]
-        if t.op is Op.NONE and t.view_src is None and c.addr not in node_set:
-            t.buffer = by_name.get(t.name) or by_ctx.get(c.addr) or leaf_buffer(t.name, int(t.flags),
-                                                                                 c.addr in compute_ctx)
-            t.layer = _leaf_layer(t.name)
-        else:
-            m = _LAYER_SUFFIX.search(t.name)
-            if m:
-                t.layer = int(m.group(1))
-            else:
-                srcs = [s for s in t.src if s is not None]
-                t.layer = next((s.layer for s in srcs if s.layer is not None and s.layer >= 0),
-                               srcs[0].layer if srcs else None)
+    def place(c: TensorStruct, t: Tensor) -> None:
+        t.buffer = by_name.get(t.name) or by_ctx.get(c.addr) or leaf_buffer(t.name, c.flags, c.addr in compute_ctx)
 
-    graph = Graph()
-    graph.leafs = [tensors[c.addr] for c in leafs]
-    graph.nodes = [tensors[c.addr] for c in nodes]
-    graph._visited = {t.uid for t in graph.tensors()}
+    asm = to_graph(structs, node_addrs, leaf_addrs, place=place)
+    tensors = asm.tensors
+    graph = asm.graph
+    ptrs = {t.uid: pointer(a) for a, t in tensors.items()}
 
     offsets, arena_size, n_bufs = _arena_offsets(nodes)
     cg = cgraph.contents

@@ -9,8 +9,9 @@ from typing import Any, Callable
 
 import torch
 
-from gdnpass.frontends.ggml.importer import Imported, ggml_type, import_ggml, lib, read_tensor
-from gdnpass.ir import DType, GraphError, Op, Tensor, runs_kernel
+from gdnpass.frontends.ggml.importer import Imported, ggml_type, import_ggml, lib, pointer, read_tensor
+from gdnpass.frontends.structs import record_dtype
+from gdnpass.ir import DType, GraphError, Op, Tensor, op_label, runs_kernel
 from gdnpass.kernels.backends import TORCH_BACKEND
 
 _TORCH = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
@@ -139,26 +140,28 @@ class GgmlSession:
         self._check_real()
         g = self.g
         c = read_tensor(t)
-        base = c.view_src if c.view_src is not None else t
+        base = pointer(c.view_src) if c.view_src is not None else t
         if not read_tensor(base).data:
             raise GraphError(f"read {c.name!r}: no memory yet (call allocate() first)")
         n = int(g.ggml_nbytes(base))
-        es = c.dtype.size
+        dtype = record_dtype(c)
+        es = dtype.size
         if n == 0 or any(x == 0 for x in c.ne):
-            return torch.empty(tuple(reversed(c.ne)), dtype=_TORCH[c.dtype])
+            return torch.empty(tuple(reversed(c.ne)), dtype=_TORCH[dtype])
         buf = torch.empty(n, dtype=torch.uint8)
         g.ggml_backend_tensor_get(base, ctypes.c_void_p(buf.data_ptr()), 0, n)
-        typed = buf.view(_TORCH[c.dtype])
+        typed = buf.view(_TORCH[dtype])
         strides = tuple(x // es for x in reversed(c.nb))
         return typed.as_strided(tuple(reversed(c.ne)), strides, c.view_offs // es).clone()
 
     def write(self, t, value: torch.Tensor) -> None:
         """Set a contiguous ggml tensor (a leaf) from ``value`` (same element count and dtype)."""
         c = read_tensor(t)
+        dtype = record_dtype(c)
         n = int(self.g.ggml_nbytes(t))
         v = value.detach().to("cpu").contiguous()
-        if v.dtype != _TORCH[c.dtype] or v.numel() * v.element_size() != n:
-            raise GraphError(f"write {c.name!r}: {v.dtype} x {v.numel()} does not fill {n} bytes of {c.dtype.label}")
+        if v.dtype != _TORCH[dtype] or v.numel() * v.element_size() != n:
+            raise GraphError(f"write {c.name!r}: {v.dtype} x {v.numel()} does not fill {n} bytes of {dtype.label}")
         if c.view_src is not None:
             raise GraphError(f"write {c.name!r}: only base tensors can be written")
         if not c.data or not c.buffer:
@@ -232,8 +235,7 @@ def compare(i: int, n: Tensor, want: torch.Tensor, got: torch.Tensor) -> NodeChe
     return NodeCheck(i, n.name, _label(n), exact, max_abs, max_rel, a.numel())
 
 
-def _label(n: Tensor) -> str:
-    return f"UNARY({n.op_params['kind']})" if n.op is Op.UNARY else n.op.value
+_label = op_label
 
 
 def pull_leafs(executor, imported: Imported, session: GgmlSession) -> None:

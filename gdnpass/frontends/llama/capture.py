@@ -32,7 +32,7 @@ from pathlib import Path
 from gdnpass.errors import GraphError, LlamaError
 from gdnpass.frontends.llama import build
 from gdnpass.frontends.structs import TensorStruct, to_graph
-from gdnpass.ir import DType, Graph, Tensor
+from gdnpass.ir import BufferSpec, Graph, Tensor
 
 # one hint per ggml assert a user can cause with the context settings
 _ASSERT_HINTS = {
@@ -143,22 +143,8 @@ def _failure(proc: subprocess.CompletedProcess) -> str:
 # records -> graphs
 # ---------------------------------------------------------------------------------------------------------------------
 
-_DTYPES = {"f32": DType.F32, "f16": DType.F16, "bf16": DType.BF16, "i32": DType.I32}
-
-
-def _dtype(c: TensorStruct) -> DType:
-    dt = _DTYPES.get(c.type_name) or (getattr(DType, "I64", None) if c.type_name == "i64" else None)
-    if dt is None:
-        raise GraphError(f"tensor {c.name!r}: ggml type {c.type_name} is not modelled (gdnpass has "
-                         f"{', '.join(t.label for t in DType)}); quantized weights are the whole-model issue's")
-    return dt
-
-
-def _op_of(c: TensorStruct, is_node: bool):
-    from gdnpass.frontends.decode import ir_op
-    return ir_op(c.op_name, c.op_params, unary_name=c.sub_name if c.op_name == "UNARY" else None,
-                 glu_name=c.sub_name if c.op_name == "GLU" else None, inplace=c.view_src is not None,
-                 is_node=is_node)
+# buffer name (less a repeat number) -> gdnpass's role (gdnpass.ir.BUFFER_ROLES)
+_ROLES = {"weights": "weights", "compute": "compute", "rs": "cache", "kv": "cache"}
 
 
 def buffer_roles(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[int, str]:
@@ -198,11 +184,22 @@ def _graph(part: dict, names: dict[int, str], buffers: dict[str, dict], leafs: l
             t.buffer = names[c.buffer]
             t.offset = c.data - buffers[str(c.buffer)]["base"]
 
-    asm = to_graph(structs, part["nodes"], leafs, op_of=_op_of, dtype_of=_dtype, place=place, meta=meta)
+    asm = to_graph(structs, part["nodes"], leafs, place=place, meta=meta)
+    planned = False
     for a, t in asm.tensors.items():  # computed base tensors too: llama.cpp's plan, as it ran
         c = structs[a]
         if t.view_src is None and t.buffer is None and c.buffer and c.data:
             t.buffer, t.offset = names[c.buffer], c.data - buffers[str(c.buffer)]["base"]
+            planned = True
+    g = asm.graph
+    for key, b in buffers.items():
+        name = names[int(key)]
+        g.buffer_specs[name] = BufferSpec(_ROLES.get(name.rstrip("0123456789"), "cache"), backend=b["name"],
+                                          usage=b["usage"])
+        if name != "compute" or planned:  # an unplanned (reserve) graph has no compute buffer yet
+            g.buffers[name] = b["size"]
+    if planned:
+        g.alignment = buffers[next(k for k in buffers if names[int(k)] == "compute")]["alignment"]
     return asm
 
 
@@ -215,10 +212,10 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
     realloc = any("reallocating buffers automatically" in x for x in verify_log)
     llama = {"commit": build.COMMIT, "package": f"{build.PACKAGE}=={build.VERSION}", "build": "Debug -O0",
              "gguf": path.name, "gguf_bytes": path.stat().st_size, "settings": out["settings"],
-             "reallocated": realloc, "flash_attn": _flash_attn(log), "resolved": _resolved(log),
+             "reallocated": realloc, "flash_attn": _flash_attn(log, settings.flash_attn), "resolved": _resolved(log),
              "capture_s": out["capture_s"]}
-    bufmeta = {names[int(k)]: {"size": b["size"], "backend": b["name"], "usage": b["usage"]}
-               for k, b in buffers.items()}
+    bufmeta = {names[int(k)]: {"size": b["size"], "backend": b["name"], "usage": b["usage"],
+                               "alignment": b["alignment"]} for k, b in buffers.items()}
 
     reserve = _graph(out["reserve"], names, buffers, out["reserve"]["leafs"],
                      {"builder": "llama.cpp", "graph": "reserve", "llama": llama, "buffers": bufmeta})
@@ -264,12 +261,13 @@ def _resolved(log: list[str]) -> list[str]:
     return list(dict.fromkeys(x for x in lines if not x.startswith("resolving")))
 
 
-def _flash_attn(log: list[str]) -> str | None:
-    """'on' or 'off' as the context resolved flash attention (an 'auto' request resolves to one of them)."""
+def _flash_attn(log: list[str], requested: str) -> str | None:
+    """'on' or 'off' as the context resolved flash attention: an 'auto' request is resolved (and logged) at context
+    creation; an explicit one stands."""
     for x in _resolved(log):
         if x.startswith("Flash Attention"):
             return "on" if x.endswith("enabled") else "off"
-    return None
+    return requested if requested != "auto" else None
 
 
 def summary(cap: Capture) -> dict:

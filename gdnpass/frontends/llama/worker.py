@@ -60,6 +60,7 @@ def _ggml(lib_dir: str):
         "ggml_backend_buffer_get_base": ([ctypes.c_void_p], ctypes.c_void_p),
         "ggml_backend_buffer_get_size": ([ctypes.c_void_p], ctypes.c_size_t),
         "ggml_backend_buffer_get_usage": ([ctypes.c_void_p], ctypes.c_int),
+        "ggml_backend_buffer_get_alignment": ([ctypes.c_void_p], ctypes.c_size_t),
     }
     for name, (args, res) in sig.items():
         fn = getattr(g, name)
@@ -181,7 +182,8 @@ def run(req: dict) -> dict:
             buffers[c.buffer] = {"name": g.ggml_backend_buffer_name(c.buffer).decode(),
                                  "base": int(g.ggml_backend_buffer_get_base(c.buffer) or 0),
                                  "size": int(g.ggml_backend_buffer_get_size(c.buffer)),
-                                 "usage": _USAGE.get(int(g.ggml_backend_buffer_get_usage(c.buffer)), "?")}
+                                 "usage": _USAGE.get(int(g.ggml_backend_buffer_get_usage(c.buffer)), "?"),
+                                 "alignment": int(g.ggml_backend_buffer_get_alignment(c.buffer))}
     out = {
         "settings": {"n_ctx": int(n_ctx), "n_ctx_requested": req["n_ctx"], "n_batch": req["n_batch"],
                      "n_ubatch": req["n_ubatch"], "n_seq_max": 1, "n_rs_seq": int(L.llama_n_rs_seq(ctx)),

@@ -1,0 +1,207 @@
+"""llama.cpp itself as the referee: its own verify graph, captured, against our builder and our planner (issue 15).
+
+Real llama.cpp (the pinned commit, ggml + libllama at -O0, built once per machine by ``gdnpass.frontends.llama.build``
+into the user's cache; about 2.5 min the first time) runs tiny random qwen35 models written here with ``gguf``. For
+two shapes and T = 4 tokens with n_rs_seq 0 and 3:
+
+- our builder's GDN layers equal llama.cpp's node for node: ops, order, shapes, strides, views, op params, ggml's
+  use counts;
+- our planner, given llama.cpp's worst-case reserve graph, reproduces the byte offset of every tensor of the compute
+  buffer in the verify graph, through the reserve plan bound slot by slot (llama.cpp never plans the verify graph
+  itself), and the compute buffer's size;
+- the pass fuses every GDN layer of the captured graph in upstream's q/k form, on llama.cpp's own plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gdnpass import alloc, fusion, ops, serialize
+from gdnpass.errors import GraphError, LlamaError
+from gdnpass.frontends.compare import diff_layers, layer_nodes, signature
+from gdnpass.frontends.llama import build, capture as cap_mod
+from gdnpass.frontends.llama.worker import PINNED_TENSOR, Refused, check_layout
+from gdnpass.ir import Op
+from gdnpass.models import VerifyConfig, build_verify_graph, get_model
+from gdnpass.models.gguf_write import write_gguf
+
+SHAPES = ("tiny-qwen35", "tiny-qwen35-b")
+RS_SEQ = (0, 3)
+T = 4
+N_UBATCH = 8  # > n_rs_seq + 1 (llama.cpp asserts it); the reserve graph has 8 tokens
+
+
+@pytest.fixture(scope="session")
+def llama() -> build.Install:
+    missing = build.toolchain_missing()
+    if missing:
+        pytest.skip(f"cannot build llama.cpp here: {missing}")
+    return build.ensure(log=lambda line: print(f"[llama.cpp build] {line}", file=sys.stderr))
+
+
+@pytest.fixture(scope="session")
+def gguf_files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("gguf")
+    return {s: write_gguf(s, d / f"{s}.gguf", wtype="f32", seed=1) for s in SHAPES}
+
+
+_CAPTURES: dict[tuple, cap_mod.Capture] = {}
+
+
+def captured(llama, gguf_files, shape: str, rs: int, **kw) -> cap_mod.Capture:
+    """One capture per (shape, n_rs_seq, settings) for the whole session; callers get their own copy."""
+    key = (shape, rs, tuple(sorted(kw.items())))
+    if key not in _CAPTURES:
+        s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, **kw)
+        _CAPTURES[key] = cap_mod.capture(gguf_files[shape], s, install=llama)
+    return copy.deepcopy(_CAPTURES[key])
+
+
+def ours(shape: str, rs: int):
+    return build_verify_graph(VerifyConfig(model=shape, n_tokens=T, n_rs_seq=rs, wtype="f32", ab_wtype="f32"))
+
+
+CASES = [(s, r) for s in SHAPES for r in RS_SEQ]
+IDS = [f"{s}-rs{r}" for s, r in CASES]
+
+
+# ---- the capture itself ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,rs", CASES, ids=IDS)
+def test_capture_is_a_valid_graph_with_llama_cpp_s_plan(llama, gguf_files, shape, rs):
+    c = captured(llama, gguf_files, shape, rs)
+    g = c.verify
+    ops.validate(g)  # every node re-derived by our shape rules: ne, nb, views as llama.cpp made them
+    alloc.check_plan(g)  # llama.cpp's offsets: no two live tensors share bytes
+    m = get_model(shape)
+    assert sorted({n.layer for n in g.nodes if n.op is Op.GATED_DELTA_NET}) == m.gdn_layers
+    assert g.meta["llama"]["commit"] == build.COMMIT
+    assert g.meta["llama"]["settings"]["n_rs_seq"] == rs and g.meta["llama"]["settings"]["n_tokens"] == T
+    assert g.meta["llama"]["reallocated"] is False and g.meta["llama"]["same_topology_as_reserve"]
+    assert not [n for n in g.nodes if n.op is Op.OPAQUE], "every op of a qwen35 verify graph is modelled"
+    # ggml's own use counts equal ours on every tensor of the graph
+    assert c.use_counts == g.use_counts()
+
+
+def test_capture_file_round_trip(llama, gguf_files, tmp_path):
+    c = captured(llama, gguf_files, "tiny-qwen35", 3)
+    path = tmp_path / "captured.json"
+    serialize.save(c.verify, path)
+    back = serialize.load(path)
+    assert signature(back) == signature(c.verify)
+    assert [(t.buffer, t.offset) for t in back.tensors()] == [(t.buffer, t.offset) for t in c.verify.tensors()]
+    assert back.meta["llama"]["commit"] == build.COMMIT
+
+
+def test_flash_attention_off_imports_the_soft_max_form(llama, gguf_files):
+    c = captured(llama, gguf_files, "tiny-qwen35", 3, flash_attn="off")
+    ops.validate(c.verify)
+    got = [n.op for n in c.verify.nodes]
+    assert Op.SOFT_MAX in got and Op.FLASH_ATTN_EXT not in got
+    assert c.verify.meta["llama"]["flash_attn"] == "off"
+
+
+def test_a_ggml_assert_is_one_line(llama, gguf_files):
+    """n_ubatch must exceed n_rs_seq + 1: llama.cpp aborts the process; the capture says why in one line."""
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=3, n_ubatch=4, n_batch=4, n_prompt=3)
+    with pytest.raises(LlamaError) as e:
+        cap_mod.capture(gguf_files["tiny-qwen35"], s, install=llama)
+    msg = str(e.value)
+    assert "\n" not in msg and "GGML_ASSERT(n_ubatch > n_keep_tail)" in msg and "n_rs_seq + 1" in msg
+
+
+def test_layout_mismatch_is_refused_before_any_read():
+    probe = {"tensor": {**PINNED_TENSOR.__dict__, "src": 160}, "graph": {}}
+    with pytest.raises(Refused, match=r"ggml_tensor of this build differs .*src is 160, expected 152"):
+        check_layout(probe, None)
+
+
+# ---- our builder, node for node -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,rs", CASES, ids=IDS)
+def test_builder_gdn_layers_equal_llama_cpp_s(llama, gguf_files, shape, rs):
+    c = captured(llama, gguf_files, shape, rs)
+    mine = ours(shape, rs)
+    gdn = get_model(shape).gdn_layers
+    for il in gdn:
+        got = diff_layers(mine, c.verify, il, their_uses=c.use_counts)
+        if il == gdn[-1]:
+            # The one named difference: our builder makes the GDN layers only (the whole model is issue 17), so its
+            # last layer's output is the graph's OUTPUT with no reader; llama.cpp's feeds the next (attention) layer.
+            k = len(layer_nodes(mine, il)) - 1
+            assert got == [f"layer {il} node {k} ('l_out-{il}' / 'l_out-{il}'): flags: 18 vs 16; uses: 0 vs 2"]
+        else:
+            assert got == [], il
+
+
+# ---- our planner, offset for offset ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,rs", CASES, ids=IDS)
+def test_planner_reproduces_llama_cpp_s_offsets(llama, gguf_files, shape, rs):
+    """Plan the reserve graph (n_ubatch tokens) as gallocr does, bind it to the verify graph node by node, and
+    compare every compute-buffer tensor's offset with the one llama.cpp gave it: no difference at all, which covers
+    every tensor the chain rules read (cache-row GET_ROWS, CONCAT, projection, SSM_CONV/SiLU, the norm outputs, the
+    ssm-state GET_ROWS)."""
+    c = captured(llama, gguf_files, shape, rs)
+    g, reserve = c.verify, c.reserve
+    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
+    align = g.meta["buffers"]["compute"]["alignment"]
+    planned = alloc.plan(reserve, align, "compute")
+    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]  # gallocr's compute buffer size
+    b = alloc.bind(reserve, g, "compute")
+    assert not b.reallocated, b.why
+    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute"]
+    assert len(compute) > 50
+    diffs = [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]]
+    assert diffs == []
+    chain = {Op.GET_ROWS, Op.CONCAT, Op.MUL_MAT, Op.SSM_CONV, Op.UNARY, Op.RMS_NORM, Op.SCALE}
+    assert {t.op for t in compute} >= chain
+
+
+def test_bind_replans_a_graph_that_does_not_fit(llama, gguf_files):
+    """The other branch of ggml_gallocr_needs_realloc: a graph whose tensor outgrows its reserve slot is planned
+    itself."""
+    c = captured(llama, gguf_files, "tiny-qwen35", 3)
+    alloc.plan(c.reserve, 32, "compute")
+    small = next(t for t in c.reserve.nodes if t.op is Op.CONCAT)
+    small.ne = (small.ne[0], 1, 1, 1)  # the reserve slot is now smaller than the verify tensor
+    b = alloc.bind(c.reserve, c.verify, "compute")
+    assert b.reallocated and "needs" in b.why
+
+
+# ---- the pass on llama.cpp's graph ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape,rs", CASES, ids=IDS)
+def test_the_pass_fuses_every_gdn_layer_of_the_capture(llama, gguf_files, shape, rs):
+    c = captured(llama, gguf_files, shape, rs)
+    rep = fusion.fuse(c.verify, enabled=True)
+    chains = sorted(a.layer for a in rep.applied if a.pattern == "gdn_conv_chain")
+    assert chains == get_model(shape).gdn_layers, [r for r in rep.refused if r.pattern == "gdn_conv_chain"]
+    fused = [n for n in c.verify.nodes if n.op is Op.GDN_CONV_CHAIN]
+    assert all(n.op_params["norm"] == "rms" for n in fused)  # upstream's RMS_NORM + SCALE form
+    ops.validate(c.verify)
+
+
+def test_capture_then_dump_explain_cli(llama, gguf_files, tmp_path):
+    out = tmp_path / "verify.json"
+    env = {**os.environ, "GDNPASS_CACHE": str(build.cache_root())}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "gdnpass.cli", *a], capture_output=True, text=True,  # noqa
+                                    env=env, timeout=300)
+    r = run("capture", "--gguf", str(gguf_files["tiny-qwen35-b"]), "--tokens", "4", "--rs-seq", "3", "--ubatch", "8",
+            "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "GDN layers [0, 1, 2, 4, 5, 6]" in r.stdout
+    r = run("dump", "--graph", str(out), "--fuse", "--explain")
+    assert r.returncode == 0, r.stderr
+    assert "fusion gdn_conv_chain: applied 6\n" in r.stdout, r.stdout
