@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Sequence
 
 from gdnpass import ir
 from gdnpass.fusion import Applied, FusionReport

@@ -1,10 +1,8 @@
 """qwen35 GGUF files from a ModelShape (gdnpass.models.gguf_write): the round trip, determinism, the errors, agreement
 with the verify builder's weights, and real llama.cpp loading each tiny preset and decoding 4 tokens.
 
-The llama.cpp test needs a built libllama (env GDNPASS_LLAMA_LIB: the directory holding libllama.so) and the
-llama_cpp ctypes bindings (env GDNPASS_LLAMA_PY: the directory holding the llama_cpp package; without it, the
-llama_cpp the test interpreter imports); it is skipped, saying which is missing, otherwise. It drives llama.cpp in a
-subprocess, since a ggml assert aborts the process.
+The llama.cpp tests use the pinned build (conftest's ``llama`` fixture: built into the user's cache the first time)
+and drive it in a subprocess, since a ggml assert aborts the process.
 """
 
 from __future__ import annotations
@@ -12,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import subprocess
 import sys
 import time
@@ -198,21 +195,9 @@ def test_read_errors(tmp_path):
 
 # ---- real llama.cpp --------------------------------------------------------------------------------------------
 @pytest.fixture
-def llama_lib() -> dict[str, str]:
-    """The environment a subprocess needs to drive the llama.cpp library: GDNPASS_LLAMA_LIB (the directory holding
-    libllama.so) and GDNPASS_LLAMA_PY (the directory holding the llama_cpp ctypes bindings). Skips without them."""
-    lib = os.environ.get("GDNPASS_LLAMA_LIB")
-    if not lib:
-        pytest.skip("GDNPASS_LLAMA_LIB is not set (the directory holding a built libllama.so)")
-    if not (Path(lib) / "libllama.so").is_file():
-        pytest.skip(f"GDNPASS_LLAMA_LIB={lib}: no libllama.so there")
-    env = dict(os.environ, LLAMA_CPP_LIB_PATH=lib)
-    py = os.environ.get("GDNPASS_LLAMA_PY")
-    if py:
-        if not (Path(py) / "llama_cpp").is_dir():
-            pytest.skip(f"GDNPASS_LLAMA_PY={py}: no llama_cpp package there")
-        env["PYTHONPATH"] = os.pathsep.join([py] + [x for x in [env.get("PYTHONPATH")] if x])
-    return env
+def llama_lib(llama) -> dict[str, str]:
+    """The environment a subprocess needs to drive the pinned llama.cpp (conftest's ``llama``: built once, cached)."""
+    return llama.env()
 
 
 # Runs in the subprocess: load, make a context of 256 cells, decode argv[2] tokens as one batch, report as JSON.

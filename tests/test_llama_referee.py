@@ -15,7 +15,6 @@ two shapes and T = 4 tokens with n_rs_seq 0 and 3:
 from __future__ import annotations
 
 import copy
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from gdnpass import alloc, fusion, ops, serialize
-from gdnpass.errors import GraphError, LlamaError
+from gdnpass.errors import LlamaError
 from gdnpass.frontends.compare import diff_layers, layer_nodes, signature
 from gdnpass.frontends.llama import build, capture as cap_mod
 from gdnpass.frontends.llama.worker import PINNED_TENSOR, Refused, check_layout
@@ -36,14 +35,6 @@ SHAPES = ("tiny-qwen35", "tiny-qwen35-b")
 RS_SEQ = (0, 3)
 T = 4
 N_UBATCH = 8  # > n_rs_seq + 1 (llama.cpp asserts it); the reserve graph has 8 tokens
-
-
-@pytest.fixture(scope="session")
-def llama() -> build.Install:
-    missing = build.toolchain_missing()
-    if missing:
-        pytest.skip(f"cannot build llama.cpp here: {missing}")
-    return build.ensure(log=lambda line: print(f"[llama.cpp build] {line}", file=sys.stderr))
 
 
 @pytest.fixture(scope="session")

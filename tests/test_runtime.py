@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gdnpass.alloc import plan
-from gdnpass.ir import GraphError, Op
+from gdnpass.ir import GraphError
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 from gdnpass.runtime import Executor, launches
 

@@ -17,9 +17,12 @@ import ctypes
 import re
 import struct
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from gdnpass.errors import GraphError
+
+if TYPE_CHECKING:  # the IR is imported lazily: the capture worker runs without it
+    from gdnpass.ir import Graph, Tensor
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,11 @@ into a Graph. What is ggml-python's own here: the pointers, :func:`graph_lists` 
 from __future__ import annotations
 
 import ctypes
-import re
 from dataclasses import dataclass
 from typing import Any
 
 from gdnpass import ops
-from gdnpass.frontends.structs import (Names, TensorLayout, TensorStruct, check_size, leaf_layer, read_reachable,
-                                       record_dtype, to_graph)
+from gdnpass.frontends.structs import Names, TensorLayout, TensorStruct, check_size, read_reachable, to_graph
 from gdnpass.frontends.structs import read_tensor as _read_at
 from gdnpass.ir import DType, Flag, Graph, GraphError, Tensor
 

@@ -11,7 +11,7 @@ import torch
 
 from gdnpass.frontends.ggml.importer import Imported, ggml_type, import_ggml, lib, pointer, read_tensor
 from gdnpass.frontends.structs import record_dtype
-from gdnpass.ir import DType, GraphError, Op, Tensor, op_label, runs_kernel
+from gdnpass.ir import DType, GraphError, Tensor, op_label, runs_kernel
 from gdnpass.kernels.backends import TORCH_BACKEND
 
 _TORCH = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}

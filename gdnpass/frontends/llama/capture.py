@@ -297,8 +297,8 @@ def summary_text(s: dict, path: str) -> str:
         f"  nodes {s['nodes']} ({s['zero_size_nodes']} zero-size), leafs {s['leafs']}; GDN layers {s['gdn_layers']}, "
         f"attention layers {s['attention_layers']} (flash attention: {s['flash_attn']})",
         f"  buffers: {bufs}",
-        f"  plan: the reserve plan, bound node by node" if s["reallocated"] is False else
-        f"  plan: gallocr re-planned for this graph" if s["reallocated"] else "  plan: unknown (no allocator log)",
+        "  plan: the reserve plan, bound node by node" if s["reallocated"] is False else
+        "  plan: gallocr re-planned for this graph" if s["reallocated"] else "  plan: unknown (no allocator log)",
     ]
     if s["opaque"]:
         lines.append(f"  kept as ggml made them (not modelled): {', '.join(s['opaque'])}")
