@@ -151,7 +151,9 @@ def test_planner_reproduces_llama_cpp_s_offsets(llama, gguf_files, shape, rs):
     assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]  # gallocr's compute buffer size
     b = alloc.bind(reserve, g, "compute")
     assert not b.reallocated, b.why
-    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute"]
+    # (leafs no node reads are never seen by llama.cpp's callback: their offsets are our replica's, so not compared)
+    unseen = set(g.meta["llama"]["unseen_leafs"])
+    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute" and t.name not in unseen]
     assert len(compute) > 50
     diffs = [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]]
     assert diffs == []

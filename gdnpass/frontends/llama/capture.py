@@ -20,6 +20,8 @@ A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the w
 
 from __future__ import annotations
 
+import base64
+import copy
 import json
 import os
 import re
@@ -235,7 +237,7 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
                     corr.setdefault(rs, vs)
     # A reserve leaf no node reads (llama.cpp makes inp_embd next to inp_tokens and uses one) is in the verify
     # graph's leaf list too, and gallocr allocates it, but the eval callback never sees it: it stands in with the
-    # reserve graph's record (same name, type, shape; its bytes are never read).
+    # reserve graph's record (same name, type, shape; its bytes are never read), placed where the reserve plan puts it.
     unseen = [a for a in out["reserve"]["leafs"] if a not in corr] if same else []
     for i, a in enumerate(unseen):  # (a made-up address: the reserve graph may reuse the verify graph's memory)
         out["verify"]["tensors"].append(dict(rstructs[a], addr=-1 - i, data=0, buffer=0))
@@ -245,13 +247,22 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
     llama["unseen_leafs"] = [rstructs[a]["name"] for a in unseen]
     verify = _graph(out["verify"], names, buffers, leafs,
                     {"builder": "llama.cpp", "graph": "verify", "llama": llama, "buffers": bufmeta})
+    if unseen:  # where gallocr put them: gdnpass's replica of the reserve plan (exact on every tensor it can check)
+        from gdnpass.alloc import plan  # (here: alloc imports the IR, the worker must not)
+
+        shadow = copy.deepcopy(reserve.graph)
+        plan(shadow, verify.graph.alignment, "compute")
+        where = {i: t for i, t in enumerate(shadow.leafs)}
+        for i, t in enumerate(verify.graph.leafs):
+            if t.buffer is None and t.view_src is None:
+                t.buffer, t.offset = "compute", where[i].offset
     counts = {}
     if same:
         rcounts = {int(k): v for k, v in out["reserve"]["use_counts"].items()}
         for r, v in corr.items():
             if rcounts.get(r):
                 counts[verify.tensors[v].uid] = rcounts[r]
-    return Capture(verify.graph, reserve.graph, counts, out["settings"], __import__("base64").b64decode(out["logits"]),
+    return Capture(verify.graph, reserve.graph, counts, out["settings"], base64.b64decode(out["logits"]),
                    out["n_vocab"], log)
 
 
