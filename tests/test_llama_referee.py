@@ -134,6 +134,24 @@ def test_builder_gdn_layers_equal_llama_cpp_s(llama, gguf_files, shape, rs):
             assert got == [], il
 
 
+@pytest.mark.parametrize("shape,rs", CASES, ids=IDS)
+def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf_files, shape, rs):
+    """The whole forward (token embedding, GDN and attention layers, output norm, out_ids rows, lm head): llama.cpp's
+    graph node for node (op, type, ne, nb, op params, views, sources by position, flags) and leaf for leaf, with ggml's
+    use counts. Leafs are compared without their buffers (ours keeps inputs in an input buffer, llama.cpp in its
+    compute buffer) and the leaf no node reads (inp_embd) by name only: the capture never sees it."""
+    c = captured(llama, gguf_files, shape, rs)
+    mine = build_verify_graph(VerifyConfig(model=shape, n_tokens=T, n_rs_seq=rs, wtype="f32", ab_wtype="f32",
+                                           whole=True))
+    ops.validate(mine)
+    assert signature(mine) == signature(c.verify)
+    unseen = set(c.verify.meta["llama"]["unseen_leafs"])
+    leaf = lambda t: (t.name, int(t.flags)) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa
+    assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]
+    pos = lambda g, counts: [counts.get(t.uid, 0) for t in [*g.leafs, *g.nodes]]  # noqa
+    assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
+
+
 # ---- our planner, offset for offset ---------------------------------------------------------------------------------
 
 

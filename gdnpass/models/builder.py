@@ -15,6 +15,7 @@ from the same code, and tests/test_ggml_interop.py checks they are the same grap
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict
 from typing import Any, Protocol
 
@@ -22,6 +23,7 @@ from gdnpass.ir import DType
 from gdnpass.models.hparams import VerifyConfig, default_ids, qk_rms_params
 
 F32 = DType.F32
+IMROPE = 40  # GGML_ROPE_TYPE_IMROPE: qwen35's rope type (llama_model_rope_type)
 
 
 class Facade(Protocol):
@@ -54,6 +56,11 @@ class Facade(Protocol):
     def l2_norm(self, a, eps: float) -> Any: ...
     def silu(self, a) -> Any: ...
     def swiglu_split(self, a, b) -> Any: ...
+    def permute(self, a, *axes: int) -> Any: ...
+    def cont_2d(self, a, ne0: int, ne1: int) -> Any: ...
+    def rope_multi(self, a, pos, n_dims: int, sections, mode: int, n_ctx_orig: int, freq_base: float) -> Any: ...
+    def set_rows(self, a, b, c) -> Any: ...
+    def flash_attn_ext_f32(self, q, k, v, mask, scale: float) -> Any: ...
     def sigmoid(self, a) -> Any: ...
     def softplus(self, a) -> Any: ...
     def ssm_conv(self, sx, c) -> Any: ...
@@ -221,6 +228,70 @@ class VerifyBuilder:
         x = self.cb(f.mul_mat(self.weight("ffn_down.weight", il, wt, (m.ffn_dim, m.n_embd)), x), "ffn_out", il)
         return f.add(x, ffn_residual)
 
+    # ---- qwen35.cpp build_layer_attn, llama-graph.cpp build_attn / build_attn_mha (flash attention) ----------------
+    def build_layer_attn(self, cur, il: int):
+        """A full-attention layer: the Q+gate projection, per-head q/k RMS norms, IMROPE, K/V into the F16 KV cache
+        by SET_ROWS (I64 row ids), FLASH_ATTN_EXT over n_kv cells with the F16 KQ mask, the sigmoid gate, wo."""
+        f, cfg, m = self.f, self.cfg, self.m
+        hd, H, Hkv, n_t = m.key_length, m.head_count, m.head_count_kv, cfg.n_tokens * cfg.n_seqs
+        wt, E = DType.parse(cfg.wtype), m.n_embd
+        q_full = self.cb(f.mul_mat(self.weight("attn_q.weight", il, wt, (E, 2 * hd * H)), cur), "Qcur_full", il)
+        k = self.cb(f.mul_mat(self.weight("attn_k.weight", il, wt, (E, hd * Hkv)), cur), "Kcur", il)
+        v = self.cb(f.mul_mat(self.weight("attn_v.weight", il, wt, (E, hd * Hkv)), cur), "Vcur", il)
+        q = self.cb(f.view_3d(q_full, hd, H, n_t, 4 * hd * 2, 4 * hd * 2 * H, 0), "Qcur_reshaped", il)
+        q = self.cb(f.mul(self.cb(f.rms_norm(q, m.eps), "norm", il), self.weight("attn_q_norm.weight", il, F32, (hd,))),
+                    "Qcur_normed", il)
+        k = f.reshape_3d(k, hd, Hkv, n_t)
+        k = self.cb(f.mul(self.cb(f.rms_norm(k, m.eps), "norm", il), self.weight("attn_k_norm.weight", il, F32, (hd,))),
+                    "Kcur_normed", il)
+        gate = f.view_3d(q_full, hd, H, n_t, 4 * hd * 2, 4 * hd * 2 * H, 4 * hd)
+        gate = self.cb(f.cont_2d(gate, hd * H, n_t), "gate_reshaped", il)
+        v = f.reshape_3d(v, hd, Hkv, n_t)
+        rope = dict(n_dims=m.rope_dimension_count, sections=m.rope_dimension_sections, mode=IMROPE,
+                    n_ctx_orig=m.context_length, freq_base=m.rope_freq_base)
+        q = self.cb(f.rope_multi(q, self.inp_pos, **rope), "Qcur", il)
+        k = self.cb(f.rope_multi(k, self.inp_pos, **rope), "Kcur", il)
+        v = self.cb(v, "Vcur", il)
+        # build_attn: q, v, k expanded in this order, then the cache stores (llama_kv_cache::cpy_k / cpy_v)
+        f.expand(q)
+        f.expand(v)
+        f.expand(k)
+        k_cache, v_cache = self.kv_caches(il)
+        k_idxs, v_idxs, kq_mask = self.attn_inputs()
+        f.expand(f.set_rows(k_cache, f.view_2d(k, hd * Hkv, n_t, f.nb(k)[2], 0), k_idxs))
+        f.expand(f.set_rows(v_cache, f.view_2d(v, hd * Hkv, n_t, f.nb(v)[2], 0), v_idxs))
+        # get_k / get_v: [hd, Hkv, n_kv] views of the cache (F16 rows of hd*Hkv)
+        row = 2 * hd * Hkv
+        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * cfg.kv_size, 0)
+        v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * cfg.kv_size, 0)
+        # build_attn_mha: q as one stream, [hd, n_t, H] etc., flash attention, back to [hd*H, n_t]
+        nbq = f.nb(q)
+        q = f.view_4d(q, hd, H, n_t, 1, nbq[1], nbq[2], nbq[2] * n_t, 0)
+        out = f.flash_attn_ext_f32(f.permute(q, 0, 2, 1, 3), f.permute(k_view, 0, 2, 1, 3),
+                                   f.permute(v_view, 0, 2, 1, 3), kq_mask, 1.0 / math.sqrt(float(hd)))
+        ne = f.ne(out)
+        cur = f.reshape_2d(out, ne[0] * ne[1], ne[2] * ne[3])
+        f.expand(cur)  # build_attn_mha ends with this expand (it orders the KQ mask's leaf)
+        cur = self.cb(cur, "attn_pregate", il)
+        cur = self.cb(f.mul(cur, self.cb(f.sigmoid(gate), "gate_sigmoid", il)), "attn_gated", il)
+        return self.cb(f.mul_mat(self.weight("attn_output.weight", il, wt, (hd * H, E)), cur), "attn_output", il)
+
+    def kv_caches(self, il: int):
+        """The layer's F16 K and V caches (llama_kv_cache's k_l / v_l, rows of n_embd_k_gqa, kv_size cells)."""
+        m = self.m
+        n = m.key_length * m.head_count_kv
+        return (self.f.new_tensor("cache", f"cache_k_l{il}", DType.F16, (n, self.cfg.kv_size), il=il),
+                self.f.new_tensor("cache", f"cache_v_l{il}", DType.F16, (n, self.cfg.kv_size), il=il))
+
+    def attn_inputs(self):
+        """build_inp_mem_hybrid's attention inputs, made once: K/V row ids (I64) and the F16 KQ mask [n_kv, n_t]."""
+        if not hasattr(self, "_attn_inputs"):
+            f, n_t = self.f, self.cfg.n_tokens * self.cfg.n_seqs
+            self._attn_inputs = (f.new_tensor("input", "attn_inp_k_idxs", DType.I64, (n_t,), input=True),
+                                 f.new_tensor("input", "attn_inp_v_idxs", DType.I64, (n_t,), input=True),
+                                 f.new_tensor("input", "attn_inp_kq_mask", DType.F16, (self.cfg.n_kv, n_t), input=True))
+        return self._attn_inputs
+
     # ---- qwen35.cpp build_layer_attn_linear -----------------------------------------------------------------------
     def build_layer_attn_linear(self, cur, il: int):
         """llm_build_qwen35::build_layer_attn_linear: projections, conv chain, GDN, gated norm, ssm_out."""
@@ -262,7 +333,10 @@ class VerifyBuilder:
 
 def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
     """The verify forward of ``cfg``'s GDN layers on ``f``: llm_build_qwen35's layer loop (attn_norm, the linear
-    attention, the residual, the FFN; DFlash taps flagged OUTPUT), then the last hidden state as the output."""
+    attention, the residual, the FFN; DFlash taps flagged OUTPUT), then the last hidden state as the output.
+    With ``cfg.whole``: the whole forward instead (:func:`build_whole`)."""
+    if cfg.whole:
+        return build_whole(f, cfg)
     b = VerifyBuilder(f, cfg)
     m = cfg.shape
     inpL = f.new_tensor("input", "inp_embd", F32, (m.n_embd, cfg.n_tokens * cfg.n_seqs), input=True)
@@ -281,6 +355,42 @@ def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
             f.set_output(cur)  # a DFlash drafter reads this hidden state
         inpL = cur
     f.expand(f.set_output(inpL))
+    return b
+
+
+def build_whole(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
+    """llm_build_qwen35 (src/models/qwen35.cpp, 0c1e570) for one ubatch: the token embedding (build_inp_embd), every
+    layer in the file's order (GDN or full attention, then the FFN), the output norm (h_nextn), the output rows
+    (GET_ROWS by out_ids: every token of a verify is an output) and the lm head."""
+    b = VerifyBuilder(f, cfg)
+    m, n_t = cfg.shape, cfg.n_tokens * cfg.n_seqs
+    wt = DType.parse(cfg.wtype)
+    # build_inp_embd: both inputs exist; ggml_build_forward_select expands the token path, then the embd leaf
+    tokens = f.new_tensor("input", "inp_tokens", DType.I32, (n_t,), input=True)
+    embd_in = f.new_tensor("input", "inp_embd", F32, (m.n_embd, n_t), input=True)
+    inpL = b.cb(f.get_rows(f.new_tensor("weights", "token_embd.weight", wt, (m.n_embd, m.vocab_size)), tokens),
+                "model.input_embed", -1)
+    f.expand(inpL)
+    f.expand(embd_in)
+    b.inp_pos = f.new_tensor("input", "inp_pos", DType.I32, (n_t * 4,), input=True)  # 4 positions per token (M-RoPE)
+    out_ids = f.new_tensor("input", "out_ids", DType.I32, (n_t,), input=True)
+    gdn = set(m.gdn_layers)
+    for il in range(m.n_layer):
+        inpSA = inpL
+        cur = b.cb(f.mul(b.cb(f.rms_norm(inpL, m.eps), "norm", il), b.weight("attn_norm.weight", il, F32, (m.n_embd,))),
+                   "attn_norm", il)
+        f.expand(cur)
+        cur = b.build_layer_attn_linear(cur, il) if il in gdn else b.build_layer_attn(cur, il)
+        cur = b.cb(f.add(cur, inpSA), "attn_residual", il)
+        cur = b.cb(b.build_ffn(cur, il), "l_out", il)
+        inpL = cur
+    cur = b.cb(f.rms_norm(inpL, m.eps), "norm", -1)
+    cur = f.set_output(b.cb(f.mul(cur, f.new_tensor("weights", "output_norm.weight", F32, (m.n_embd,))), "h_nextn", -1))
+    cur = f.set_output(b.cb(f.get_rows(cur, out_ids), "result_norm", -1))
+    head = f.new_tensor("weights", "token_embd.weight" if m.tie_embeddings else "output.weight", wt,
+                        (m.n_embd, m.vocab_size))
+    cur = f.set_output(b.cb(f.mul_mat(head, cur), "result_output", -1))
+    f.expand(cur)
     return b
 
 

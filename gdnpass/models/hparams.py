@@ -220,6 +220,11 @@ class VerifyConfig:
     ab_wtype: str = "f32"      # type of the alpha/beta mat-vec weights
     snapshot_layout: str = "rows"  # conv snapshot planes 1..n_rs_seq: "rows", "dedup" or "dedup-t" (SNAPSHOT_LAYOUTS)
     qk_norm: str = DEFAULT_QK_NORM  # q/k normalisation: "l2" (L2_NORM) or "rms" (upstream's RMS_NORM + SCALE)
+    # the whole forward (issue 17): token embedding, every layer (full attention too), output norm, lm head
+    whole: bool = False
+    kv_size: int = 256         # KV cache cells (llama.cpp: n_ctx, padded to 256)
+    n_kv: int = 256            # cells the attention reads (llama.cpp pads the used cells to 256, at most kv_size)
+    flash_attn: bool = True    # FLASH_ATTN_EXT (llama.cpp's CPU "auto"); off (MUL_MAT + SOFT_MAX) is not built yet
 
     def check(self) -> None:
         m = get_model(self.model)
@@ -236,6 +241,10 @@ class VerifyConfig:
         _need(self.snapshot_layout in SNAPSHOT_LAYOUTS, "snapshot_layout",
               f"must be one of {', '.join(SNAPSHOT_LAYOUTS)}, is {self.snapshot_layout!r}")
         _need(self.qk_norm in QK_NORMS, "qk_norm", f"must be one of {', '.join(QK_NORMS)}, is {self.qk_norm!r}")
+        if self.whole:
+            _need(self.n_layers is None, "n_layers", "a whole forward builds every layer (leave n_layers unset)")
+            _need(self.flash_attn, "flash_attn", "the whole forward is built with flash attention only so far")
+            _need(1 <= self.n_kv <= self.kv_size, "n_kv", f"must be 1..kv_size ({self.kv_size}), is {self.n_kv}")
         for f in ("wtype", "ab_wtype"):
             _need(DType.parse(getattr(self, f)) is not DType.I32, f, "weights cannot be i32")
 

@@ -6,7 +6,7 @@ Each method is the ggml call of the same name; ``expand`` is :meth:`Graph.expand
 from __future__ import annotations
 
 from gdnpass import ops
-from gdnpass.ir import DType, Flag, Graph, Tensor
+from gdnpass.ir import DType, Flag, Graph, Prec, Tensor
 from gdnpass.models.builder import build_conv_chain_only, build_verify, verify_meta
 from gdnpass.models.hparams import VerifyConfig
 
@@ -85,6 +85,23 @@ class IrFacade:
 
     def swiglu_split(self, a, b):
         return ops.swiglu_split(a, b)
+
+    def permute(self, a, *axes):
+        return ops.permute(a, *axes)
+
+    def cont_2d(self, a, ne0, ne1):
+        return ops.cont(a, ne0, ne1)
+
+    def rope_multi(self, a, pos, n_dims, sections, mode, n_ctx_orig, freq_base):
+        # llama.cpp's qwen35 defaults: freq_scale 1, no YaRN (ext_factor 0), attn_factor 1, beta_fast 32, beta_slow 1
+        return ops.rope_multi(a, pos, None, n_dims, sections, mode, n_ctx_orig, freq_base, 1.0, 0.0, 1.0, 32.0, 1.0)
+
+    def set_rows(self, a, b, c):
+        return ops.set_rows(a, b, c)
+
+    def flash_attn_ext_f32(self, q, k, v, mask, scale):
+        """ggml_flash_attn_ext, then ggml_prec_set_acc(F32), as build_attn_mha does."""
+        return ops.flash_attn_ext(q, k, v, mask, scale, prec=Prec.F32)
 
     def sigmoid(self, a):
         return ops.sigmoid(a)
