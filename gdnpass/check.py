@@ -75,11 +75,14 @@ def _compare(name: str, a: torch.Tensor, b: torch.Tensor) -> Compared:
 
 def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, seed: int = 0,
                  ids: list[int] | None = None, between: str = "narrow", force: bool = False,
-                 patterns: list | None = None, progress=None) -> CheckResult:
-    """Run ``graph`` (planned, unfused) unfused then fused from identical inputs; the graph is left fused."""
+                 patterns: list | None = None, progress=None, weights=None) -> CheckResult:
+    """Run ``graph`` (planned, unfused) unfused then fused from identical inputs; the graph is left fused.
+    ``weights(executor)``, if given, writes the weights after the seeded fill (a model file's, say)."""
     probes = watched(graph)
     ex = Executor(graph, device=device, backend=backend)
     ex.fill(seed=seed, ids=ids)
+    if weights is not None:
+        weights(ex)
     start = ex.snapshot()
     unfused = ex.run(probes=probes, progress=progress)
     caches = {t.name: ex.read(t) for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"}

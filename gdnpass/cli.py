@@ -63,6 +63,8 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
                    help="q/k normalisation: L2_NORM (the seed's fork) or upstream llama.cpp's RMS_NORM + SCALE "
                         "(default: gdnpass.models.hparams.DEFAULT_QK_NORM)")
     p.add_argument("--graph", metavar="FILE", help="read a graph file (written by --save) instead of building one")
+    p.add_argument("--gguf", metavar="FILE", help="build the whole verify forward of this qwen35 model file (shape, "
+                   "layers and tensor types from its header; run loads its weights) instead of a preset's GDN layers")
 
 
 def _add_pass_args(p: argparse.ArgumentParser) -> None:
@@ -97,10 +99,34 @@ def pass_options(a: argparse.Namespace, fusion: bool | None = None):
     return PassOptions(fusion=a.fuse if fusion is None else fusion, alignment=a.alignment, between=a.between)
 
 
+def _model(a: argparse.Namespace):
+    """The --gguf model (header only), or None."""
+    if not getattr(a, "gguf", None):
+        return None
+    if a.graph:
+        raise GdnpassError("--graph and --gguf are two sources; pick one")
+    from gdnpass.models.gguf_model import open_model
+
+    return open_model(a.gguf)
+
+
+def _source(a: argparse.Namespace):
+    model = _model(a)
+    if model is None:
+        return a.graph or verify_config(a)
+    cfg = model.config(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_seqs=a.seqs,
+                       **({"qk_norm": a.qk_norm} if getattr(a, "qk_norm", None) else {}))
+    graph = model.build(cfg)
+    graph.meta["source"] = (f"{model.path.name} ({model.shape.n_layer} layers: GDN {model.shape.gdn_layers}, "
+                            f"attention {model.shape.attn_layers}), n_t={a.tokens}, n_rs_seq={a.rs_seq}, "
+                            f"whole forward")
+    return graph
+
+
 def _planned(a: argparse.Namespace, fuse_now: bool = True, fusion: bool | None = None):
     from gdnpass import pipeline
 
-    res = pipeline.run(a.graph or verify_config(a), pass_options(a, fusion), fuse_now=fuse_now)
+    res = pipeline.run(_source(a), pass_options(a, fusion), fuse_now=fuse_now)
     if a.save:
         from gdnpass.serialize import save
 
@@ -207,6 +233,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     with _progress(a, "fill", "GB", scale=1e-9) as p:
         ex.fill(seed=a.seed, progress=p)
+    if graph.meta.get("gguf"):  # the model's own weights over the seeded fill
+        _model(a).load_weights(ex, graph)
     t_fill = time.perf_counter() - t0
     t0 = time.perf_counter()
     with _progress(a, "execute") as p:
@@ -271,8 +299,9 @@ def _run_check(a: argparse.Namespace, res, interpreted: bool = False) -> int:
     if interpreted:
         _refuse_slow(a, 2 * interpreter_seconds(res.graph.nodes))  # unfused, then fused (cheaper)
     with _progress(a, "check") as p:
+        model = _model(a)
         out = check_fusion(res.graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
-                           progress=p)
+                           progress=p, weights=(lambda ex: model.load_weights(ex, res.graph)) if model else None)
     if a.json:
         print(json.dumps(out.to_json(), indent=2))
     else:

@@ -105,17 +105,22 @@ class Executor:
 
         A leaf's bytes depend only on (seed, name, shape, type): two graphs built from one config get the same
         weights, and no tensor's fill depends on another's. Caches and inputs are random, never zeros (zeros hide
-        unwritten outputs). ``ids`` sets ``rs_s_copy``. ``progress(done_bytes, total_bytes)`` after each leaf.
+        unwritten outputs). Inputs llama.cpp sets (token ids, positions, row ids, the KQ mask, ``rs_s_copy``) get its
+        values (:func:`gdnpass.models.inputs.input_values`; ``ids`` sets ``rs_s_copy``). ``progress(done_bytes,
+        total_bytes)`` after each leaf.
         """
         self.buffers[self.arena].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
         leafs = [t for t in self.graph.leafs if not t.is_view and not t.is_empty]
         total, done = sum(t.nbytes for t in leafs), 0
+        known = self._input_values(seed, ids)
         for t in leafs:
-            if t.type is DType.I32:
-                vals = torch.tensor(ids if ids is not None else self.graph.meta.get("ids", [0] * t.nelements),
-                                    dtype=torch.int32)
+            if t.name in known or t.type in (DType.I32, DType.I64):
+                if t.name not in known:
+                    raise GraphError(f"tensor {t.name!r}: an integer input gdnpass has no values for")
+                vals = torch.tensor(known[t.name], dtype=TORCH_DTYPES[t.type] if t.type is not DType.F16
+                                    else torch.float32)
                 if vals.numel() != t.nelements:
-                    raise GraphError(f"tensor {t.name!r}: {vals.numel()} ids given, needs {t.nelements}")
+                    raise GraphError(f"tensor {t.name!r}: {vals.numel()} values given, needs {t.nelements}")
                 self.view(t).copy_(vals.reshape(self.view(t).shape))
             else:
                 g = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{t.name}".encode()))
@@ -123,6 +128,21 @@ class Executor:
             done += t.nbytes
             if progress is not None:
                 progress(done, total)
+
+    def _input_values(self, seed: int, ids: list[int] | None) -> dict[str, list]:
+        """Input name -> values: from the graph's build config; a graph without one has only the ``ids`` it was
+        given or recorded (``meta["ids"]``) for its I32 input."""
+        from gdnpass.models.hparams import ModelShape, VerifyConfig
+        from gdnpass.models.inputs import input_values
+
+        c = self.graph.meta.get("config")
+        if c is not None and c.get("whole"):  # a whole forward: every input as llama.cpp sets it
+            m = dict(self.graph.meta["model"])
+            m["rope_dimension_sections"] = tuple(m["rope_dimension_sections"])
+            return input_values(VerifyConfig(**{**c, "model": ModelShape(**m)}), seed, ids)
+        vals = ids if ids is not None else self.graph.meta.get("ids")
+        ints = [t for t in self.graph.leafs if t.type is DType.I32 and not t.is_view and not t.is_empty]
+        return {t.name: vals for t in ints} if vals is not None else {}
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.buffers.items()}

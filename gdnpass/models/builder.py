@@ -74,9 +74,10 @@ class Facade(Protocol):
 class VerifyBuilder:
     """llama.cpp's graph context for one verify forward (ctx0 + gf + the recurrent-memory input), on facade ``f``."""
 
-    def __init__(self, f: Facade, cfg: VerifyConfig) -> None:
+    def __init__(self, f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> None:
         cfg.check()
         self.f, self.cfg, self.m = f, cfg, cfg.shape
+        self.types = weight_types or {}  # a model file's tensor types, by name (default: cfg.wtype / ab_wtype / f32)
         self.rows = cfg.cells * (1 + cfg.n_rs_seq)  # rows of each recurrent cache (rollback planes x cells)
         self.shared: dict[str, Any] = {}
         n_rs = cfg.n_seqs + cfg.n_rs_extra
@@ -94,7 +95,8 @@ class VerifyBuilder:
     def weight(self, name: str, il: int, type_: DType, ne):
         """Layer ``il``'s ``blk.<il>.<name>``; with ``share_weights`` one ``blk.*.<name>`` for every layer."""
         if not self.cfg.share_weights:
-            return self.f.new_tensor("weights", f"blk.{il}.{name}", type_, ne, il=il)
+            full = f"blk.{il}.{name}"
+            return self.f.new_tensor("weights", full, self.types.get(full, type_), ne, il=il)
         if name not in self.shared:
             self.shared[name] = self.f.new_tensor("weights", f"blk.*.{name}", type_, ne)
         return self.shared[name]
@@ -331,13 +333,13 @@ class VerifyBuilder:
         return f.reshape_2d(cur, E, n_t * n_s)
 
 
-def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
+def build_verify(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> VerifyBuilder:
     """The verify forward of ``cfg``'s GDN layers on ``f``: llm_build_qwen35's layer loop (attn_norm, the linear
     attention, the residual, the FFN; DFlash taps flagged OUTPUT), then the last hidden state as the output.
     With ``cfg.whole``: the whole forward instead (:func:`build_whole`)."""
     if cfg.whole:
-        return build_whole(f, cfg)
-    b = VerifyBuilder(f, cfg)
+        return build_whole(f, cfg, weight_types)
+    b = VerifyBuilder(f, cfg, weight_types)
     m = cfg.shape
     inpL = f.new_tensor("input", "inp_embd", F32, (m.n_embd, cfg.n_tokens * cfg.n_seqs), input=True)
     taps = set(cfg.dflash_taps())
@@ -358,17 +360,18 @@ def build_verify(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
     return b
 
 
-def build_whole(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
+def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> VerifyBuilder:
     """llm_build_qwen35 (src/models/qwen35.cpp, 0c1e570) for one ubatch: the token embedding (build_inp_embd), every
     layer in the file's order (GDN or full attention, then the FFN), the output norm (h_nextn), the output rows
     (GET_ROWS by out_ids: every token of a verify is an output) and the lm head."""
-    b = VerifyBuilder(f, cfg)
+    b = VerifyBuilder(f, cfg, weight_types)
     m, n_t = cfg.shape, cfg.n_tokens * cfg.n_seqs
     wt = DType.parse(cfg.wtype)
+    model_weight = lambda name, type_, ne: f.new_tensor("weights", name, b.types.get(name, type_), ne)  # noqa: E731
     # build_inp_embd: both inputs exist; ggml_build_forward_select expands the token path, then the embd leaf
     tokens = f.new_tensor("input", "inp_tokens", DType.I32, (n_t,), input=True)
     embd_in = f.new_tensor("input", "inp_embd", F32, (m.n_embd, n_t), input=True)
-    inpL = b.cb(f.get_rows(f.new_tensor("weights", "token_embd.weight", wt, (m.n_embd, m.vocab_size)), tokens),
+    inpL = b.cb(f.get_rows(model_weight("token_embd.weight", wt, (m.n_embd, m.vocab_size)), tokens),
                 "model.input_embed", -1)
     f.expand(inpL)
     f.expand(embd_in)
@@ -385,10 +388,9 @@ def build_whole(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
         cur = b.cb(b.build_ffn(cur, il), "l_out", il)
         inpL = cur
     cur = b.cb(f.rms_norm(inpL, m.eps), "norm", -1)
-    cur = f.set_output(b.cb(f.mul(cur, f.new_tensor("weights", "output_norm.weight", F32, (m.n_embd,))), "h_nextn", -1))
+    cur = f.set_output(b.cb(f.mul(cur, model_weight("output_norm.weight", F32, (m.n_embd,))), "h_nextn", -1))
     cur = f.set_output(b.cb(f.get_rows(cur, out_ids), "result_norm", -1))
-    head = f.new_tensor("weights", "token_embd.weight" if m.tie_embeddings else "output.weight", wt,
-                        (m.n_embd, m.vocab_size))
+    head = model_weight("token_embd.weight" if m.tie_embeddings else "output.weight", wt, (m.n_embd, m.vocab_size))
     cur = f.set_output(b.cb(f.mul_mat(head, cur), "result_output", -1))
     f.expand(cur)
     return b

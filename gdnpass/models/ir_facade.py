@@ -130,10 +130,11 @@ class IrFacade:
         self.graph.expand(t)
 
 
-def build_verify_graph(cfg: VerifyConfig) -> Graph:
-    """The verify forward of ``cfg``'s GDN layers, in llama.cpp's node order, unplanned."""
+def build_verify_graph(cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> Graph:
+    """The verify forward of ``cfg`` (its GDN layers, or with ``cfg.whole`` the whole model), in llama.cpp's node
+    order, unplanned. ``weight_types``: a model file's tensor types by name (they override ``cfg.wtype``)."""
     f = IrFacade()
-    build_verify(f, cfg)
+    build_verify(f, cfg, weight_types)
     f.graph.meta = verify_meta(cfg)
     return f.graph
 

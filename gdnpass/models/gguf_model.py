@@ -1,0 +1,113 @@
+"""A qwen35 model from its GGUF file: the shape and tensor types from the header, the weights on demand.
+
+:func:`open_model` reads only the header and the tensor index (the ``gguf`` package memory-maps the file; nothing
+is read from the data section, and torch is not imported), so ``gdnpass dump --gguf`` of a large file is quick.
+:meth:`GgufModel.config` gives the :class:`VerifyConfig` of a whole verify forward of the model,
+:meth:`GgufModel.build` its graph with every weight in the file's type (quantized weights become f32: they are
+dequantized on load), :meth:`GgufModel.load_weights` writes the weights into an executor's buffers.
+
+Only arch ``qwen35`` is built. ``qwen35moe`` and ``qwen3next`` are refused with what gdnpass lacks for them.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gdnpass.errors import GraphError
+from gdnpass.ir import DType, Graph
+from gdnpass.models.gguf_write import ARCH, GgufError, _gguf, read_shape
+from gdnpass.models.hparams import ModelShape, VerifyConfig
+
+# GGML types gdnpass holds as they are, and the quantized ones it dequantizes to f32 on load (gguf.quants does it)
+_PLAIN = {"F32": DType.F32, "F16": DType.F16, "BF16": DType.BF16}
+DEQUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+
+# what the other archs of the family need that gdnpass does not build (issue 17)
+_REFUSED = {
+    "qwen35moe": "a mixture-of-experts FFN in every layer (ffn_*_exps, the router); gdnpass builds a dense FFN",
+    "qwen3next": "a mixture-of-experts FFN in every layer and the fused ssm_in / ssm_ba projections; llama.cpp also "
+                 "has no rollback (n_rs_seq) for it",
+}
+
+
+@dataclass
+class GgufModel:
+    path: Path
+    shape: ModelShape
+    types: dict[str, str]                 # tensor name -> GGML type name, as the file has it
+    dequantized: list[str] = field(default_factory=list)  # tensors held as f32 after dequantizing
+
+    def weight_types(self) -> dict[str, DType]:
+        """The DType the graph gives each weight: the file's, or f32 for a quantized one."""
+        return {n: _PLAIN.get(t, DType.F32) for n, t in self.types.items()}
+
+    def config(self, **kw) -> VerifyConfig:
+        """A whole verify forward of this model (``kw``: n_tokens, n_rs_seq, ... as VerifyConfig takes them)."""
+        return VerifyConfig(model=self.shape, whole=True, **kw)
+
+    def build(self, cfg: VerifyConfig) -> Graph:
+        from gdnpass.models.ir_facade import build_verify_graph
+
+        g = build_verify_graph(cfg, weight_types=self.weight_types())
+        missing = [t.name for t in g.leafs if t.buffer == "weights" and t.name not in self.types]
+        if missing:
+            raise GraphError(f"{self.path}: the graph needs {', '.join(missing[:4])}"
+                             + (f" (+{len(missing) - 4} more)" if len(missing) > 4 else "") + ", absent from the file")
+        g.meta["gguf"] = {"file": str(self.path), "dequantized": self.dequantized}
+        return g
+
+    def load_weights(self, executor, graph: Graph) -> int:
+        """Write every weight leaf of ``graph`` from the file into ``executor``'s buffers (dequantizing quantized
+        ones); returns the bytes written."""
+        import numpy as np
+        import torch
+
+        gguf = _gguf()
+        reader = gguf.GGUFReader(self.path, "r")
+        by_name = {t.name: t for t in reader.tensors}
+        done = 0
+        for t in graph.leafs:
+            if t.buffer != "weights" or t.view_src is not None:
+                continue
+            src = by_name[t.name]
+            data = src.data
+            if src.tensor_type.name in DEQUANTIZED:
+                data = gguf.quants.dequantize(data, src.tensor_type)
+            arr = np.array(data, copy=True)  # (the memmap is read-only; torch wants a writable array)
+            if src.tensor_type.name == "BF16":  # numpy has no bfloat16: the file's uint16 words are the bits
+                value = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+            else:
+                value = torch.from_numpy(arr)
+            want = tuple(reversed(t.ne))
+            if value.numel() != t.nelements:
+                raise GgufError(f"{self.path}: tensor {t.name!r} has {value.numel()} elements, the graph {t.nelements}")
+            view = executor.view(t)
+            view.copy_(value.reshape(want).to(view.dtype))
+            done += t.nbytes
+        return done
+
+
+def open_model(path: str | os.PathLike) -> GgufModel:
+    """The model in a GGUF file, from its header and tensor index; GgufError naming what is wrong otherwise."""
+    path = Path(path)
+    gguf = _gguf()
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except FileNotFoundError:
+        raise GgufError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+    arch_field = reader.fields.get("general.architecture")
+    arch = arch_field.contents() if arch_field is not None else None
+    if arch in _REFUSED:
+        raise GgufError(f"{path}: architecture {arch!r} is not built by gdnpass: it needs {_REFUSED[arch]}")
+    if arch != ARCH:
+        raise GgufError(f"{path}: architecture {arch!r}; gdnpass builds {ARCH!r} models")
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    bad = sorted({v for v in types.values() if v not in _PLAIN and v not in DEQUANTIZED})
+    if bad:
+        raise GgufError(f"{path}: tensor types {', '.join(bad)} are not supported (gdnpass reads F32, F16, BF16 and "
+                        f"dequantizes {', '.join(DEQUANTIZED)})")
+    return GgufModel(path, read_shape(path), types, sorted(n for n, t in types.items() if t in DEQUANTIZED))

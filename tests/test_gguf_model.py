@@ -1,0 +1,111 @@
+"""A model from its GGUF file: header-only opening, the whole graph in the file's types, weights loaded exactly."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+
+from gdnpass.frontends.compare import signature  # noqa: E402
+from gdnpass.ir import DType  # noqa: E402
+from gdnpass.models import VerifyConfig, build_verify_graph  # noqa: E402
+from gdnpass.models.gguf_model import open_model  # noqa: E402
+from gdnpass.models.gguf_write import GgufError, write_gguf  # noqa: E402
+from gdnpass.pipeline import PassOptions, run  # noqa: E402
+from gdnpass.runtime import Executor  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def bf16_file(tmp_path_factory):
+    return write_gguf("tiny-qwen35-b", tmp_path_factory.mktemp("m") / "b.gguf", wtype="bf16", ab_wtype="f32", seed=3)
+
+
+def test_open_reads_shape_and_types(bf16_file):
+    m = open_model(bf16_file)
+    assert m.shape.n_layer == 8 and m.shape.gdn_layers == [0, 1, 2, 4, 5, 6]
+    assert m.types["blk.0.attn_qkv.weight"] == "BF16" and m.types["blk.0.ssm_alpha.weight"] == "F32"
+    assert m.dequantized == []
+
+
+def test_build_takes_the_file_s_types(bf16_file):
+    m = open_model(bf16_file)
+    g = m.build(m.config(n_tokens=4, n_rs_seq=3))
+    want = build_verify_graph(VerifyConfig(model=m.shape, n_tokens=4, n_rs_seq=3, wtype="bf16", ab_wtype="f32",
+                                           whole=True))
+    assert signature(g) == signature(want)
+    types = {t.name: t.type for t in g.leafs if t.buffer == "weights"}
+    assert types["token_embd.weight"] is DType.BF16 and types["blk.3.attn_q_norm.weight"] is DType.F32
+
+
+def test_weights_load_byte_for_byte(bf16_file):
+    m = open_model(bf16_file)
+    res = run(m.build(m.config(n_tokens=2, n_rs_seq=1)), PassOptions(fusion=False))
+    ex = Executor(res.graph)
+    ex.fill(seed=0)
+    m.load_weights(ex, res.graph)
+    by_name = {t.name: t for t in gguf.GGUFReader(bf16_file).tensors}
+    for name in ("blk.0.attn_qkv.weight", "blk.0.ssm_a", "token_embd.weight"):
+        t = next(x for x in res.graph.leafs if x.name == name)
+        want = np.array(by_name[name].data).tobytes()
+        assert ex.bytes_of(t) == want, name
+
+
+def test_quantized_weights_are_dequantized(tmp_path):
+    """A Q8_0 tensor is held as f32: its values are gguf's dequantization of the file's blocks."""
+    path = write_gguf("tiny-qwen35", tmp_path / "q.gguf", wtype="f32", seed=2)
+    src = {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
+    w = gguf.GGUFWriter(tmp_path / "q8.gguf", "qwen35")
+    r = gguf.GGUFReader(path)
+    for f in r.fields.values():  # the header as it was
+        if f.name.startswith("GGUF.") or f.name == "general.architecture":
+            continue
+        w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    for name, arr in src.items():
+        if name == "blk.0.ffn_up.weight":
+            w.add_tensor(name, gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0),
+                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, arr)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    m = open_model(tmp_path / "q8.gguf")
+    assert m.dequantized == ["blk.0.ffn_up.weight"]
+    res = run(m.build(m.config(n_tokens=2, n_rs_seq=1)), PassOptions(fusion=False))
+    t = next(x for x in res.graph.leafs if x.name == "blk.0.ffn_up.weight")
+    assert t.type is DType.F32
+    ex = Executor(res.graph)
+    ex.fill(seed=0)
+    m.load_weights(ex, res.graph)
+    q = next(x for x in gguf.GGUFReader(tmp_path / "q8.gguf").tensors if x.name == "blk.0.ffn_up.weight")
+    want = torch.from_numpy(gguf.quants.dequantize(np.array(q.data), q.tensor_type).astype(np.float32))
+    assert torch.equal(ex.read(t).reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("arch,needs", [("qwen3next", "fused ssm_in"), ("qwen35moe", "mixture-of-experts"),
+                                        ("llama", "gdnpass builds 'qwen35'")])
+def test_other_archs_are_refused_by_name(tmp_path, arch, needs):
+    p = tmp_path / f"{arch}.gguf"
+    w = gguf.GGUFWriter(p, arch)
+    w.add_block_count(1)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GgufError, match=needs) as e:
+        open_model(p)
+    assert "\n" not in str(e.value) and str(p) in str(e.value)
+
+
+def test_dump_gguf_imports_no_torch(bf16_file):
+    code = ("import sys; from gdnpass import cli; rc = cli.main(['dump', '--gguf', sys.argv[1], '--tokens', '4', "
+            "'--rs-seq', '3', '--fuse']); assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code, str(bf16_file)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "fusion gdn_conv_chain: applied 6" in r.stdout
