@@ -52,6 +52,9 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
                         "11.5 GB of RAM at peak, twice that with --check, which keeps a copy of every buffer)")
     g.add_argument("--seqs", type=int, default=1, help="sequences in the ubatch (default: 1)")
     g.add_argument("--dflash", action="store_true", help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
+    g.add_argument("--whole", action="store_true",
+                   help="the whole forward of the preset (token embedding, every layer incl. full attention, lm head) "
+                        "instead of its first --layers GDN layers; --gguf implies it")
     g.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
                    help="type of the large projection weights (default: bf16)")
     g.add_argument("--ab-wtype", default="f32", choices=["f32", "f16", "bf16"],
@@ -85,9 +88,14 @@ def verify_config(a: argparse.Namespace):
     from gdnpass.models import VerifyConfig, get_model
 
     layers = a.layers
+    if getattr(a, "whole", False):
+        if layers:
+            raise GdnpassError("--whole builds every layer; --layers selects GDN layers of the partial graph")
+        layers = 0
     if layers is None:
         layers = min(DEFAULT_LAYERS, len(get_model(a.model).gdn_layers))
     return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
+                        whole=getattr(a, "whole", False),
                         dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype, snapshot_layout=a.snapshot_layout,
                         **({"qk_norm": a.qk_norm} if getattr(a, "qk_norm", None) else {}))
 

@@ -153,3 +153,17 @@ def test_qk_norm_rms_is_upstreams_build_gdn_l2_norm():
 def test_qk_norm_is_checked():
     with pytest.raises(GraphError, match="qk_norm"):
         build_verify_graph(VerifyConfig("tiny-dc4-h32", 2, qk_norm="layer"))
+
+
+def test_dflash_taps_of_a_whole_forward_are_layer_inputs():
+    """DFlash's rule (outputs of layers 1, 8, 15, 22, 29 for 32 layers and a 5-layer drafter), flagged as llama.cpp
+    flags them: the *inputs* of the next layers (t_layer_inp), OUTPUT."""
+    from gdnpass.ir import Flag
+    from gdnpass.models.hparams import dflash_target_layers
+
+    assert dflash_target_layers(32, 5) == [1, 8, 15, 22, 29]
+    assert dflash_target_layers(64, 5) == [1, 16, 31, 46, 61] and dflash_target_layers(32, 1) == [16]
+    g = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, dflash=True, share_weights=True))
+    outputs = {n.name for n in g.nodes if n.flags & Flag.OUTPUT}
+    assert outputs == {f"l_out-{il}" for il in (1, 8, 15, 22, 29)} | {"h_nextn", "result_norm", "result_output"}
+    assert g.meta["dflash_taps"] == [2, 9, 16, 23, 30]

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from typing import Any, Protocol
 
 from gdnpass.ir import DType
-from gdnpass.models.hparams import VerifyConfig, default_ids, qk_rms_params
+from gdnpass.models.hparams import VerifyConfig, default_ids, dflash_target_layers, qk_rms_params
 
 F32 = DType.F32
 IMROPE = 40  # GGML_ROPE_TYPE_IMROPE: qwen35's rope type (llama_model_rope_type)
@@ -378,7 +378,11 @@ def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | N
     b.inp_pos = f.new_tensor("input", "inp_pos", DType.I32, (n_t * 4,), input=True)  # 4 positions per token (M-RoPE)
     out_ids = f.new_tensor("input", "out_ids", DType.I32, (n_t,), input=True)
     gdn = set(m.gdn_layers)
+    # DFlash: the drafter reads the inputs of the layers after its targets; llama.cpp flags them OUTPUT
+    taps = {t + 1 for t in dflash_target_layers(m.n_layer)} if cfg.dflash else set()
     for il in range(m.n_layer):
+        if il in taps:
+            f.set_output(inpL)  # res->t_layer_inp[il], ggml_set_output
         inpSA = inpL
         cur = b.cb(f.mul(b.cb(f.rms_norm(inpL, m.eps), "norm", il), b.weight("attn_norm.weight", il, F32, (m.n_embd,))),
                    "attn_norm", il)
@@ -416,5 +420,7 @@ def build_conv_chain_only(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
 
 def verify_meta(cfg: VerifyConfig, builder: str = "verify") -> dict:
     """The ``graph.meta`` of a verify graph (Executor.fill, reports and dumps read it)."""
+    taps = ([t + 1 for t in dflash_target_layers(cfg.shape.n_layer)] if cfg.whole else cfg.dflash_taps()) \
+        if cfg.dflash else []
     return {"builder": builder, "config": asdict(cfg), "model": asdict(cfg.shape), "layers": cfg.layer_ids(),
-            "dflash_taps": cfg.dflash_taps(), "ids": default_ids(cfg)}
+            "dflash_taps": taps, "ids": default_ids(cfg)}

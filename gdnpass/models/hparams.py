@@ -264,7 +264,8 @@ class VerifyConfig:
         return ids[: self.n_layers] if self.n_layers else ids
 
     def dflash_taps(self) -> list[int]:
-        """The GDN layers whose outputs a DFlash drafter reads: up to five, spread over the stack.
+        """The GDN layers whose outputs a DFlash drafter reads: up to five, spread over the stack. (A whole forward
+        flags layer inputs instead, as upstream does: :func:`dflash_target_layers`.)
 
         (The last layer's output is the graph output anyway.)"""
         ids = self.layer_ids()[:-1]
@@ -272,6 +273,16 @@ class VerifyConfig:
             return []
         n = min(5, len(ids))
         return sorted({ids[round(i * (len(ids) - 1) / max(1, n - 1))] for i in range(n)})
+
+
+def dflash_target_layers(n_layer: int, n_draft: int = 5) -> list[int]:
+    """The target layers whose outputs a DFlash drafter of ``n_draft`` layers reads, by DFlash's published rule
+    (sglang's and DFlash's own code): round(1 + i (N - 4) / (D - 1)) for i = 0..D-1, N // 2 for one layer. For 32
+    layers and 5: 1, 8, 15, 22, 29. llama.cpp reads them as layer *inputs*: ``t_layer_inp[l + 1]`` (llama-graph.cpp,
+    the drafter's ``dflash.target_layers``)."""
+    if n_draft == 1:
+        return [n_layer // 2]
+    return [int(1 + i * (n_layer - 4) / (n_draft - 1) + 0.5) for i in range(n_draft)]
 
 
 def _need(cond: bool, field: str, msg: str) -> None:
