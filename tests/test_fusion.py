@@ -100,7 +100,9 @@ def test_gdn_fusion_env(monkeypatch):
     assert env_enabled()
     assert not fuse(g, enabled=False).enabled and len(g.nodes) == n  # the argument wins
     r = fuse(g)
-    assert r.enabled and len(r.applied) == 1 and len(g.nodes) < n
+    # one layer, unprepared: its conv chain and the FFN's gate/up pair (alpha/beta alias in this plan)
+    assert r.enabled and sorted(a.pattern for a in r.applied) == ["gdn_conv_chain", "mul_mat_vec_pair"]
+    assert len(g.nodes) < n
     monkeypatch.setenv("GDN_FUSION", "yes")
     with pytest.raises(GraphError, match="GDN_FUSION must be 0 or 1"):
         fuse(g)
