@@ -4,7 +4,8 @@ KV cache at i64 row ids, FLASH_ATTN_EXT, SOFT_MAX, GLU (swiglu_split), zero-size
 Per op: a shape ggml accepts builds and validates, a shape ggml asserts on is one GraphError line; the decoder against
 op_params words laid out by hand as ggml.c lays them out; a qwen35 attention block (flash attention on and off) built
 with gdnpass's constructors is node for node what ggml builds from the same calls; it saves, loads and dumps; the
-executor refuses it in one line, before running anything.
+executor refuses a mode it has no kernel for in one line, before running anything (the ops' execution:
+tests/test_attention_ops.py).
 """
 
 from __future__ import annotations
@@ -455,12 +456,18 @@ def test_params_text_of_each_new_op():
 
 
 def test_executor_refuses_the_new_ops_before_running_anything():
+    """A modelled op without a kernel (here ROPE in VISION mode, the one ROPE mode gdnpass does not execute; the
+    attention ops themselves run: tests/test_attention_ops.py) is refused by name before any node runs."""
     F = IrCalls()
     attention_block(F, flash=True)
     g = F.g
+    for n in g.nodes:
+        if n.op is Op.ROPE:
+            n.op_params["mode"] = 24  # GGML_ROPE_TYPE_VISION
     alloc.plan(g, 32)
     ex = Executor(g)
-    ex.fill()
+    for b in ex.buffers.values():  # (not fill(): the block's integer inputs have no values gdnpass would choose)
+        b.fill_(0x5A)
     before = ex.snapshot()
     msg = one_line_error(ex.run, r"node '[^']*': gdnpass cannot execute ROPE ")
     assert "has no kernel for it" in msg

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from gdnpass.ir import Op, Unary
+import torch
+
+from gdnpass.ir import DType, Op, Unary
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.fused import RECORDS, Adapter
 from gdnpass.kernels.limits import runs_as_mat_vec
@@ -35,15 +37,53 @@ _REFERENCE: dict[Op, Callable] = {
     Op.MUL_MAT: lambda n, out, w, x: ref.mul_mat(w, x),
     Op.SSM_CONV: lambda n, out, sx, c: ref.ssm_conv(sx, c),
     Op.GATED_DELTA_NET: lambda n, out, *s: ref.gated_delta_net(*s, int(n.op_params["K"]), out=out),
+    # the attention ops (issue 17); PERMUTE/TRANSPOSE/VIEW/RESHAPE are the executor's views, CONT is above
+    Op.ROPE: lambda n, out, x, pos, ff=None: ref.rope(x, pos, ff, **_rope_params(n)),
+    Op.SET_ROWS: lambda n, out, rows, ids, dst: ref.set_rows(dst, rows, ids),
+    Op.SOFT_MAX: lambda n, out, a, mask=None, sinks=None: ref.soft_max(
+        a, mask, sinks, float(n.op_params["scale"]), float(n.op_params["max_bias"])),
+    Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: ref.flash_attn_ext(
+        q, k, v, mask, sinks, *_fa_params(n)),
 }
+
+# ggml-cpu's rounding points where they differ from the f32 semantics above (reference.py, "attention ops"): MUL_MAT
+# rounds its activation to an f16/bf16 weight's type, FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
+# f16, RMS_NORM sums its squares in double. GGML_CPU_BACKEND runs these: what llama.cpp's CPU backend computes
+# (tests/test_attention_ops.py).
+_GGML_CPU: dict[Op, Callable] = {
+    Op.MUL_MAT: lambda n, out, w, x: ref.mul_mat_cpu(w, x),
+    Op.RMS_NORM: lambda n, out, x: ref.rms_norm(x, float(n.op_params["eps"]), acc=torch.float64),
+    Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: ref.flash_attn_ext(
+        q, k, v, mask, sinks, *_fa_params(n), cpu=True),
+}
+
+_ROPE_KEYS = ("n_dims", "mode", "n_ctx_orig", "freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast",
+              "beta_slow", "sections", "n_offs")
+_FA_PRECS = ("UNDEFINED", "F32")  # ggml-cpu runs these (both accumulate in f32) and aborts on the others
+
+
+def _rope_params(n) -> dict:
+    p = n.op_params
+    return {k: (tuple(p[k]) if k == "sections" else p[k]) for k in _ROPE_KEYS}
+
+
+def _fa_params(n) -> tuple[float, float, float]:
+    p = n.op_params
+    return float(p["scale"]), float(p["max_bias"]), float(p["logit_softcap"])
 
 
 def kernel(table: dict[Op, Adapter], node) -> Adapter | None:
-    """``table``'s adapter for ``node``, or None where gdnpass has none: an op it only models (ROPE, SOFT_MAX, ...,
-    OPAQUE) or a UNARY kind the reference does not implement."""
+    """``table``'s adapter for ``node``, or None where gdnpass has none: an op it only models (OPAQUE), a UNARY or
+    GLU kind the reference does not implement, a ROPE mode other than NORMAL, NEOX, MROPE and IMROPE (VISION), a
+    FLASH_ATTN_EXT precision ggml-cpu does not run."""
     if node.op is Op.UNARY and node.op_params.get("kind") not in ref.UNARY:
         return None
     if node.op is Op.GLU and node.op_params.get("kind") not in ref.GLU:
+        return None
+    if node.op is Op.ROPE and (int(node.op_params.get("mode", -1)) not in ref.ROPE_IMPLEMENTED
+                               or node.type not in (DType.F32, DType.F16)):
+        return None  # VISION (24) and any other mode: refused by name
+    if node.op is Op.FLASH_ATTN_EXT and node.op_params.get("prec") not in _FA_PRECS:
         return None
     return table.get(node.op)
 
@@ -58,6 +98,12 @@ def _computed_then_written(fn: Callable) -> Adapter:
 TORCH_BACKEND: dict[Op, Adapter] = {
     **{op: _computed_then_written(fn) for op, fn in _REFERENCE.items()},
     **{op: r.torch for op, r in RECORDS.items()},
+}
+
+# TORCH_BACKEND with ggml-cpu's rounding (see _GGML_CPU): compare with llama.cpp / ggml on the CPU
+GGML_CPU_BACKEND: dict[Op, Adapter] = {
+    **TORCH_BACKEND,
+    **{op: _computed_then_written(fn) for op, fn in _GGML_CPU.items()},
 }
 
 
@@ -95,4 +141,4 @@ TRITON_BACKEND: dict[Op, Adapter] = {
     **{op: r.triton for op, r in RECORDS.items()},
 }
 
-__all__ = ["Adapter", "TORCH_BACKEND", "TRITON_BACKEND"]
+__all__ = ["Adapter", "GGML_CPU_BACKEND", "TORCH_BACKEND", "TRITON_BACKEND"]

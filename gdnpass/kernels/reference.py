@@ -225,3 +225,290 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor | None = 
             flat[n_scores + slot * M.numel():][:M.numel()] = M.reshape(-1)
     flat[:n_scores] = scores.reshape(-1)
     return res
+
+
+# ---- attention ops (issue 17): ROPE, SET_ROWS, SOFT_MAX, FLASH_ATTN_EXT ---------------------------------------------
+#
+# What each models, as the pinned llama.cpp's ggml-cpu computes it (0c1e570, ggml/src/ggml-cpu/ops.cpp), and where the
+# reference departs from it: ROPE, SET_ROWS and SOFT_MAX follow the CPU's rounding points (f32 arithmetic, the
+# CPU's order of roundings); FLASH_ATTN_EXT and MUL_MAT come in two forms: the f32 semantics (``cpu=False``: Q, K, V
+# as f32, softmax and V·P in f32) and the CPU's (``cpu=True``: Q and the MUL_MAT activation rounded to the K/weight
+# type as ggml-cpu's vec_dot_type does, V·P accumulated in f16 for an f16 V, online softmax in KV order).
+# gdnpass.kernels.backends: TORCH_BACKEND runs the f32 forms, GGML_CPU_BACKEND the CPU's (and rms_norm's double sum).
+# Checked against ggml-python's CPU op by op and against the pinned llama.cpp node by node (tests/test_attention_ops.py).
+
+ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
+ROPE_IMPLEMENTED = frozenset({ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_IMROPE})  # not VISION (24)
+
+_f = np.float32
+
+
+def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float,
+                        beta_slow: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims (ggml.c), in the C code's float32: the first and last rotary dimension YaRN ramps
+    between, ``n_dims * logf(n_ctx_orig / (n_rot * 2π)) / (2 * logf(base))`` floored / ceiled and clamped."""
+    with np.errstate(all="ignore"):
+        def corr_dim(n_rot: float) -> np.float32:
+            inner = _f(n_ctx_orig) / (_f(n_rot) * _f(2) * _f(np.pi))
+            return _f(n_dims) * np.log(_f(inner)) / (_f(2) * np.log(_f(freq_base)))
+
+        start, end = np.floor(corr_dim(beta_fast)), np.ceil(corr_dim(beta_slow))
+    return float(max(_f(0), _f(start))), float(min(_f(n_dims - 1), _f(end)))
+
+
+def _rope_yarn(theta_extrap: torch.Tensor, k: int, freq_scale: float, corr: tuple[float, float], ext_factor: float,
+               mscale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml-cpu's rope_yarn for pair k (i0 = 2k): (cos θ·mscale, sin θ·mscale), float32 as in C (cos/sin of the f32
+    angle correctly rounded: computed in f64, rounded once)."""
+    theta = theta_extrap * f32(freq_scale)
+    m = _f(mscale)
+    if ext_factor != 0.0:
+        y = (_f(k) - _f(corr[0])) / max(_f(0.001), _f(corr[1]) - _f(corr[0]))  # rope_yarn_ramp: (i0/2 - low) / ...
+        ramp_mix = _f(_f(1) - min(_f(1), max(_f(0), _f(y)))) * _f(ext_factor)
+        theta = theta * f32(_f(1) - ramp_mix) + theta_extrap * f32(ramp_mix)
+        m = _f(m * _f(_f(1) + _f(0.1) * np.log(_f(1) / _f(freq_scale))))
+    t = theta.to(torch.float64)
+    return torch.cos(t).to(F32) * float(m), torch.sin(t).to(F32) * float(m)
+
+
+def _mrope_stream(k: int, sections, imrope: bool) -> int:
+    """Which of the 4 position streams (t, h, w, e) pair k rotates by: ggml_mrope_cache_init's sector rule. IMROPE
+    (qwen3-vl / qwen35) interleaves t, h, w by sector % 3 within 3 * section; MROPE takes contiguous sections."""
+    s0, s1, s2, s3 = sections
+    sector = k % (s0 + s1 + s2 + s3)
+    if imrope:
+        if sector % 3 == 1 and sector < 3 * s1:
+            return 1
+        if sector % 3 == 2 and sector < 3 * s2:
+            return 2
+        if sector % 3 == 0 and sector < 3 * s0:
+            return 0
+        return 3
+    if s0 <= sector < s0 + s1:
+        return 1
+    if s0 + s1 <= sector < s0 + s1 + s2:
+        return 2
+    if sector >= s0 + s1 + s2:
+        return 3
+    return 0
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, freq_factors: torch.Tensor | None, *, n_dims: int, mode: int,
+         n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+         beta_fast: float, beta_slow: float, sections=(0, 0, 0, 0), n_offs: int = 0) -> torch.Tensor:
+    """ROPE (ggml_rope_ext / ggml_rope_multi), forward, modes NORMAL 0, NEOX 2, MROPE 8 and IMROPE 40; x ne
+    [ne0, heads, tokens, ne3] (f32 or f16), pos I32 ne [tokens] (M-RoPE: [4 * tokens]: the t, h, w, e streams one
+    after the other). Rows are rotated in pairs starting at ``n_offs``: NORMAL pairs (2k, 2k+1), the others
+    (k, k + n_dims/2), k < n_dims/2; the rest of the row is copied.
+
+    Angles as ggml-cpu's rope cache makes them (ggml_rope_cache_init / ggml_mrope_cache_init): θ_k = p·s^k with
+    s = powf(freq_base, -2.0f/n_dims) applied by repeated f32 multiplication from θ_0 = (float) p (M-RoPE: one
+    running θ per stream, pair k taking its stream's), divided by freq_factors[k], then YaRN's rope_yarn:
+    θ·freq_scale, blended toward θ by the ramp when ext_factor != 0 (θ_interp·(1 - r) + θ_extrap·r), magnitude
+    attn_factor, ×(1 + 0.1·ln(1/freq_scale)) when ext_factor != 0. Rotation in f32: x0·cos - x1·sin,
+    x0·sin + x1·cos. Every product and sum rounded on its own, as the pinned -O0 build computes them (a build that
+    contracts them into FMAs, like ggml-python's, is an ulp apart). (ggml-cuda computes θ_k = p·powf(s, k)
+    directly: not bit-identical at large positions.)
+    """
+    if mode not in ROPE_IMPLEMENTED:
+        raise ValueError(f"ROPE mode {mode} is not implemented (have {sorted(ROPE_IMPLEMENTED)})")
+    n3, n2, n1, ne0 = x.shape
+    if n_dims % 2 or n_offs % 2 or n_offs < 0 or n_offs + n_dims > ne0:
+        raise ValueError(f"ROPE: n_dims {n_dims}, n_offs {n_offs} do not fit rows of {ne0}")
+    mrope = bool(mode & ROPE_MROPE)
+    flat = pos.reshape(-1)
+    streams = [flat[j * n2:(j + 1) * n2].to(F32) for j in range(4 if mrope else 1)]
+    if mrope and (sum(sections) > ne0 or not any(sections[:3])):
+        raise ValueError(f"ROPE: M-RoPE sections {tuple(sections)} do not fit rows of {ne0}")
+    theta_scale = f32(_f(freq_base) ** (_f(-2.0) / _f(n_dims)))
+    corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    ff = freq_factors.reshape(-1).to(F32) if freq_factors is not None else None
+    half = n_dims // 2
+    cos = torch.empty(n2, half, dtype=F32, device=x.device)
+    sin = torch.empty_like(cos)
+    for k in range(half):
+        theta = streams[_mrope_stream(k, sections, mode == ROPE_IMROPE) if mrope else 0]
+        if ff is not None:
+            theta = theta / ff[k]
+        cos[:, k], sin[:, k] = _rope_yarn(theta, k, freq_scale, corr, ext_factor, attn_factor)
+        streams = [t * theta_scale for t in streams]
+    xf = x.to(F32)
+    out = xf.clone()
+    if mode == ROPE_NORMAL:
+        i0 = n_offs + 2 * torch.arange(half, device=x.device)
+        i1 = i0 + 1
+    else:
+        i0 = n_offs + torch.arange(half, device=x.device)
+        i1 = i0 + half
+    x0, x1 = xf[..., i0], xf[..., i1]
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    out[..., i0] = x0 * c - x1 * s
+    out[..., i1] = x0 * s + x1 * c
+    return out.to(x.dtype)
+
+
+def set_rows(dst: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """SET_ROWS (ggml_set_rows(a=dst, b=rows, c=ids)): the destination with row ``ids[i, i02 % ne11, i03 % ne12]`` of
+    each (i02, i03) plane replaced by row i of ``rows``, converted to dst's type (f32 -> f16/bf16: round to nearest
+    even, as ggml's from_float). Row ids are I64 or I32. (Two equal ids in one plane: ggml's threads race; here one
+    of the rows wins.)"""
+    n3, n2 = rows.shape[:2]
+    i3 = torch.arange(n3, device=dst.device).view(-1, 1)
+    i2 = torch.arange(n2, device=dst.device).view(1, -1)
+    idx = ids[0].long()[i3 % ids.shape[1], i2 % ids.shape[2]]  # (n3, n2, n1): plane (i2, i3) reads ids[i3%, i2%]
+    i3, i2 = i3[..., None], i2[..., None]
+    if bool(((idx < 0) | (idx >= dst.shape[2])).any()):
+        raise IndexError(f"SET_ROWS: row id out of [0, {dst.shape[2]})")
+    out = dst.clone()
+    out[i3, i2, idx] = rows.to(dst.dtype)
+    return out
+
+
+def alibi_slopes(n_head: int, max_bias: float, device=None) -> torch.Tensor:
+    """Per-head ALiBi slopes as ggml-cpu's soft_max / flash_attn_ext compute them (1.0 when max_bias is 0):
+    m0 = 2^(-max_bias/n_head_log2), m1 = 2^(-(max_bias/2)/n_head_log2); head h < n_head_log2: m0^(h+1), else
+    m1^(2(h - n_head_log2) + 1); f32 powf."""
+    if max_bias <= 0.0:
+        return torch.ones(n_head, dtype=F32, device=device)
+    log2 = 1 << int(np.floor(np.log2(n_head)))
+    m0 = _f(2.0) ** (-_f(max_bias) / _f(log2))
+    m1 = _f(2.0) ** (-(_f(max_bias) / _f(2.0)) / _f(log2))
+    s = [m0 ** _f(h + 1) if h < log2 else m1 ** _f(2 * (h - log2) + 1) for h in range(n_head)]
+    return torch.tensor(np.array(s, dtype=np.float32), device=device)
+
+
+def _mask_rows(mask: torch.Tensor, n3: int, n2: int, n1: int) -> torch.Tensor:
+    """The mask row each (i3, i2, i1) reads: row i1 of plane (i2 % ne2, i3 % ne3), as f32 (ne32/ne33 broadcast by
+    modulo; a mask may have more rows than there are queries: padding)."""
+    m = mask.to(F32)
+    i3 = torch.arange(n3, device=m.device) % m.shape[0]
+    i2 = torch.arange(n2, device=m.device) % m.shape[1]
+    return m[i3][:, i2][:, :, :n1]
+
+
+def soft_max(x: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor | None, scale: float,
+             max_bias: float) -> torch.Tensor:
+    """SOFT_MAX (ggml_soft_max_ext, + ggml_soft_max_add_sinks) along ne0, as ggml-cpu's soft_max_f32: w = x·scale
+    (f32) + slope·mask (mask f16/f32, row i1 of plane (i2 % ne12, i3 % ne13); slope from ALiBi, 1 without);
+    e = exp(w - max) in f32 (max over the row and the head's sink); Σe accumulated in double (plus exp(sink - max));
+    y = e · (float)(1/Σ), a multiply by the rounded reciprocal, not a division. (The CPU's exp is its SIMD expf:
+    within an ulp of torch's.) A row of all -inf is NaN, as on the CPU."""
+    n3, n2, n1, _ = x.shape
+    w = x.to(F32) * f32(scale)
+    if mask is not None:
+        w = w + alibi_slopes(n2, max_bias, x.device).view(1, -1, 1, 1) * _mask_rows(mask, n3, n2, n1)
+    mx = w.amax(-1, keepdim=True)
+    sk = sinks.reshape(-1).to(F32).view(1, -1, 1, 1) if sinks is not None else None
+    if sk is not None:
+        mx = torch.maximum(mx, sk)
+    e = torch.exp(w - mx)
+    total = e.to(torch.float64).sum(-1, keepdim=True)
+    if sk is not None:
+        total = total + torch.exp(sk - mx).to(torch.float64)
+    return e * (1.0 / total).to(F32)
+
+
+def _round_to(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x rounded to ``dtype`` (f16/bf16: nearest even) and back to f32; f32 unchanged."""
+    return x.to(F32) if dtype == F32 else x.to(dtype).to(F32)
+
+
+def _expf(x: torch.Tensor) -> torch.Tensor:
+    """libm's expf, correctly rounded (f64 exp, rounded once; torch's f32 exp may be an ulp off), where one ulp
+    decides an f16 rounding of the CPU's accumulator."""
+    return torch.exp(x.to(torch.float64)).to(F32)
+
+
+def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   sinks: torch.Tensor | None, scale: float, max_bias: float = 0.0, logit_softcap: float = 0.0,
+                   *, cpu: bool = False) -> torch.Tensor:
+    """FLASH_ATTN_EXT: q ne [DK, n_q, H, ne3], k ne [DK, n_kv, H_kv, ne3k], v ne [DV, n_kv, H_kv, ne3v] (views, any
+    strides), mask f16 ne [n_kv, >= n_q, ne32, ne33] (broadcast by modulo), sinks f32 [H]. Query head h reads K/V head
+    h // (H / H_kv) (likewise ne3). Per query row: s_j = (q·k_j)·scale (logit_softcap c != 0: c·tanh(s_j·scale/c)),
+    plus slope·mask_j (ALiBi slope, 1 without); out = Σ_j softmax(s)_j v_j, a sink joining the softmax's sum as
+    exp(sink - max) with no value; a row whose every s_j is -inf (and no sink) gives 0, as the CPU's S == 0 case.
+    Result f32 ne [DV, H, n_q, ne3] (the permute(0, 2, 1, 3) ggml defines): torch shape (ne3, n_q, H, DV).
+    ``n_kv_max`` (a sparsity hint) and ``prec`` do not change the result (the CPU accumulates in f32 for both precs).
+
+    ``cpu=False``: f32 semantics: Q, K, V as f32 (f16 K/V widen exactly), s in f32, exp(s - max), Σ and P·V in f32.
+
+    ``cpu=True``: the pinned ggml-cpu (ops.cpp flash_attn_ext_f16), per path:
+    - one-chunk path (fewer than 64 query rows, or K/V types differ): Q rounded to K's vec_dot type (f16 for an f16
+      K: ``q_to_vec_dot``), s_j from that dot (f32, the sum taken in f64 here, ggml's SIMD lanes in f32); KV positions
+      in order, those with mask -inf skipped; online softmax: a new maximum rescales the accumulator by
+      exp(M_old - M), every position adds v_j·exp(s_j - M); for an f16 V that accumulator is f16 (ggml_vec_scale_f16,
+      ggml_vec_mad_f16: each step rounded to f16), else f32; S = S·ms + vs in f32; out = acc · (1/S);
+    - tiled path (64 or more query rows, K and V both f16 or both f32): Q, K, V in f32, which is ``cpu=False``
+      (up to the order of the f32 sums over KV tiles of 64);
+    - split-KV path (one query row, n_kv >= 512): chunks per thread, combined in f32; modelled as one thread (the
+      one-chunk path over all of KV).
+    """
+    n3, H, n_q, DK = q.shape
+    r3, rk = n3 // k.shape[0], H // k.shape[1]
+    kk = k.repeat_interleave(rk, 1).repeat_interleave(r3, 0) if (rk, r3) != (1, 1) else k
+    vv = v.repeat_interleave(H // v.shape[1], 1).repeat_interleave(n3 // v.shape[0], 0)
+    sc = f32(scale)
+    if logit_softcap != 0.0:
+        sc = f32(_f(scale) / _f(logit_softcap))
+    mv = None
+    if mask is not None:
+        mv = alibi_slopes(H, max_bias, q.device).view(1, -1, 1, 1) * _mask_rows(mask, n3, H, n_q)
+    sk = sinks.reshape(-1).to(F32).view(1, -1, 1) if sinks is not None else None  # (1, H, 1)
+    tiled = n_q >= 64 and k.dtype == v.dtype and k.dtype in (F32, torch.float16)
+    if not cpu or tiled:
+        s = (q.to(F32) @ kk.to(F32).transpose(-1, -2)) * sc
+        if logit_softcap != 0.0:
+            s = torch.tanh(s) * f32(logit_softcap)
+        if mv is not None:
+            s = s + mv
+        mx = s.amax(-1)
+        if sk is not None:
+            mx = torch.maximum(mx, sk)
+        live = mx > float("-inf")
+        p = torch.exp(s - torch.where(live, mx, torch.zeros_like(mx))[..., None])
+        total = p.sum(-1)
+        if sk is not None:
+            total = total + torch.where(live, torch.exp(sk - mx), torch.zeros_like(mx))
+        o = (p @ vv.to(F32)) / torch.where(total == 0, torch.ones_like(total), total)[..., None]
+        o = torch.where((total == 0)[..., None], torch.zeros_like(o), o)
+        return o.transpose(1, 2).contiguous()
+    # the one-chunk path, position by position
+    qq = _round_to(q, k.dtype if k.dtype in (torch.float16, torch.bfloat16) else F32)
+    s_all = (qq.to(torch.float64) @ kk.to(torch.float64).transpose(-1, -2)).to(F32) * sc
+    if logit_softcap != 0.0:
+        s_all = torch.tanh(s_all) * f32(logit_softcap)
+    if mv is not None:
+        s_all = s_all + mv
+    # positions whose mask is -inf are skipped (without a mask, none)
+    live = mv > float("-inf") if mv is not None else torch.ones_like(s_all, dtype=torch.bool)
+    f16_acc = v.dtype == torch.float16
+    M = torch.full((n3, H, n_q), float("-inf"), dtype=F32, device=q.device)
+    S = torch.zeros_like(M)
+    acc = torch.zeros(n3, H, n_q, v.shape[-1], dtype=F32, device=q.device)
+    vf = vv.to(F32)
+    for j in range(s_all.shape[-1]):
+        sj, ok = s_all[..., j], live[..., j]
+        up = ok & (sj > M)
+        ms = torch.where(up, _expf(M - sj), torch.ones_like(M))
+        vs = torch.where(up | ~ok, torch.ones_like(M), _expf(sj - M))
+        scaled = acc * ms[..., None]
+        acc = torch.where(up[..., None], _round_to(scaled, torch.float16) if f16_acc else scaled, acc)
+        mad = (acc.to(torch.float64) + vf[:, :, j, None, :].to(torch.float64) * vs[..., None].to(torch.float64)).to(F32)
+        acc = torch.where(ok[..., None], _round_to(mad, torch.float16) if f16_acc else mad, acc)
+        S = torch.where(ok, S * ms + vs, S)
+        M = torch.where(up, sj, M)
+    if sk is not None:
+        hi = sk > M
+        ms = torch.where(hi, _expf(M - sk), torch.ones_like(M))
+        vs = torch.where(hi, torch.ones_like(M), _expf(sk - M))
+        acc = acc * ms[..., None]
+        S = S * ms + vs
+    inv = torch.where(S == 0, torch.zeros_like(S), 1.0 / torch.where(S == 0, torch.ones_like(S), S))
+    return (acc * inv[..., None]).transpose(1, 2).contiguous()
+
+
+def mul_mat_cpu(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """MUL_MAT as ggml-cpu computes it: the activation x rounded to the weight's vec_dot type first (f16 weights:
+    x to f16; bf16: x to bf16, nearest even: ``from_float`` of ggml_compute_forward_mul_mat), then the f32
+    product of :func:`mul_mat` (the CPU's f32 sums run in its own order: SIMD lanes or llamafile tiles)."""
+    return mul_mat(w, _round_to(x, w.dtype if w.dtype in (torch.float16, torch.bfloat16) else F32))

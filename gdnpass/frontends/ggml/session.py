@@ -14,7 +14,8 @@ from gdnpass.frontends.structs import record_dtype
 from gdnpass.ir import DType, GraphError, Tensor, op_label, runs_kernel
 from gdnpass.kernels.backends import TORCH_BACKEND
 
-_TORCH = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32}
+_TORCH = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
+          DType.I64: torch.int64}
 
 
 @dataclass

@@ -12,7 +12,13 @@
   plans it once, at context creation, and binds that plan to every later graph of the same topology, node by node:
   :func:`gdnpass.alloc.bind`). Its leaf list also gives the verify graph its leafs, which the eval callback cannot see.
 * ``use_counts``: ggml's own use count of every verify tensor (``cgraph->use_counts`` of the reserve graph, by
-  position), ``logits``, the resolved settings, llama.cpp's log.
+  position), ``logits``, the resolved settings, llama.cpp's log;
+* ``memory`` (with ``Settings(record_memory=True)``): the bytes of every non-weights buffer (``compute``, ``rs``,
+  ``kv``) as the verify graph starts: its graph inputs set by llama.cpp (token ids, positions, KQ mask, row ids,
+  ``rs_s_copy``...) and the caches after the prompt. Copied into an Executor's buffers, with the weights from the
+  GGUF file, they make gdnpass run the very step llama.cpp ran (tests/test_attention_ops.py);
+* ``node_data`` (with ``Settings(record_nodes=True)``): every computing verify node's bytes just after llama.cpp ran
+  it, by node index (through the node's strides, from its first byte): a node-by-node referee of gdnpass's kernels.
 
 A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the worker; it becomes one
 :class:`~gdnpass.errors.LlamaError` line quoting the assert.
@@ -55,6 +61,8 @@ class Settings:
     flash_attn: str = "auto"   # auto | on | off (auto resolves to FLASH_ATTN_EXT on the CPU)
     n_threads: int = 2
     seed: int = 0              # picks the token ids
+    record_memory: bool = False  # keep the compute and cache buffers' bytes as the verify graph starts (Capture.memory)
+    record_nodes: bool = False   # keep every verify node's bytes just after it runs (Capture.node_data)
 
     def check(self) -> None:
         def need(ok: bool, flag: str, msg: str) -> None:
@@ -84,6 +92,8 @@ class Capture:
     logits: bytes                              # float32, n_tokens x n_vocab
     n_vocab: int
     log: list[str] = field(default_factory=list)
+    memory: dict[str, bytes] = field(default_factory=dict)  # buffer name -> bytes before the verify (record_memory)
+    node_data: dict[int, bytes] = field(default_factory=dict)  # verify node index -> bytes after it ran (record_nodes)
 
     @property
     def reallocated(self) -> bool | None:
@@ -107,7 +117,8 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
     req = {"gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "layout": install.layout,
            "n_ctx": settings.n_ctx, "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch,
            "n_rs_seq": settings.n_rs_seq, "flash_attn": settings.flash_attn, "n_threads": settings.n_threads,
-           "prompt": prompt, "verify": verify}
+           "prompt": prompt, "verify": verify, "record_memory": settings.record_memory,
+           "record_nodes": settings.record_nodes}
     with tempfile.TemporaryDirectory(prefix="gdnpass-capture-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "capture.json")
         req_path.write_text(json.dumps(req))
@@ -262,8 +273,10 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
         for r, v in corr.items():
             if rcounts.get(r):
                 counts[verify.tensors[v].uid] = rcounts[r]
+    memory = {names[int(k)]: base64.b64decode(v) for k, v in out.get("memory", {}).items()}
+    node_data = {int(k): base64.b64decode(v) for k, v in out.get("node_data", {}).items()}
     return Capture(verify.graph, reserve.graph, counts, out["settings"], base64.b64decode(out["logits"]),
-                   out["n_vocab"], log)
+                   out["n_vocab"], log, memory, node_data)
 
 
 def _resolved(log: list[str]) -> list[str]:

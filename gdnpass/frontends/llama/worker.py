@@ -17,6 +17,14 @@ What it does, with the request's context settings:
    its compute buffer for) and reads its node and leaf lists and ggml's use counts, which the eval callback cannot see;
 5. writes all of it as JSON to OUT. The log lines (llama.cpp's and ggml's) go along: they say how flash attention and
    the fused GDN ops resolved and whether gallocr re-allocated for the verify graph.
+
+With ``record_memory`` in the request it also keeps the bytes the verify graph starts from: every non-weights buffer
+(the compute buffer, whose graph inputs llama.cpp has just set, and the KV / recurrent caches) as it is when the
+scheduler first asks about a verify node, i.e. after ``set_inputs`` and before any node runs. The cache buffers are
+found from the prompt's graph (recorded for that alone), the compute buffer from that first verify node. With
+``record_nodes`` it also keeps every verify node's bytes right after the node runs (the callback then asks for every
+node, so the scheduler computes them one at a time; the plan and the arithmetic are the same); views and no-ops are
+left out.
 """
 
 from __future__ import annotations
@@ -41,6 +49,8 @@ GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object) (ggml.c, private): offs, siz
 _USAGE = {0: "any", 1: "weights", 2: "compute"}  # enum ggml_backend_buffer_usage
 _RESERVE_SYMBOL = "_Z19llama_graph_reserveP13llama_contextjjj"  # llama-ext.h, C++ linkage
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
+_NO_DATA_OPS = ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE")  # ggml ops that compute nothing (record_nodes)
+_TYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8}  # the types gdnpass models (record_nodes)
 
 
 class Refused(Exception):
@@ -111,11 +121,39 @@ def run(req: dict) -> dict:
 
     recording = [False]
     order: list[int] = []
+    record_memory = bool(req.get("record_memory"))
+    prompt_order: list[int] = []
+    cache_buffers: list[int] = []   # found from the prompt's graph
+    memory: dict[int, bytes] = {}   # buffer address -> its bytes before the verify graph runs
+    record_nodes = bool(req.get("record_nodes"))
+    node_data: dict[int, bytes] = {}  # verify node index -> its bytes just after it ran (record_nodes)
+
+    def snapshot(first: int) -> None:
+        """The compute buffer of the first verify node and the cache buffers, before any verify node runs."""
+        c = read_reachable([first], PINNED_TENSOR, names)[first]
+        bufs = list(cache_buffers)
+        if c.buffer and int(g.ggml_backend_buffer_get_usage(c.buffer)) == 2:  # GGML_BACKEND_BUFFER_USAGE_COMPUTE
+            bufs.append(c.buffer)
+        for b in bufs:
+            base, size = g.ggml_backend_buffer_get_base(b), int(g.ggml_backend_buffer_get_size(b))
+            memory[b] = ctypes.string_at(base, size) if base and size else b""
 
     @L.ggml_backend_sched_eval_callback
     def on_eval(t, ask, user_data):  # noqa: ARG001
         if recording[0] and ask:
+            if record_memory and not order:
+                snapshot(int(t))
             order.append(int(t))
+            return record_nodes  # "not needed" (the graph runs in one go) unless every node's bytes are kept
+        if recording[0] and record_nodes:  # asked for: node t has just run
+            c = read_reachable([int(t)], PINNED_TENSOR, names)[int(t)]
+            es = _TYPE_SIZES.get(c.type_name)
+            if es and c.data and c.op_name not in _NO_DATA_OPS and all(x > 0 for x in c.ne):
+                n = es + sum((c.ne[i] - 1) * c.nb[i] for i in range(4))
+                node_data[len(order) - 1] = ctypes.string_at(c.data, n)
+            return True
+        if record_memory and phase[0] == "prompt" and ask:
+            prompt_order.append(int(t))
         return False  # "not needed": the scheduler computes the graph in one go
 
     cp = L.llama_context_default_params()
@@ -153,6 +191,10 @@ def run(req: dict) -> dict:
     t0 = time.perf_counter()
     phase[0] = "prompt"
     decode(prompt, 0, False)
+    if record_memory:  # the buffers the prompt's graph reads besides the model and the compute buffer: the caches
+        for c in read_reachable(prompt_order, PINNED_TENSOR, names).values():
+            if c.buffer and c.buffer not in cache_buffers and int(g.ggml_backend_buffer_get_usage(c.buffer)) == 0:
+                cache_buffers.append(c.buffer)
     phase[0] = "verify"
     recording[0] = True
     decode(verify, len(prompt), True)
@@ -177,6 +219,8 @@ def run(req: dict) -> dict:
     reserve_tensors = read_reachable(rg.nodes + rg.leafs, PINNED_TENSOR, names)
 
     buffers: dict[int, dict] = {}
+    if record_memory and not memory:
+        raise Refused("record_memory: the verify graph was never asked about (no eval callback)")
     for c in list(verify_tensors.values()) + list(reserve_tensors.values()):
         if c.buffer and c.buffer not in buffers:
             buffers[c.buffer] = {"name": g.ggml_backend_buffer_name(c.buffer).decode(),
@@ -197,6 +241,8 @@ def run(req: dict) -> dict:
                     "tensors": [c.to_json() for c in reserve_tensors.values()]},
         "buffers": {str(k): v for k, v in buffers.items()},
         "logits": base64.b64encode(logits).decode(),
+        "memory": {str(k): base64.b64encode(v).decode() for k, v in memory.items()},
+        "node_data": {str(k): base64.b64encode(v).decode() for k, v in node_data.items()},
         "log": logs,
         "capture_s": round(time.perf_counter() - t0, 3),
     }
