@@ -216,3 +216,54 @@ def test_capture_then_dump_explain_cli(llama, gguf_files, tmp_path):
     r = run("dump", "--graph", str(out), "--fuse", "--explain")
     assert r.returncode == 0, r.stderr
     assert "fusion gdn_conv_chain: applied 6\n" in r.stdout, r.stdout
+
+
+# ---- our whole forward's logits against llama.cpp's ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rs", RS_SEQ)
+def test_whole_builder_logits_match_llama_cpp_s(llama, gguf_files, rs):
+    """Our own whole forward of the model file, run by our executor from the state llama.cpp's memory held when its
+    verify began (the prompt's K/V cache and recurrent states, recorded by the capture, copied leaf by leaf), with the
+    capture's token ids and the file's weights: its logits against llama.cpp's CPU logits, max |Δ| / max |ref| ≤ 1e-4
+    (f32 file; GGML_CPU_BACKEND rounds where ggml's CPU path rounds). Fused vs unfused: byte-identical."""
+    import numpy as np
+    import torch
+
+    from gdnpass import pipeline
+    from gdnpass.kernels.backends import GGML_CPU_BACKEND
+    from gdnpass.models.gguf_model import open_model
+    from gdnpass.runtime import Executor
+
+    shape, path = "tiny-qwen35", gguf_files["tiny-qwen35"]
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True)
+    c = cap_mod.capture(path, s, install=llama)
+    want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
+    model = open_model(path)
+    cfg = model.config(n_tokens=T, n_rs_seq=rs, n_past=s.n_prompt)
+    cached = {t.name: t for t in c.verify.leafs if t.buffer in ("rs", "kv")}
+    tokens = [x % c.n_vocab for x in s.tokens()[1]]
+
+    def start(ex: Executor, graph) -> None:  # after the seeded fill: llama.cpp's state, weights and tokens
+        model.load_weights(ex, graph)
+        for t in graph.leafs:
+            if t.name in cached:
+                theirs = cached[t.name]
+                raw = c.memory[theirs.buffer][theirs.offset: theirs.offset + theirs.nbytes]
+                ex.view(t).view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        ex.view(graph.find("inp_tokens")).copy_(torch.tensor(tokens, dtype=torch.int32))
+
+    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=False))
+    assert {t.name for t in res.graph.leafs if t.name.startswith("cache_")} == set(cached)
+    ex = Executor(res.graph, backend=GGML_CPU_BACKEND)
+    ex.fill(seed=0)
+    start(ex, res.graph)
+    ex.run()
+    got = ex.read(res.graph.find("result_output")).reshape(want.shape)
+    assert float((got - want).abs().max() / want.abs().max()) <= 1e-4
+
+    from gdnpass.check import check_fusion
+
+    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=True), fuse_now=False)
+    out = check_fusion(res.graph, weights=lambda ex: start(ex, res.graph))
+    assert out.identical and any(c.name == "result_output" for c in out.compared)
