@@ -25,6 +25,14 @@ if TYPE_CHECKING:  # the IR is imported lazily: the capture worker runs without 
     from gdnpass.ir import Graph, Tensor
 
 
+def _layout(cls, d: dict, what: str):
+    """A layout dataclass from a probe's {field: offset}, every field required."""
+    missing = [f for f in cls.__dataclass_fields__ if f not in d]
+    if missing:
+        raise GraphError(f"{what} lacks {', '.join(missing)}")
+    return cls(**{f: int(d[f]) for f in cls.__dataclass_fields__})
+
+
 @dataclass(frozen=True)
 class TensorLayout:
     """``sizeof(struct ggml_tensor)`` and the ``offsetof`` of each field the reader needs."""
@@ -48,10 +56,7 @@ class TensorLayout:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "TensorLayout":
-        missing = [f for f in cls.__dataclass_fields__ if f not in d]
-        if missing:
-            raise GraphError(f"{where}: ggml_tensor layout lacks {', '.join(missing)}")
-        return cls(**{f: int(d[f]) for f in cls.__dataclass_fields__})
+        return _layout(cls, d, f"{where}: ggml_tensor layout")
 
     def mismatch(self, other: "TensorLayout") -> str | None:
         """A one-line description of the first field where two layouts differ, or None."""
@@ -76,10 +81,7 @@ class GraphLayout:
 
     @classmethod
     def from_dict(cls, d: dict, where: str) -> "GraphLayout":
-        missing = [f for f in cls.__dataclass_fields__ if f not in d]
-        if missing:
-            raise GraphError(f"{where}: ggml_cgraph layout lacks {', '.join(missing)}")
-        return cls(**{f: int(d[f]) for f in cls.__dataclass_fields__})
+        return _layout(cls, d, f"{where}: ggml_cgraph layout")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from gdnpass.errors import GraphError
 from gdnpass.ir import DType, Graph
-from gdnpass.models.gguf_write import ARCH, GgufError, _gguf, read_shape
+from gdnpass.models.gguf_write import ARCH, GgufError, _gguf, open_reader, read_shape
 from gdnpass.models.hparams import ModelShape, VerifyConfig
 
 # GGML types gdnpass holds as they are, and the quantized ones it dequantizes to f32 on load (gguf.quants does it)
@@ -92,13 +92,7 @@ class GgufModel:
 def open_model(path: str | os.PathLike) -> GgufModel:
     """The model in a GGUF file, from its header and tensor index; GgufError naming what is wrong otherwise."""
     path = Path(path)
-    gguf = _gguf()
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except FileNotFoundError:
-        raise GgufError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+    reader = open_reader(path)
     arch_field = reader.fields.get("general.architecture")
     arch = arch_field.contents() if arch_field is not None else None
     if arch in _REFUSED:

@@ -249,6 +249,17 @@ def _f32_value(x: float) -> float:
     return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
+def open_reader(path: Path):
+    """A ``gguf.GGUFReader`` of ``path`` (memory-mapped: the header and tensor index are read, no tensor data);
+    GgufError, one line, when the file is missing or not GGUF."""
+    try:
+        return _gguf().GGUFReader(path, "r")
+    except FileNotFoundError:
+        raise GgufError(f"{path}: no such file") from None
+    except (OSError, ValueError) as e:
+        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+
+
 def read_shape(path: str | os.PathLike) -> ModelShape:
     """The :class:`ModelShape` of the qwen35 GGUF file at ``path``, from its header alone.
 
@@ -256,14 +267,8 @@ def read_shape(path: str | os.PathLike) -> ModelShape:
     n_embd / head_count, rope dims = key_length, rope base 1e4, full_attention_interval 4, vocab size = the number
     of tokens). ``n_layer`` is the trunk: block_count less any ``nextn_predict_layers`` (MTP) blocks. The name is
     ``general.name`` (else the file's stem)."""
-    gguf = _gguf()
     path = Path(path)
-    try:
-        r = gguf.GGUFReader(path, "r")
-    except FileNotFoundError:
-        raise GgufError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+    r = open_reader(path)
     fields = r.fields
 
     def get(key: str, default: Any = None) -> Any:
