@@ -20,13 +20,14 @@ INT_PTRS = {"ids_ptr", "table_ptr"}
 FLOATS = {"eps", "scale", "bias"}
 
 
-def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS):
-    """One variant: pointers f32 (i32 for indices), ``eps``/``scale`` f32, other scalars i32."""
+def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs: dict | None = None):
+    """One variant: pointers f32 (i32 for indices; ``ptrs`` overrides by name), ``eps``/``scale`` f32, other scalars
+    i32."""
     def kind(name):
         if name in constexprs:
             return "constexpr"
         if name.endswith("_ptr"):
-            return "*i32" if name in INT_PTRS else "*fp32"
+            return (ptrs or {}).get(name) or ("*i32" if name in INT_PTRS else "*fp32")
         return "fp32" if name in FLOATS else "i32"
     sig = {n: kind(n) for n in kernel.arg_names}
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
@@ -35,7 +36,21 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS):
 
 def variants():
     yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C), tri.NUM_WARPS
-    yield tri._silu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+    for kind in tri.UNARY_KINDS:
+        yield tri._unary_kernel, dict(KIND=kind, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+    yield tri._swiglu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+    for op in ("ADD", "MUL"):
+        yield tri._binary_kernel, dict(OP=op, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+    # the data-movement kernels move bits: int views (see triton_ops._bits)
+    for dim in range(4):
+        yield (tri._concat_kernel, dict(DIM=dim, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS,
+               dict(a_ptr="*i32", b_ptr="*i32", y_ptr="*i32"))
+    for mode, x, y in (("bits", "*i32", "*i32"), ("bits", "*i16", "*i16"), ("f16", "*fp32", "*i16"),
+                       ("bf16", "*fp32", "*i16"), ("i32", "*fp32", "*i32")):
+        yield tri._cpy_kernel, dict(MODE=mode, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS, dict(x_ptr=x, y_ptr=y)
+    for src, a in (("f32", "*i32"), ("i32", "*i32"), ("f16", "*fp16"), ("bf16", "*i16")):
+        yield (tri._get_rows_kernel, dict(SRC=src, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS,
+               dict(a_ptr=a, ids_ptr="*i32", y_ptr="*i32"))
     yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(128)), RMS=False), tri.NUM_WARPS
     for S in (32, 128):  # the q/k head sizes of the tiny and the real models
         yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S)), RMS=True), tri.NUM_WARPS
@@ -70,11 +85,11 @@ def main() -> int:
             return 0
         return 1
     todo = list(variants())
-    for kernel, constexprs, num_warps in todo:
+    for kernel, constexprs, num_warps, *ptrs in todo:
         missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in constexprs]
         if missing:  # a constexpr left out compiles as a plain argument: the check would test another kernel
             raise SystemExit(f"{kernel.__name__}: constexprs {missing} not given")
-        compile_sm90(kernel, constexprs, num_warps)
+        compile_sm90(kernel, constexprs, num_warps, *ptrs)
         print(f"sm_90 ok: {kernel.__name__} {constexprs}", flush=True)
     print(f"compiled {len(todo)} variants")
     return 0

@@ -114,10 +114,12 @@ def _tri():
 
 
 def _tri_unary(node, views, out):
-    if Unary(node.op_params["kind"]) is Unary.SILU:
-        _tri().silu(views[0], out)
-    else:
-        TORCH_BACKEND[Op.UNARY](node, views, out)
+    _tri().unary(Unary(node.op_params["kind"]).value, views[0], out)
+
+
+def _tri_glu(node, views, out):
+    p = node.op_params
+    _tri().glu(p["kind"], views[0], views[1] if len(views) > 1 else None, bool(p.get("swapped")), out)
 
 
 def _tri_mul_mat(node, views, out):
@@ -130,6 +132,14 @@ def _tri_mul_mat(node, views, out):
 
 TRITON_BACKEND: dict[Op, Adapter] = {
     **TORCH_BACKEND,
+    # one Triton launch per node for every op below (wide MUL_MATs stay torch's matmul)
+    Op.GET_ROWS: lambda node, views, out: _tri().get_rows(views[0], views[1], out),
+    Op.CONCAT: lambda node, views, out: _tri().concat(views[0], views[1], int(node.op_params["dim"]), out),
+    Op.CPY: lambda node, views, out: _tri().cpy(views[0], out),  # views[1] is the destination, out its view
+    Op.CONT: lambda node, views, out: _tri().cpy(views[0], out),
+    Op.ADD: lambda node, views, out: _tri().add(views[0], views[1], out),
+    Op.MUL: lambda node, views, out: _tri().mul(views[0], views[1], out),
+    Op.GLU: _tri_glu,
     Op.SSM_CONV: lambda node, views, out: _tri().ssm_conv(views[0], views[1], out),
     Op.UNARY: _tri_unary,
     Op.L2_NORM: lambda node, views, out: _tri().l2_norm(views[0], float(node.op_params["eps"]), out),
