@@ -122,6 +122,8 @@ def _source(a: argparse.Namespace):
     model = _model(a)
     if model is None:
         return a.graph or verify_config(a)
+    if a.layers:
+        raise GdnpassError("--layers with --gguf is not supported yet: --gguf builds every layer of the file")
     cfg = model.config(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_seqs=a.seqs,
                        **({"qk_norm": a.qk_norm} if getattr(a, "qk_norm", None) else {}))
     graph = model.build(cfg)
