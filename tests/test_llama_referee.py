@@ -134,15 +134,17 @@ def test_builder_gdn_layers_equal_llama_cpp_s(llama, gguf_files, shape, rs):
             assert got == [], il
 
 
+@pytest.mark.parametrize("flash", ["on", "off"])
 @pytest.mark.parametrize("shape,rs", CASES, ids=IDS)
-def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf_files, shape, rs):
+def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf_files, shape, rs, flash):
     """The whole forward (token embedding, GDN and attention layers, output norm, out_ids rows, lm head): llama.cpp's
     graph node for node (op, type, ne, nb, op params, views, sources by position, flags) and leaf for leaf, with ggml's
     use counts. Leafs are compared without their buffers (ours keeps inputs in an input buffer, llama.cpp in its
     compute buffer) and the leaf no node reads (inp_embd) by name only: the capture never sees it."""
-    c = captured(llama, gguf_files, shape, rs)
+    c = captured(llama, gguf_files, shape, rs, flash_attn=flash)
+    assert c.verify.meta["llama"]["flash_attn"] == flash
     mine = build_verify_graph(VerifyConfig(model=shape, n_tokens=T, n_rs_seq=rs, wtype="f32", ab_wtype="f32",
-                                           whole=True))
+                                           whole=True, flash_attn=flash == "on"))
     ops.validate(mine)
     assert signature(mine) == signature(c.verify)
     unseen = set(c.verify.meta["llama"]["unseen_leafs"])
@@ -221,8 +223,8 @@ def test_capture_then_dump_explain_cli(llama, gguf_files, tmp_path):
 # ---- our whole forward's logits against llama.cpp's ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("rs", RS_SEQ)
-def test_whole_builder_logits_match_llama_cpp_s(llama, gguf_files, rs):
+@pytest.mark.parametrize("rs,flash", [(0, "on"), (3, "on"), (3, "off")])
+def test_whole_builder_logits_match_llama_cpp_s(llama, gguf_files, rs, flash):
     """Our own whole forward of the model file, run by our executor from the state llama.cpp's memory held when its
     verify began (the prompt's K/V cache and recurrent states, recorded by the capture, copied leaf by leaf), with the
     capture's token ids and the file's weights: its logits against llama.cpp's CPU logits, max |Δ| / max |ref| ≤ 1e-4
@@ -236,11 +238,12 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, gguf_files, rs):
     from gdnpass.runtime import Executor
 
     shape, path = "tiny-qwen35", gguf_files["tiny-qwen35"]
-    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True)
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True,
+                         flash_attn=flash)
     c = cap_mod.capture(path, s, install=llama)
     want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
     model = open_model(path)
-    cfg = model.config(n_tokens=T, n_rs_seq=rs, n_past=s.n_prompt)
+    cfg = model.config(n_tokens=T, n_rs_seq=rs, n_past=s.n_prompt, flash_attn=flash == "on")
     cached = {t.name: t for t in c.verify.leafs if t.buffer in ("rs", "kv")}
     tokens = [x % c.n_vocab for x in s.tokens()[1]]
 

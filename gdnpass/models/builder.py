@@ -61,6 +61,8 @@ class Facade(Protocol):
     def rope_multi(self, a, pos, n_dims: int, sections, mode: int, n_ctx_orig: int, freq_base: float) -> Any: ...
     def set_rows(self, a, b, c) -> Any: ...
     def flash_attn_ext_f32(self, q, k, v, mask, scale: float) -> Any: ...
+    def mul_mat_f32(self, a, b) -> Any: ...
+    def soft_max_ext(self, a, mask, scale: float) -> Any: ...
     def sigmoid(self, a) -> Any: ...
     def softplus(self, a) -> Any: ...
     def ssm_conv(self, sx, c) -> Any: ...
@@ -233,7 +235,8 @@ class VerifyBuilder:
     # ---- qwen35.cpp build_layer_attn, llama-graph.cpp build_attn / build_attn_mha (flash attention) ----------------
     def build_layer_attn(self, cur, il: int):
         """A full-attention layer: the Q+gate projection, per-head q/k RMS norms, IMROPE, K/V into the F16 KV cache
-        by SET_ROWS (I64 row ids), FLASH_ATTN_EXT over n_kv cells with the F16 KQ mask, the sigmoid gate, wo."""
+        by SET_ROWS (I64 row ids), attention over n_kv cells (FLASH_ATTN_EXT with the F16 KQ mask, or with flash
+        attention off MUL_MAT + SOFT_MAX + MUL_MAT over a transposed V cache), the sigmoid gate, wo."""
         f, cfg, m = self.f, self.cfg, self.m
         hd, H, Hkv, n_t = m.key_length, m.head_count, m.head_count_kv, cfg.n_tokens * cfg.n_seqs
         wt, E = DType.parse(cfg.wtype), m.n_embd
@@ -260,19 +263,33 @@ class VerifyBuilder:
         f.expand(k)
         k_cache, v_cache = self.kv_caches(il)
         k_idxs, v_idxs, kq_mask = self.attn_inputs()
-        f.expand(f.set_rows(k_cache, f.view_2d(k, hd * Hkv, n_t, f.nb(k)[2], 0), k_idxs))
-        f.expand(f.set_rows(v_cache, f.view_2d(v, hd * Hkv, n_t, f.nb(v)[2], 0), v_idxs))
-        # get_k / get_v: [hd, Hkv, n_kv] views of the cache (F16 rows of hd*Hkv)
-        row = 2 * hd * Hkv
-        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * cfg.kv_size, 0)
-        v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * cfg.kv_size, 0)
-        # build_attn_mha: q as one stream, [hd, n_t, H] etc., flash attention, back to [hd*H, n_t]
+        n_kv_e, row, kv = hd * Hkv, 2 * hd * Hkv, cfg.kv_size
+        f.expand(f.set_rows(k_cache, f.view_2d(k, n_kv_e, n_t, f.nb(k)[2], 0), k_idxs))
+        if cfg.flash_attn:  # cpy_v: V rows like K's
+            f.expand(f.set_rows(v_cache, f.view_2d(v, n_kv_e, n_t, f.nb(v)[2], 0), v_idxs))
+        else:  # cpy_v of a transposed V cache: one element per row, v_idxs has n_t * n_embd_v_gqa ids
+            v_el = f.reshape_2d(f.reshape_2d(v, n_kv_e, n_t), 1, n_kv_e * n_t)
+            f.expand(f.set_rows(f.reshape_2d(v_cache, 1, n_kv_e * kv), v_el, v_idxs))
+        # get_k / get_v: [hd, Hkv, n_kv] views (a transposed V: [n_kv, Hkv, hd])
+        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * kv, 0)
+        if cfg.flash_attn:
+            v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * kv, 0)
+        else:
+            v_view = f.view_4d(v_cache, cfg.n_kv, Hkv, hd, 1, 2 * kv * hd, 2 * kv, 2 * kv * n_kv_e, 0)
+        # build_attn_mha: q as one stream, permuted to [hd, n_t, H]; flash attention, or KQ, softmax, KQV
         nbq = f.nb(q)
-        q = f.view_4d(q, hd, H, n_t, 1, nbq[1], nbq[2], nbq[2] * n_t, 0)
-        out = f.flash_attn_ext_f32(f.permute(q, 0, 2, 1, 3), f.permute(k_view, 0, 2, 1, 3),
-                                   f.permute(v_view, 0, 2, 1, 3), kq_mask, 1.0 / math.sqrt(float(hd)))
-        ne = f.ne(out)
-        cur = f.reshape_2d(out, ne[0] * ne[1], ne[2] * ne[3])
+        q = f.permute(f.view_4d(q, hd, H, n_t, 1, nbq[1], nbq[2], nbq[2] * n_t, 0), 0, 2, 1, 3)
+        k_p, v_p, scale = f.permute(k_view, 0, 2, 1, 3), f.permute(v_view, 0, 2, 1, 3), 1.0 / math.sqrt(float(hd))
+        if cfg.flash_attn:
+            out = f.flash_attn_ext_f32(q, k_p, v_p, kq_mask, scale)
+            ne = f.ne(out)
+            cur = f.reshape_2d(out, ne[0] * ne[1], ne[2] * ne[3])
+        else:
+            kq = self.cb(f.mul_mat_f32(k_p, q), "kq", il)  # ggml_prec_set_acc(kq, F32)
+            kq = self.cb(f.soft_max_ext(kq, kq_mask, scale), "kq_soft_max", il)
+            kqv = self.cb(f.mul_mat(v_p, kq), "kqv", il)
+            ne = f.ne(kqv)
+            cur = f.cont_2d(f.permute(kqv, 0, 2, 1, 3), ne[0] * ne[2], ne[1] * ne[3])
         f.expand(cur)  # build_attn_mha ends with this expand (it orders the KQ mask's leaf)
         cur = self.cb(cur, "attn_pregate", il)
         cur = self.cb(f.mul(cur, self.cb(f.sigmoid(gate), "gate_sigmoid", il)), "attn_gated", il)
@@ -288,10 +305,12 @@ class VerifyBuilder:
     def attn_inputs(self):
         """build_inp_mem_hybrid's attention inputs, made once: K/V row ids (I64) and the F16 KQ mask [n_kv, n_t]."""
         if not hasattr(self, "_attn_inputs"):
-            f, n_t = self.f, self.cfg.n_tokens * self.cfg.n_seqs
+            f, cfg, n_t = self.f, self.cfg, self.cfg.n_tokens * self.cfg.n_seqs
+            n_v = n_t if cfg.flash_attn else n_t * self.m.head_count_kv * self.m.value_length  # transposed V: elements
+            mask_t = DType.F16 if cfg.flash_attn else F32  # build_attn_inp_kq_mask: F16 for flash attention only
             self._attn_inputs = (f.new_tensor("input", "attn_inp_k_idxs", DType.I64, (n_t,), input=True),
-                                 f.new_tensor("input", "attn_inp_v_idxs", DType.I64, (n_t,), input=True),
-                                 f.new_tensor("input", "attn_inp_kq_mask", DType.F16, (self.cfg.n_kv, n_t), input=True))
+                                 f.new_tensor("input", "attn_inp_v_idxs", DType.I64, (n_v,), input=True),
+                                 f.new_tensor("input", "attn_inp_kq_mask", mask_t, (cfg.n_kv, n_t), input=True))
         return self._attn_inputs
 
     # ---- qwen35.cpp build_layer_attn_linear -----------------------------------------------------------------------

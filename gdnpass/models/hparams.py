@@ -224,7 +224,7 @@ class VerifyConfig:
     whole: bool = False
     kv_size: int = 256         # KV cache cells (llama.cpp: n_ctx, padded to 256)
     n_kv: int = 256            # cells the attention reads (llama.cpp pads the used cells to 256, at most kv_size)
-    flash_attn: bool = True    # FLASH_ATTN_EXT (llama.cpp's CPU "auto"); off (MUL_MAT + SOFT_MAX) is not built yet
+    flash_attn: bool = True    # FLASH_ATTN_EXT (llama.cpp's CPU "auto"), else MUL_MAT + SOFT_MAX + MUL_MAT
     n_past: int = 0            # tokens in the KV cache before this ubatch (its first position)
 
     def check(self) -> None:
@@ -244,7 +244,6 @@ class VerifyConfig:
         _need(self.qk_norm in QK_NORMS, "qk_norm", f"must be one of {', '.join(QK_NORMS)}, is {self.qk_norm!r}")
         if self.whole:
             _need(self.n_layers is None, "n_layers", "a whole forward builds every layer (leave n_layers unset)")
-            _need(self.flash_attn, "flash_attn", "the whole forward is built with flash attention only so far")
             _need(1 <= self.n_kv <= self.kv_size, "n_kv", f"must be 1..kv_size ({self.kv_size}), is {self.n_kv}")
             _need(0 <= self.n_past and self.n_past + self.n_tokens <= self.n_kv, "n_past",
                   f"{self.n_past} + {self.n_tokens} tokens do not fit n_kv {self.n_kv}")

@@ -31,7 +31,11 @@ def input_values(cfg: VerifyConfig, seed: int = 0, ids: list[int] | None = None)
     out["out_ids"] = list(range(n_t))  # a verify reads every token's logits
     # the ubatch's tokens go to cells p0 .. p0 + n_t - 1 (a fresh, unfragmented cache of one sequence)
     out["attn_inp_k_idxs"] = [p0 + i for i in range(n_t)]
-    out["attn_inp_v_idxs"] = [p0 + i for i in range(n_t)]
+    if cfg.flash_attn:
+        out["attn_inp_v_idxs"] = [p0 + i for i in range(n_t)]
+    else:  # a transposed V cache, one element per row: element e of token i goes to e * kv_size + its cell
+        n_e = m.head_count_kv * m.value_length
+        out["attn_inp_v_idxs"] = [e * cfg.kv_size + p0 + i for i in range(n_t) for e in range(n_e)]
     # causal mask [n_kv, n_t]: token i (position p0 + i) sees cells 0 .. p0 + i
     out["attn_inp_kq_mask"] = [0.0 if j <= p0 + i else NEG_INF for i in range(n_t) for j in range(cfg.n_kv)]
     return out

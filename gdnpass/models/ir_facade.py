@@ -99,6 +99,13 @@ class IrFacade:
     def set_rows(self, a, b, c):
         return ops.set_rows(a, b, c)
 
+    def mul_mat_f32(self, a, b):
+        """ggml_mul_mat, then ggml_prec_set_acc(F32) (llama.cpp's KQ product)."""
+        return ops.prec_set_acc(ops.mul_mat(a, b), Prec.F32)
+
+    def soft_max_ext(self, a, mask, scale):
+        return ops.soft_max_ext(a, mask, scale)
+
     def flash_attn_ext_f32(self, q, k, v, mask, scale):
         """ggml_flash_attn_ext, then ggml_prec_set_acc(F32), as build_attn_mha does."""
         return ops.flash_attn_ext(q, k, v, mask, scale, prec=Prec.F32)
