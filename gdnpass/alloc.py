@@ -264,7 +264,7 @@ def _place_leafs(graph: Graph, alignment: int) -> dict[str, int]:
             raise GraphError(f"leaf {t.name!r}: buffer {t.buffer!r} is not one of weights/cache/input and the leaf "
                              "has no offset in it")
     for name, end in external.items():
-        sizes[name] = max(end, graph.buffers.get(name, 0) if isinstance(graph.buffers.get(name), int) else end)
+        sizes[name] = max(end, graph.buffers.get(name, 0))  # a captured buffer keeps its recorded size
     return sizes
 
 

@@ -251,16 +251,24 @@ def _rule_soft_max(n: Tensor) -> Shape:
     _params(n, "scale", "max_bias")
     _req(a.is_contiguous(), n, f"source {a.name!r} must be contiguous")
     if mask is not None:
-        _req(mask.type in (DType.F16, DType.F32), n, f"mask {mask.name!r} must be f16 or f32, not {mask.type.label}")
-        _req(mask.is_contiguous(), n, f"mask {mask.name!r} must be contiguous")
         _req(mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1], n, f"mask {mask.ne} does not cover {a.name!r} {a.ne}")
-        _req(_divides(mask.ne[2], a.ne[2]) and _divides(mask.ne[3], a.ne[3]), n,
-             f"mask {mask.ne} does not broadcast over {a.ne}")
+    _mask_and_sinks(n, mask, sinks, a, str(a.ne), (DType.F16, DType.F32))
+    return _same_or_view(n, a)
+
+
+def _mask_and_sinks(n: Tensor, mask: Tensor | None, sinks: Tensor | None, ref: Tensor, over: str, types) -> None:
+    """What SOFT_MAX and FLASH_ATTN_EXT both assert of their mask (a contiguous ``types`` tensor broadcasting over
+    ``ref``'s ne[2], ne[3]; needed for ALiBi) and their sinks (f32, one per head, ``ref.ne[2]``)."""
+    if mask is not None:
+        _req(mask.type in types, n, f"mask {mask.name!r} must be {' or '.join(t.label for t in types)}, "
+                                    f"not {mask.type.label}")
+        _req(mask.is_contiguous(), n, f"mask {mask.name!r} must be contiguous")
+        _req(_divides(mask.ne[2], ref.ne[2]) and _divides(mask.ne[3], ref.ne[3]), n,
+             f"mask {mask.ne} does not broadcast over {over}")
     _req(float(n.op_params["max_bias"]) <= 0.0 or mask is not None, n, "max_bias > 0 (ALiBi) needs a mask")
     if sinks is not None:
-        _req(sinks.ne[0] == a.ne[2] and sinks.type is DType.F32, n,
-             f"sinks {sinks.name!r} must be f32 with one value per head ({a.ne[2]})")
-    return _same_or_view(n, a)
+        _req(sinks.ne[0] == ref.ne[2] and sinks.type is DType.F32, n,
+             f"sinks {sinks.name!r} must be f32 with one value per head ({ref.ne[2]})")
 
 
 ROPE_MODES = {0: "NORMAL", 2: "NEOX", 8: "MROPE", 24: "VISION", 40: "IMROPE"}  # GGML_ROPE_TYPE_*
@@ -303,15 +311,7 @@ def _rule_flash_attn_ext(n: Tensor) -> Shape:
     _req(k.ne[0] == q.ne[0] and _divides(k.ne[2], q.ne[2]) and _divides(k.ne[3], q.ne[3]), n,
          f"k {k.ne} cannot multiply q {q.ne}")
     _req(q.ne[3] == k.ne[3] == v.ne[3], n, f"ne[3] of q, k, v differ ({q.ne[3]}, {k.ne[3]}, {v.ne[3]})")
-    if mask is not None:
-        _req(mask.type is DType.F16, n, f"mask {mask.name!r} must be f16, not {mask.type.label}")
-        _req(mask.is_contiguous(), n, f"mask {mask.name!r} must be contiguous")
-        _req(_divides(mask.ne[2], q.ne[2]) and _divides(mask.ne[3], q.ne[3]), n,
-             f"mask {mask.ne} does not broadcast over q {q.ne}")
-    _req(float(n.op_params["max_bias"]) <= 0.0 or mask is not None, n, "max_bias > 0 (ALiBi) needs a mask")
-    if sinks is not None:
-        _req(sinks.ne[0] == q.ne[2] and sinks.type is DType.F32, n,
-             f"sinks {sinks.name!r} must be f32 with one value per head ({q.ne[2]})")
+    _mask_and_sinks(n, mask, sinks, q, f"q {q.ne}", (DType.F16,))
     _req(n.op_params["prec"] in {x.value for x in Prec}, n, f"unknown prec {n.op_params['prec']!r}")
     _req(int(n.op_params["n_kv_max"]) >= 0, n, "n_kv_max must be >= 0")
     return _new_shape(DType.F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]))

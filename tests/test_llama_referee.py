@@ -237,7 +237,7 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, gguf_files, rs, flash):
     from gdnpass.models.gguf_model import open_model
     from gdnpass.runtime import Executor
 
-    shape, path = "tiny-qwen35", gguf_files["tiny-qwen35"]
+    path = gguf_files["tiny-qwen35"]
     s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True,
                          flash_attn=flash)
     c = cap_mod.capture(path, s, install=llama)

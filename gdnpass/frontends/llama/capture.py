@@ -156,70 +156,65 @@ def _failure(proc: subprocess.CompletedProcess) -> str:
 # records -> graphs
 # ---------------------------------------------------------------------------------------------------------------------
 
-# buffer name (less a repeat number) -> gdnpass's role (gdnpass.ir.BUFFER_ROLES)
-_ROLES = {"weights": "weights", "compute": "compute", "rs": "cache", "kv": "cache"}
+_CACHES = {"rs": ("cache_r_", "cache_s_"), "kv": ("cache_k_", "cache_v_")}  # name -> the cache tensors it holds
 
 
-def buffer_roles(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[int, str]:
-    """A name per backend buffer address: weights / compute by usage, rs / kv by the caches they hold."""
+def buffer_names(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[int, tuple[str, str]]:
+    """(name, gdnpass role) per backend buffer address: ``weights`` / ``compute`` by ggml's usage, ``rs`` / ``kv``
+    (role cache) by the caches they hold. A buffer that is none of these is refused: a graph placed in it could not
+    be planned or fused correctly."""
     holds: dict[int, set[str]] = {}
     for c in structs:
         if c.buffer:
             holds.setdefault(c.buffer, set()).add(c.name)
-    names: dict[int, str] = {}
+    out: dict[int, tuple[str, str]] = {}
     for key, b in buffers.items():
-        a = int(key)
-        held = holds.get(a, set())
-        if b["usage"] == "weights":
-            role = "weights"
-        elif b["usage"] == "compute":
-            role = "compute"
-        elif held and all(re.match(r"cache_[rs]_l\d+$", n.split(" ")[0]) for n in held if n.startswith("cache_")) \
-                and any(n.startswith(("cache_r_", "cache_s_")) for n in held):
-            role = "rs"
-        elif any(n.startswith(("cache_k_", "cache_v_")) for n in held):
-            role = "kv"
+        held = holds.get(int(key), set())
+        if b["usage"] in ("weights", "compute"):
+            base, role = b["usage"], b["usage"]
         else:
-            role = b["name"].lower()
-        name, i = role, 1
-        while name in names.values():  # a second buffer of the same role (e.g. weights split over buffers)
+            base = next((n for n, pre in _CACHES.items() if any(t.startswith(pre) for t in held)), None)
+            if base is None:
+                raise LlamaError(f"capture: backend buffer {b['name']} (usage {b['usage']}) holds "
+                                 f"{', '.join(sorted(held)[:3])}, which gdnpass does not know how to place")
+            role = "cache"
+        name, i = base, 1
+        while name in {n for n, _ in out.values()}:  # a second buffer of the same kind (weights split over two)
             i += 1
-            name = f"{role}{i}"
-        names[a] = name
-    return names
+            name = f"{base}{i}"
+        out[int(key)] = (name, role)
+    return out
 
 
-def _graph(part: dict, names: dict[int, str], buffers: dict[str, dict], leafs: list[int], meta: dict):
+def _graph(part: dict, names: dict[int, tuple[str, str]], buffers: dict[str, dict], leafs: list[int], meta: dict):
+    """One recorded graph as a Graph, every base tensor with memory where llama.cpp put it (an unplanned reserve
+    graph has memory only in its weights and caches)."""
     structs = {c["addr"]: TensorStruct.from_json(c) for c in part["tensors"]}
 
     def place(c: TensorStruct, t: Tensor) -> None:
         if c.buffer and c.data:
-            t.buffer = names[c.buffer]
-            t.offset = c.data - buffers[str(c.buffer)]["base"]
+            t.buffer, t.offset = names[c.buffer][0], c.data - buffers[str(c.buffer)]["base"]
 
     asm = to_graph(structs, part["nodes"], leafs, place=place, meta=meta)
-    planned = False
-    for a, t in asm.tensors.items():  # computed base tensors too: llama.cpp's plan, as it ran
-        c = structs[a]
-        if t.view_src is None and t.buffer is None and c.buffer and c.data:
-            t.buffer, t.offset = names[c.buffer], c.data - buffers[str(c.buffer)]["base"]
-            planned = True
+    for a, t in asm.tensors.items():  # (to_graph places leafs; computed base tensors too: llama.cpp's plan)
+        if t.view_src is None and t.buffer is None:
+            place(structs[a], t)
     g = asm.graph
+    planned = any(t.buffer == "compute" for t in asm.tensors.values())
     for key, b in buffers.items():
-        name = names[int(key)]
-        g.buffer_specs[name] = BufferSpec(_ROLES.get(name.rstrip("0123456789"), "cache"), backend=b["name"],
-                                          usage=b["usage"])
-        if name != "compute" or planned:  # an unplanned (reserve) graph has no compute buffer yet
+        name, role = names[int(key)]
+        g.buffer_specs[name] = BufferSpec(role, backend=b["name"], usage=b["usage"])
+        if role != "compute" or planned:  # an unplanned (reserve) graph has no compute buffer yet
             g.buffers[name] = b["size"]
-    if planned:
-        g.alignment = buffers[next(k for k in buffers if names[int(k)] == "compute")]["alignment"]
+            if role == "compute":
+                g.alignment = b["alignment"]
     return asm
 
 
 def _assemble(out: dict, path: Path, settings: Settings, install: build.Install) -> Capture:
     buffers = out["buffers"]
     structs = [TensorStruct.from_json(c) for c in out["verify"]["tensors"] + out["reserve"]["tensors"]]
-    names = buffer_roles(buffers, structs)
+    names = buffer_names(buffers, structs)
     log = out["log"]
     verify_log = [x for x in log if x.startswith("verify:")]
     realloc = any("reallocating buffers automatically" in x for x in verify_log)
@@ -227,7 +222,7 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
              "gguf": path.name, "gguf_bytes": path.stat().st_size, "settings": out["settings"],
              "reallocated": realloc, "flash_attn": _flash_attn(log, settings.flash_attn), "resolved": _resolved(log),
              "capture_s": out["capture_s"]}
-    bufmeta = {names[int(k)]: {"size": b["size"], "backend": b["name"], "usage": b["usage"],
+    bufmeta = {names[int(k)][0]: {"size": b["size"], "backend": b["name"], "usage": b["usage"],
                                "alignment": b["alignment"]} for k, b in buffers.items()}
 
     reserve = _graph(out["reserve"], names, buffers, out["reserve"]["leafs"],
@@ -273,7 +268,7 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
         for r, v in corr.items():
             if rcounts.get(r):
                 counts[verify.tensors[v].uid] = rcounts[r]
-    memory = {names[int(k)]: base64.b64decode(v) for k, v in out.get("memory", {}).items()}
+    memory = {names[int(k)][0]: base64.b64decode(v) for k, v in out.get("memory", {}).items()}
     node_data = {int(k): base64.b64decode(v) for k, v in out.get("node_data", {}).items()}
     return Capture(verify.graph, reserve.graph, counts, out["settings"], base64.b64decode(out["logits"]),
                    out["n_vocab"], log, memory, node_data)
@@ -307,7 +302,7 @@ def summary(cap: Capture) -> dict:
             "nodes": len(g.nodes), "leafs": len(g.leafs), "reserve_nodes": len(cap.reserve.nodes),
             "gdn_layers": gdn, "attention_layers": attn, "zero_size_nodes": sum(n.is_empty for n in g.nodes),
             "opaque": sorted({o for n, o in zip(g.nodes, ops) if n.op is Op.OPAQUE}),
-            "buffers": llama and g.meta["buffers"], "reallocated": llama["reallocated"],
+            "buffers": g.meta["buffers"], "reallocated": llama["reallocated"],
             "flash_attn": llama["flash_attn"], "capture_s": llama["capture_s"]}
 
 
