@@ -154,6 +154,26 @@ def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf_files, shape, rs, fl
     assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
 
 
+def test_tied_embeddings_are_one_leaf_as_in_llama_cpp(llama, tmp_path):
+    """A file without output.weight: llama.cpp's loader gives the lm head the token_embd tensor itself (one leaf read
+    by GET_ROWS and by the head's MUL_MAT); so does our builder, and the weights are held (and loaded) once."""
+    import dataclasses
+
+    from gdnpass.models.gguf_model import open_model
+
+    tied = dataclasses.replace(get_model("tiny-qwen35"), name="tiny-qwen35-tied", tie_embeddings=True)
+    path = write_gguf(tied, tmp_path / "tied.gguf", wtype="f32", seed=1)
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=3, n_ubatch=N_UBATCH, n_batch=N_UBATCH)
+    c = cap_mod.capture(path, s, install=llama)
+    model = open_model(path)
+    mine = model.build(model.config(n_tokens=T, n_rs_seq=3))
+    assert signature(mine) == signature(c.verify)
+    assert [t.name for t in mine.leafs] == [t.name for t in c.verify.leafs]
+    assert [t.name for t in mine.leafs].count("token_embd.weight") == 1
+    head = mine.find("result_output")
+    assert head.src[0] is mine.find("model.input_embed").src[0]
+
+
 # ---- our planner, offset for offset ---------------------------------------------------------------------------------
 
 

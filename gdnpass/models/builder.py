@@ -390,8 +390,8 @@ def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | N
     # build_inp_embd: both inputs exist; ggml_build_forward_select expands the token path, then the embd leaf
     tokens = f.new_tensor("input", "inp_tokens", DType.I32, (n_t,), input=True)
     embd_in = f.new_tensor("input", "inp_embd", F32, (m.n_embd, n_t), input=True)
-    inpL = b.cb(f.get_rows(model_weight("token_embd.weight", wt, (m.n_embd, m.vocab_size)), tokens),
-                "model.input_embed", -1)
+    tok_embd = model_weight("token_embd.weight", wt, (m.n_embd, m.vocab_size))
+    inpL = b.cb(f.get_rows(tok_embd, tokens), "model.input_embed", -1)
     f.expand(inpL)
     f.expand(embd_in)
     b.inp_pos = f.new_tensor("input", "inp_pos", DType.I32, (n_t * 4,), input=True)  # 4 positions per token (M-RoPE)
@@ -413,7 +413,9 @@ def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | N
     cur = b.cb(f.rms_norm(inpL, m.eps), "norm", -1)
     cur = f.set_output(b.cb(f.mul(cur, model_weight("output_norm.weight", F32, (m.n_embd,))), "h_nextn", -1))
     cur = f.set_output(b.cb(f.get_rows(cur, out_ids), "result_norm", -1))
-    head = model_weight("token_embd.weight" if m.tie_embeddings else "output.weight", wt, (m.n_embd, m.vocab_size))
+    # tied embeddings: the loader hands back token_embd itself for the TENSOR_DUPLICATED output when both live in one
+    # buffer type, as on the CPU (llama-model-loader.cpp create_tensor): one leaf, one copy of the weights
+    head = tok_embd if m.tie_embeddings else model_weight("output.weight", wt, (m.n_embd, m.vocab_size))
     cur = f.set_output(b.cb(f.mul_mat(head, cur), "result_output", -1))
     f.expand(cur)
     return b
