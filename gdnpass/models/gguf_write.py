@@ -27,7 +27,8 @@ from gdnpass.errors import GdnpassError
 from gdnpass.models.hparams import ModelShape, get_model
 
 ARCH = "qwen35"
-WTYPES = ("f32", "f16", "bf16")
+WTYPES = ("f32", "f16", "bf16", "q8_0")
+Q8_0_BLOCK = (32, 34)  # Q8_0: 32 values per block of 34 bytes (an f16 scale, 32 int8)
 _CHUNK = 1 << 23  # elements generated and written at a time
 
 
@@ -68,7 +69,7 @@ GGUF_KEYS: tuple[tuple[str, str, str, bool], ...] = (
     ("ssm.inner_size", "ssm_inner_size", "u32", True),
     ("full_attention_interval", "full_attention_interval", "u32", False),
 )
-_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # gguf.LlamaFileType ALL_F32, MOSTLY_F16, MOSTLY_BF16
+_FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}  # gguf.LlamaFileType ALL_F32, MOSTLY_F16, _BF16, _Q8_0
 
 
 def gguf_metadata(shape: ModelShape) -> dict[str, Any]:
@@ -165,6 +166,9 @@ def _convert(x: np.ndarray, wtype: str) -> np.ndarray:
         return x
     if wtype == "f16":
         return x.astype(np.float16)
+    if wtype == "q8_0":  # gguf's reference quantizer; a chunk is whole blocks (rows are multiples of 32)
+        gguf = _gguf()
+        return gguf.quants.quantize(x.reshape(-1, Q8_0_BLOCK[0]), gguf.GGMLQuantizationType.Q8_0)
     # bf16: the high half of each f32 (round toward zero; little-endian: the odd uint16s)
     return x.view(np.uint16)[1::2].copy()
 
@@ -172,12 +176,20 @@ def _convert(x: np.ndarray, wtype: str) -> np.ndarray:
 _BYTES = {"f32": 4, "f16": 2, "bf16": 2}
 
 
+def _nbytes(n: int, wtype: str) -> int:
+    """Bytes of ``n`` values of ``wtype`` in the file."""
+    if wtype == "q8_0":
+        return n // Q8_0_BLOCK[0] * Q8_0_BLOCK[1]
+    return n * _BYTES[wtype]
+
+
 def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str = "f32", seed: int = 0,
                ab_wtype: str | None = None) -> Path:
     """Write ``shape`` (a :class:`ModelShape` or a preset name) as a qwen35 GGUF file at ``path`` and return the path.
 
-    ``wtype`` is the type of the projections and the token embedding / output (``f32``, ``f16`` or ``bf16``);
-    ``ab_wtype`` that of ssm_alpha/ssm_beta (default: ``wtype``; gdnpass's VerifyConfig defaults are bf16 + f32).
+    ``wtype`` is the type of the projections and the token embedding / output (``f32``, ``f16``, ``bf16`` or
+    ``q8_0``: every such row's length must then be a multiple of 32); ``ab_wtype`` that of ssm_alpha/ssm_beta
+    (default: ``wtype``; gdnpass's VerifyConfig defaults are bf16 + f32).
     Norms, ssm_conv1d, ssm_a and ssm_dt.bias are f32, as llama.cpp's converter keeps them. The file is written
     under a temporary name next to ``path`` and renamed into place, so ``path`` is never left half-written.
     """
@@ -186,8 +198,14 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
     ab_wtype = wtype if ab_wtype is None else ab_wtype
     for field, t in (("wtype", wtype), ("ab_wtype", ab_wtype)):
         if t not in WTYPES:
-            raise GgufError(f"{field} {t!r} is not supported (supported: {', '.join(WTYPES)}; quantized types: later)")
+            raise GgufError(f"{field} {t!r} is not supported (supported: {', '.join(WTYPES)})")
     check_shape(shape)
+    plan = tensor_plan(shape)
+    types = {"mat": wtype, "ab": ab_wtype}
+    odd = [(n, np_shape[-1]) for n, np_shape, kind in plan if types.get(kind) == "q8_0" and np_shape[-1] % 32]
+    if odd:
+        raise GgufError(f"model {shape.name!r} cannot be written in q8_0: the rows of {odd[0][0]} are {odd[0][1]} "
+                        "values, not a multiple of 32")
     path = Path(path)
     if path.is_dir():
         raise GgufError(f"cannot write {path}: it is a directory")
@@ -204,14 +222,12 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
         adders[typ](f"{ARCH}.{key}", float(v) if typ == "f32" else v)
     w.add_string("tokenizer.ggml.model", "none")
 
-    plan = tensor_plan(shape)
-    types = {"mat": wtype, "ab": ab_wtype}
     raw = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
-           "bf16": gguf.GGMLQuantizationType.BF16}
+           "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
     for name, np_shape, kind in plan:
         t = types.get(kind, "f32")
         n = int(np.prod(np_shape))
-        w.add_tensor_info(name, np_shape, np.dtype(np.float32), n * _BYTES[t], raw_dtype=raw[t])
+        w.add_tensor_info(name, np_shape, np.dtype(np.float32), _nbytes(n, t), raw_dtype=raw[t])
 
     try:
         w.open_output_file(tmp)
@@ -229,7 +245,7 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
             w.write_padding(fout, fout.tell())  # each tensor starts aligned, as write_tensor_data places it
             for x in _chunks(name, n, kind, seed):
                 _convert(x, t).tofile(fout)
-            w.write_padding(fout, n * _BYTES[t])
+            w.write_padding(fout, _nbytes(n, t))
         w.close()
         os.replace(tmp, path)
     except OSError as e:

@@ -20,6 +20,11 @@
 * ``node_data`` (with ``Settings(record_nodes=True)``): every computing verify node's bytes just after llama.cpp ran
   it, by node index (through the node's strides, from its first byte): a node-by-node referee of gdnpass's kernels.
 
+A quantized weight (Q8_0, the K-quants, ...) becomes what gdnpass makes of it when it loads a model file: an f32
+leaf (contiguous f32 strides) in a ``dequantized`` buffer of its own (role weights, gdnpass's, not llama.cpp's), so
+the graph is comparable node for node with gdnpass's builder and executable; ``meta.llama.dequantized`` names each
+such leaf and its ggml type.
+
 A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the worker; it becomes one
 :class:`~gdnpass.errors.LlamaError` line quoting the assert.
 """
@@ -161,8 +166,8 @@ _CACHES = {"rs": ("cache_r_", "cache_s_"), "kv": ("cache_k_", "cache_v_")}  # na
 
 def buffer_names(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[int, tuple[str, str]]:
     """(name, gdnpass role) per backend buffer address: ``weights`` / ``compute`` by ggml's usage, ``rs`` / ``kv``
-    (role cache) by the caches they hold. A buffer that is none of these is refused: a graph placed in it could not
-    be planned or fused correctly."""
+    (role cache) by the caches they hold, ``dequantized`` (role weights) for :func:`dequantize_stand_ins`' buffer. A
+    buffer that is none of these is refused: a graph placed in it could not be planned or fused correctly."""
     holds: dict[int, set[str]] = {}
     for c in structs:
         if c.buffer:
@@ -170,7 +175,9 @@ def buffer_names(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[
     out: dict[int, tuple[str, str]] = {}
     for key, b in buffers.items():
         held = holds.get(int(key), set())
-        if b["usage"] in ("weights", "compute"):
+        if int(key) == DEQUANTIZED_BUFFER:  # gdnpass's stand-in buffer (dequantize_stand_ins)
+            base, role = "dequantized", "weights"
+        elif b["usage"] in ("weights", "compute"):
             base, role = b["usage"], b["usage"]
         else:
             base = next((n for n, pre in _CACHES.items() if any(t.startswith(pre) for t in held)), None)
@@ -184,6 +191,32 @@ def buffer_names(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[
             name = f"{base}{i}"
         out[int(key)] = (name, role)
     return out
+
+
+DEQUANTIZED_BUFFER = 1  # the stand-in buffer's key among the recorded buffer addresses (no real pointer is 1)
+_PLAIN_TYPES = ("f32", "f16", "bf16", "i32", "i64")  # gdnpass's DType labels
+
+
+def dequantize_stand_ins(out: dict) -> dict[str, str]:
+    """Turn every quantized weight record of ``out`` (the verify and the reserve graph's) into an f32 stand-in placed
+    in the ``dequantized`` buffer, as gdnpass holds a quantized weight after loading it; name -> ggml type."""
+    weights = {int(k) for k, b in out["buffers"].items() if b["usage"] == "weights"}
+    recs = [c for part in ("verify", "reserve") for c in out[part]["tensors"]
+            if c["buffer"] in weights and c["op_name"] == "NONE" and c["type_name"] not in _PLAIN_TYPES]
+    if not recs:
+        return {}
+    base, size, where, kinds = 1 << 40, 0, {}, {}
+    for c in recs:
+        if c["addr"] not in where:
+            n = c["ne"][0] * c["ne"][1] * c["ne"][2] * c["ne"][3]
+            where[c["addr"]], size = size, size + (4 * n + 31) // 32 * 32
+            kinds[c["name"]] = c["type_name"]
+        ne = c["ne"]
+        c.update(type_name="f32", nb=[4, 4 * ne[0], 4 * ne[0] * ne[1], 4 * ne[0] * ne[1] * ne[2]],
+                 buffer=DEQUANTIZED_BUFFER, data=base + where[c["addr"]])
+    out["buffers"][str(DEQUANTIZED_BUFFER)] = {"name": "dequantized (gdnpass: f32 copies of quantized weights)",
+                                               "base": base, "size": size, "usage": "weights", "alignment": 32}
+    return kinds
 
 
 def _graph(part: dict, names: dict[int, tuple[str, str]], buffers: dict[str, dict], leafs: list[int], meta: dict):
@@ -212,6 +245,7 @@ def _graph(part: dict, names: dict[int, tuple[str, str]], buffers: dict[str, dic
 
 
 def _assemble(out: dict, path: Path, settings: Settings, install: build.Install) -> Capture:
+    dequantized = dequantize_stand_ins(out)
     buffers = out["buffers"]
     structs = [TensorStruct.from_json(c) for c in out["verify"]["tensors"] + out["reserve"]["tensors"]]
     names = buffer_names(buffers, structs)
@@ -221,7 +255,7 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
     llama = {"commit": build.COMMIT, "package": f"{build.PACKAGE}=={build.VERSION}", "build": "Debug -O0",
              "gguf": path.name, "gguf_bytes": path.stat().st_size, "settings": out["settings"],
              "reallocated": realloc, "flash_attn": _flash_attn(log, settings.flash_attn), "resolved": _resolved(log),
-             "capture_s": out["capture_s"]}
+             "capture_s": out["capture_s"], "dequantized": dequantized}
     bufmeta = {names[int(k)][0]: {"size": b["size"], "backend": b["name"], "usage": b["usage"],
                                "alignment": b["alignment"]} for k, b in buffers.items()}
 
