@@ -116,7 +116,9 @@ class Executor:
         for t in leafs:
             if t.name in known or t.type in (DType.I32, DType.I64):
                 if t.name not in known:
-                    raise GraphError(f"tensor {t.name!r}: an integer input gdnpass has no values for")
+                    raise GraphError(f"tensor {t.name!r}: an integer input gdnpass has no values for"
+                                     + (" (this capture predates recorded inputs: capture it again)"
+                                        if self.graph.meta.get("builder") == "llama.cpp" else ""))
                 vals = torch.tensor(known[t.name], dtype=TORCH_DTYPES[t.type] if t.type is not DType.F16
                                     else torch.float32)
                 if vals.numel() != t.nelements:
@@ -135,6 +137,9 @@ class Executor:
         from gdnpass.models.hparams import ModelShape, VerifyConfig
         from gdnpass.models.inputs import input_values
 
+        recorded = self.graph.meta.get("input_bytes")  # a captured graph: llama.cpp's own input bytes
+        if recorded is not None:
+            return _decode_inputs(self.graph, recorded)
         c = self.graph.meta.get("config")
         if c is not None and c.get("whole"):  # a whole forward: every input as llama.cpp sets it
             m = dict(self.graph.meta["model"])
@@ -210,6 +215,23 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+
+def _decode_inputs(graph: Graph, recorded: dict[str, str]) -> dict[str, list]:
+    """Leaf name -> flat values, from a front end's recorded input bytes (base64, the leaf's type)."""
+    import base64
+
+    import numpy as np
+
+    np_types = {DType.F32: np.float32, DType.F16: np.float16, DType.I32: np.int32, DType.I64: np.int64}
+    out = {}
+    for t in graph.leafs:
+        if t.name in recorded and t.view_src is None:
+            if t.type not in np_types:
+                raise GraphError(f"tensor {t.name!r}: recorded input bytes of type {t.type.label} cannot be read")
+            vals = np.frombuffer(base64.b64decode(recorded[t.name]), dtype=np_types[t.type])
+            out[t.name] = vals.astype(np.float32 if t.type is DType.F16 else vals.dtype).tolist()
+    return out
 
 
 def probe_points(graph: Graph, probes: list[Tensor]) -> dict[int, list[Tensor]]:

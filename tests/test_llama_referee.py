@@ -194,6 +194,11 @@ def test_quantized_file_structure_equals_llama_cpp_s(llama, tmp_path):
     leaf = lambda t: (t.name,) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa: E731
     assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]  # (buffers differ by design)
     assert {t.buffer for t in c.verify.leafs if t.name in model.dequantized} == {"dequantized"}
+    # the stand-ins make the captured graph executable: fused vs unfused on it, byte for byte (seeded weights)
+    from gdnpass.check import check_fusion
+
+    out = check_fusion(c.verify)
+    assert out.identical and sum(a.pattern == "gdn_conv_chain" for a in out.report.applied) == 3
 
 
 # ---- our planner, offset for offset ---------------------------------------------------------------------------------
@@ -260,6 +265,34 @@ def test_capture_then_dump_explain_cli(llama, gguf_files, tmp_path):
     r = run("dump", "--graph", str(out), "--fuse", "--explain")
     assert r.returncode == 0, r.stderr
     assert "fusion gdn_conv_chain: applied 6\n" in r.stdout, r.stdout
+
+
+def test_run_check_on_a_captured_graph(llama, gguf_files, tmp_path, capsys):
+    """``gdnpass run --graph CAPTURE --check``: llama.cpp's own graph and memory plan, executed unfused then fused
+    on the inputs llama.cpp set (recorded by the capture: token ids, positions, KQ mask, row ids, rs_s_copy);
+    byte-identical."""
+    import base64
+
+    import numpy as np
+
+    from gdnpass import cli
+    from gdnpass.runtime import Executor
+
+    c = captured(llama, gguf_files, "tiny-qwen35", 3)
+    rec = c.verify.meta["input_bytes"]
+    assert set(rec) == {"inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idxs",
+                        "attn_inp_kq_mask", "rs_s_copy"}
+    tokens = np.frombuffer(base64.b64decode(rec["inp_tokens"]), dtype=np.int32).tolist()
+    assert tokens == [x % c.n_vocab for x in cap_mod.Settings().tokens()[1][:T]]
+    ex = Executor(c.verify)
+    ex.fill(seed=0)
+    assert ex.read("inp_tokens").reshape(-1).tolist() == tokens  # the fill takes llama.cpp's inputs
+    path = tmp_path / "captured.json"
+    serialize.save(c.verify, path)
+    assert cli.main(["run", "--graph", str(path), "--check", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "gdn_conv_chain: 3 applied" in out and " 0 differing" in out and "DIFFERS" not in out, out
+    assert "identical  result_output" in out
 
 
 # ---- our whole forward's logits against llama.cpp's ----------------------------------------------------------------

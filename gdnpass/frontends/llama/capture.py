@@ -11,6 +11,9 @@
 * ``reserve``: the worst-case graph of ``n_ubatch`` tokens the compute buffer was planned for, unplanned (gallocr
   plans it once, at context creation, and binds that plan to every later graph of the same topology, node by node:
   :func:`gdnpass.alloc.bind`). Its leaf list also gives the verify graph its leafs, which the eval callback cannot see.
+* ``verify.meta["input_bytes"]``: every graph input's bytes as llama.cpp set them (token ids, positions, the KQ mask,
+  K/V row ids, ``rs_s_copy``; base64, by leaf name): the executor fills the inputs with them, so ``gdnpass run
+  --graph FILE --check`` runs a captured graph on llama.cpp's own inputs;
 * ``use_counts``: ggml's own use count of every verify tensor (``cgraph->use_counts`` of the reserve graph, by
   position), ``logits``, the resolved settings, llama.cpp's log;
 * ``memory`` (with ``Settings(record_memory=True)``): the bytes of every non-weights buffer (``compute``, ``rs``,
@@ -285,8 +288,10 @@ def _assemble(out: dict, path: Path, settings: Settings, install: build.Install)
     leafs = [corr[a] for a in out["reserve"]["leafs"]] if same else []
     llama["same_topology_as_reserve"] = same
     llama["unseen_leafs"] = [rstructs[a]["name"] for a in unseen]
+    by_addr = {c["addr"]: c["name"] for c in out["verify"]["tensors"]}
     verify = _graph(out["verify"], names, buffers, leafs,
-                    {"builder": "llama.cpp", "graph": "verify", "llama": llama, "buffers": bufmeta})
+                    {"builder": "llama.cpp", "graph": "verify", "llama": llama, "buffers": bufmeta,
+                     "input_bytes": {by_addr[int(a)]: v for a, v in out.get("inputs", {}).items()}})
     if unseen:  # where gallocr put them: gdnpass's replica of the reserve plan (exact on every tensor it can check)
         from gdnpass.alloc import plan  # (here: alloc imports the IR, the worker must not)
 

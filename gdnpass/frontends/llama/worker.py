@@ -25,6 +25,10 @@ found from the prompt's graph (recorded for that alone), the compute buffer from
 ``record_nodes`` it also keeps every verify node's bytes right after the node runs (the callback then asks for every
 node, so the scheduler computes them one at a time; the plan and the arithmetic are the same); views and no-ops are
 left out.
+
+Always, it also keeps the bytes of every graph input (``GGML_TENSOR_FLAG_INPUT`` leafs: token ids, positions, the KQ
+mask, K/V row ids, ``rs_s_copy``) as llama.cpp set them, read when the scheduler first asks about a node that reads
+one (a live input's bytes are never reused before its last reader), so a captured graph can be executed as it ran.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ import os
 import sys
 import time
 
-from gdnpass.frontends.structs import GraphLayout, Names, TensorLayout, check_size, read_graph, read_reachable
+from gdnpass.frontends.structs import (GraphLayout, Names, TensorLayout, check_size, read_graph, read_reachable,
+                                       read_tensor)
 
 # struct ggml_tensor of the pinned commit (0c1e570): what gdnpass was checked against. The probe of the build must
 # agree field for field; the library's ggml_tensor_overhead() must agree on the size.
@@ -51,6 +56,7 @@ _RESERVE_SYMBOL = "_Z19llama_graph_reserveP13llama_contextjjj"  # llama-ext.h, C
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _NO_DATA_OPS = ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE")  # ggml ops that compute nothing (record_nodes)
 _TYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8}  # the types gdnpass models (record_nodes)
+_FLAG_INPUT = 1  # GGML_TENSOR_FLAG_INPUT
 
 
 class Refused(Exception):
@@ -127,6 +133,21 @@ def run(req: dict) -> dict:
     memory: dict[int, bytes] = {}   # buffer address -> its bytes before the verify graph runs
     record_nodes = bool(req.get("record_nodes"))
     node_data: dict[int, bytes] = {}  # verify node index -> its bytes just after it ran (record_nodes)
+    inputs: dict[int, bytes] = {}     # graph input address -> its bytes as llama.cpp set them
+    looked: set[int] = set()
+
+    def keep_inputs(node: int) -> None:
+        """The bytes of the graph inputs ``node`` reads (directly or through a view), the first time one is read."""
+        for a in read_tensor(node, PINNED_TENSOR, names).src:
+            while a is not None and a not in looked:
+                looked.add(a)
+                c = read_tensor(a, PINNED_TENSOR, names)
+                if c.view_src is None:
+                    es = _TYPE_SIZES.get(c.type_name)
+                    if c.flags & _FLAG_INPUT and c.op_name == "NONE" and c.data and es:
+                        inputs[a] = ctypes.string_at(c.data, es * c.ne[0] * c.ne[1] * c.ne[2] * c.ne[3])
+                    break
+                a = c.view_src
 
     def snapshot(first: int) -> None:
         """The compute buffer of the first verify node and the cache buffers, before any verify node runs."""
@@ -143,6 +164,7 @@ def run(req: dict) -> dict:
         if recording[0] and ask:
             if record_memory and not order:
                 snapshot(int(t))
+            keep_inputs(int(t))
             order.append(int(t))
             return record_nodes  # "not needed" (the graph runs in one go) unless every node's bytes are kept
         if recording[0] and record_nodes:  # asked for: node t has just run
@@ -243,6 +265,7 @@ def run(req: dict) -> dict:
         "logits": base64.b64encode(logits).decode(),
         "memory": {str(k): base64.b64encode(v).decode() for k, v in memory.items()},
         "node_data": {str(k): base64.b64encode(v).decode() for k, v in node_data.items()},
+        "inputs": {str(k): base64.b64encode(v).decode() for k, v in inputs.items()},
         "log": logs,
         "capture_s": round(time.perf_counter() - t0, 3),
     }
