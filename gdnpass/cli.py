@@ -472,6 +472,10 @@ def make_parser() -> argparse.ArgumentParser:
                                    "($GDNPASS_CACHE); a cached build returns at once.")
     b.add_argument("--sdist", metavar="FILE", help="a local llama_cpp_python-0.3.36.tar.gz instead of downloading")
     b.set_defaults(func=cmd_llama_build)
+
+    from gdnpass.generate_cli import add_parser as add_generate  # (no torch at import: --help stays instant)
+
+    add_generate(sub)
     return p
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from gdnpass.alloc import DEFAULT_ALIGNMENT, plan
+from gdnpass.alloc import DEFAULT_ALIGNMENT, Binding, bind, plan
 from gdnpass.errors import GraphError
 from gdnpass.fusion import FusionReport, env_enabled, fuse, prepare
 from gdnpass.ir import Graph, Tensor, arena_buffer
@@ -52,6 +52,7 @@ class Planned:
     source: str
     before: list[Tensor] = field(default_factory=list)
     report: FusionReport | None = None
+    binding: Binding | None = None  # with ``reserve``: bound to the reserve plan, or (reallocated) planned itself
 
 
 def load(source: Source) -> tuple[Graph, str]:
@@ -79,15 +80,58 @@ def describe(graph: Graph) -> str:
             + (f", dflash taps {graph.meta['dflash_taps']}" if c["dflash"] else ""))
 
 
-def run(source: Source, options: PassOptions = PassOptions(), *, fuse_now: bool = True) -> Planned:
+def run(source: Source, options: PassOptions = PassOptions(), *, fuse_now: bool = True,
+        reserve: Graph | None = None) -> Planned:
     """Build (or read) the graph, prepare it for fusion when fusion is on, plan it unless it has a plan, and fuse it
-    when fusion is on and ``fuse_now`` (``check`` fuses later itself, after running the unfused graph)."""
+    when fusion is on and ``fuse_now`` (``check`` fuses later itself, after running the unfused graph).
+
+    ``reserve`` (a graph from :func:`reserve_plan` with the same options): place the graph as llama.cpp places every
+    ubatch's graph, on the one plan it reserved at ``n_ubatch`` tokens (:func:`gdnpass.alloc.bind`), not on a plan
+    of its own; its weights, caches and inputs are laid out as the reserve's (same topology, same leaf order)."""
     graph, what = load(source)
     on = options.enabled
+    binding = None
     if arena_buffer(graph) is None:  # (a captured graph comes with llama.cpp's plan)
         prepare(graph, enabled=on and options.hints)
-        plan(graph, options.alignment)
-    result = Planned(graph, what, list(graph.nodes))
+        if reserve is None:
+            plan(graph, options.alignment)
+        else:
+            binding = _bind(reserve, graph)
+    result = Planned(graph, what, list(graph.nodes), binding=binding)
     if fuse_now:
         result.report = fuse(graph, enabled=on, between=options.between)
     return result
+
+
+def reserve_plan(source: Source, options: PassOptions = PassOptions()) -> Graph:
+    """llama.cpp's reserve step: the worst-case graph (``n_ubatch`` tokens, every KV cell), prepared as the graphs
+    bound to it will be, and planned. :func:`run` with ``reserve=`` binds each ubatch's graph to it."""
+    graph, _ = load(source)
+    if arena_buffer(graph) is not None:
+        raise GraphError("reserve_plan: the reserve graph is planned already")
+    prepare(graph, enabled=options.enabled and options.hints)
+    plan(graph, options.alignment)
+    return graph
+
+
+def _bind(reserve: Graph, graph: Graph) -> Binding:
+    """Bind ``graph`` (prepared, unplanned) to ``reserve``'s plan: its own leafs packed as plan() packs them, then
+    gallocr's slot-by-slot binding. Slots are positions, so the two graphs must have one topology (op by op)."""
+    from gdnpass.alloc import _place_leafs
+
+    arena = arena_buffer(reserve)
+    if arena is None:
+        raise GraphError("reserve graph has no memory plan: make it with reserve_plan()")
+    ops = lambda g: [(n.op, len(n.src)) for n in g.nodes]  # noqa: E731
+    if ops(graph) != ops(reserve):
+        raise GraphError(f"graph and reserve graph differ in topology ({len(graph.nodes)} vs {len(reserve.nodes)} "
+                         "nodes): a graph is bound to the reserve plan slot by slot")
+    own = _place_leafs(graph, reserve.alignment)
+    b = bind(reserve, graph, arena)
+    if not b.reallocated:
+        graph.buffers = {**own, arena: reserve.buffers[arena]}
+    for name in own:
+        if name in reserve.buffers and own[name] != reserve.buffers[name] and name != "input":
+            raise GraphError(f"graph's {name} buffer ({own[name]} bytes) is not the reserve's ({reserve.buffers[name]})"
+                             ": the two cannot share it")
+    return b

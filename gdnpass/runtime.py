@@ -48,18 +48,34 @@ def backend_for(device: str, backend: str | dict | None) -> dict:
 
 
 class Executor:
-    """Runs a planned graph on ``device``. ``backend`` picks the kernel table (default: by device)."""
+    """Runs a planned graph on ``device``. ``backend`` picks the kernel table (default: by device).
 
-    def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None) -> None:
+    ``buffers`` (name -> uint8 tensor on ``device``) hands the executor existing buffers instead of new ones: several
+    graphs over one model (the generate loop's verify widths) share its weights, caches and, bound to one reserve
+    plan, its arena, as llama.cpp's graphs share its model, memory and compute buffer. Each must hold at least the
+    graph's size of that buffer; the others are allocated."""
+
+    def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None,
+                 buffers: dict[str, torch.Tensor] | None = None) -> None:
         self.arena = arena_buffer(graph)
         if self.arena is None:
             raise GraphError("graph has no memory plan: run gdnpass.alloc.plan(graph) first")
         self.graph = graph
         self.device = torch.device(device)
         self.kernels = backend_for(device, backend)
-        check_memory(graph, self.device)  # before allocating: a 4 TB plan is refused, not attempted
+        shared = dict(buffers or {})
+        for name, t in shared.items():
+            if name not in graph.buffers:
+                raise GraphError(f"shared buffer {name!r}: the graph has no such buffer ({', '.join(graph.buffers)})")
+            if t.dtype is not torch.uint8 or t.device.type != self.device.type or t.dim() != 1:
+                raise GraphError(f"shared buffer {name!r}: must be a 1-D uint8 tensor on {self.device}")
+            if t.numel() < _pad(graph.buffers[name]):
+                raise GraphError(f"shared buffer {name!r} has {t.numel()} bytes, the graph needs "
+                                 f"{_pad(graph.buffers[name])}")
+        check_memory(graph, self.device, shared=shared)  # before allocating: a 4 TB plan is refused, not attempted
         # pad so that any dtype view of the byte buffer is well formed
-        self.buffers = {name: torch.empty(_pad(size), dtype=torch.uint8, device=self.device)
+        self.buffers = {name: shared[name] if name in shared else
+                        torch.empty(_pad(size), dtype=torch.uint8, device=self.device)
                         for name, size in graph.buffers.items()}
         self._typed: dict[tuple[str, DType], torch.Tensor] = {}
         self._views: dict[int, torch.Tensor] = {}
@@ -329,10 +345,11 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def check_memory(graph: Graph, device: torch.device, available: int | None = None) -> None:
+def check_memory(graph: Graph, device: torch.device, available: int | None = None, shared: Iterable[str] = ()) -> None:
     """Refuse (:class:`ResourceError`, one line) a plan whose buffers exceed the memory available on ``device``,
-    naming the buffer sizes and the largest tensors."""
-    need = sum(_pad(s) for s in graph.buffers.values())
+    naming the buffer sizes and the largest tensors. Buffers in ``shared`` exist already and are not counted."""
+    shared = set(shared)
+    need = sum(_pad(s) for k, s in graph.buffers.items() if k not in shared)
     have = available_bytes(device) if available is None else available
     if have is None or need <= have:
         return

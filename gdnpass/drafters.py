@@ -1,0 +1,134 @@
+"""Drafters for the speculative loop (:mod:`gdnpass.generate`): who proposes the tokens a verify step checks.
+
+A drafter is called once per step as ``draft(history, id_last, n_max)``: ``history`` is every token already in the
+target's memory (the prompt but its last token, then the accepted tokens), ``id_last`` the token sampled last (the
+verify's first token, not in memory yet), ``n_max`` the most tokens the loop takes; it returns up to ``n_max`` draft
+tokens (possibly none: the step is then a one-token decode). These are the arguments llama.cpp's
+``common_speculative_draft`` hands its implementations (``dp.prompt``, ``dp.id_last``, ``dp.n_max``) in
+``examples/speculative-simple``.
+
+* :class:`NgramSimple`: llama.cpp's n-gram prompt lookup, ``common_ngram_simple_draft`` (``common/ngram-map.cpp`` at
+  the pinned commit 0c1e570), with its two parameters (``size_n`` = ``--spec-ngram-size-n``, default 12; ``size_m``
+  = ``--spec-ngram-size-m``, default 48) and behaviour, re-written from its description below;
+* :class:`Planted`: for tests, the true greedy continuation (from a plain decode) with one wrong token placed so
+  that a chosen number of drafts is accepted at each step, and drafts of chosen lengths: every acceptance
+  0..K, short drafts and one-token decodes occur where a test wants them;
+* :class:`NoDraft`: never drafts (plain one-token greedy decode through the same loop).
+
+No torch here: llama.cpp's worker (:mod:`gdnpass.frontends.llama.worker`) runs the same drafters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+
+class Drafter(Protocol):
+    name: str
+
+    def draft(self, history: Sequence[int], id_last: int, n_max: int) -> list[int]: ...
+
+
+@dataclass
+class NoDraft:
+    """Never drafts: every step decodes the one sampled token."""
+
+    name: str = "none"
+
+    def draft(self, history: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        return []
+
+
+@dataclass
+class NgramSimple:
+    """llama.cpp's ``common_ngram_simple_draft``: look up the last ``size_n`` tokens (the history's last
+    ``size_n - 1`` and ``id_last``) earlier in the history, newest match first, and propose the ``size_m`` tokens that
+    followed it.
+
+    What the C++ does, step by step (``tokens`` = history, ``cur_len`` its length):
+
+    1. no draft unless ``cur_len > size_n + size_m + 1``;
+    2. the pattern is ``tokens[cur_len - size_n + 1:] + [id_last]``;
+    3. search start positions ``j = cur_len - size_n - 1`` down to 1 (position 0 is never a match: it stands for
+       "none") for ``tokens[j:j + size_n] == pattern``; the first (newest) match wins;
+    4. ``copy = min(size_m, cur_len - (j + size_n))``; no draft if ``copy < size_n``;
+    5. the draft is ``tokens[j + size_n : j + size_n + copy]``.
+
+    The loop then truncates the draft to its ``n_max`` (``common_speculative_draft`` truncates to ``dp.n_max``)."""
+
+    size_n: int = 12
+    size_m: int = 48
+    name: str = "ngram"
+
+    def __post_init__(self) -> None:
+        if self.size_n < 1 or self.size_m < 1:
+            raise ValueError(f"ngram sizes must be >= 1, are n={self.size_n}, m={self.size_m}")
+
+    def draft(self, history: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        return ngram_simple_draft(self.size_n, self.size_m, history, id_last)[:max(0, n_max)]
+
+
+def ngram_simple_draft(size_n: int, size_m: int, tokens: Sequence[int], sampled: int) -> list[int]:
+    """``common_ngram_simple_draft(config{size_n, size_m}, tokens, sampled)`` (see :class:`NgramSimple`)."""
+    cur_len = len(tokens)
+    if cur_len <= size_n + size_m + 1:
+        return []
+    pattern = list(tokens[cur_len - size_n + 1:]) + [sampled]
+    match = 0
+    for j in range(cur_len - size_n - 1, 0, -1):
+        if list(tokens[j:j + size_n]) == pattern:
+            match = j
+            break
+    if match == 0:
+        return []
+    copy = min(size_m, cur_len - (match + size_n))
+    if copy < size_n:
+        return []
+    return list(tokens[match + size_n: match + size_n + copy])
+
+
+@dataclass
+class Planted:
+    """Proposes the true greedy continuation ``truth`` (the tokens a plain greedy decode generates after the prompt)
+    with a mistake planted so that exactly ``accept[i]`` drafts are accepted at step i, in drafts of ``lengths[i]``
+    tokens (both schedules repeat cyclically; a length is capped by the loop's ``n_max``, an acceptance by the
+    length). A mistake is the true token + 1 (mod ``vocab``): never the token the model picks.
+
+    It knows where the loop stands from the history's length: ``len(history) + 1 - n_prompt`` tokens generated so
+    far, so the next true tokens are ``truth[that:]``. Past the end of ``truth`` (or after the loop has diverged from
+    it) the proposals are simply wrong and accepted as the model decides."""
+
+    truth: Sequence[int]
+    n_prompt: int
+    vocab: int
+    accept: Sequence[int]
+    lengths: Sequence[int] = ()
+    name: str = "planted"
+    step: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.accept:
+            raise ValueError("planted drafter: the acceptance schedule is empty")
+        if any(a < 0 for a in self.accept) or any(n < 0 for n in self.lengths):
+            raise ValueError("planted drafter: acceptances and lengths must be >= 0")
+
+    def planned(self, i: int, n_max: int) -> tuple[int, int]:
+        """(draft length, accepted drafts) step ``i`` is planned to have under the loop's ``n_max``."""
+        n = min(n_max, self.lengths[i % len(self.lengths)] if self.lengths else n_max)
+        return n, min(n, self.accept[i % len(self.accept)])
+
+    def draft(self, history: Sequence[int], id_last: int, n_max: int) -> list[int]:
+        n, a = self.planned(self.step, n_max)
+        self.step += 1
+        done = len(history) + 1 - self.n_prompt
+        nxt = list(self.truth[done: done + n])
+        nxt += [(nxt[-1] if nxt else id_last) for _ in range(n - len(nxt))]  # past the truth: anything
+        if a < n:
+            nxt[a] = (nxt[a] + 1) % self.vocab
+        return nxt
+
+
+def cycle_schedule(k: int) -> list[int]:
+    """An acceptance schedule in which every acceptance 0..k occurs: all, none, then 1 .. k-1."""
+    return [k, 0, *range(1, k)] if k > 0 else [0]

@@ -1,0 +1,209 @@
+"""``gdnpass generate``: the speculative loop (:mod:`gdnpass.generate`) from the command line.
+
+Kept apart from :mod:`gdnpass.cli` (which only registers it) and free of torch at import, so ``gdnpass --help``
+stays instant. Flags follow ``gdnpass run``: ``--gguf FILE`` or ``--model PRESET``, ``--fuse/--no-fuse`` over
+``GDN_FUSION``, ``--between``, ``--alignment``, ``--device``, ``--backend``, ``--json``, ``-q``; errors are one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from gdnpass.errors import GdnpassError
+
+DESCRIPTION = (
+    "Generate N tokens with speculative decoding on a whole qwen35 model: prefill the prompt, then draft up to K "
+    "tokens, verify them in one ubatch with K rollback planes, accept the greedy prefix and roll back as llama.cpp "
+    "does (llama_memory_seq_rm: the next verify reads plane n_t - 1 - accepted). --check runs it with fusion off and "
+    "on and compares tokens, accepted counts and every step's logits byte for byte.")
+
+
+def _ids(text: str) -> list[int]:
+    try:
+        ids = [int(x) for x in text.replace(",", " ").split()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected token ids separated by commas or spaces, got {text!r}") from None
+    if not ids:
+        raise argparse.ArgumentTypeError("expected at least one token id")
+    return ids
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    g = sub.add_parser("generate", help="speculative decoding end to end: draft, verify, accept, roll back",
+                       description=DESCRIPTION)
+    m = g.add_argument_group("model")
+    m.add_argument("--gguf", metavar="FILE", help="a qwen35 model file (weights loaded from it)")
+    m.add_argument("--model", default="tiny-qwen35",
+                   help="a shape preset with generated weights, when no --gguf (default: %(default)s)")
+    m.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
+                   help="preset weights' type (default: bf16)")
+    m.add_argument("--seed", type=int, default=0, help="seed of a preset's weights (default: 0)")
+    d = g.add_argument_group("generation")
+    d.add_argument("--prompt", type=_ids, default=[1, 2, 3, 4, 5, 6, 7, 8],
+                   help="prompt token ids, e.g. 1,2,3 (default: 1..8)")
+    d.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
+    d.add_argument("--draft", default="ngram", choices=["ngram", "planted", "none"],
+                   help="drafter: llama.cpp's n-gram prompt lookup (common_ngram_simple_draft), the planted test "
+                        "drafter (the true greedy continuation with mistakes planted at chosen positions: runs a "
+                        "plain greedy decode first), or none (plain one-token greedy decode) (default: ngram)")
+    d.add_argument("--draft-max", type=int, default=4, metavar="K", help="most draft tokens per step (default: 4)")
+    d.add_argument("--rs-seq", type=int, default=None, help="rollback planes n_rs_seq (default: K)")
+    d.add_argument("--ngram-n", type=int, default=None, help="n-gram lookup size (llama.cpp's --spec-ngram-size-n; "
+                   "default: min(12, K), 12 being llama.cpp's default: a draft needs n <= m)")
+    d.add_argument("--ngram-m", type=int, default=None, help="m-gram draft size (llama.cpp's --spec-ngram-size-m, "
+                   "which is ngram-simple's draft maximum there; default: K)")
+    d.add_argument("--plant-accept", type=_ids, default=None, metavar="LIST",
+                   help="planted drafter: accepted drafts per step, repeated (default: K, 0, 1, ..., K-1)")
+    d.add_argument("--plant-lengths", type=_ids, default=None, metavar="LIST",
+                   help="planted drafter: draft lengths per step, repeated (default: K)")
+    d.add_argument("--vs-plain", action="store_true",
+                   help="also run a plain greedy decode (n_rs_seq 0) and compare under the divergence rule")
+    c = g.add_argument_group("context")
+    c.add_argument("--ubatch", type=int, default=None, help="n_ubatch (default: max(16, n_rs_seq + 2))")
+    c.add_argument("--ctx", type=int, default=256, help="n_ctx, padded to 256 (default: 256)")
+    c.add_argument("--flash-attn", default="on", choices=["on", "off"], help="default: on (llama.cpp's CPU auto)")
+    p = g.add_argument_group("the pass and execution")
+    p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
+                   help="run the fusion pass (--no-fuse: don't; default: GDN_FUSION decides)")
+    p.add_argument("--between", default="narrow", choices=["narrow", "broad"])
+    p.add_argument("--alignment", type=int, default=128)
+    p.add_argument("--check", action="store_true",
+                   help="run with fusion off, then on; exit 1 unless tokens, accepted counts and every step's logits "
+                        "bytes are identical")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    p.add_argument("--backend", default=None, choices=["torch", "triton"],
+                   help="kernel table (default: torch on cpu, triton on cuda)")
+    p.add_argument("--cuda-graphs", action="store_true", help="capture each graph once as a CUDA graph (cuda)")
+    g.add_argument("--json", action="store_true", help="print the result as JSON")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g.set_defaults(func=cmd_generate)
+    return g
+
+
+def cmd_generate(a: argparse.Namespace) -> int:
+    if a.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise GdnpassError(f"--device {a.device}: not available on this machine (no CUDA GPU); use --device cpu")
+    elif a.device != "cpu":
+        raise GdnpassError(f"--device {a.device!r}: unknown device (expected cpu or cuda)")
+    if a.device == "cpu" and a.backend == "triton":
+        raise GdnpassError("--backend triton on the CPU runs Triton's interpreter: far too slow for a generate loop; "
+                           "use --backend torch or --device cuda")
+    if a.n_predict < 1:
+        raise GdnpassError(f"-n must be >= 1, is {a.n_predict}")
+    from gdnpass import generate as gen
+    from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule
+    from gdnpass.fusion import env_enabled
+    from gdnpass.progress import step
+
+    model = gen.Model.from_gguf(a.gguf) if a.gguf else gen.Model.preset(a.model, wtype=a.wtype, seed=a.seed)
+    fusion = env_enabled() if a.fuse is None else a.fuse
+    K = a.draft_max
+    if K < 0:
+        raise GdnpassError(f"--draft-max must be >= 0, is {K}")
+    base = dict(draft_max=K, n_rs_seq=a.rs_seq, n_ubatch=a.ubatch, n_ctx=a.ctx, flash_attn=a.flash_attn == "on",
+                device=a.device, backend=a.backend, alignment=a.alignment, between=a.between,
+                cuda_graphs=a.cuda_graphs)
+    vocab = model.shape.vocab_size
+    bad = [t for t in a.prompt if not 0 <= t < vocab]
+    if bad:
+        raise GdnpassError(f"--prompt: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+
+    plain = None
+    if a.draft == "planted" or a.vs_plain:
+        with step("plain decode", "tokens", quiet=a.quiet) as prog:
+            plain = gen.generate(gen.Engine(model, gen.Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
+                                                                   "cuda_graphs": False, "fusion": fusion})),
+                                 a.prompt, NoDraft(), a.n_predict, progress=prog)
+
+    ngram_m = a.ngram_m if a.ngram_m is not None else max(1, K)
+    ngram_n = a.ngram_n if a.ngram_n is not None else max(1, min(12, K))
+
+    def drafter():
+        if a.draft == "ngram":
+            return NgramSimple(ngram_n, ngram_m)
+        if a.draft == "planted":
+            return Planted(plain.tokens, len(a.prompt), vocab, a.plant_accept or cycle_schedule(K),
+                           a.plant_lengths or ())
+        return NoDraft()
+
+    runs = [False, True] if a.check else [fusion]
+    results, engines = [], []
+    for on in runs:
+        eng = gen.Engine(model, gen.Settings(**base, fusion=on))
+        label = f"generate (fusion {'on' if on else 'off'})" if a.check else "generate"
+        with step(label, "tokens", quiet=a.quiet) as prog:
+            results.append(gen.generate(eng, a.prompt, drafter(), a.n_predict, progress=prog))
+        engines.append(eng)
+    res, eng = results[-1], engines[-1]
+    diffs = gen.differences(results[0], results[1]) if a.check else None
+    vs_plain = (gen.divergence(res.tokens, res.margins, plain.tokens, plain.margins, SELF_TOLERANCE)
+                if plain is not None else None)
+    summary = res.to_json()
+    summary.update({
+        "model": model.describe(), "fusion": runs[-1] if not a.check else "off and on",
+        "settings": {"draft_max": K, "n_rs_seq": eng.n_rs, "n_ubatch": eng.s.ubatch, "n_ctx": eng.kv_size,
+                     "flash_attn": a.flash_attn, "device": a.device,
+                     "backend": a.backend or ("triton" if a.device.startswith("cuda") else "torch"),
+                     "cuda_graphs": a.cuda_graphs,
+                     "drafter": {"ngram": {"size_n": ngram_n, "size_m": ngram_m}}.get(a.draft, a.draft)},
+        "graphs": [{"n_t": s.n_t, "n_kv": s.n_kv, "nodes": len(s.graph.nodes), "runs": s.runs,
+                    "bound_to_reserve": not s.reallocated,
+                    "fusion": s.report.counts() if s.report and s.report.enabled else None}
+                   for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t))],
+        "reserve": {"n_tokens": eng.s.ubatch, "n_kv": eng.kv_size, "arena_bytes": eng.reserve.buffers["arena"]},
+    })
+    if diffs is not None:
+        summary["check"] = {"identical": not diffs, "differences": diffs}
+    if vs_plain is not None:
+        summary["vs_plain"] = {"identical": vs_plain.index is None, "first_divergence": vs_plain.index,
+                               "margins": list(vs_plain.margins) if vs_plain.index is not None else None,
+                               "tolerance": vs_plain.tolerance, "ok": vs_plain.ok}
+    if a.json:
+        print(json.dumps(summary, indent=1))
+    else:
+        print(_text(summary, res, diffs, vs_plain))
+    bad_check = diffs is not None and bool(diffs)
+    bad_plain = vs_plain is not None and not vs_plain.ok
+    return 1 if bad_check or bad_plain else 0
+
+
+# The divergence rule's tolerance for two runs of gdnpass's own executor (speculative vs plain decode): logits of
+# the same tokens through ubatches of other widths differ by float rounding only (measured on the tiny models: at
+# most 1e-5 absolute, f32 weights); a divergence needs both top-2 margins below twice that bound. docs/generate.md.
+SELF_TOLERANCE = 1e-4
+
+
+def _text(s: dict, res, diffs, vs_plain) -> str:
+    st = s["settings"]
+    ms = sorted(x.seconds for x in res.steps)
+    lines = [
+        f"gdnpass generate: {s['model']}; drafter {res.drafter}, K={st['draft_max']} (n_rs_seq {st['n_rs_seq']}, "
+        f"n_ubatch {st['n_ubatch']}, n_ctx {st['n_ctx']}), fusion {_onoff(s['fusion'])}; {st['device']}, "
+        f"backend {st['backend']}",
+        f"  prompt {len(res.prompt)} tokens, prefill {res.prefill_seconds:.3f} s in {res.prefill_ubatches} ubatch"
+        f"{'es' if res.prefill_ubatches != 1 else ''}",
+        "  tokens: " + " ".join(map(str, res.tokens)),
+        f"  steps {len(res.steps)}, accepted per step: " + " ".join(str(x.accepted) for x in res.steps),
+        "  acceptance histogram (drafting steps): " + ", ".join(f"{k}: {v}" for k, v in res.histogram().items()),
+        f"  accept rate {res.accept_rate:.3f} ({res.accepted} of {res.drafted} drafted), "
+        f"{len(res.tokens) / max(1, len(res.steps)):.2f} tokens/step",
+        f"  time: {1e3 * sum(ms) / max(1, len(ms)):.1f} ms/step (min {1e3 * ms[0]:.1f}, max {1e3 * ms[-1]:.1f}), "
+        f"{res.tokens_per_second:.1f} tokens/s" if ms else "  time: no steps",
+        f"  graphs: {len(s['graphs'])} (n_t, n_kv) " + ", ".join(f"({g['n_t']}, {g['n_kv']})" for g in s["graphs"])
+        + f", bound to one reserve plan of {st['n_ubatch']} tokens ({s['reserve']['arena_bytes'] / 2**20:.2f} MiB "
+          "arena)",
+    ]
+    if diffs is not None:
+        lines.append("  fusion off vs on: " + ("identical tokens, accepted counts and logits bytes at every step"
+                                                if not diffs else "DIFFERENT: " + "; ".join(diffs)))
+    if vs_plain is not None:
+        lines.append(f"  vs plain greedy decode: {vs_plain}")
+    return "\n".join(lines)
+
+
+def _onoff(v) -> str:
+    return v if isinstance(v, str) else ("on" if v else "off")
