@@ -49,7 +49,10 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--layers", type=int, default=None,
                    help=f"GDN layers to build (default: {DEFAULT_LAYERS}, or all if the preset has fewer; 0 = all of "
                         "the preset's; qwen3.5-9b has 24: 10.2 GiB of buffers (9.8 GiB bf16 weights, 0.4 GiB caches), about "
-                        "11.5 GB of RAM at peak, twice that with --check, which keeps a copy of every buffer)")
+                        "11.5 GB of RAM at peak, twice that with --check, which keeps a copy of every buffer). With "
+                        "--gguf or --whole: the first N layers of the model's own pattern, and attention layers count "
+                        "(qwen3.5-9b's first 4 are GDN 0, 1, 2 and attention 3), then the output norm and lm head "
+                        "(default and 0: every layer)")
     g.add_argument("--seqs", type=int, default=1, help="sequences in the ubatch (default: 1)")
     g.add_argument("--dflash", action="store_true", help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
     g.add_argument("--whole", action="store_true",
@@ -88,13 +91,12 @@ def verify_config(a: argparse.Namespace):
     from gdnpass.models import VerifyConfig, get_model
 
     layers = a.layers
-    if getattr(a, "whole", False):
-        if layers:
-            raise GdnpassError("--whole builds every layer; --layers selects GDN layers of the partial graph")
-        layers = 0
+    model = a.model
+    if getattr(a, "whole", False):  # --layers N: the first N layers of the preset's pattern
+        model, layers = _first_layers(get_model(a.model), layers, f"--model {a.model}"), 0
     if layers is None:
         layers = min(DEFAULT_LAYERS, len(get_model(a.model).gdn_layers))
-    return VerifyConfig(model=a.model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
+    return VerifyConfig(model=model, n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_layers=layers or None, n_seqs=a.seqs,
                         whole=getattr(a, "whole", False),
                         dflash=a.dflash, wtype=a.wtype, ab_wtype=a.ab_wtype, snapshot_layout=a.snapshot_layout,
                         **({"qk_norm": a.qk_norm} if getattr(a, "qk_norm", None) else {}))
@@ -118,18 +120,41 @@ def _model(a: argparse.Namespace):
     return open_model(a.gguf)
 
 
+def _first_layers(shape, n: int | None, what: str):
+    """``shape`` cut after its first ``n`` layers (``--layers``; None or 0: all of them)."""
+    if not n:
+        return shape
+    if not 1 <= n <= shape.n_layer:
+        raise GdnpassError(f"--layers {n}: {what} has {shape.n_layer} layers (attention layers count)")
+    return shape.first_layers(n)
+
+
+def whole_title(name: str, n_all: int, cfg, weights: str) -> str:
+    """What a whole forward holds, for the header of run and dump: the layers by kind, the lm head, the weights."""
+    m = cfg.shape
+    layers = f"{m.n_layer} layers" if m.n_layer == n_all else f"the first {m.n_layer} of {n_all} layers"
+    head = "token_embd.weight (tied)" if m.tie_embeddings else "output.weight"
+    return (f"{name}, whole forward: token embedding, {layers} (GDN {m.gdn_layers}, attention {m.attn_layers}), "
+            f"lm head {head}; n_t={cfg.n_tokens}, n_rs_seq={cfg.n_rs_seq}; weights {weights}")
+
+
 def _source(a: argparse.Namespace):
     model = _model(a)
     if model is None:
-        return a.graph or verify_config(a)
-    if a.layers:
-        raise GdnpassError("--layers with --gguf is not supported yet: --gguf builds every layer of the file")
-    cfg = model.config(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_seqs=a.seqs,
+        if a.graph or not getattr(a, "whole", False):
+            return a.graph or verify_config(a)
+        from gdnpass.models import build_verify_graph, get_model
+
+        cfg = verify_config(a)
+        graph = build_verify_graph(cfg)
+        graph.meta["source"] = whole_title(a.model, get_model(a.model).n_layer, cfg,
+                                           f"{a.wtype} (alpha/beta {a.ab_wtype}), seeded")
+        return graph
+    cfg = model.config(layers=_first_layers(model.shape, a.layers, model.path.name).n_layer, n_tokens=a.tokens,
+                       n_rs_seq=a.rs_seq, n_seqs=a.seqs,
                        **({"qk_norm": a.qk_norm} if getattr(a, "qk_norm", None) else {}))
     graph = model.build(cfg)
-    graph.meta["source"] = (f"{model.path.name} ({model.shape.n_layer} layers: GDN {model.shape.gdn_layers}, "
-                            f"attention {model.shape.attn_layers}), n_t={a.tokens}, n_rs_seq={a.rs_seq}, "
-                            f"whole forward")
+    graph.meta["source"] = whole_title(model.path.name, model.shape.n_layer, cfg, model.weights_summary(graph))
     return graph
 
 

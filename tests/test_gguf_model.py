@@ -109,3 +109,29 @@ def test_dump_gguf_imports_no_torch(bf16_file):
     r = subprocess.run([sys.executable, "-c", code, str(bf16_file)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "fusion gdn_conv_chain: applied 6" in r.stdout
+
+
+def test_layers_selects_the_first_layers_of_the_file_s_pattern(bf16_file, capsys):
+    """``--layers N --gguf FILE``: the first N layers of the file's pattern, attention layers counted (tiny-qwen35-b
+    has attention at 3 and 7): the embedding, N layers, the output norm and the lm head; the header says what was
+    built (layers by kind, the lm head, the weights by type; the buffers line the weights and the arena)."""
+    from gdnpass import cli
+
+    m = open_model(bf16_file)
+    g = m.build(m.config(layers=4, n_tokens=4, n_rs_seq=3))
+    blocks = sorted({int(t.name.split(".")[1]) for t in g.leafs if t.name.startswith("blk.")})
+    assert blocks == [0, 1, 2, 3] and sum(n.name.startswith("result_output") for n in g.nodes) == 1
+    assert sorted({n.layer for n in g.nodes if n.op.value == "GATED_DELTA_NET"}) == [0, 1, 2]
+    assert sorted({n.layer for n in g.nodes if n.op.value == "FLASH_ATTN_EXT"}) == [3]
+    assert cli.main(["run", "--gguf", str(bf16_file), "--layers", "4", "--tokens", "4", "--rs-seq", "3", "--check",
+                     "-q"]) == 0
+    out = capsys.readouterr().out
+    assert ("whole forward: token embedding, the first 4 of 8 layers (GDN [0, 1, 2], attention [3]), lm head "
+            "output.weight; n_t=4, n_rs_seq=3; weights BF16 x") in out
+    assert "gdn_conv_chain: 3 applied" in out and " 0 differing" in out and "DIFFERS" not in out
+    assert cli.main(["run", "--gguf", str(bf16_file), "--layers", "9", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--layers 9" in err and "has 8 layers (attention layers count)" in err
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    assert "attention layers count" in " ".join(capsys.readouterr().out.split())

@@ -43,9 +43,17 @@ class GgufModel:
         """The DType the graph gives each weight: the file's, or f32 for a quantized one."""
         return {n: _PLAIN.get(t, DType.F32) for n, t in self.types.items()}
 
-    def config(self, **kw) -> VerifyConfig:
-        """A whole verify forward of this model (``kw``: n_tokens, n_rs_seq, ... as VerifyConfig takes them)."""
-        return VerifyConfig(model=self.shape, whole=True, **kw)
+    def config(self, layers: int | None = None, **kw) -> VerifyConfig:
+        """A whole verify forward of this model, or of its first ``layers`` layers (:meth:`ModelShape.first_layers`;
+        ``kw``: n_tokens, n_rs_seq, ... as VerifyConfig takes them)."""
+        return VerifyConfig(model=self.shape.first_layers(layers) if layers else self.shape, whole=True, **kw)
+
+    def weights_summary(self, graph: Graph) -> str:
+        """The weights ``graph`` takes from the file, by type: 'F32 x38, Q8_0 x33 (dequantized to f32)'."""
+        from collections import Counter
+
+        n = Counter(self.types[t.name] for t in graph.leafs if t.buffer == "weights" and t.name in self.types)
+        return ", ".join(f"{k} x{v}" + (" (dequantized to f32)" if k in DEQUANTIZED else "") for k, v in sorted(n.items()))
 
     def build(self, cfg: VerifyConfig) -> Graph:
         from gdnpass.models.ir_facade import build_verify_graph

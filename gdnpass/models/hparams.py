@@ -8,7 +8,7 @@ known shapes, :class:`VerifyConfig` one speculative-verify ubatch (tokens, rollb
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gdnpass.ir import DType, GraphError
 
@@ -102,6 +102,13 @@ class ModelShape:
     def gdn_layers(self) -> list[int]:
         k = self.full_attention_interval
         return [i for i in range(self.n_layer) if (i + 1) % k != 0] if k > 0 else list(range(self.n_layer))
+
+    def first_layers(self, n: int) -> "ModelShape":
+        """The model cut after its first ``n`` layers, in its own pattern: attention layers count (qwen3.5-9b's first
+        4 are GDN 0, 1, 2 and attention 3), the embedding, output norm and lm head stay."""
+        if not 1 <= n <= self.n_layer:
+            raise GraphError(f"{self.name} has {self.n_layer} layers: cannot take the first {n}")
+        return replace(self, n_layer=n)
 
 
 # The released models' values are their HF configs' (text_config of Qwen/Qwen3.5-9B, -4B, -27B: hidden_size,
