@@ -127,6 +127,11 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
            "n_rs_seq": settings.n_rs_seq, "flash_attn": settings.flash_attn, "n_threads": settings.n_threads,
            "prompt": prompt, "verify": verify, "record_memory": settings.record_memory,
            "record_nodes": settings.record_nodes}
+    return _call_worker(req, path, install, timeout_s)
+
+
+def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float) -> dict:
+    """Run the worker on one request; its JSON answer, or LlamaError (one line) when llama.cpp refuses or aborts."""
     with tempfile.TemporaryDirectory(prefix="gdnpass-capture-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "capture.json")
         req_path.write_text(json.dumps(req))
@@ -142,6 +147,26 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
     if not out.get("ok"):
         raise LlamaError(f"capture of {path.name}: {out.get('error')}")
     return out
+
+
+def generate(gguf: str | os.PathLike, *, prompt: list[int], n_predict: int, draft_max: int = 0,
+             drafter: dict | None = None, n_rs_seq: int = 0, n_ubatch: int = 16, n_ctx: int = 256,
+             flash_attn: str = "auto", n_threads: int = 2, rows: bool = False,
+             install: build.Install | None = None, timeout_s: float = 600.0) -> dict:
+    """llama.cpp's own greedy speculative loop on ``gguf`` (the worker's ``generate`` mode): the referee of
+    ``gdnpass generate``. ``drafter``: {"kind": "none"}, {"kind": "ngram", "size_n", "size_m"} or {"kind":
+    "planted", "truth", "accept", "lengths"} (:mod:`gdnpass.drafters`). Returns the worker's record: tokens, steps
+    (n_t, drafted, accepted, seq_rm's result), per-token top-2 margins (and logits rows, base64 f32, with ``rows``),
+    the context settings as llama.cpp resolved them."""
+    path = Path(gguf)
+    if not path.is_file():
+        raise LlamaError(f"generate: GGUF file {path} does not exist")
+    install = install or build.ensure()
+    req = {"mode": "generate", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "n_ctx": n_ctx,
+           "n_batch": max(n_ubatch, len(prompt)), "n_ubatch": n_ubatch, "n_rs_seq": n_rs_seq,
+           "flash_attn": flash_attn, "n_threads": n_threads, "prompt": list(prompt), "n_predict": n_predict,
+           "draft_max": draft_max, "drafter": drafter or {"kind": "none"}, "rows": rows}
+    return _call_worker(req, path, install, timeout_s)
 
 
 def _failure(proc: subprocess.CompletedProcess) -> str:

@@ -274,6 +274,103 @@ def run(req: dict) -> dict:
     return out
 
 
+def run_generate(req: dict) -> dict:
+    """``mode: generate``: llama.cpp's own speculative-simple loop with a greedy sampler, on one sequence.
+
+    Prefill the prompt but its last token (one batch, no logits); then per step: draft with the request's drafter
+    (``gdnpass.drafters``, pure Python: the same drafter code as gdnpass's loop), ``llama_decode`` of
+    [id_last, drafts...] with logits for every token, accept the greedy prefix (row i's argmax equals draft i), and
+    roll back with ``llama_memory_seq_rm(mem, 0, n_past, -1)`` (with ``n_rs_seq > 0`` the recurrent memory restores
+    the snapshot plane ``cell.pos - (n_past - 1)`` for the next ubatch). Returns the tokens, per step the width and
+    the accepted drafts and seq_rm's result, per token its top-2 margin (and, with ``rows``, its logits row)."""
+    import llama_cpp.llama_cpp as L
+
+    from gdnpass.drafters import NgramSimple, NoDraft, Planted  # (pure Python, no torch)
+
+    logs: list[str] = []
+
+    @L.llama_log_callback
+    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
+        logs.append((text or b"").decode(errors="replace").rstrip())
+
+    L.llama_log_set(on_log, None)
+    L.llama_backend_init()
+    model = L.llama_model_load_from_file(req["gguf"].encode(), L.llama_model_default_params())
+    if not model:
+        raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
+    cp.n_seq_max, cp.n_rs_seq = 1, req["n_rs_seq"]
+    cp.n_threads = cp.n_threads_batch = req["n_threads"]
+    cp.flash_attn_type = FLASH_ATTN[req["flash_attn"]]
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise Refused("llama.cpp could not create the context: " + _last_error(logs))
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    mem = L.llama_get_memory(ctx)
+
+    def decode(tokens: list[int], pos0: int, logits: bool) -> None:
+        b = L.llama_batch_init(len(tokens), 0, 1)
+        try:
+            b.n_tokens = len(tokens)
+            for i, tok in enumerate(tokens):
+                b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
+                b.seq_id[i][0] = 0
+                b.logits[i] = 1 if logits else 0
+            rc = L.llama_decode(ctx, b)
+            if rc != 0:
+                raise Refused(f"llama_decode returned {rc} for {len(tokens)} tokens at position {pos0}: "
+                              + _last_error(logs))
+        finally:
+            L.llama_batch_free(b)
+
+    d = req["drafter"]
+    if d["kind"] == "ngram":
+        drafter = NgramSimple(d["size_n"], d["size_m"])
+    elif d["kind"] == "planted":
+        drafter = Planted(d["truth"], len(req["prompt"]), n_vocab, d["accept"], d.get("lengths", ()))
+    else:
+        drafter = NoDraft()
+    prompt, K, N = [int(x) for x in req["prompt"]], req["draft_max"], req["n_predict"]
+    t0 = time.perf_counter()
+    if len(prompt) > 1:
+        decode(prompt[:-1], 0, False)
+    history, id_last = prompt[:-1], prompt[-1]
+    tokens: list[int] = []
+    steps, margins, rows = [], [], []
+    n_ctx = int(L.llama_n_ctx(ctx))
+    while len(tokens) < N:
+        n_past = len(history)
+        budget = max(0, min(K, n_ctx - n_past - 2, N - len(tokens) - 1))
+        draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
+        decode([id_last, *draft], n_past, True)
+        ids = []
+        for i in range(len(draft) + 1):
+            p = L.llama_get_logits_ith(ctx, i)
+            row = [p[j] for j in range(n_vocab)]
+            tok = max(range(n_vocab), key=row.__getitem__)  # the first of equal maxima, as torch.argmax
+            top = sorted(row, reverse=True)[:2]
+            ids.append(tok)
+            margins.append(top[0] - top[1])
+            if req.get("rows"):
+                rows.append(base64.b64encode(ctypes.string_at(p, 4 * n_vocab)).decode())
+            if i == len(draft) or tok != draft[i]:
+                break
+        for tok in ids:
+            history.append(id_last)
+            id_last = tok
+        ok = bool(L.llama_memory_seq_rm(mem, 0, len(history), -1))
+        steps.append({"n_t": len(draft) + 1, "drafted": len(draft), "accepted": len(ids) - 1, "seq_rm": ok,
+                      "pos_max": int(L.llama_memory_seq_pos_max(mem, 0))})
+        tokens += ids
+    out = {"tokens": tokens, "steps": steps, "margins": margins, "rows": rows, "n_vocab": int(n_vocab),
+           "settings": {"n_ctx": n_ctx, "n_rs_seq": int(L.llama_n_rs_seq(ctx)), "n_ubatch": req["n_ubatch"]},
+           "seconds": round(time.perf_counter() - t0, 3)}
+    L.llama_free(ctx)
+    L.llama_model_free(model)
+    return out
+
+
 def _last_error(logs: list[str], n: int = 1) -> str:
     """The last ``n`` error lines of llama.cpp's log, joined (the cause usually comes one line before the summary)."""
     errs = [x.split(": ", 1)[-1] for x in logs if "error" in x.lower() or "failed" in x.lower()]
@@ -285,7 +382,7 @@ def main(argv: list[str]) -> int:
     with open(req_path) as fh:
         req = json.load(fh)
     try:
-        out = {"ok": True, **run(req)}
+        out = {"ok": True, **(run_generate(req) if req.get("mode") == "generate" else run(req))}
     except Refused as err:
         out = {"ok": False, "error": str(err)}
     with open(out_path, "w") as fh:
