@@ -194,6 +194,9 @@ INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032,
                  "get_rows": (0.032, 0.0)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0
+# the graph the refusal suggests: ~30 s on the interpreter. Checked (unfused, then fused: twice that) it is ~60 s, so
+# `run --check --backend triton` on the CPU needs --allow-slow for any model (tests/test_cli.py keeps this honest)
+SMALL_GRAPH = ("--model", "tiny-dc4-h64", "--layers", "1")
 
 
 def interpreter_seconds(nodes) -> float:
@@ -211,14 +214,18 @@ def interpreter_seconds(nodes) -> float:
     return total
 
 
-def _refuse_slow(a: argparse.Namespace, seconds: float) -> None:
+def _refuse_slow(a: argparse.Namespace, seconds: float, check: bool = False) -> None:
     if seconds <= SLOW_LIMIT_S or a.allow_slow:
         return
     from gdnpass.errors import ResourceError
 
-    raise ResourceError(f"--backend triton on the CPU runs Triton's interpreter: this graph would take about "
-                        f"{_duration(seconds)} (over {SLOW_LIMIT_S:.0f} s); pass --allow-slow to run it anyway, or use "
-                        "a smaller graph (--model tiny-dc4-h64 --layers 1), --backend torch, or --device cuda")
+    small = " ".join(SMALL_GRAPH)
+    raise ResourceError(f"--backend triton on the CPU runs Triton's interpreter: this "
+                        + ("check (the graph twice, unfused then fused)" if check else "graph")
+                        + f" would take about {_duration(seconds)} (over {SLOW_LIMIT_S:.0f} s); pass --allow-slow to "
+                        + ("run it anyway (checked, even the smallest graph, " + small + ", takes about a minute), "
+                           "or use --backend torch, or --device cuda" if check else
+                           f"run it anyway, or use a smaller graph ({small}), --backend torch, or --device cuda"))
 
 
 def _duration(s: float) -> str:
@@ -336,7 +343,7 @@ def _run_check(a: argparse.Namespace, res, interpreted: bool = False) -> int:
         raise GdnpassError(f"--check compares the unfused graph with its fusion, but {res.source} is already fused "
                            f"({', '.join(fused)}); save an unfused graph with 'gdnpass run --no-fuse --save FILE'")
     if interpreted:
-        _refuse_slow(a, 2 * interpreter_seconds(res.graph.nodes))  # unfused, then fused (cheaper)
+        _refuse_slow(a, 2 * interpreter_seconds(res.graph.nodes), check=True)  # unfused, then fused (as slow)
     with _progress(a, "check") as p:
         model = _model(a)
         out = check_fusion(res.graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,

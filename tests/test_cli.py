@@ -68,7 +68,17 @@ def test_interpreter_guard(capsys, monkeypatch):
     rc, _, err = run_main(capsys, "run", "--backend", "triton")  # qwen3.5-9b, 4 layers: an hour or more
     assert rc == 2 and "--allow-slow" in err and "about" in err and err.count("\n") == 1
     rc, _, err = run_main(capsys, "run", "--backend", "triton", "--check")
-    assert rc == 2 and "--allow-slow" in err
+    assert rc == 2 and "--allow-slow" in err and "check (the graph twice" in err and err.count("\n") == 1
+
+
+def test_interpreter_guard_suggests_a_graph_it_accepts():
+    """The smaller graph the refusal names runs under the limit; checked (twice) it does not, as the message says."""
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    from gdnpass import pipeline
+
+    a = cli.make_parser().parse_args(["run", *cli.SMALL_GRAPH])
+    nodes = pipeline.run(cli._source(a), cli.pass_options(a, True), fuse_now=False).graph.nodes
+    assert cli.interpreter_seconds(nodes) <= cli.SLOW_LIMIT_S < 2 * cli.interpreter_seconds(nodes)
 
 
 def test_programs_follow_the_launch_blocks():
