@@ -105,8 +105,9 @@ class Model:
         return cls(m.shape, Path(path).name, gguf=m)
 
     @classmethod
-    def preset(cls, name: str, wtype: str = "bf16", ab_wtype: str = "f32", seed: int = 0) -> "Model":
-        return cls(get_model(name), name, wtype=wtype, ab_wtype=ab_wtype, seed=seed)
+    def preset(cls, name: str | ModelShape, wtype: str = "bf16", ab_wtype: str = "f32", seed: int = 0) -> "Model":
+        shape = get_model(name)
+        return cls(shape, shape.name, wtype=wtype, ab_wtype=ab_wtype, seed=seed)
 
     def config(self, **kw) -> VerifyConfig:
         if self.gguf is not None:
