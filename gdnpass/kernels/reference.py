@@ -357,7 +357,8 @@ def set_rows(dst: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.
     i2 = torch.arange(n2, device=dst.device).view(1, -1)
     idx = ids[0].long()[i3 % ids.shape[1], i2 % ids.shape[2]]  # (n3, n2, n1): plane (i2, i3) reads ids[i3%, i2%]
     i3, i2 = i3[..., None], i2[..., None]
-    if bool(((idx < 0) | (idx >= dst.shape[2])).any()):
+    capturing = idx.is_cuda and torch.cuda.is_current_stream_capturing()  # (no host sync inside a CUDA graph)
+    if not capturing and bool(((idx < 0) | (idx >= dst.shape[2])).any()):
         raise IndexError(f"SET_ROWS: row id out of [0, {dst.shape[2]})")
     out = dst.clone()
     out[i3, i2, idx] = rows.to(dst.dtype)
