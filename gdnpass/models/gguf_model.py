@@ -53,7 +53,8 @@ class GgufModel:
         from collections import Counter
 
         n = Counter(self.types[t.name] for t in graph.leafs if t.buffer == "weights" and t.name in self.types)
-        return ", ".join(f"{k} x{v}" + (" (dequantized to f32)" if k in DEQUANTIZED else "") for k, v in sorted(n.items()))
+        return ", ".join(f"{k} x{v}" + (" (dequantized to f32)" if k in DEQUANTIZED else "")
+                         for k, v in sorted(n.items()))
 
     def build(self, cfg: VerifyConfig) -> Graph:
         from gdnpass.models.ir_facade import build_verify_graph
