@@ -1,15 +1,19 @@
-"""GPU benchmarks of the fusion pass (issue 6), in one run, printing a short table per section.
+"""GPU benchmarks of the kernels and the pass, in one run, each table with its targets and met/missed per row.
 
     python benchmarks/bench.py [--quick] [--json OUT.json]
 
-1. per-node GPU time of the unfused chain vs the fused node (qwen3.5-9b shapes), (T, rows) in (1,1) (4,4) (8,8) (16,16)
-2. alpha/beta pair vs two single mat-vecs, 1-16 columns, f32 and bf16 weights (9-16: the scope question)
-3. a whole verify forward of the 24 GDN layers as one CUDA graph: kernels and GPU time, fusion off vs on (ABBA)
-4. references: an empty Triton kernel, device copy bandwidth, the fused kernel's bytes over that bandwidth
-5. the Python cost of the pass (match + rewrite) on the 24-layer graph, on the CPU
+1. references: device copy bandwidth (1 GiB, read + write) and an empty Triton kernel
+2. per op of the unfused conv chain (qwen3.5-9b, upstream's q/k form) next to upstream ggml-cuda's kernels (T 4, 8)
+3. thin MUL_MAT: every qwen3.5-9b weight shape, f32 and bf16, 1-16 columns, against the copy bandwidth
+4. the fused chain against one copy kernel moving its bytes, T 1/4/8/16, both q/k forms
+5. the dedup snapshot layouts against the rows layout (fused node)
+6. the alpha/beta pair vs two single mat-vecs
+7. the 24-layer verify forward: kernels and kernel time per forward (and the products alone), fusion off vs on;
+   GPU time of the captured CUDA graph (ABBA medians)
+8. the Python cost of the pass on the CPU
 
-Method (device README's METHOD.md): warm up, then time CUDA-graph replays of back-to-back launches with CUDA events;
-medians over repeats; variants compared in the same process.
+Method: per-kernel durations from torch.profiler (the seed's and upstream's method: no launch gaps), medians over
+repeats, variants in the same process; the forward's wall time also as CUDA-graph replays timed with CUDA events.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from gdnpass.fusion import fuse  # noqa: E402
 from gdnpass.pipeline import PassOptions  # noqa: E402
 from gdnpass.ir import Op, runs_kernel  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
-from gdnpass.runtime import Executor, launches  # noqa: E402
+from gdnpass.runtime import Executor, launches, node_launches  # noqa: E402
 
 REPS_IN_GRAPH = 20
 
@@ -60,6 +64,41 @@ def graph_time_us(fn, reps_in_graph=REPS_IN_GRAPH, replays=30) -> float:
     return statistics.median(times)
 
 
+def kernel_us(fn, reps: int = 20) -> tuple[float, list[float]]:
+    """Profiler kernel durations of one ``fn()`` call, captured as a CUDA graph and replayed (so host-side checks,
+    e.g. GET_ROWS's id check, which is skipped under capture, launch nothing): (median over ``reps`` replays of the
+    summed kernel time, the median duration of each of its kernels in launch order), in µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()  # warm up: compiles outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+          and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    per = len(ks) // reps
+    if per == 0 or len(ks) % reps:
+        raise RuntimeError(f"{len(ks)} kernels over {reps} replays: not one fixed launch sequence")
+    calls = [ks[i * per:(i + 1) * per] for i in range(reps)]
+    return statistics.median(sum(c) for c in calls), [statistics.median(c[j] for c in calls) for j in range(per)]
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
 def node_runner(ex: Executor, n):
     fn = ex.kernels[n.op]
     srcs = [ex.view(s) if s is not None else None for s in [*n.src, *n.outs]]
@@ -88,11 +127,22 @@ def chain_operands(T: int, rows: int, seed: int = 0) -> dict:
     return dict(cache=cache, out=out, q=q, k=k, args=(cache, ids, x, w, dst, cols, 1e-6, out, q, k))
 
 
-# ---- 1. chain kernels, unfused vs fused ----------------------------------------------------------------------------
+# ---- upstream ggml-cuda on this H200 (2026-12-01, ncu kernel durations; ../shared/reference/llama-cpp.md) ---------
+
+UPSTREAM = {  # per GDN layer, µs, at T = 4 and T = 8 (CPY: the fastest of its per-row copies)
+    4: {"GET_ROWS": 3.10, "CONCAT": 7.74, "CPY": 3.07, "SSM_CONV+SILU": 3.49, "q norm": 2.91, "k norm": 2.75,
+        "alpha+beta": 27.4, "chain": 32.7},
+    8: {"GET_ROWS": 3.42, "CONCAT": 7.74, "CPY": 3.01, "SSM_CONV+SILU": 3.46, "q norm": 2.85, "k norm": 2.88,
+        "alpha+beta": 29.3, "chain": 46.8},
+}
+
+
+# ---- the chain's kernels, unfused and fused --------------------------------------------------------------------------
 
 
 def chain_nodes(g, il):
-    """The nodes of layer il's conv chain (GET_ROWS .. L2_NORM(k)), plus its alpha/beta MUL_MATs and the GDN."""
+    """The nodes of layer il's conv chain (GET_ROWS .. the k normalisation), plus its alpha/beta MUL_MATs and the
+    GDN."""
     pos = {n.name: i for i, n in enumerate(g.nodes)}
     start, end = pos[f"conv_states-{il}"], pos[f"k_conv_predelta-{il}"]
     chain = [n for n in g.nodes[start:end + 1] if runs_kernel(n) and (n.layer == il)
@@ -103,31 +153,95 @@ def chain_nodes(g, il):
     return chain, ab, gdn
 
 
-def bench_chain(T: int, rows: int) -> dict:
-    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, n_layers=1, share_weights=True)
+def chain_bytes(T: int, rows: int) -> int:
+    """Bytes the fused chain must move at qwen3.5-9b size: the gathered state, the projection, the taps, the SiLU
+    output, the q/k outputs and the snapshot rows."""
+    C, dc, S, Hk = 8192, 4, 128, 16
+    return 4 * ((dc - 1) * C + C * T + dc * C + C * T + 2 * S * Hk * T + rows * (dc - 1) * C)
+
+
+def bench_chain(T: int, rows: int, qk_norm: str = "rms") -> dict:
+    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, n_layers=1, share_weights=True, qk_norm=qk_norm)
     g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
     ex = Executor(g, device="cuda")
     ex.fill(seed=1, ids=default_ids(cfg))
     il = cfg.layer_ids()[0]
     chain, ab, gdn = chain_nodes(g, il)
-    unfused = [(f"{label(n)} {n.name}", graph_time_us(node_runner(ex, n))) for n in chain]
-    ab_unfused = [(f"MUL_MAT {n.src[0].name.split('.')[-2]}", graph_time_us(node_runner(ex, n))) for n in ab]
-    gdn_t = graph_time_us(node_runner(ex, gdn[0]))
+    unfused = [(label(n), n.name, kernel_us(node_runner(ex, n))[0]) for n in chain]
+    ab_unfused = sum(kernel_us(node_runner(ex, n))[0] for n in ab)
+    gdn_t = kernel_us(node_runner(ex, gdn[0]))[0]
     fuse(g, enabled=True)
     fused_node = next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)
-    pair_node = next((n for n in g.nodes if n.op is Op.MUL_MAT_VEC_PAIR and "ssm_alpha" in n.op_params["replaced"][0]),
-                     None)  # none above 8 columns
-    fused_t = graph_time_us(node_runner(ex, fused_node))
-    pair_t = graph_time_us(node_runner(ex, pair_node)) if pair_node is not None else float("nan")
-    C, dc, S, Hk = 8192, 4, 128, 16
-    bytes_moved = 4 * ((dc - 1) * C + C * T + dc * C + C * T + 2 * S * Hk * T + rows * (dc - 1) * C)
-    return dict(T=T, rows=rows, unfused=unfused, unfused_total=sum(t for _, t in unfused), fused=fused_t,
-                l2_separate=bool(fused_node.op_params.get("l2_separate")), ab_unfused=ab_unfused,
-                ab_unfused_total=sum(t for _, t in ab_unfused), pair=pair_t, gdn=gdn_t, fused_bytes=bytes_moved,
-                unfused_launches=len(chain))
+    pair_node = next(n for n in g.nodes if n.op is Op.MUL_MAT_VEC_PAIR and "ssm_alpha" in n.op_params["replaced"][0])
+    return dict(T=T, rows=rows, qk_norm=qk_norm, unfused=unfused, unfused_total=sum(t for *_, t in unfused),
+                fused=kernel_us(node_runner(ex, fused_node))[0], l2_separate=bool(fused_node.op_params.get("l2_separate")),
+                ab_unfused=ab_unfused, pair=kernel_us(node_runner(ex, pair_node))[0], gdn=gdn_t,
+                fused_bytes=chain_bytes(T, rows), unfused_launches=len(chain))
 
 
-# ---- 2. the mat-vec pair ---------------------------------------------------------------------------------------------
+def per_op(r: dict) -> dict[str, float]:
+    """The unfused chain's kernels grouped as upstream's table: SSM_CONV with its SILU, each q/k norm with its SCALE,
+    CPY the slowest of the snapshot copies."""
+    ops = r["unfused"]
+    norms = [t for lab, _, t in ops if lab in ("RMS_NORM", "SCALE", "L2_NORM")]
+    half = len(norms) // 2
+    return {"GET_ROWS": sum(t for lab, _, t in ops if lab == "GET_ROWS"),
+            "CONCAT": sum(t for lab, _, t in ops if lab == "CONCAT"),
+            "CPY": max((t for lab, _, t in ops if lab == "CPY"), default=float("nan")),
+            "SSM_CONV+SILU": sum(t for lab, _, t in ops if lab in ("SSM_CONV", "UNARY(SILU)")),
+            "q norm": sum(norms[:half]), "k norm": sum(norms[half:]),
+            "alpha+beta": r["ab_unfused"], "chain": r["unfused_total"]}
+
+
+# ---- thin MUL_MAT -------------------------------------------------------------------------------------------------
+
+# qwen3.5-9b's product shapes (rows M, inner K): GDN qkv, z/ssm_out/attention output, alpha/beta, attention K/V,
+# attention Q with its gate, FFN gate/up, FFN down, lm head
+MAT_SHAPES = {"qkv, attn q+gate": (8192, 4096), "z, ssm_out, attn o": (4096, 4096), "attn k, v": (1024, 4096),
+              "ffn gate, up": (12288, 4096), "ffn down": (4096, 12288), "lm head": (248320, 4096),
+              "alpha, beta": (32, 4096)}
+
+
+def bench_mat_vec(cols: list[int], ref: dict) -> list[dict]:
+    from gdnpass.kernels import triton_ops as tri
+
+    out = []
+    for wt in (torch.float32, torch.bfloat16):
+        for name, (M, K) in MAT_SHAPES.items():
+            w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
+            for n in cols:
+                x = torch.randn(1, 1, n, K, device="cuda")
+                y = torch.empty(1, 1, n, M, device="cuda")
+                us = kernel_us(lambda: tri.mul_mat_vec(w, x, y), reps=10)[0]
+                nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
+                gbps = nbytes / (us * 1e3)
+                big = w.numel() * w.element_size() >= 8 << 20
+                target = nbytes / (0.8 * ref["copy_GBps"] * 1e3) if big else \
+                    1.2 * (ref["empty_us"] + nbytes / (ref["copy_GBps"] * 1e3))
+                out.append(dict(wtype=str(wt).split(".")[-1], name=name, M=M, K=K, cols=n, us=us, GBps=gbps,
+                                target_us=target, met=us <= target, tile=tri.mat_vec_tile(M, n, K, w.element_size())))
+            del w
+    return out
+
+
+# ---- the dedup layouts ------------------------------------------------------------------------------------------------
+
+
+def bench_dedup(cases) -> list[dict]:
+    from tune_dedup import fused_chain  # (tune_dedup imports this module)
+
+    out = []
+    for T, n_rs in cases:
+        r = dict(T=T, rows=n_rs + 1)
+        for layout in ("rows", "dedup", "dedup-t"):
+            ex, n = fused_chain("qwen3.5-9b", T, n_rs, layout)
+            r[layout] = kernel_us(node_runner(ex, n))[0]
+            del ex
+        out.append(r)
+    return out
+
+
+# ---- the mat-vec pair ---------------------------------------------------------------------------------------------
 
 
 def bench_pair(cols: list[int]) -> list[dict]:
@@ -141,17 +255,13 @@ def bench_pair(cols: list[int]) -> list[dict]:
         for n in cols:
             x = torch.randn(1, 1, n, E, device="cuda")
             ya, yb = torch.empty(1, 1, n, M, device="cuda"), torch.empty(1, 1, n, M, device="cuda")
-            two = graph_time_us(lambda: (tri.mul_mat_vec(wa, x, ya), tri.mul_mat_vec(wb, x, yb)))
-            pair = graph_time_us(lambda: tri.mul_mat_vec_pair(wa, wb, x, ya, yb))
-            wa32, wb32 = wa[0, 0].float(), wb[0, 0].float()
-            cublas = graph_time_us(lambda: (torch.matmul(x[0, 0], wa32.t(), out=ya[0, 0]),
-                                            torch.matmul(x[0, 0], wb32.t(), out=yb[0, 0])))
-            out.append(dict(wtype=str(wt).split(".")[-1], cols=n, two=two, pair=pair, ratio=pair / two,
-                            cublas_two=cublas))
+            two = kernel_us(lambda: (tri.mul_mat_vec(wa, x, ya), tri.mul_mat_vec(wb, x, yb)))[0]
+            pair = kernel_us(lambda: tri.mul_mat_vec_pair(wa, wb, x, ya, yb))[0]
+            out.append(dict(wtype=str(wt).split(".")[-1], cols=n, two=two, pair=pair, ratio=pair / two))
     return out
 
 
-# ---- 3. whole verify forward ---------------------------------------------------------------------------------------
+# ---- whole verify forward ---------------------------------------------------------------------------------------
 
 
 def forward_executor(cfg: VerifyConfig, fused: bool):
@@ -162,15 +272,28 @@ def forward_executor(cfg: VerifyConfig, fused: bool):
     return g, ex, report
 
 
-def count_kernels(ex: Executor) -> int:
-    from torch.profiler import ProfilerActivity, profile
+def product_kind(n) -> str | None:
+    """'alpha/beta' or 'ffn' for the products the forward table reports alone."""
+    names = n.op_params.get("replaced", []) if n.op is Op.MUL_MAT_VEC_PAIR else \
+        [n.src[0].name] if n.op is Op.MUL_MAT else []
+    if any("ssm_alpha" in m or "ssm_beta" in m for m in names):
+        return "alpha/beta"
+    if any(".ffn_" in m for m in names):
+        return "ffn"
+    return None
 
-    ex.run()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        ex.run()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+def forward_kernels(g, ex: Executor) -> dict:
+    """Kernels per forward and their summed duration, and the same for the alpha/beta and FFN products: the
+    profiled kernels are the nodes' launches in order (runtime.launches), so each duration has its node."""
+    total, ks = kernel_us(ex.run, reps=3)
+    nodes = [n for n in g.nodes for _ in range(node_launches(n))]
+    res = dict(kernels=len(ks), kernel_us=total)
+    if len(nodes) == len(ks):
+        for kind in ("alpha/beta", "ffn"):
+            d = [t for n, t in zip(nodes, ks) if product_kind(n) == kind]
+            res[kind] = dict(kernels=len(d), kernel_us=sum(d))
+    return res
 
 
 def bench_forward(T: int, rows: int, rounds: int) -> dict:
@@ -179,11 +302,10 @@ def bench_forward(T: int, rows: int, rounds: int) -> dict:
     runs = {}
     for name, fused in (("off", False), ("on", True)):
         g, ex, report = forward_executor(cfg, fused)
-        kernels = count_kernels(ex)
+        res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **forward_kernels(g, ex),
+                         fusion=report.summary() if fused else "off")
         ex.capture()
         runs[name] = ex
-        res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), kernels=kernels,
-                         fusion=report.summary() if fused else "off")
     times = {"off": [], "on": []}
 
     def replay_ms(ex):
@@ -203,11 +325,10 @@ def bench_forward(T: int, rows: int, rounds: int) -> dict:
     return res
 
 
-# ---- 4. references ---------------------------------------------------------------------------------------------------
+# ---- references ---------------------------------------------------------------------------------------------------
 
 
-def empty_kernel_us() -> float:
-    """An empty Triton kernel's time in the CUDA-graph method: the floor of any launch."""
+def bench_references() -> dict:
     import triton
 
     @triton.jit
@@ -215,19 +336,21 @@ def empty_kernel_us() -> float:
         pass
 
     x = torch.empty(1, device="cuda")
-    return graph_time_us(lambda: _empty[(1,)](x))
-
-
-def bench_references() -> dict:
-    empty = empty_kernel_us()
+    empty = kernel_us(lambda: _empty[(1,)](x))[0]
     n = 1 << 28  # 1 GiB of f32
     a, b = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
-    copy_us = graph_time_us(lambda: b.copy_(a), reps_in_graph=5, replays=10)
-    bw = 2 * 4 * n / (copy_us * 1e-6) / 1e9  # GB/s, read + write
-    return dict(empty_triton_us=empty, copy_GBps=bw)
+    copy_us = kernel_us(lambda: b.copy_(a), reps=10)[0]
+    return dict(empty_us=empty, copy_GBps=2 * 4 * n / (copy_us * 1e3))
 
 
-# ---- 5. the pass on the CPU -------------------------------------------------------------------------------------------
+def copy_us(nbytes: int) -> float:
+    """One device copy kernel moving ``nbytes`` (read + written)."""
+    a = torch.randn(max(1, nbytes // 8), device="cuda")
+    b = torch.empty_like(a)
+    return kernel_us(lambda: b.copy_(a))[0]
+
+
+# ---- the pass on the CPU -------------------------------------------------------------------------------------------
 
 
 def bench_pass(n=10) -> dict:
@@ -245,52 +368,103 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer points and rounds")
     p.add_argument("--json", help="write all numbers to this file")
+    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,pass")
     a = p.parse_args()
+    only = set(a.only.split(",")) if a.only else None
+    want = (lambda s: only is None or s in only)
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 
     out["triton"] = triton.__version__
-    print(f"# {out['gpu']}, torch {out['torch']}, triton {out['triton']}", flush=True)
+    print(f"# {out['gpu']}, torch {out['torch']}, triton {out['triton']}; profiler kernel durations, us", flush=True)
 
     out["references"] = ref = bench_references()
-    print(f"\n## references\nempty Triton kernel {ref['empty_triton_us']:.2f} us; device copy {ref['copy_GBps']:.0f} GB/s")
+    print(f"\n## references\nempty Triton kernel {ref['empty_us']:.2f} us; device copy {ref['copy_GBps']:.0f} GB/s "
+          f"(1 GiB, read + write)", flush=True)
 
-    out["chain"] = []
-    print("\n## conv chain, qwen3.5-9b (C 8192, d_conv 4), per-node GPU time (us)")
-    print("T  rows | unfused kernels (sum, n nodes) | fused node | l2_separate | bytes/bw floor | alpha+beta -> pair | GDN")
-    for T, rows in ((1, 1), (4, 4), (8, 8), (16, 16)):
-        r = bench_chain(T, rows)
-        out["chain"].append(r)
-        floor = r["fused_bytes"] / (ref["copy_GBps"] * 1e3)
-        print(f"{T:2d} {rows:4d} | {r['unfused_total']:8.2f} ({r['unfused_launches']:2d}) | {r['fused']:8.2f} | "
-              f"{str(r['l2_separate']):5s} | {floor:6.2f} | {r['ab_unfused_total']:6.2f} -> {r['pair']:6.2f} | "
-              f"{r['gdn']:7.2f}", flush=True)
-        for name, t in r["unfused"]:
-            print(f"        {t:7.2f}  {name}")
+    if want("ops"):
+        out["ops"] = []
+        print("\n## per op of the unfused chain (qwen3.5-9b, RMS_NORM+SCALE q/k) vs upstream ggml-cuda (ncu)")
+        print("op | T=4 ours / upstream | T=8 ours / upstream")
+        rs = {T: bench_chain(T, T, "rms") for T in (4, 8)}
+        grouped = {T: per_op(r) for T, r in rs.items()}
+        for op in UPSTREAM[4]:
+            cells = []
+            for T in (4, 8):
+                ours, up = (grouped[T][op], UPSTREAM[T][op]) if op != "alpha+beta" else (rs[T]["pair"], UPSTREAM[T][op])
+                cells.append(f"{ours:6.2f} / {up:5.2f} {verdict(ours <= up)}")
+                out["ops"].append(dict(op=op, T=T, ours=ours, upstream=up, met=ours <= up))
+            name = op if op != "alpha+beta" else "alpha+beta (ours: the pair)"
+            print(f"{name:28s} | " + " | ".join(cells), flush=True)
 
-    cols = [1, 2, 4, 8] if a.quick else list(range(1, 17))
-    out["pair"] = pr = bench_pair(cols)
-    print("\n## alpha/beta mat-vec pair (E 4096, M 32): two launches vs one, us (cuBLAS pair for reference)")
-    print("wtype cols | two | pair | pair/two | cuBLAS x2")
-    for r in pr:
-        print(f"{r['wtype']:8s} {r['cols']:2d} | {r['two']:6.2f} | {r['pair']:6.2f} | {r['ratio']:.2f} | {r['cublas_two']:6.2f}")
+    if want("matvec"):
+        cols = [1, 4, 8, 16] if a.quick else list(range(1, 17))
+        out["matvec"] = mv = bench_mat_vec(cols, ref)
+        print("\n## thin MUL_MAT (Triton mat-vec): bytes / kernel time; target >= 80% of copy bandwidth for weights of "
+              ">= 8 MB, else <= 1.2 x (empty + bytes / bandwidth)")
+        print("wtype shape (rows x K) cols | us | GB/s | % of copy | target us | tile")
+        for r in mv:
+            print(f"{r['wtype']:8s} {r['name']:20s} {r['M']:6d}x{r['K']:<5d} {r['cols']:2d} | {r['us']:8.2f} | "
+                  f"{r['GBps']:5.0f} | {r['GBps'] / ref['copy_GBps']:4.0%} | {r['target_us']:8.2f} {verdict(r['met'])} | "
+                  f"{tuple(r['tile'])}", flush=True)
 
-    out["forward"] = []
-    print("\n## verify forward, 24 GDN layers (+FFN), DFlash taps, one CUDA graph, fusion off vs on (ABBA medians)")
-    print("T rows | kernels off -> on (per layer) | GPU us off -> on")
-    for T, rows in ((4, 4), (8, 8)):
-        r = bench_forward(T, rows, rounds=2 if a.quick else 5)
-        out["forward"].append(r)
-        d = (r["off"]["kernels"] - r["on"]["kernels"]) / 24
-        print(f"{T} {rows} | {r['off']['kernels']} -> {r['on']['kernels']} ({d:.1f} fewer/layer) | "
-              f"{r['off']['us_per_forward']:.1f} -> {r['on']['us_per_forward']:.1f}", flush=True)
+    if want("chain"):
+        out["chain"] = []
+        print("\n## fused chain vs one copy kernel moving its bytes (target <= 1.2 x the copy)")
+        print("q/k T rows | unfused (n kernels) | fused | copy of its bytes | fused/copy | l2_separate")
+        for qk in ("rms", "l2"):
+            for T in (1, 4, 8, 16):
+                r = bench_chain(T, T, qk)
+                c = copy_us(r["fused_bytes"])
+                r["copy_us"] = c
+                out["chain"].append(r)
+                print(f"{qk:3s} {T:2d} {T:4d} | {r['unfused_total']:7.2f} ({r['unfused_launches']:2d}) | {r['fused']:6.2f} | "
+                      f"{c:6.2f} | {r['fused'] / c:4.2f} {verdict(r['fused'] <= 1.2 * c)} | {r['l2_separate']}",
+                      flush=True)
 
-    out["pass"] = ps = bench_pass()
-    print(f"\n## the pass on the CPU: fuse() on the 24-layer graph ({ps['nodes']} nodes after): "
-          f"median {ps['median_ms']:.2f} ms, min {ps['min_ms']:.2f} ms")
+    if want("dedup"):
+        out["dedup"] = dd = bench_dedup([(1, 0), (4, 3), (8, 7), (16, 15)])
+        print("\n## snapshot layouts, fused node (target: faster of dedup / dedup-t <= 0.85 x rows, T 4, 8, 16)")
+        print("T rows | rows | dedup | dedup-t | best/rows")
+        for r in dd:
+            best = min(r["dedup"], r["dedup-t"]) / r["rows"]
+            v = verdict(best <= 0.85) if r["T"] > 1 else "(reported)"
+            print(f"{r['T']:2d} {r['rows']:4d} | {r['rows']:6.2f} | "
+                  f"{r['dedup']:6.2f} | {r['dedup-t']:6.2f} | {best:4.2f} {v}", flush=True)
+
+    if want("pair"):
+        cols = [1, 2, 4, 8, 16] if a.quick else list(range(1, 17))
+        out["pair"] = pr = bench_pair(cols)
+        print("\n## alpha/beta mat-vec pair (E 4096, M 32): two launches vs one")
+        print("wtype cols | two | pair | pair/two")
+        for r in pr:
+            print(f"{r['wtype']:8s} {r['cols']:2d} | {r['two']:6.2f} | {r['pair']:6.2f} | {r['ratio']:.2f}")
+
+    if want("forward"):
+        out["forward"] = []
+        print("\n## verify forward, 24 GDN layers (+FFN), DFlash taps, fusion off vs on")
+        print("T rows | kernels off -> on (per layer) | kernel us off -> on | alpha/beta us off -> on | "
+              "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
+        for T, rows in ((4, 4), (8, 8)):
+            r = bench_forward(T, rows, rounds=2 if a.quick else 5)
+            out["forward"].append(r)
+            off, on = r["off"], r["on"]
+            d = (off["kernels"] - on["kernels"]) / 24
+
+            def pick(k, f):
+                return f"{off[k][f]:.1f} -> {on[k][f]:.1f}" if k in off and k in on else "n/a"
+            print(f"{T} {rows} | {off['kernels']} -> {on['kernels']} ({d:.1f} fewer/layer) | "
+                  f"{off['kernel_us']:.1f} -> {on['kernel_us']:.1f} | {pick('alpha/beta', 'kernel_us')} "
+                  f"({pick('alpha/beta', 'kernels')} kernels) | {pick('ffn', 'kernel_us')} | "
+                  f"{off['us_per_forward']:.1f} -> {on['us_per_forward']:.1f}", flush=True)
+
+    if want("pass"):
+        out["pass"] = ps = bench_pass()
+        print(f"\n## the pass on the CPU: fuse() on the 24-layer graph ({ps['nodes']} nodes after): "
+              f"median {ps['median_ms']:.2f} ms, min {ps['min_ms']:.2f} ms")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump(out, f, indent=1)
+            json.dump(out, f, indent=1, default=str)
     return 0
 
 

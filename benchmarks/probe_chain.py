@@ -17,7 +17,7 @@ import triton
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from bench import chain_operands, empty_kernel_us, graph_time_us  # noqa: E402
+from bench import bench_references, chain_operands, graph_time_us  # noqa: E402
 
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
@@ -55,7 +55,7 @@ def main() -> int:
             fn()
         torch.cuda.synchronize()
         return 0
-    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; empty kernel {empty_kernel_us():.2f} us")
+    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; empty kernel {bench_references()['empty_us']:.2f} us (profiler)")
     variants = {"full": {}, "no L2": dict(n_l2=0)}
     print("T rows | " + " | ".join(variants))
     for T in (1, 4, 8, 16):

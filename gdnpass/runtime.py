@@ -23,13 +23,19 @@ TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: 
 Kernel = Callable[[Tensor, list, torch.Tensor], None]
 
 
+def node_launches(n: Tensor) -> int:
+    """Kernel launches of one execution of node ``n`` (0 for views and empty nodes)."""
+    if not runs_kernel(n):
+        return 0
+    return RECORDS[n.op].launches(n) if n.op.is_fused else 1
+
+
 def launches(graph: Graph) -> Counter:
     """Kernel launches per op label (UNARY split by kind) for one execution of ``graph``."""
     c: Counter = Counter()
     for n in graph.nodes:
-        if runs_kernel(n):
-            c[op_label(n)] += RECORDS[n.op].launches(n) if n.op.is_fused else 1
-    return c
+        c[op_label(n)] += node_launches(n)
+    return +c
 
 
 def backend_for(device: str, backend: str | dict | None) -> dict:

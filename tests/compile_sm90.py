@@ -5,6 +5,7 @@ tests/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @trito
     python tests/compile_sm90.py     # prints one line per compiled variant, exits 1 on the first failure
 """
 
+import itertools
 import sys
 
 import triton
@@ -56,7 +57,10 @@ def variants():
         yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S)), RMS=True), tri.NUM_WARPS
     for has_bias in (False, True):
         yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
-    yield tri._mul_mat_vec_kernel, dict(zip(("BLOCK_M", "COLS", "BLOCK_K"), tri.mat_vec_blocks(32, 8))), tri.NUM_WARPS
+    for (M, N), (elt, ptr) in itertools.product(((32, 8), (4096, 4), (4096, 16)), ((2, "*bf16"), (4, "*fp32"))):
+        t = tri.mat_vec_tile(M, N, 4096, elt)  # thin, and each form of a wide product
+        yield (tri._mul_mat_vec_kernel, dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot), t.warps,
+               dict(w_ptr=ptr, w2_ptr=ptr))
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
     # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
     for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),

@@ -20,13 +20,10 @@ class ChainScope:
 
 CHAIN = ChainScope()
 
-MAT_VEC_COLS = 16        # the mat-vec kernel takes activations of 1..16 columns
-WIDE_COLS = 8            # MUL_MAT at 1..8 columns runs the mat-vec (as ggml-cuda's mmvf) ...
-THIN_ROWS = 256          # ... and thin products (alpha/beta: 32 rows) up to MAT_VEC_COLS, where the pair still halves
-                         # the time and beats two cuBLAS calls (docs/performance.md)
+MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 
 
-def runs_as_mat_vec(rows: int, cols: int) -> bool:
+def runs_as_mat_vec(rows: int, cols: int) -> bool:  # noqa: ARG001 - every row count: thin and wide products alike
     """Whether a single-matrix MUL_MAT of ``rows`` outputs and ``cols`` columns runs the Triton mat-vec; the pair
     matcher accepts exactly these, so a pair is always byte-identical to its two unfused products."""
-    return 1 <= cols <= WIDE_COLS or (cols <= MAT_VEC_COLS and rows <= THIN_ROWS)
+    return 1 <= cols <= MAT_VEC_COLS

@@ -23,6 +23,8 @@ are constants of the node (see :func:`gdn_conv_chain`); channels go on the grid.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -139,21 +141,38 @@ def conv_dot(win, w):
 
 
 @triton.jit
-def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr):
+def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
+                DOT: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
-    element offset). Each weight tile is loaded once per K step for every column; a [BLOCK_M, COLS, BLOCK_K] f32
-    accumulator, one tl.sum over K at the end. Returns [BLOCK_M, COLS]."""
+    element offset), in f32 (weights are cast right after the load). Returns [BLOCK_M, COLS].
+
+    Two forms of the same sum, picked per shape by :func:`mat_vec_tile` (so a product's bytes depend only on its
+    shape and type). ``DOT`` off: a [BLOCK_M, COLS, BLOCK_K] accumulator of explicit FMAs (``tl.fma``: one rounding
+    whatever the compiler flags) and one ``tl.sum`` over K at the end, on the CUDA cores. On: a ``tl.dot`` of the
+    [BLOCK_M, BLOCK_K] weight tile with the [BLOCK_K, COLS] activations per K step on the tensor cores, accumulated
+    in place, in 3xTF32 (each f32 operand split into a TF32 head and tail, the tail x tail term dropped: f32-level
+    accuracy, not f32 rounding): for many columns, where CUDA-core arithmetic would bound the time."""
     ks = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
-    acc = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + ks
-        kmask = kk < K
-        # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
-        w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
-        x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
-        acc += w[:, None, :] * x[None, :, :]
-    return tl.sum(acc, axis=2)
+    if DOT:
+        acc = tl.zeros([rows.shape[0], x_cols.shape[0]], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            kmask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
+            acc = tl.dot(w, xt, acc, input_precision="tf32x3")
+    else:
+        acc3 = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            kmask = kk < K
+            # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
+            acc3 = tl.fma(w[:, None, :], x[None, :, :], acc3)
+        acc = tl.sum(acc3, axis=2)
+    return acc
 
 
 @triton.jit
@@ -792,11 +811,11 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
 
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, COLS: tl.constexpr, BLOCK_K: tl.constexpr):
+             y_s0, y_s1, y_s2, y_s3, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     cols = tl.arange(0, COLS)
     col_mask = cols < N
     acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3), col_mask,
-                      K, BLOCK_K)
+                      K, BLOCK_K, DOT)
     y = y_ptr + _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
     tl.store(y, acc, mask=row_mask[:, None] & col_mask[None, :])
 
@@ -806,31 +825,51 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_s1,                  # w, w2 [K, M], contiguous rows
                         x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                         y_s0, y_s1, y_s2, y_s3,
-                        BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr):
+                        BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     if tl.program_id(1) == 0:
         _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K)
+                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K, DOT)
     else:  # the pair's second product (grid axis 1 has size 2 only for a pair)
         _mat_vec(w2_ptr, y2_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K)
+                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K, DOT)
 
 
-def mat_vec_blocks(M: int, N: int) -> tuple[int, int, int]:
-    """(BLOCK_M, COLS, BLOCK_K): enough programs to fill the GPU for thin outputs (alpha/beta: M = 32 rows -> one row
-    per program), and an accumulator of at most 2048 f32 per program. COLS (the padded column count) is a constexpr:
-    one compile each for 1, 2, 4 and 8 columns, because a fixed 8 would multiply the arithmetic of a 1-column
-    product by eight."""
+class MatVecTile(NamedTuple):
+    """One mat-vec launch shape: BLOCK_M weight rows per program, COLS (the padded column count, a constexpr: one
+    compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps."""
+
+    block_m: int
+    cols: int
+    block_k: int
+    dot: bool   # tensor cores (3xTF32) instead of CUDA-core FMAs: see matvec_cols
+    warps: int
+
+
+def mat_vec_tile(M: int, N: int, K: int, elt: int) -> MatVecTile:
+    """The tile for an M-row, N-column product over K of ``elt``-byte weights: a function of the shape and type
+    alone, so both products of a pair (one launch, one tile) are byte-identical to their single mat-vecs.
+
+    Chosen by ``benchmarks/tune_matvec.py`` on the H200 (docs/performance.md): thin outputs (alpha/beta: 32 rows)
+    take one row per program and K in few steps (the launch is one memory round trip); up to 4 columns the FMA form
+    reads at memory speed with 4-8 rows per program; from 8 columns the FMA form is bound by its arithmetic, and
+    the tensor-core form wins wherever the grid of its 32-128-row tiles still fills the GPU."""
     cols = triton.next_power_of_2(N)
-    block_m = min(16, max(1, triton.next_power_of_2(M // 256)))
-    block_k = min(1024, max(64, 2048 // (block_m * cols)))
-    return block_m, cols, block_k
+    if M <= 256:
+        return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
+    if cols >= 8 and M >= 8192:
+        return MatVecTile(128, 16, 64, True, 8) if elt == 2 else MatVecTile(64, 16, 64, True, 4)
+    if cols == 16 and M >= 4096:
+        return MatVecTile(32, 16, 128, True, 4)
+    small = M <= 1024
+    return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if small or cols <= 2 else 256, False, 4)
 
 
-def _mat_vecs(products, x: torch.Tensor) -> None:
-    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product. One kernel and one choice
-    of blocks for both, so each product of a pair is byte-identical to the single mat-vec of its weight."""
+def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None:
+    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product. One kernel and one tile
+    for both, so each product of a pair is byte-identical to the single mat-vec of its weight. ``tile``: a
+    benchmark's override of :func:`mat_vec_tile`."""
     (w, out), (w2, out2) = products[0], products[-1]
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
@@ -839,11 +878,11 @@ def _mat_vecs(products, x: torch.Tensor) -> None:
                  "the products of a pair need weights and outputs of one shape, type and layout")
     _require(w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows")
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
-    block_m, cols, block_k = mat_vec_blocks(M, N)
+    t = tile or mat_vec_tile(M, N, K, w.element_size())
     xs = _strides(x)
-    _mul_mat_vec_kernel[(triton.cdiv(M, block_m), len(products))](
+    _mul_mat_vec_kernel[(triton.cdiv(M, t.block_m), len(products))](
         w, out, w2, out2, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_M=block_m, COLS=cols, BLOCK_K=block_k, **LAUNCH)
+        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, **{**LAUNCH, "num_warps": t.warps})
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -948,9 +987,9 @@ def programs(node) -> list[tuple[str, int, int]]:
         K, M, N = w.ne[0], w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
         if w.ne[2] * w.ne[3] != 1 or not runs_as_mat_vec(M, N):
             return []  # torch's matmul
-        block_m, _, block_k = mat_vec_blocks(M, N)
-        return [("mat_vec", triton.cdiv(M, block_m) * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
-                 triton.cdiv(K, block_k))]
+        t = mat_vec_tile(M, N, K, w.type.size)
+        return [("mat_vec", triton.cdiv(M, t.block_m) * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
+                 triton.cdiv(K, t.block_k))]
     if op is Op.GATED_DELTA_NET:
         v = node.src[2]  # ne [S, H_v, n_t, n_s]
         S, H_v, n_t, n_s = v.ne

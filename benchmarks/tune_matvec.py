@@ -1,0 +1,86 @@
+"""Sweep the mat-vec tile (triton_ops.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
+tile per (weight type, shape, columns) with its bandwidth next to the copy bandwidth measured in the same process.
+
+    python benchmarks/tune_matvec.py [--budget-s 420]
+
+This is how :func:`gdnpass.kernels.triton_ops.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
+Method: CUDA graph of back-to-back launches, CUDA events, median of replays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+
+from bench import bench_references, graph_time_us  # noqa: E402
+from gdnpass.kernels import triton_ops as tri  # noqa: E402
+
+SHAPES = [(12288, 4096), (4096, 4096), (1024, 4096), (4096, 12288)]
+THIN = (32, 4096)
+COLS = (1, 2, 4, 8, 16)
+
+
+def candidates(N: int, M: int):
+    cols = 1 << (N - 1).bit_length()
+    if M <= 256:
+        for bk, w in itertools.product((1024, 2048, 4096), (4, 8, 16)):
+            if cols * bk <= 32768:
+                yield tri.MatVecTile(1, cols, bk, False, w)
+        return
+    for bm, bk in itertools.product((4, 8), (256, 512, 1024)):
+        if bm * cols * bk <= 16384:
+            yield tri.MatVecTile(bm, cols, bk, False, 4)
+    if N >= 4:
+        for bm, bk, w in itertools.product((16, 32, 64, 128), (32, 64, 128), (4, 8)):
+            if bm * bk <= 8192:
+                yield tri.MatVecTile(bm, 16, bk, True, w)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget-s", type=float, default=420.0)
+    a = p.parse_args()
+    t_end = time.time() + a.budget_s
+    bw = bench_references()["copy_GBps"]
+    print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)
+    rows = []
+    for wt, (M, K), N in itertools.product((torch.bfloat16, torch.float32), [*SHAPES, THIN], COLS):
+        if time.time() > t_end:
+            print("budget spent: stopping the sweep", flush=True)
+            break
+        w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
+        x = torch.randn(1, 1, N, K, device="cuda")
+        y = torch.empty(1, 1, N, M, device="cuda")
+        ref = x[0, 0] @ w[0, 0].float().t()
+        nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
+        best, d_us, default = None, float("nan"), tri.mat_vec_tile(M, N, K, w.element_size())
+        for t in dict.fromkeys([default, *candidates(N, M)]):
+            try:
+                us = graph_time_us(lambda: tri._mat_vecs([(w, y)], x, t), reps_in_graph=10, replays=15)
+            except Exception as e:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
+                print(f"  {t}: {type(e).__name__}", flush=True)
+                continue
+            err = ((y[0, 0] - ref).abs().max() / ref.abs().max()).item()
+            if err > 1e-5:
+                print(f"  {t}: WRONG rel err {err:.2e}", flush=True)
+                continue
+            if t == default:
+                d_us = us
+            if best is None or us < best[1]:
+                best = (t, us)
+        gbps = nbytes / (best[1] * 1e-6) / 1e9
+        rows.append((str(wt).split(".")[-1], M, K, N, best, gbps, d_us))
+        print(f"{rows[-1][0]:>8} {M:>6}x{K:<6} N={N:<2} best {best[1]:7.2f} us {gbps:6.0f} GB/s ({gbps / bw:4.0%}) "
+              f"{best[0]}  default {d_us:7.2f} us", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
