@@ -86,8 +86,7 @@ def kernel_us(fn, reps: int = 20) -> tuple[float, list[float]]:
         for _ in range(reps):
             g.replay()
         torch.cuda.synchronize()
-    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-          and "memcpy" not in e.name.lower() and "memset" not in e.name.lower()]
+    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     per = len(ks) // reps
     if per == 0 or len(ks) % reps:
         raise RuntimeError(f"{len(ks)} kernels over {reps} replays: not one fixed launch sequence")
@@ -219,7 +218,7 @@ def bench_mat_vec(cols: list[int], ref: dict) -> list[dict]:
                 target = nbytes / (0.8 * ref["copy_GBps"] * 1e3) if big else \
                     1.2 * (ref["empty_us"] + nbytes / (ref["copy_GBps"] * 1e3))
                 out.append(dict(wtype=str(wt).split(".")[-1], name=name, M=M, K=K, cols=n, us=us, GBps=gbps,
-                                target_us=target, met=us <= target, tile=tri.mat_vec_tile(M, n, K, w.element_size())))
+                                target_us=target, met=us <= target, tile=tri.mat_vec_tile(M, n, K, tri.WTYPES[w.dtype])))
             del w
     return out
 
@@ -232,7 +231,7 @@ def bench_dedup(cases) -> list[dict]:
 
     out = []
     for T, n_rs in cases:
-        r = dict(T=T, rows=n_rs + 1)
+        r = dict(T=T, planes=n_rs + 1)
         for layout in ("rows", "dedup", "dedup-t"):
             ex, n = fused_chain("qwen3.5-9b", T, n_rs, layout)
             r[layout] = kernel_us(node_runner(ex, n))[0]
@@ -274,8 +273,8 @@ def forward_executor(cfg: VerifyConfig, fused: bool):
 
 def product_kind(n) -> str | None:
     """'alpha/beta' or 'ffn' for the products the forward table reports alone."""
-    names = n.op_params.get("replaced", []) if n.op is Op.MUL_MAT_VEC_PAIR else \
-        [n.src[0].name] if n.op is Op.MUL_MAT else []
+    names = [n.src[0].name, n.src[2].name] if n.op is Op.MUL_MAT_VEC_PAIR else \
+        [n.src[0].name] if n.op is Op.MUL_MAT else []  # (a pair's sources: w_a, x, w_b, out_b)
     if any("ssm_alpha" in m or "ssm_beta" in m for m in names):
         return "alpha/beta"
     if any(".ffn_" in m for m in names):
@@ -296,8 +295,10 @@ def forward_kernels(g, ex: Executor) -> dict:
     return res
 
 
-def bench_forward(T: int, rows: int, rounds: int) -> dict:
-    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=True, dflash=True)
+def bench_forward(T: int, rows: int, rounds: int, whole: bool = False) -> dict:
+    """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
+    its own bf16 weights (token embedding, attention layers, lm head)."""
+    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole)
     res = {}
     runs = {}
     for name, fused in (("off", False), ("on", True)):
@@ -321,7 +322,7 @@ def bench_forward(T: int, rows: int, rounds: int) -> dict:
             times[name].append(statistics.median(replay_ms(runs[name]) for _ in range(10)))
     for name in times:
         res[name]["us_per_forward"] = statistics.median(times[name]) * 1e3
-    res["T"], res["rows"] = T, rows
+    res["T"], res["rows"], res["gdn_layers"] = T, rows, len(cfg.shape.gdn_layers)
     return res
 
 
@@ -368,7 +369,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer points and rounds")
     p.add_argument("--json", help="write all numbers to this file")
-    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,pass")
+    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,whole,pass")
     a = p.parse_args()
     only = set(a.only.split(",")) if a.only else None
     want = (lambda s: only is None or s in only)
@@ -429,7 +430,7 @@ def main() -> int:
         for r in dd:
             best = min(r["dedup"], r["dedup-t"]) / r["rows"]
             v = verdict(best <= 0.85) if r["T"] > 1 else "(reported)"
-            print(f"{r['T']:2d} {r['rows']:4d} | {r['rows']:6.2f} | "
+            print(f"{r['T']:2d} {r['planes']:4d} | {r['rows']:6.2f} | "
                   f"{r['dedup']:6.2f} | {r['dedup-t']:6.2f} | {best:4.2f} {v}", flush=True)
 
     if want("pair"):
@@ -440,20 +441,23 @@ def main() -> int:
         for r in pr:
             print(f"{r['wtype']:8s} {r['cols']:2d} | {r['two']:6.2f} | {r['pair']:6.2f} | {r['ratio']:.2f}")
 
-    if want("forward"):
-        out["forward"] = []
-        print("\n## verify forward, 24 GDN layers (+FFN), DFlash taps, fusion off vs on")
-        print("T rows | kernels off -> on (per layer) | kernel us off -> on | alpha/beta us off -> on | "
+    for section, whole in (("forward", False), ("whole", True)):
+        if not want(section):
+            continue
+        out[section] = []
+        print("\n## verify forward, " + ("whole qwen3.5-9b (32 layers, own bf16 weights, lm head)" if whole else
+                                         "24 GDN layers (+FFN, shared weights)") + ", DFlash taps, fusion off vs on")
+        print("T rows | kernels off -> on (per GDN layer) | kernel us off -> on | alpha/beta us off -> on | "
               "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
         for T, rows in ((4, 4), (8, 8)):
-            r = bench_forward(T, rows, rounds=2 if a.quick else 5)
-            out["forward"].append(r)
+            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole)
+            out[section].append(r)
             off, on = r["off"], r["on"]
-            d = (off["kernels"] - on["kernels"]) / 24
+            d = (off["kernels"] - on["kernels"]) / r["gdn_layers"]
 
             def pick(k, f):
                 return f"{off[k][f]:.1f} -> {on[k][f]:.1f}" if k in off and k in on else "n/a"
-            print(f"{T} {rows} | {off['kernels']} -> {on['kernels']} ({d:.1f} fewer/layer) | "
+            print(f"{T} {rows} | {off['kernels']} -> {on['kernels']} ({d:.1f} fewer) | "
                   f"{off['kernel_us']:.1f} -> {on['kernel_us']:.1f} | {pick('alpha/beta', 'kernel_us')} "
                   f"({pick('alpha/beta', 'kernels')} kernels) | {pick('ffn', 'kernel_us')} | "
                   f"{off['us_per_forward']:.1f} -> {on['us_per_forward']:.1f}", flush=True)

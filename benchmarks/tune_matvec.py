@@ -4,7 +4,7 @@ tile per (weight type, shape, columns) with its bandwidth next to the copy bandw
     python benchmarks/tune_matvec.py [--budget-s 420]
 
 This is how :func:`gdnpass.kernels.triton_ops.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
-Method: CUDA graph of back-to-back launches, CUDA events, median of replays.
+Method: profiler kernel durations of CUDA-graph replays (bench.kernel_us), medians.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from bench import bench_references, graph_time_us  # noqa: E402
+from bench import bench_references, kernel_us  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
 SHAPES = [(12288, 4096), (4096, 4096), (1024, 4096), (4096, 12288)]
 THIN = (32, 4096)
-COLS = (1, 2, 4, 8, 16)
+COLS = (2, 4, 8, 16)
+TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
 
 
 def candidates(N: int, M: int):
@@ -34,12 +35,12 @@ def candidates(N: int, M: int):
             if cols * bk <= 32768:
                 yield tri.MatVecTile(1, cols, bk, False, w)
         return
-    for bm, bk in itertools.product((4, 8), (256, 512, 1024)):
-        if bm * cols * bk <= 16384:
+    for bm, bk in itertools.product((4, 8), (256, 512)):
+        if bm * cols * bk <= 8192:
             yield tri.MatVecTile(bm, cols, bk, False, 4)
-    if N >= 4:
-        for bm, bk, w in itertools.product((16, 32, 64, 128), (32, 64, 128), (4, 8)):
-            if bm * bk <= 8192:
+    if N >= 2:
+        for bm, bk, w in itertools.product((16, 32, 64, 128), (64, 128, 256), (4, 8)):
+            if bm * bk <= 16384 and not (bm == 16 and w == 8):
                 yield tri.MatVecTile(bm, 16, bk, True, w)
 
 
@@ -51,7 +52,7 @@ def main() -> int:
     bw = bench_references()["copy_GBps"]
     print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)
     rows = []
-    for wt, (M, K), N in itertools.product((torch.bfloat16, torch.float32), [*SHAPES, THIN], COLS):
+    for wt, (M, K), N in itertools.product((torch.bfloat16,), SHAPES, COLS):
         if time.time() > t_end:
             print("budget spent: stopping the sweep", flush=True)
             break
@@ -60,25 +61,25 @@ def main() -> int:
         y = torch.empty(1, 1, N, M, device="cuda")
         ref = x[0, 0] @ w[0, 0].float().t()
         nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
-        best, d_us, default = None, float("nan"), tri.mat_vec_tile(M, N, K, w.element_size())
+        best, d_us, default = None, float("nan"), tri.mat_vec_tile(M, N, K, tri.WTYPES[w.dtype])
         for t in dict.fromkeys([default, *candidates(N, M)]):
             try:
-                us = graph_time_us(lambda: tri._mat_vecs([(w, y)], x, t), reps_in_graph=10, replays=15)
+                us = kernel_us(lambda: tri._mat_vecs([(w, y)], x, t), reps=10)[0]
             except Exception as e:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
                 print(f"  {t}: {type(e).__name__}", flush=True)
                 continue
             err = ((y[0, 0] - ref).abs().max() / ref.abs().max()).item()
-            if err > 1e-5:
+            if err > TOLERANCE:
                 print(f"  {t}: WRONG rel err {err:.2e}", flush=True)
                 continue
             if t == default:
                 d_us = us
             if best is None or us < best[1]:
-                best = (t, us)
+                best = (t, us, err)
         gbps = nbytes / (best[1] * 1e-6) / 1e9
         rows.append((str(wt).split(".")[-1], M, K, N, best, gbps, d_us))
         print(f"{rows[-1][0]:>8} {M:>6}x{K:<6} N={N:<2} best {best[1]:7.2f} us {gbps:6.0f} GB/s ({gbps / bw:4.0%}) "
-              f"{best[0]}  default {d_us:7.2f} us", flush=True)
+              f"{best[0]} err {best[2]:.1e}  default {d_us:7.2f} us", flush=True)
     return 0
 
 

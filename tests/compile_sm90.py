@@ -57,8 +57,8 @@ def variants():
         yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S)), RMS=True), tri.NUM_WARPS
     for has_bias in (False, True):
         yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
-    for (M, N), (elt, ptr) in itertools.product(((32, 8), (4096, 4), (4096, 16)), ((2, "*bf16"), (4, "*fp32"))):
-        t = tri.mat_vec_tile(M, N, 4096, elt)  # thin, and each form of a wide product
+    for (M, N), wt in itertools.product(((32, 8), (4096, 4), (4096, 16)), ("bf16", "f16", "f32")):
+        t, ptr = tri.mat_vec_tile(M, N, 4096, wt), {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
         yield (tri._mul_mat_vec_kernel, dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot), t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr))
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS

@@ -14,6 +14,7 @@ from gdnpass.ir import Op, Unary
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_ops as tri
+from support.compare import assert_bits
 from support.arena import DEVICE, Arena, assert_close, node, rnd
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -193,6 +194,26 @@ def test_mul_mat_vec(wtype, cols):
     y = a.view((n3, n2, n1, M))
     a.run(lambda: tri.mul_mat_vec(w, x, y), y)
     assert_close(y, ref.mul_mat(w, x))
+
+
+@pytest.mark.parametrize("wtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_mul_mat_vec_tensor_core_form(wtype):
+    """The tensor-core (DOT) form, which mat_vec_tile picks for wide products with many columns: 3xTF32, or bf16
+    weights times the activations as three bf16 terms (in the interpreter the same split on f32 operands). Its sums
+    are not f32 rounding: within 1e-4 of the reference; the pair (one launch, one tile) is byte-identical to the two
+    single products. Run at a small M with the real model's tile (the interpreter pays per program)."""
+    tile = tri.mat_vec_tile(4096, 9, 4096, tri.WTYPES[wtype])
+    assert tile.dot
+    M, K, n = 100, 200, 9  # rows not a multiple of the row tile, K not of the K step, columns not of the tile's
+    a = Arena(1 << 24)
+    w, w2 = (a.put(rnd(1, 1, M, K).to(wtype)) for _ in range(2))
+    x = a.put(rnd(1, 1, n, K))
+    y, y2, p, p2 = (a.view((1, 1, n, M)) for _ in range(4))
+    a.run(lambda: (tri._mat_vecs([(w, y)], x, tile), tri._mat_vecs([(w2, y2)], x, tile),
+                   tri._mat_vecs([(w, p), (w2, p2)], x, tile)), y, y2, p, p2)
+    assert_close(y, ref.mul_mat(w, x), rtol=1e-4)
+    assert_bits(p, y, "pair, first product")
+    assert_bits(p2, y2, "pair, second product")
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels.fused import RECORDS
 from support.arena import DEVICE, Arena, node, rnd
 from support.compare import assert_bits
+from support.rope_cases import QWEN35_ROPE, ROPE_CASES
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0:DeprecationWarning"),
@@ -357,6 +358,8 @@ ONE_LAUNCH = {  # op -> (node params, sources) on tiny shapes
     "RMS_NORM": ({"eps": 1e-6}, lambda a: [a.put(rnd(1, 1, 4, 32))], (1, 1, 4, 32)),
     "L2_NORM": ({"eps": 1e-6}, lambda a: [a.put(rnd(1, 1, 4, 32))], (1, 1, 4, 32)),
     **{f"UNARY({k})": ({"kind": k}, lambda a: [a.put(rnd(1, 1, 4, 8))], (1, 1, 4, 8)) for k in tri.UNARY_KINDS},
+    "ROPE": (dict(QWEN35_ROPE, n_dims=8, mode=40, sections=(2, 1, 1, 0), n_offs=0),
+             lambda a: [a.put(rnd(1, 2, 3, 16)), ids_of(a, [5, 9, 5, 9, 5, 9, 0, 0], (1, 1, 1, 8))], (1, 2, 3, 16)),
 }
 
 
@@ -373,7 +376,8 @@ def test_triton_backend_has_no_torch_fallback(monkeypatch, launches):
         raise AssertionError("the Triton backend called the torch reference")
 
     for name, fn in inspect.getmembers(ref, inspect.isfunction):
-        if fn.__module__ == ref.__name__ and name not in ("f32", "gdn_scale"):  # (op params, rounded on the host)
+        if fn.__module__ == ref.__name__ and name not in ("f32", "gdn_scale", "rope_scalars", "rope_yarn_corr_dims"):
+            # (op params, rounded on the host)
             monkeypatch.setattr(ref, name, poisoned)
     a = Arena()
     for label, (params, src_fn, shape) in ONE_LAUNCH.items():
@@ -423,6 +427,27 @@ def test_programs_of_the_new_kernels():
                 assert (count, steps) == (-(-n.nelements // tri.ELT_BLOCK), 1)
                 seen.add(kernel)
     assert seen == {"get_rows", "concat", "cpy", "add", "mul", "swiglu", "silu", "sigmoid", "softplus"}
+
+
+@pytest.mark.parametrize("case", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
+@pytest.mark.parametrize("dtype", [F32, F16])
+def test_rope(case, dtype):
+    """ROPE (every implemented mode, YaRN, freq_factors, a partial rotation, f32 and f16 rows with gaps between
+    them, positions far into a context) byte for byte against the reference: the same angles (repeated f32
+    multiplication), cos and sin of double rounded once, the rotation rounded as written."""
+    name, mode, hd, n_dims, sections, prm = case
+    mrope = bool(mode & ref.ROPE_MROPE)
+    T, H = 5, 3
+    p = [0, 1, 5, 17, 63] if prm["ext_factor"] else [0, 1, 17, 4096, 100003]
+    pos = p + [v // 3 + 1 for v in p] + [v % 7 + 2 for v in p] + [v % 5 for v in p] if mrope else p
+    a = Arena()
+    x = a.put(rnd(1, T, H, hd).to(dtype), row_stride=hd + 8)
+    ids = ids_of(a, pos, (1, 1, 1, len(pos)))
+    ff = a.put(torch.rand(1, 1, 1, n_dims // 2, device=DEVICE) + 0.5) if "yarn" in name else None
+    out = a.view((1, T, H, hd), dtype)
+    kw = dict(prm, n_dims=n_dims, mode=mode, sections=sections)
+    a.run(lambda: tri.rope(x, ids, ff, out, **kw), out)
+    assert_bits(out, ref.rope(x, ids, ff, **kw), f"ROPE {name}")
 
 
 # ---- graph level: fused vs unfused ----------------------------------------------------------------------------------

@@ -132,7 +132,8 @@ def _tri_mul_mat(node, views, out):
 
 TRITON_BACKEND: dict[Op, Adapter] = {
     **TORCH_BACKEND,
-    # one Triton launch per node for every op below (wide MUL_MATs stay torch's matmul)
+    # one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul; SET_ROWS,
+    # SOFT_MAX and FLASH_ATTN_EXT their torch references)
     Op.GET_ROWS: lambda node, views, out: _tri().get_rows(views[0], views[1], out),
     Op.CONCAT: lambda node, views, out: _tri().concat(views[0], views[1], int(node.op_params["dim"]), out),
     Op.CPY: lambda node, views, out: _tri().cpy(views[0], out),  # views[1] is the destination, out its view
@@ -148,6 +149,8 @@ TRITON_BACKEND: dict[Op, Adapter] = {
                                                     float(node.op_params.get("b", 0.0)), out),
     Op.MUL_MAT: _tri_mul_mat,
     Op.GATED_DELTA_NET: lambda node, views, out: _tri().gated_delta_net(*views, int(node.op_params["K"]), out),
+    Op.ROPE: lambda node, views, out: _tri().rope(views[0], views[1], views[2] if len(views) > 2 else None, out,
+                                                  **_rope_params(node)),
     **{op: r.triton for op, r in RECORDS.items()},
 }
 

@@ -256,19 +256,31 @@ def rope_yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fas
     return float(max(_f(0), _f(start))), float(min(_f(n_dims - 1), _f(end)))
 
 
-def _rope_yarn(theta_extrap: torch.Tensor, k: int, freq_scale: float, corr: tuple[float, float], ext_factor: float,
-               mscale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """ggml-cpu's rope_yarn for pair k (i0 = 2k): (cos θ·mscale, sin θ·mscale), float32 as in C (cos/sin of the f32
-    angle correctly rounded: computed in f64, rounded once)."""
-    theta = theta_extrap * f32(freq_scale)
-    m = _f(mscale)
+def rope_scalars(n_dims: int, n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float,
+                 attn_factor: float, beta_fast: float, beta_slow: float) -> dict[str, float]:
+    """ROPE's per-node constants, in the C code's float32 (each exactly an f32, returned as Python floats):
+    theta_scale = powf(freq_base, -2.0f/n_dims); YaRN's ramp start ``corr0`` and width ``corr_den`` (rope_yarn_ramp's
+    ``max(0.001f, high - low)``); the magnitude ``mscale`` (attn_factor, x(1 + 0.1 ln(1/freq_scale)) when ext_factor
+    != 0). The reference and the Triton kernel both take them from here."""
+    corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    m = _f(attn_factor)
     if ext_factor != 0.0:
-        y = (_f(k) - _f(corr[0])) / max(_f(0.001), _f(corr[1]) - _f(corr[0]))  # rope_yarn_ramp: (i0/2 - low) / ...
+        m = _f(m * _f(_f(1) + _f(0.1) * np.log(_f(1) / _f(freq_scale))))
+    return dict(theta_scale=float(_f(freq_base) ** (_f(-2.0) / _f(n_dims))), corr0=float(_f(corr[0])),
+                corr_den=float(max(_f(0.001), _f(corr[1]) - _f(corr[0]))), mscale=float(m))
+
+
+def _rope_yarn(theta_extrap: torch.Tensor, k: int, freq_scale: float, ext_factor: float,
+               c: dict[str, float]) -> tuple[torch.Tensor, torch.Tensor]:
+    """ggml-cpu's rope_yarn for pair k (i0 = 2k): (cos θ·mscale, sin θ·mscale), float32 as in C (cos/sin of the f32
+    angle correctly rounded: computed in f64, rounded once); ``c``: :func:`rope_scalars`."""
+    theta = theta_extrap * f32(freq_scale)
+    if ext_factor != 0.0:
+        y = (_f(k) - _f(c["corr0"])) / _f(c["corr_den"])  # rope_yarn_ramp: (i0/2 - low) / max(0.001, high - low)
         ramp_mix = _f(_f(1) - min(_f(1), max(_f(0), _f(y)))) * _f(ext_factor)
         theta = theta * f32(_f(1) - ramp_mix) + theta_extrap * f32(ramp_mix)
-        m = _f(m * _f(_f(1) + _f(0.1) * np.log(_f(1) / _f(freq_scale))))
     t = theta.to(torch.float64)
-    return torch.cos(t).to(F32) * float(m), torch.sin(t).to(F32) * float(m)
+    return torch.cos(t).to(F32) * c["mscale"], torch.sin(t).to(F32) * c["mscale"]
 
 
 def _mrope_stream(k: int, sections, imrope: bool) -> int:
@@ -320,8 +332,8 @@ def rope(x: torch.Tensor, pos: torch.Tensor, freq_factors: torch.Tensor | None, 
     streams = [flat[j * n2:(j + 1) * n2].to(F32) for j in range(4 if mrope else 1)]
     if mrope and (sum(sections) > ne0 or not any(sections[:3])):
         raise ValueError(f"ROPE: M-RoPE sections {tuple(sections)} do not fit rows of {ne0}")
-    theta_scale = f32(_f(freq_base) ** (_f(-2.0) / _f(n_dims)))
-    corr = rope_yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow)
+    c = rope_scalars(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    theta_scale = f32(c["theta_scale"])
     ff = freq_factors.reshape(-1).to(F32) if freq_factors is not None else None
     half = n_dims // 2
     cos = torch.empty(n2, half, dtype=F32, device=x.device)
@@ -330,7 +342,7 @@ def rope(x: torch.Tensor, pos: torch.Tensor, freq_factors: torch.Tensor | None, 
         theta = streams[_mrope_stream(k, sections, mode == ROPE_IMROPE) if mrope else 0]
         if ff is not None:
             theta = theta / ff[k]
-        cos[:, k], sin[:, k] = _rope_yarn(theta, k, freq_scale, corr, ext_factor, attn_factor)
+        cos[:, k], sin[:, k] = _rope_yarn(theta, k, freq_scale, ext_factor, c)
         streams = [t * theta_scale for t in streams]
     xf = x.to(F32)
     out = xf.clone()

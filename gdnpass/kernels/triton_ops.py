@@ -1,6 +1,7 @@
 """Triton kernels for the ops the executor runs, one launch per graph node (as ggml-cuda), each writing straight into a
 (possibly strided) output view: the arithmetic ops, and the data movement (GET_ROWS, CONCAT, CPY/CONT) and
-elementwise ops (ADD, MUL, UNARY, GLU, SCALE). Only wide MUL_MATs stay on torch (its matmul).
+elementwise ops (ADD, MUL, UNARY, GLU, SCALE), and ROPE. MUL_MATs of more than 16 columns stay on torch (its matmul),
+as do the attention ops SET_ROWS, SOFT_MAX and FLASH_ATTN_EXT (their references).
 
 Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided
 windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
@@ -32,6 +33,7 @@ from triton.language.extra import libdevice
 
 from gdnpass.errors import KernelError
 from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS
+from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32, gdn_scale
 
 NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper must launch with the same
@@ -44,6 +46,9 @@ GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_
 
 # read when this module loads, as @triton.jit reads it: the interpreter runs every kernel defined below
 INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+# bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
+NATIVE_BF16 = tl.constexpr(not INTERPRETED)
 
 # every launch: no FMA contraction, so each operation rounds as written, whichever kernel it is in
 LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False)
@@ -85,6 +90,10 @@ if INTERPRETED:
     @triton.jit
     def log_f32(x):
         return tl.log(x)
+
+    @triton.jit
+    def cos_sin_f64(x):
+        return tl.cos(x), tl.sin(x)
 else:
     @triton.jit
     def exp_f32(x):
@@ -93,6 +102,10 @@ else:
     @triton.jit
     def log_f32(x):
         return libdevice.log(x)
+
+    @triton.jit
+    def cos_sin_f64(x):  # CUDA's cos and sin of double, which torch's call
+        return libdevice.cos(x), libdevice.sin(x)
 
 
 @triton.jit
@@ -141,17 +154,47 @@ def conv_dot(win, w):
 
 
 @triton.jit
+def _round_bf16(x):
+    """f32 -> the nearest bf16 value (ties to even), still f32: integer arithmetic, the same in the interpreter."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot_bf16_terms(w, x, acc):
+    """acc + w·x for bf16 ``w`` and f32 ``x``: x as three bf16 terms, head + middle + tail (each residual exact in
+    f32; together 24 significant bits), each bf16 x bf16 product exact, summed on the tensor cores in f32. The
+    interpreter runs the same split with f32 operands (its bf16 arithmetic is broken)."""
+    hi = _round_bf16(x)
+    r = x - hi
+    mid = _round_bf16(r)
+    lo = _round_bf16(r - mid)
+    if NATIVE_BF16:
+        acc = tl.dot(w, lo.to(tl.bfloat16), acc)
+        acc = tl.dot(w, mid.to(tl.bfloat16), acc)
+        acc = tl.dot(w, hi.to(tl.bfloat16), acc)
+    else:
+        wf = w.to(tl.float32)
+        acc = tl.dot(wf, lo, acc, input_precision="ieee")
+        acc = tl.dot(wf, mid, acc, input_precision="ieee")
+        acc = tl.dot(wf, hi, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
                 DOT: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
-    element offset), in f32 (weights are cast right after the load). Returns [BLOCK_M, COLS].
+    element offset), in f32. Returns [BLOCK_M, COLS].
 
     Two forms of the same sum, picked per shape by :func:`mat_vec_tile` (so a product's bytes depend only on its
     shape and type). ``DOT`` off: a [BLOCK_M, COLS, BLOCK_K] accumulator of explicit FMAs (``tl.fma``: one rounding
     whatever the compiler flags) and one ``tl.sum`` over K at the end, on the CUDA cores. On: a ``tl.dot`` of the
     [BLOCK_M, BLOCK_K] weight tile with the [BLOCK_K, COLS] activations per K step on the tensor cores, accumulated
-    in place, in 3xTF32 (each f32 operand split into a TF32 head and tail, the tail x tail term dropped: f32-level
-    accuracy, not f32 rounding): for many columns, where CUDA-core arithmetic would bound the time."""
+    in place, at f32-level accuracy (not f32 rounding): bf16 weights as they are, times the activations as three
+    bf16 terms (:func:`_dot_bf16_terms`); other weights in 3xTF32 (each f32 operand split into a TF32 head and tail,
+    the tail x tail term dropped). For many columns, where CUDA-core arithmetic would bound the time."""
     ks = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
     if DOT:
@@ -159,9 +202,12 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             kmask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0)
             xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
-            acc = tl.dot(w, xt, acc, input_precision="tf32x3")
+            if w_ptr.dtype.element_ty == tl.bfloat16:
+                acc = _dot_bf16_terms(w, xt, acc)
+            else:
+                acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="tf32x3")
     else:
         acc3 = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -843,27 +889,34 @@ class MatVecTile(NamedTuple):
     block_m: int
     cols: int
     block_k: int
-    dot: bool   # tensor cores (3xTF32) instead of CUDA-core FMAs: see matvec_cols
+    dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
     warps: int
 
 
-def mat_vec_tile(M: int, N: int, K: int, elt: int) -> MatVecTile:
-    """The tile for an M-row, N-column product over K of ``elt``-byte weights: a function of the shape and type
-    alone, so both products of a pair (one launch, one tile) are byte-identical to their single mat-vecs.
+def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
+    """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16") weights: a function of the
+    shape and type alone, so both products of a pair (one launch, one tile) are byte-identical to their single
+    mat-vecs.
 
     Chosen by ``benchmarks/tune_matvec.py`` on the H200 (docs/performance.md): thin outputs (alpha/beta: 32 rows)
-    take one row per program and K in few steps (the launch is one memory round trip); up to 4 columns the FMA form
-    reads at memory speed with 4-8 rows per program; from 8 columns the FMA form is bound by its arithmetic, and
-    the tensor-core form wins wherever the grid of its 32-128-row tiles still fills the GPU."""
+    take one row per program and K in few steps (the launch is one memory round trip); up to 2 columns (4 for f32
+    and f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its
+    arithmetic and the tensor-core form wins wherever the grid of its 32-128-row tiles still fills the GPU (every
+    program splits the activations again, so smaller tiles do not pay)."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
+    if wtype == "bf16" and (cols >= 4 and M >= 8192 or cols >= 8 and M >= 4096):
+        return MatVecTile(128 if M >= 8192 else 64, 16, 128, True, 4)
     if cols >= 8 and M >= 8192:
-        return MatVecTile(128, 16, 64, True, 8) if elt == 2 else MatVecTile(64, 16, 64, True, 4)
+        return MatVecTile(64, 16, 64, True, 4)
     if cols == 16 and M >= 4096:
         return MatVecTile(32, 16, 128, True, 4)
     small = M <= 1024
     return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if small or cols <= 2 else 256, False, 4)
+
+
+WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None:
@@ -878,7 +931,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
                  "the products of a pair need weights and outputs of one shape, type and layout")
     _require(w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows")
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
-    t = tile or mat_vec_tile(M, N, K, w.element_size())
+    t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
     xs = _strides(x)
     _mul_mat_vec_kernel[(triton.cdiv(M, t.block_m), len(products))](
         w, out, w2, out2, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
@@ -896,6 +949,103 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
     """MUL_MAT_VEC_PAIR: out_a = w_a·x and out_b = w_b·x (same weight shape, type and strides; outputs of one layout)
     in one launch of the mul_mat_vec kernel, so each product is byte-identical to mul_mat_vec of its weight alone."""
     _mat_vecs([(w_a, out_a), (w_b, out_b)], x)
+
+
+# ---- ROPE -----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _rope_stream(k, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr, IMROPE: tl.constexpr):
+    """The position stream (t 0, h 1, w 2, e 3) pair k rotates by: reference._mrope_stream's sector rule."""
+    sector = k % (S0 + S1 + S2 + S3)
+    if IMROPE:
+        stream = tl.where((sector % 3 == 1) & (sector < 3 * S1), 1,
+                          tl.where((sector % 3 == 2) & (sector < 3 * S2), 2,
+                                   tl.where((sector % 3 == 0) & (sector < 3 * S0), 0, 3)))
+    else:
+        stream = tl.where(sector >= S0 + S1 + S2, 3,
+                          tl.where(sector >= S0 + S1, 2, tl.where(sector >= S0, 1, 0)))
+    return stream
+
+
+@triton.jit
+def _rope_kernel(x_ptr, pos_ptr, ff_ptr, y_ptr, n_rows, ne0, ne1, ne2, n_tok,
+                 x_s1, x_s2, x_s3, y_s1, y_s2, y_s3,
+                 theta_scale, freq_scale, ext_factor, corr0, corr_den, mscale,
+                 N_DIMS: tl.constexpr, N_OFFS: tl.constexpr, NORMAL: tl.constexpr, MROPE: tl.constexpr,
+                 IMROPE: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr,
+                 HAS_FF: tl.constexpr, YARN: tl.constexpr, BLOCK_R: tl.constexpr, HALF_B: tl.constexpr,
+                 BLOCK_D: tl.constexpr):
+    HALF: tl.constexpr = N_DIMS // 2
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < n_rows
+    i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)  # head, token, ne3
+    x_row = (i1 * x_s1 + i2 * x_s2 + i3 * x_s3).to(tl.int64)
+    y_row = (i1 * y_s1 + i2 * y_s2 + i3 * y_s3).to(tl.int64)
+    k = tl.arange(0, HALF_B)
+    kmask = k < HALF
+    m2 = rmask[:, None] & kmask[None, :]
+    if MROPE:
+        stream = _rope_stream(k, S0, S1, S2, S3, IMROPE)
+    else:
+        stream = k * 0
+    theta = tl.load(pos_ptr + stream[None, :] * n_tok + i2[:, None], mask=m2, other=0).to(tl.float32)
+    for j in range(1, HALF):  # θ_k = p·s·s·…·s, k multiplications in order: ggml-cpu's rope cache
+        theta = tl.where(k[None, :] >= j, theta * theta_scale, theta)
+    if HAS_FF:
+        theta = tl.math.div_rn(theta, tl.load(ff_ptr + k, mask=kmask, other=1.0)[None, :])
+    t = theta * freq_scale
+    if YARN:
+        y = tl.math.div_rn(k.to(tl.float32) - corr0, corr_den)
+        ramp = (1.0 - tl.minimum(1.0, tl.maximum(0.0, y))) * ext_factor
+        t = t * (1.0 - ramp)[None, :] + theta * ramp[None, :]
+    c, s = cos_sin_f64(t.to(tl.float64))
+    c = c.to(tl.float32) * mscale
+    s = s.to(tl.float32) * mscale
+    if NORMAL:
+        d0 = N_OFFS + 2 * k
+        d1 = d0 + 1
+    else:
+        d0 = N_OFFS + k
+        d1 = d0 + HALF
+    x0 = tl.load(x_ptr + x_row[:, None] + d0[None, :], mask=m2, other=0.0).to(tl.float32)
+    x1 = tl.load(x_ptr + x_row[:, None] + d1[None, :], mask=m2, other=0.0).to(tl.float32)
+    d = tl.arange(0, BLOCK_D)
+    rest = rmask[:, None] & ((d < N_OFFS) | ((d >= N_OFFS + N_DIMS) & (d < ne0)))[None, :]
+    kept = tl.load(x_ptr + x_row[:, None] + d[None, :], mask=rest, other=0.0)  # (every load before any store)
+    ty = y_ptr.dtype.element_ty
+    tl.store(y_ptr + y_row[:, None] + d0[None, :], (x0 * c - x1 * s).to(ty), mask=m2)
+    tl.store(y_ptr + y_row[:, None] + d1[None, :], (x0 * s + x1 * c).to(ty), mask=m2)
+    tl.store(y_ptr + y_row[:, None] + d[None, :], kept.to(ty), mask=rest)
+
+
+ROPE_ROWS = 16  # rows (head x token) per program
+
+
+def rope(x: torch.Tensor, pos: torch.Tensor, ff: torch.Tensor | None, out: torch.Tensor, *, n_dims: int, mode: int,
+         n_ctx_orig: int, freq_base: float, freq_scale: float, ext_factor: float, attn_factor: float,
+         beta_fast: float, beta_slow: float, sections=(0, 0, 0, 0), n_offs: int = 0) -> None:
+    """ROPE into ``out`` (semantics and parameters: :func:`reference.rope`), one launch: each program rotates
+    ROPE_ROWS rows, making their angles as ggml-cpu's rope cache does (the reference's arithmetic, rounding for
+    rounding; cos and sin in double), and copies the rest of each row. x and out f32 or f16, rows contiguous."""
+    _require(mode in ref.ROPE_IMPLEMENTED, f"ROPE mode {mode} is not implemented")
+    n3, n2, n1, ne0 = x.shape
+    _require(n_dims % 2 == 0 and n_offs % 2 == 0 and 0 <= n_offs and n_offs + n_dims <= ne0,
+             f"ROPE: n_dims {n_dims}, n_offs {n_offs} do not fit rows of {ne0}")
+    _require(x.stride(-1) == 1 and out.stride(-1) == 1 and out.shape == x.shape, "ROPE: rows must be contiguous")
+    mrope = bool(mode & ref.ROPE_MROPE)
+    _require(pos.is_contiguous() and pos.numel() == (4 if mrope else 1) * n2, "ROPE: positions do not fit")
+    _alias_ok("ROPE", out, x)
+    c = ref.rope_scalars(n_dims, n_ctx_orig, freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)
+    xs, ys = _strides(x), _strides(out)
+    rows = n1 * n2 * n3
+    s0, s1, s2, s3 = (int(v) for v in sections)
+    _rope_kernel[(triton.cdiv(rows, ROPE_ROWS),)](
+        x, pos, ff if ff is not None else x, out, rows, ne0, n1, n2, n2, xs[1], xs[2], xs[3], ys[1], ys[2], ys[3],
+        c["theta_scale"], freq_scale, ext_factor, c["corr0"], c["corr_den"], c["mscale"],
+        N_DIMS=n_dims, N_OFFS=n_offs, NORMAL=mode == ref.ROPE_NORMAL, MROPE=mrope, IMROPE=mode == ref.ROPE_IMROPE,
+        S0=s0, S1=s1, S2=s2, S3=s3, HAS_FF=ff is not None, YARN=ext_factor != 0.0, BLOCK_R=ROPE_ROWS,
+        HALF_B=triton.next_power_of_2(max(1, n_dims // 2)), BLOCK_D=triton.next_power_of_2(ne0), **LAUNCH)
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------
@@ -958,7 +1108,7 @@ def programs(node) -> list[tuple[str, int, int]]:
     """The Triton programs one execution of graph node ``node`` (a :class:`gdnpass.ir.Tensor`) launches under
     :data:`gdnpass.kernels.backends.TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs,
     steps)]``, ``steps`` being each program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for
-    mat_vec; 1 otherwise). Empty for nodes that run on torch (wide MUL_MATs; the ops without a Triton kernel) or
+    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns; the ops without a Triton kernel) or
     launch nothing. Pure: reads shapes only."""
     from gdnpass.ir import Op, Unary, runs_kernel
     from gdnpass.kernels.limits import runs_as_mat_vec
@@ -987,9 +1137,11 @@ def programs(node) -> list[tuple[str, int, int]]:
         K, M, N = w.ne[0], w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
         if w.ne[2] * w.ne[3] != 1 or not runs_as_mat_vec(M, N):
             return []  # torch's matmul
-        t = mat_vec_tile(M, N, K, w.type.size)
+        t = mat_vec_tile(M, N, K, w.type.value[0])
         return [("mat_vec", triton.cdiv(M, t.block_m) * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
                  triton.cdiv(K, t.block_k))]
+    if op is Op.ROPE:
+        return [("rope", triton.cdiv(ne[1] * ne[2] * ne[3], ROPE_ROWS), 1)]
     if op is Op.GATED_DELTA_NET:
         v = node.src[2]  # ne [S, H_v, n_t, n_s]
         S, H_v, n_t, n_s = v.ne
