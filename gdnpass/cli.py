@@ -191,7 +191,7 @@ INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032,
                  # the elementwise and data-movement kernels (one program per 1024 elements; measured as silu's)
                  "sigmoid": (0.026, 0.0), "softplus": (0.026, 0.0), "exp": (0.026, 0.0), "add": (0.026, 0.0),
                  "mul": (0.026, 0.0), "swiglu": (0.045, 0.0), "concat": (0.036, 0.0), "cpy": (0.03, 0.0),
-                 "get_rows": (0.032, 0.0), "rope": (0.05, 0.0)}
+                 "get_rows": (0.032, 0.0), "rope": (0.05, 0.0), "set_rows": (0.03, 0.0)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0
 # the graph the refusal suggests: ~30 s on the interpreter. Checked (unfused, then fused: twice that) it is ~60 s, so

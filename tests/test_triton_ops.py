@@ -91,9 +91,12 @@ def edge_values(n: int) -> torch.Tensor:
 
 
 def view(a: Arena, shape, dtype=F32, row_stride=None) -> torch.Tensor:
-    """``a.view``, for i32 too: poisoned with 0xFFFFFFFF (-1) through an f32 view (the arena poisons with NaN)."""
-    if dtype == I32:
-        return a.view(shape, F32, row_stride).view(I32)
+    """``a.view``, for i32 and i64 too: poisoned with all-ones (-1) through an f32 view (the arena poisons with
+    NaN)."""
+    if dtype in (I32, torch.int64):
+        *outer, d0 = shape
+        r = 2 * (row_stride or d0) if dtype == torch.int64 else row_stride
+        return a.view((*outer, d0 * (2 if dtype == torch.int64 else 1)), F32, r).view(dtype)
     return a.view(shape, dtype, row_stride)
 
 
@@ -358,6 +361,8 @@ ONE_LAUNCH = {  # op -> (node params, sources) on tiny shapes
     "RMS_NORM": ({"eps": 1e-6}, lambda a: [a.put(rnd(1, 1, 4, 32))], (1, 1, 4, 32)),
     "L2_NORM": ({"eps": 1e-6}, lambda a: [a.put(rnd(1, 1, 4, 32))], (1, 1, 4, 32)),
     **{f"UNARY({k})": ({"kind": k}, lambda a: [a.put(rnd(1, 1, 4, 8))], (1, 1, 4, 8)) for k in tri.UNARY_KINDS},
+    "SET_ROWS": ({}, lambda a: [a.put(rnd(1, 2, 3, 8)), ids_of(a, [4, 0, 2], (1, 1, 1, 3)),
+                                a.put(rnd(1, 2, 6, 8).to(F16))], (1, 2, 6, 8)),
     "ROPE": (dict(QWEN35_ROPE, n_dims=8, mode=40, sections=(2, 1, 1, 0), n_offs=0),
              lambda a: [a.put(rnd(1, 2, 3, 16)), ids_of(a, [5, 9, 5, 9, 5, 9, 0, 0], (1, 1, 1, 8))], (1, 2, 3, 16)),
 }
@@ -383,7 +388,7 @@ def test_triton_backend_has_no_torch_fallback(monkeypatch, launches):
     for label, (params, src_fn, shape) in ONE_LAUNCH.items():
         op = Op[label.split("(")[0]]
         src = src_fn(a)
-        out = src[1] if op is Op.CPY else a.view(shape)
+        out = src[1] if op is Op.CPY else src[2] if op is Op.SET_ROWS else a.view(shape)
         before = len(launches)
         a.run(lambda: TRITON_BACKEND[op](node(op, **params), src, out), out)
         assert len(launches) == before + 1, f"{label}: {launches[before:]}"
@@ -450,6 +455,27 @@ def test_rope(case, dtype):
     assert_bits(out, ref.rope(x, ids, ff, **kw), f"ROPE {name}")
 
 
+@pytest.mark.parametrize("dtype", [F32, F16, BF16])
+@pytest.mark.parametrize("id_type,planes", [(torch.int64, (1, 1)), (torch.int32, (2, 1)), (torch.int64, (1, 3))],
+                         ids=["i64", "i32-per-plane", "i64-per-ne3"])
+def test_set_rows(dtype, id_type, planes):
+    """SET_ROWS in place, byte for byte against the reference: edge values (NaN, inf, overflow, subnormals) converted
+    as CPY converts, ids broadcast over planes (plane (i2, i3) reads ids[i2 % .., i3 % ..]), only the named rows
+    written (Arena.run fails on any other byte), an out-of-range id refused in one line."""
+    a = Arena()
+    rows = put_values(a, (3, 2, 4, 40), row_stride=48)
+    n2, n3 = planes
+    vals = torch.tensor([[[5, 0, 9, 2], [1, 8, 3, 6]][:n2]] * n3, device=DEVICE).reshape(1, n3, n2, 4)
+    ids = put(a, vals.to(id_type))
+    dst = a.put(rnd(3, 2, 10, 40).to(dtype))
+    want = ref.set_rows(dst.clone(), rows, ids)
+    a.run(lambda: tri.set_rows(rows, ids, dst), dst)
+    assert_bits(dst, want, f"SET_ROWS f32 -> {dtype}")
+    bad = put(a, torch.tensor([[[[0, 10, 1, 2]]]], device=DEVICE, dtype=id_type))
+    with pytest.raises(KernelError, match="SET_ROWS: row id 10 is outside the destination's 10 rows"):
+        tri.set_rows(rows, bad, dst)
+
+
 # ---- graph level: fused vs unfused ----------------------------------------------------------------------------------
 
 
@@ -469,6 +495,30 @@ def test_check_tiny_qwen35_through_the_new_kernels(launches):
     assert res.identical, [c.to_json() for c in res.compared if not c.identical]
     assert {"_get_rows_kernel", "_concat_kernel", "_cpy_kernel", "_binary_kernel", "_unary_kernel",
             "_swiglu_kernel", "_gdn_conv_chain_kernel"} <= set(launches)
+
+
+def test_whole_tiny_qwen35_attention_through_rope_and_set_rows_kernels(launches):
+    """The whole tiny-qwen35 forward (its attention layer: IMROPE of q and k, SET_ROWS into the F16 KV caches at
+    I64 cells) with ROPE and SET_ROWS on their Triton kernels and every other op on torch: every buffer (logits,
+    caches) byte-identical to the all-torch run, through the executor's adapters and the real plan."""
+    from gdnpass import pipeline
+    from gdnpass.models import VerifyConfig, default_ids
+    from gdnpass.runtime import Executor
+
+    cfg = VerifyConfig("tiny-qwen35", 4, 3, whole=True)
+    g = pipeline.run(cfg, pipeline.PassOptions(fusion=False)).graph
+    assert {Op.ROPE, Op.SET_ROWS} <= {n.op for n in g.nodes}
+    runs = []
+    for table in (TORCH_BACKEND, {**TORCH_BACKEND, Op.ROPE: TRITON_BACKEND[Op.ROPE],
+                                  Op.SET_ROWS: TRITON_BACKEND[Op.SET_ROWS]}):
+        ex = Executor(g, device=DEVICE, backend=table)
+        ex.fill(seed=3, ids=default_ids(cfg))
+        ex.run()
+        runs.append(ex.snapshot())
+    assert {"_rope_kernel", "_set_rows_kernel"} <= set(launches)
+    written = [k for k in runs[0] if k != "input"]  # (the input buffer's alignment gaps are never written)
+    assert {"cache", "arena", "weights"} <= set(written)  # (the KV caches are cache-role tensors of "cache")
+    assert [k for k in written if not torch.equal(runs[0][k], runs[1][k])] == []
 
 
 @pytest.mark.slow

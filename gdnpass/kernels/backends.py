@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from gdnpass.errors import KernelError
 from gdnpass.ir import DType, Op, Unary
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.fused import RECORDS, Adapter
@@ -130,10 +131,17 @@ def _tri_mul_mat(node, views, out):
         TORCH_BACKEND[Op.MUL_MAT](node, views, out)
 
 
+def _tri_set_rows(node, views, out):
+    rows, ids, dst = views
+    if out.data_ptr() != dst.data_ptr() or out.shape != dst.shape or out.stride() != dst.stride():
+        raise KernelError(f"node {node.name!r}: SET_ROWS is planned in place (a view of its destination)")
+    _tri().set_rows(rows, ids, out)
+
+
 TRITON_BACKEND: dict[Op, Adapter] = {
     **TORCH_BACKEND,
-    # one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul; SET_ROWS,
-    # SOFT_MAX and FLASH_ATTN_EXT their torch references)
+    # one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul; SOFT_MAX
+    # and FLASH_ATTN_EXT their torch references)
     Op.GET_ROWS: lambda node, views, out: _tri().get_rows(views[0], views[1], out),
     Op.CONCAT: lambda node, views, out: _tri().concat(views[0], views[1], int(node.op_params["dim"]), out),
     Op.CPY: lambda node, views, out: _tri().cpy(views[0], out),  # views[1] is the destination, out its view
@@ -149,6 +157,7 @@ TRITON_BACKEND: dict[Op, Adapter] = {
                                                     float(node.op_params.get("b", 0.0)), out),
     Op.MUL_MAT: _tri_mul_mat,
     Op.GATED_DELTA_NET: lambda node, views, out: _tri().gated_delta_net(*views, int(node.op_params["K"]), out),
+    Op.SET_ROWS: _tri_set_rows,
     Op.ROPE: lambda node, views, out: _tri().rope(views[0], views[1], views[2] if len(views) > 2 else None, out,
                                                   **_rope_params(node)),
     **{op: r.triton for op, r in RECORDS.items()},

@@ -1,7 +1,7 @@
 """Triton kernels for the ops the executor runs, one launch per graph node (as ggml-cuda), each writing straight into a
 (possibly strided) output view: the arithmetic ops, and the data movement (GET_ROWS, CONCAT, CPY/CONT) and
-elementwise ops (ADD, MUL, UNARY, GLU, SCALE), and ROPE. MUL_MATs of more than 16 columns stay on torch (its matmul),
-as do the attention ops SET_ROWS, SOFT_MAX and FLASH_ATTN_EXT (their references).
+elementwise ops (ADD, MUL, UNARY, GLU, SCALE), ROPE and SET_ROWS. MUL_MATs of more than 16 columns stay on torch (its
+matmul), as do the attention ops SOFT_MAX and FLASH_ATTN_EXT (their references).
 
 Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided
 windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
@@ -333,15 +333,15 @@ def _get_rows_kernel(a_ptr, ids_ptr, y_ptr, n, ne0, n_ids, e1, n_rows,
 _GET_ROWS_SRC = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32"}
 
 
-def _check_ids(ids: torch.Tensor, n_rows: int) -> None:
+def _check_ids(ids: torch.Tensor, n_rows: int, op: str = "GET_ROWS") -> None:
     """Every id names a row of the source, checked on the host before the launch. Not possible while a CUDA graph
     is being captured (the ids are only read at replay): there the kernel's mask is the guard, and a row of an
     out-of-range id is written 0xFFFFFFFF (NaN; -1 for i32 sources), never read from outside the source."""
     if ids.is_cuda and torch.cuda.is_current_stream_capturing():
         return
     lo, hi = (int(v) for v in ids.aminmax())
-    _require(0 <= lo and hi < n_rows, f"GET_ROWS: row id {lo if lo < 0 else hi} is outside the source's "
-                                      f"{n_rows} rows")
+    _require(0 <= lo and hi < n_rows, f"{op}: row id {lo if lo < 0 else hi} is outside the "
+                                      f"{'source' if op == 'GET_ROWS' else 'destination'}'s {n_rows} rows")
 
 
 def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
@@ -424,13 +424,9 @@ def f32_to_bf16_bits(x, nan_bits):
 
 
 @triton.jit
-def _cpy_kernel(x_ptr, y_ptr, n, x_ne0, x_ne1, x_ne2, x_s0, x_s1, x_s2, x_s3,
-                y_ne0, y_ne1, y_ne2, y_s0, y_s1, y_s2, y_s3, nan_bits,
-                MODE: tl.constexpr, BLOCK: tl.constexpr):
-    # element idx (row-major) of x goes to element idx (row-major) of y: the shapes may differ, the counts do not
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = idx < n
-    x = tl.load(x_ptr + (idx % x_ne0) * x_s0 + _row_offset(idx // x_ne0, x_ne1, x_ne2, x_s1, x_s2, x_s3), mask=mask)
+def convert(x, MODE: tl.constexpr, nan_bits):
+    """An f32 element as CPY / SET_ROWS store it: MODE "f16" / "bf16" (the bits, round to nearest even), "i32"
+    (toward zero), or "bits" (same type: as it is)."""
     if MODE == "f16":  # round to nearest even (the hardware conversion, as torch's; CUDA: every NaN 0x7FFF), a
         # NaN quieted as x86's vcvtps2ph quiets it (torch's CPU conversion; the interpreter's numpy keeps it signaling)
         h = x.to(tl.float16).to(tl.int16, bitcast=True)
@@ -441,11 +437,34 @@ def _cpy_kernel(x_ptr, y_ptr, n, x_ne0, x_ne1, x_ne2, x_s0, x_s1, x_s2, x_s3,
         y = x.to(tl.int32)  # toward zero
     else:  # same type: the bits
         y = x
+    return y
+
+
+@triton.jit
+def _cpy_kernel(x_ptr, y_ptr, n, x_ne0, x_ne1, x_ne2, x_s0, x_s1, x_s2, x_s3,
+                y_ne0, y_ne1, y_ne2, y_s0, y_s1, y_s2, y_s3, nan_bits,
+                MODE: tl.constexpr, BLOCK: tl.constexpr):
+    # element idx (row-major) of x goes to element idx (row-major) of y: the shapes may differ, the counts do not
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    x = tl.load(x_ptr + (idx % x_ne0) * x_s0 + _row_offset(idx // x_ne0, x_ne1, x_ne2, x_s1, x_s2, x_s3), mask=mask)
+    y = convert(x, MODE, nan_bits)
     tl.store(y_ptr + (idx % y_ne0) * y_s0 + _row_offset(idx // y_ne0, y_ne1, y_ne2, y_s1, y_s2, y_s3), y, mask=mask)
 
 
 # torch's f32 -> bf16 NaN: 0xFFFF on the CPU (its AVX2/AVX-512 conversion), 0x7FFF on CUDA (cvt.rn.bf16.f32)
 _BF16_NAN = {"cpu": -1, "cuda": 0x7FFF}
+
+
+def _conversion(op: str, src: torch.Tensor, dst: torch.Tensor) -> tuple[str, torch.Tensor, torch.Tensor]:
+    """(MODE of :func:`convert`, the source and destination as the kernel reads and writes them: int views where
+    bits move) for storing ``src``'s elements in ``dst``'s type: f32 -> f32/f16/bf16/i32, or any type to itself."""
+    same = src.dtype == dst.dtype
+    modes = {torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32"}
+    _require(same and src.element_size() in (2, 4) or src.dtype == torch.float32 and dst.dtype in modes,
+             f"{op} {src.dtype} -> {dst.dtype}")
+    mode = "bits" if same else modes[dst.dtype]
+    return mode, (_bits(src) if same else src), (_bits(dst) if mode in ("bits", "bf16", "f16") else dst)
 
 
 def cpy(src: torch.Tensor, dst: torch.Tensor) -> None:
@@ -457,17 +476,48 @@ def cpy(src: torch.Tensor, dst: torch.Tensor) -> None:
     _require(n == dst.numel(), f"CPY of {n} elements into {dst.numel()}")
     if n == 0:
         return
-    same = src.dtype == dst.dtype
-    modes = {torch.float16: "f16", torch.bfloat16: "bf16", torch.int32: "i32"}
-    _require(same and src.element_size() in (2, 4) or src.dtype == torch.float32 and dst.dtype in modes,
-             f"CPY {src.dtype} -> {dst.dtype}")
     _elementwise("CPY", dst, src)
-    mode = "bits" if same else modes[dst.dtype]
-    x = _bits(src) if same else src
-    y = _bits(dst) if mode in ("bits", "bf16", "f16") else dst
+    mode, x, y = _conversion("CPY", src, dst)
     _cpy_kernel[_grid(n)](
         x, y, n, src.shape[3], src.shape[2], src.shape[1], *_strides(src), dst.shape[3], dst.shape[2], dst.shape[1],
         *_strides(dst), _BF16_NAN.get(dst.device.type, 0x7FFF), MODE=mode, BLOCK=ELT_BLOCK, **LAUNCH)
+
+
+@triton.jit
+def _set_rows_kernel(r_ptr, ids_ptr, y_ptr, ne0, ne1, ne2, n_dst_rows, nan_bits,
+                     r_s1, r_s2, r_s3,                 # rows [ne0, ne1, ne2, ne3], contiguous rows
+                     i_s0, i_s1, i_s2, i_ne1, i_ne2,   # ids [ne1, i_ne1, i_ne2]: plane (i2, i3) reads (i2 % .., i3 % ..)
+                     y_s1, y_s2, y_s3,                 # dst [ne0, n_dst_rows, ne2, ne3], contiguous rows
+                     MODE: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    i1, i2, i3 = row % ne1, row // ne1 % ne2, row // (ne1 * ne2)
+    rid = tl.load(ids_ptr + i1 * i_s0 + (i2 % i_ne1) * i_s1 + (i3 % i_ne2) * i_s2).to(tl.int64)
+    d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = (d < ne0) & (rid >= 0) & (rid < n_dst_rows)  # (an id out of range writes nothing: see set_rows)
+    x = tl.load(r_ptr + i1 * r_s1 + i2 * r_s2 + i3 * r_s3 + d, mask=m)
+    tl.store(y_ptr + rid * y_s1 + i2 * y_s2 + i3 * y_s3 + d, convert(x, MODE, nan_bits), mask=m)
+
+
+def set_rows(rows: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor) -> None:
+    """SET_ROWS in place: row i of each (i2, i3) plane of ``rows`` into row ``ids[i, i2 % .., i3 % ..]`` of ``dst``,
+    converted to dst's type as CPY converts (semantics :func:`reference.set_rows`); ids I32 or I64, checked on the
+    host as GET_ROWS's are (inside a CUDA-graph capture the mask is the guard: an id out of range writes nothing).
+    One program per row and ELT_BLOCK elements; only the rows named are written."""
+    n3, n2, n1, ne0 = rows.shape
+    _require(dst.shape[0] == n3 and dst.shape[1] == n2 and dst.shape[3] == ne0, "SET_ROWS: rows do not fit dst")
+    _require(rows.stride(-1) == 1 and dst.stride(-1) == 1, "SET_ROWS: rows must be contiguous")
+    _require(ids.shape[0] == 1 and ids.shape[3] == n1 and ids.dtype in (torch.int32, torch.int64),
+             "SET_ROWS: ids must be i32 or i64, one per row")
+    if rows.numel() == 0:
+        return
+    _check_ids(ids, dst.shape[2], "SET_ROWS")
+    _alias_ok("SET_ROWS", dst, rows, ids, same_ok=False)
+    mode, x, y = _conversion("SET_ROWS", rows, dst)
+    rs, ys, i_s = _strides(rows), _strides(dst), _strides(ids)
+    block = min(ELT_BLOCK, triton.next_power_of_2(ne0))
+    _set_rows_kernel[(n1 * n2 * n3, triton.cdiv(ne0, block))](
+        x, ids, y, ne0, n1, n2, dst.shape[2], _BF16_NAN.get(dst.device.type, 0x7FFF), rs[1], rs[2], rs[3],
+        i_s[0], i_s[1], i_s[2], ids.shape[2], ids.shape[1], ys[1], ys[2], ys[3], MODE=mode, BLOCK=block, **LAUNCH)
 
 
 # ---- ADD, MUL -------------------------------------------------------------------------------------------------------
@@ -1126,6 +1176,9 @@ def programs(node) -> list[tuple[str, int, int]]:
         return [(op.value.lower(), blocks, 1)]
     if op in (Op.CPY, Op.CONT):
         return [("cpy", blocks, 1)]
+    if op is Op.SET_ROWS:
+        rows = node.src[0]
+        return [("set_rows", rows.ne[1] * rows.ne[2] * rows.ne[3] * triton.cdiv(rows.ne[0], ELT_BLOCK), 1)]
     if op in (Op.L2_NORM, Op.RMS_NORM):
         block_r, _ = l2_tile(ne[0])
         return [(op.value.lower(), triton.cdiv(ne[1] * ne[2] * ne[3], block_r), 1)]

@@ -9,8 +9,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  1. [pair.different-src1] both read the same src1 tensor.
  2. [pair.type] both weights have the same type (f32, f16 or bf16) and x is f32.
  3. [pair.n-cols] each weight is one matrix and the product runs the Triton mat-vec unfused
-    (``kernels.limits.runs_as_mat_vec``: 1..8 columns, or up to 16 for thin products of <= 256 rows, where the H200
-    measurement says pairing still pays), so the pair is byte-identical to the two products.
+    (``kernels.limits.runs_as_mat_vec``: 1..MAT_VEC_COLS columns), so the pair is byte-identical to the two
+    products.
  4. [pair.flags] B is not an INPUT/OUTPUT tensor (OUTPUT may be read by the host at any point).
  5. [pair.alias] B's product overlaps nothing the pair reads (x, the weights) nor A's product.
  6. Nodes in between (every node after A and before B), on byte ranges of the plan:
@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, runs_kernel
 from gdnpass.kernels.fused import MAT_VEC_PAIR
+from gdnpass.kernels.limits import MAT_VEC_COLS
 from gdnpass.matchers.common import HAZARD, Context, Match, Why, collision, first_collision, rule
 
 NAME = "mul_mat_vec_pair"
@@ -85,7 +86,7 @@ def _n_cols(c: PairCapture, ctx):
     wa = c.w_a
     if not runs_as_mat_vec(wa.ne[1], c.cols) or wa.ne[2] * wa.ne[3] != 1:
         return Why(c.b, f"{c.cols} columns of {wa.ne[1]} rows: outside the mat-vec's scope "
-                        "(1..8 columns, or 9..16 for <= 256 rows)")
+                        f"(1..{MAT_VEC_COLS} columns)")
 
 
 @rule("pair.flags")
