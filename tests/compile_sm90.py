@@ -17,8 +17,8 @@ sys.path.insert(0, ".")
 
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
-INT_PTRS = {"ids_ptr", "table_ptr"}
-FLOATS = {"eps", "scale", "bias"}
+INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr"}
+FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale"}
 
 
 def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs: dict | None = None):
@@ -62,6 +62,15 @@ def variants():
         yield (tri._mul_mat_vec_kernel, dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot), t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr))
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
+    # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
+    for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
+        yield (tri._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,
+                                      S3=0, HAS_FF=ff, YARN=yarn, BLOCK_R=tri.ROPE_ROWS, HALF_B=32, BLOCK_D=256),
+               tri.NUM_WARPS, dict(y_ptr=y))
+    # SET_ROWS: f32 rows into the F16 KV cache at i64 cells (as bits), and f32 into f32 at i32 ids
+    for mode, ids, y in (("f16", "*i64", "*i16"), ("bits", "*i32", "*i32")):
+        yield (tri._set_rows_kernel, dict(MODE=mode, BLOCK=256), tri.NUM_WARPS,
+               dict(r_ptr="*fp32" if mode == "f16" else "*i32", ids_ptr=ids, y_ptr=y))
     # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
     for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
                                         (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):
