@@ -195,31 +195,16 @@ def run(req: dict) -> dict:
     prompt = [int(x) % n_vocab for x in req["prompt"]]
     verify = [int(x) % n_vocab for x in req["verify"]]
 
-    def decode(tokens: list[int], pos0: int, all_logits: bool) -> None:
-        b = L.llama_batch_init(len(tokens), 0, 1)
-        try:
-            b.n_tokens = len(tokens)
-            for i, tok in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = 1 if all_logits or i == len(tokens) - 1 else 0
-            rc = L.llama_decode(ctx, b)
-            if rc != 0:
-                raise Refused(f"llama_decode returned {rc} for {len(tokens)} tokens at position {pos0}: "
-                              + _last_error(logs))
-        finally:
-            L.llama_batch_free(b)
-
     t0 = time.perf_counter()
     phase[0] = "prompt"
-    decode(prompt, 0, False)
+    decode(L, ctx, logs, prompt, 0, "last")
     if record_memory:  # the buffers the prompt's graph reads besides the model and the compute buffer: the caches
         for c in read_reachable(prompt_order, PINNED_TENSOR, names).values():
             if c.buffer and c.buffer not in cache_buffers and int(g.ggml_backend_buffer_get_usage(c.buffer)) == 0:
                 cache_buffers.append(c.buffer)
     phase[0] = "verify"
     recording[0] = True
-    decode(verify, len(prompt), True)
+    decode(L, ctx, logs, verify, len(prompt), "all")
     recording[0] = False
     verify_tensors = read_reachable(order, PINNED_TENSOR, names)
     logits_p = L.llama_get_logits(ctx)
@@ -309,21 +294,6 @@ def run_generate(req: dict) -> dict:
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     mem = L.llama_get_memory(ctx)
 
-    def decode(tokens: list[int], pos0: int, logits: bool) -> None:
-        b = L.llama_batch_init(len(tokens), 0, 1)
-        try:
-            b.n_tokens = len(tokens)
-            for i, tok in enumerate(tokens):
-                b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
-                b.seq_id[i][0] = 0
-                b.logits[i] = 1 if logits else 0
-            rc = L.llama_decode(ctx, b)
-            if rc != 0:
-                raise Refused(f"llama_decode returned {rc} for {len(tokens)} tokens at position {pos0}: "
-                              + _last_error(logs))
-        finally:
-            L.llama_batch_free(b)
-
     d = req["drafter"]
     if d["kind"] == "ngram":
         drafter = NgramSimple(d["size_n"], d["size_m"])
@@ -334,7 +304,7 @@ def run_generate(req: dict) -> dict:
     prompt, K, N = [int(x) for x in req["prompt"]], req["draft_max"], req["n_predict"]
     t0 = time.perf_counter()
     if len(prompt) > 1:
-        decode(prompt[:-1], 0, False)
+        decode(L, ctx, logs, prompt[:-1], 0, "none")
     history, id_last = prompt[:-1], prompt[-1]
     tokens: list[int] = []
     steps, margins, rows = [], [], []
@@ -343,7 +313,7 @@ def run_generate(req: dict) -> dict:
         n_past = len(history)
         budget = max(0, min(K, n_ctx - n_past - 2, N - len(tokens) - 1))
         draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
-        decode([id_last, *draft], n_past, True)
+        decode(L, ctx, logs, [id_last, *draft], n_past, "all")
         ids = []
         for i in range(len(draft) + 1):
             p = L.llama_get_logits_ith(ctx, i)
@@ -369,6 +339,24 @@ def run_generate(req: dict) -> dict:
     L.llama_free(ctx)
     L.llama_model_free(model)
     return out
+
+
+def decode(L, ctx, logs: list[str], tokens: list[int], pos0: int, logits: str) -> None:
+    """One llama_decode of ``tokens`` at positions pos0.. of sequence 0, with logits for "all", the "last" or "none"
+    of its rows; a failure is a Refused naming llama.cpp's last error."""
+    b = L.llama_batch_init(len(tokens), 0, 1)
+    try:
+        b.n_tokens = len(tokens)
+        for i, tok in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = 1 if logits == "all" or logits == "last" and i == len(tokens) - 1 else 0
+        rc = L.llama_decode(ctx, b)
+        if rc != 0:
+            raise Refused(f"llama_decode returned {rc} for {len(tokens)} tokens at position {pos0}: "
+                          + _last_error(logs))
+    finally:
+        L.llama_batch_free(b)
 
 
 def _last_error(logs: list[str], n: int = 1) -> str:
