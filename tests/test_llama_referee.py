@@ -371,3 +371,29 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, typed_files, wtype, rs, f
     res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=True), fuse_now=False)
     out = check_fusion(res.graph, weights=lambda ex: start(ex, res.graph))
     assert out.identical and any(c.name == "result_output" for c in out.compared)
+
+
+@pytest.mark.parametrize("wtype,rs", [("f32", 0), ("f32", 3), ("bf16", 3)])
+def test_prompt_then_verify_in_our_executor_match_llama_cpp_s_logits(llama, typed_files, wtype, rs):
+    """The whole step in our executor, from nothing but the file: the prompt decoded in llama.cpp's ubatches (its
+    split, its n_rs_seq planes, the KV cache filled by our SET_ROWS), then the verify ubatch, by the generate loop's
+    engine (gdnpass.generate, the executor with GGML_CPU_BACKEND); its verify logits against llama.cpp's decode of
+    the same prompt and verify tokens, within LOGITS_TOL. (The test above starts from llama.cpp's recorded state.)"""
+    import numpy as np
+    import torch
+
+    from gdnpass.generate import Engine, Model, Settings
+    from gdnpass.kernels.backends import GGML_CPU_BACKEND
+
+    path = typed_files[wtype]
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, flash_attn="on")
+    c = cap_mod.capture(path, s, install=llama)
+    want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
+    prompt, verify = ([x % c.n_vocab for x in part] for part in s.tokens())
+    engine = Engine(Model.from_gguf(path), Settings(draft_max=rs, n_rs_seq=rs, n_ubatch=N_UBATCH,
+                                                     n_ctx=s.n_ctx, flash_attn=True, backend=GGML_CPU_BACKEND))
+    engine.prefill(prompt)
+    got = engine.decode(verify)
+    err = float((got - want).abs().max() / want.abs().max())
+    print(f"{wtype}, n_rs_seq {rs}: max |Δ| / max |ref| = {err:.3g}")
+    assert err <= LOGITS_TOL[wtype], f"{wtype}, n_rs_seq {rs}: max |Δ| / max |ref| = {err:.3g}"
