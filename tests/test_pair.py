@@ -73,3 +73,21 @@ def test_without_the_reorder_gallocr_gives_beta_alphas_block():
 
 
 # (the refusal rules, one graph each that trips it alone, and the forced-rewrite proofs: tests/test_rules.py)
+
+
+def test_candidates_pair_products_of_one_input_first():
+    """An attention layer's Q (with its gate) has the FFN gate/up's weight shape in tiny-qwen35: the candidates pair
+    gate with up (one input), not Q with gate (which the rules would refuse, leaving up unpaired)."""
+    cfg = VerifyConfig("tiny-qwen35", 4, 3, whole=True)
+    g = build_verify_graph(cfg)
+    il = cfg.shape.attn_layers[0]
+    q, gate, up = (next(n for n in g.nodes if n.op is Op.MUL_MAT and n.layer == il and f".{w}." in n.src[0].name)
+                   for w in ("attn_q", "ffn_gate", "ffn_up"))
+    assert q.src[0].ne == gate.src[0].ne == up.src[0].ne  # the case in question: one group of three
+    pairs = MatVecPair().candidates(g)
+    assert (gate, up) in pairs and not any(q in p for p in pairs)
+    prepare(g, enabled=True)
+    plan(g)
+    report = fuse(g, enabled=True, patterns=PAIR)
+    assert not report.refused, [(r.rule, r.node.name) for r in report.refused]
+    assert any(n.op is Op.MUL_MAT_VEC_PAIR and n.layer == il and "ffn_gate" in n.name for n in g.nodes)

@@ -132,14 +132,22 @@ class MatVecPair:
         return RULES
 
     def candidates(self, graph: Graph) -> list[tuple[Tensor, Tensor]]:
-        """(A, B): MUL_MATs of one layer with same-shaped weights, paired in node order."""
+        """(A, B): MUL_MATs of one layer with same-shaped weights, paired in node order, those reading the same
+        activation first (an attention layer's Q+gate has the FFN gate/up's weight shape: gate pairs with up, not
+        with Q); the rest in node order too, for the rules to judge (and name)."""
         groups: dict[tuple, list[Tensor]] = {}
         for n in graph.nodes:
             if n.op is Op.MUL_MAT:
                 groups.setdefault((n.layer, n.src[0].ne), []).append(n)
         pairs = []
         for mms in groups.values():
-            pairs += list(zip(mms[0::2], mms[1::2]))
+            by_x: dict[int, list[Tensor]] = {}
+            for n in mms:
+                by_x.setdefault(n.src[1].uid, []).append(n)
+            paired = [p for same in by_x.values() for p in zip(same[0::2], same[1::2])]
+            taken = {n.uid for p in paired for n in p}
+            rest = [n for n in mms if n.uid not in taken]
+            pairs += paired + list(zip(rest[0::2], rest[1::2]))
         pos = graph.positions()
         return sorted(pairs, key=lambda p: pos[p[0].uid])
 
