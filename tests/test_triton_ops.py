@@ -318,11 +318,12 @@ def test_unary(kind, kernel_exp):
     assert_bits(x, want, f"{kind} in place")
 
 
-@pytest.mark.parametrize("form", ["split", "halves", "halves-swapped"])
+@pytest.mark.parametrize("form", ["split", "halves", "halves-swapped", "halves-odd"])
 def test_glu_swiglu(form, kernel_exp):
-    """SWIGLU: split (gate a, up b, both with row gaps) and the one-source halves form (swapped exchanges them)."""
+    """SWIGLU: split (gate a, up b, both with row gaps) and the one-source halves form (swapped exchanges them; an
+    odd row's last element belongs to neither half, as in ggml)."""
     a = Arena()
-    gate = put_values(a, (1, 2, 3, 64), row_stride=70, scale=2.0)
+    gate = put_values(a, (1, 2, 3, 65 if form == "halves-odd" else 64), row_stride=70, scale=2.0)
     up = put_values(a, (1, 2, 3, 64), row_stride=66, nan=False) if form == "split" else None
     swapped = form == "halves-swapped"
     want = ref.glu("SWIGLU", gate, up, swapped)

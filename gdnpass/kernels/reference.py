@@ -112,10 +112,11 @@ GLU = {"SWIGLU": swiglu}
 
 
 def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool) -> torch.Tensor:
-    """GLU of one source (its rows split in halves: gate first, unless swapped) or of two (gate, up)."""
+    """GLU of one source (its rows split in halves: gate first, unless swapped; an odd row's last element is read
+    by neither, as ggml-cpu's nc = ne0 / 2 halves) or of two (gate, up)."""
     if b is None:
         n = a.shape[-1] // 2
-        a, b = a[..., :n], a[..., n:]
+        a, b = a[..., :n], a[..., n:2 * n]
     if swapped:
         a, b = b, a
     return GLU[kind](a, b)
