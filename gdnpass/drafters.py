@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, Sequence
 
+from gdnpass.errors import GdnpassError
+
 
 class Drafter(Protocol):
     name: str
@@ -63,7 +65,7 @@ class NgramSimple:
 
     def __post_init__(self) -> None:
         if self.size_n < 1 or self.size_m < 1:
-            raise ValueError(f"ngram sizes must be >= 1, are n={self.size_n}, m={self.size_m}")
+            raise GdnpassError(f"ngram sizes must be >= 1, are n={self.size_n}, m={self.size_m}")
 
     def draft(self, history: Sequence[int], id_last: int, n_max: int) -> list[int]:
         return ngram_simple_draft(self.size_n, self.size_m, history, id_last)[:max(0, n_max)]
@@ -109,9 +111,9 @@ class Planted:
 
     def __post_init__(self) -> None:
         if not self.accept:
-            raise ValueError("planted drafter: the acceptance schedule is empty")
+            raise GdnpassError("planted drafter: the acceptance schedule is empty")
         if any(a < 0 for a in self.accept) or any(n < 0 for n in self.lengths):
-            raise ValueError("planted drafter: acceptances and lengths must be >= 0")
+            raise GdnpassError("planted drafter: acceptances and lengths must be >= 0")
 
     def planned(self, i: int, n_max: int) -> tuple[int, int]:
         """(draft length, accepted drafts) step ``i`` is planned to have under the loop's ``n_max``."""

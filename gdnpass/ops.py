@@ -286,10 +286,15 @@ def _rule_rope(n: Tensor) -> Shape:
     mode, n_dims = int(p["mode"]), int(p["n_dims"])
     _req(mode & 1 == 0, n, f"mode {mode}: mode & 1 is no longer supported")
     _req(b.ne[1] == b.ne[2] == b.ne[3] == 1 and b.type is DType.I32, n, f"positions {b.name!r} must be an i32 vector")
+    n_offs = int(p.get("n_offs", 0))
+    _req(n_dims > 0 and n_dims % 2 == 0 and n_offs % 2 == 0 and 0 <= n_offs and n_offs + n_dims <= a.ne[0], n,
+         f"n_dims {n_dims}, n_offs {n_offs} do not fit rows of {a.ne[0]} (even, within the row)")
     sections = list(p["sections"])
     _req(len(sections) == 4, n, f"sections {sections} must be 4 ints")
     if mode & ROPE_TYPE_MROPE:
         _req(b.ne[0] == a.ne[2] * 4, n, f"M-RoPE needs 4 positions per token: {b.ne[0]} for {a.ne[2]} tokens")
+        _req(all(int(v) >= 0 for v in sections) and any(sections[:3]) and sum(sections) <= a.ne[0], n,
+             f"M-RoPE sections {sections} do not fit rows of {a.ne[0]} (non-negative, t/h/w not all zero)")
     else:
         _req(b.ne[0] == a.ne[2], n, f"{b.ne[0]} positions for {a.ne[2]} tokens")
         _req(sections == [0, 0, 0, 0], n, f"sections {sections} without M-RoPE (ggml stores zeros)")

@@ -212,6 +212,9 @@ def test_cli_errors_are_one_line(capsys):
     assert err.count("\n") == 1 and "outside the vocabulary" in err
     assert main(["generate", "--draft-max", "15", "--ubatch", "16", "-q"]) == 2
     assert "must be greater than n_rs_seq + 1" in capsys.readouterr().err
+    assert main(["generate", "--draft", "ngram", "--ngram-n", "0", "-n", "2", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ngram sizes must be >= 1" in err
 
 
 # ---- llama.cpp as the referee --------------------------------------------------------------------------------------

@@ -69,7 +69,6 @@ def test_random_rollbacks_never_read_a_stale_plane(k, data):
             break  # (a near tie parted the runs: the schedule only holds before it)
         budget = min(k, N - done - 1)
         assert (s.drafted, s.accepted) == check.planned(i, budget), (i, s)
-        assert s.plane == s.n_t - 1 - s.accepted
         done += s.accepted + 1
         assert state_difference(res.states[len(PROMPT) - 1 + done], ref.states[len(PROMPT) - 1 + done]) < 1e-5
     assert all(torch.isfinite(torch.tensor(res.margins)))  # a poisoned (NaN) plane read would show here

@@ -1,4 +1,4 @@
-"""The alpha/beta mat-vec pair: exactness at 1-8 columns per weight type, scope, the reorder. (One graph per refusal
+"""The mat-vec pair (alpha/beta; FFN gate/up): exactness per weight type, scope, the reorder, the candidates. (One graph per refusal
 rule: tests/test_rules.py.)"""
 
 import pytest

@@ -489,7 +489,7 @@ def _set_rows_kernel(r_ptr, ids_ptr, y_ptr, ne0, ne1, ne2, n_dst_rows, nan_bits,
                      i_s0, i_s1, i_s2, i_ne1, i_ne2,   # ids [ne1, i_ne1, i_ne2]: plane (i2, i3) reads (i2 % .., i3 % ..)
                      y_s1, y_s2, y_s3,                 # dst [ne0, n_dst_rows, ne2, ne3], contiguous rows
                      MODE: tl.constexpr, BLOCK: tl.constexpr):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)  # (offsets in int64: a KV cache can exceed 2^31 elements)
     i1, i2, i3 = row % ne1, row // ne1 % ne2, row // (ne1 * ne2)
     rid = tl.load(ids_ptr + i1 * i_s0 + (i2 % i_ne1) * i_s1 + (i3 % i_ne2) * i_s2).to(tl.int64)
     d = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -962,8 +962,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
         return MatVecTile(64, 16, 64, True, 4)
     if cols == 16 and M >= 4096:
         return MatVecTile(32, 16, 128, True, 4)
-    small = M <= 1024
-    return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if small or cols <= 2 else 256, False, 4)
+    small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
+    return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
 
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -980,7 +980,12 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
         _require(v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride(),
                  "the products of a pair need weights and outputs of one shape, type and layout")
     _require(w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows")
+    _require(w.dtype in WTYPES and x.dtype == torch.float32, f"mul_mat_vec of {w.dtype} weights and {x.dtype} columns")
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
+    _require(x.shape[3] == K and out.shape[3] == M and out.numel() == M * N,
+             f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
+    for v, y in products:
+        _alias_ok("MUL_MAT", y, x, v, same_ok=False)
     t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
     xs = _strides(x)
     _mul_mat_vec_kernel[(triton.cdiv(M, t.block_m), len(products))](
@@ -1029,9 +1034,10 @@ def _rope_kernel(x_ptr, pos_ptr, ff_ptr, y_ptr, n_rows, ne0, ne1, ne2, n_tok,
     HALF: tl.constexpr = N_DIMS // 2
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < n_rows
-    i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)  # head, token, ne3
-    x_row = (i1 * x_s1 + i2 * x_s2 + i3 * x_s3).to(tl.int64)
-    y_row = (i1 * y_s1 + i2 * y_s2 + i3 * y_s3).to(tl.int64)
+    r64 = r.to(tl.int64)  # (row offsets in int64)
+    i1, i2, i3 = r64 % ne1, r64 // ne1 % ne2, r64 // (ne1 * ne2)  # head, token, ne3
+    x_row = i1 * x_s1 + i2 * x_s2 + i3 * x_s3
+    y_row = i1 * y_s1 + i2 * y_s2 + i3 * y_s3
     k = tl.arange(0, HALF_B)
     kmask = k < HALF
     m2 = rmask[:, None] & kmask[None, :]
