@@ -44,10 +44,9 @@ from gdnpass import pipeline
 from gdnpass.drafters import Drafter, NoDraft
 from gdnpass.errors import GdnpassError, GraphError, ResourceError
 from gdnpass.ir import Graph
-from gdnpass.models.hparams import ModelShape, VerifyConfig, get_model
+from gdnpass.models.hparams import MAX_RS_SEQ, MAX_UBATCH, ModelShape, VerifyConfig, get_model
 
 KV_PAD = 256  # llama.cpp pads n_ctx and n_kv to 256 cells (llama-context.cpp, llama_kv_cache::get_n_kv)
-MAX_UBATCH = 64  # VerifyConfig's largest ubatch
 
 
 class StalePlane(GdnpassError):
@@ -166,8 +165,9 @@ class Settings:
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise GraphError(f"generate setting {msg}")
-        need(0 <= self.draft_max <= 15, f"draft_max must be 0..15 (a verify has 1..16 tokens), is {self.draft_max}")
-        need(0 <= self.rs_seq <= 15, f"n_rs_seq must be 0..15, is {self.rs_seq}")
+        need(0 <= self.draft_max <= MAX_RS_SEQ, f"draft_max must be 0..{MAX_RS_SEQ} (a verify has 1..{MAX_RS_SEQ + 1} "
+             f"tokens), is {self.draft_max}")
+        need(0 <= self.rs_seq <= MAX_RS_SEQ, f"n_rs_seq must be 0..{MAX_RS_SEQ}, is {self.rs_seq}")
         need(self.rs_seq >= self.draft_max, f"n_rs_seq {self.rs_seq} cannot roll back {self.draft_max} rejected drafts "
              "(llama_memory_seq_rm refuses a rollback beyond n_rs_seq)")
         need(self.draft_max + 1 <= self.ubatch <= MAX_UBATCH,
@@ -338,7 +338,9 @@ class Engine:
 
     def caches(self, slot: Slot | None = None) -> dict[str, torch.Tensor]:
         """name -> the view of every cache leaf (cache_r_l*, cache_s_l*, cache_k_l*, cache_v_l*)."""
-        slot = slot or next(iter(self.slots.values()))
+        # (before any ubatch ran, e.g. after a one-token prompt's empty prefill: the width-1 graph's views)
+        slot = slot or next(iter(self.slots.values()), None) or self.slot(1, n_kv_for(max(1, self.n_past),
+                                                                                      self.kv_size))
         return {t.name: slot.executor.view(t) for t in slot.graph.leafs if t.name.startswith("cache_")}
 
     def state(self, plane: int | None = None) -> dict[str, torch.Tensor]:

@@ -204,6 +204,12 @@ def test_cli_ngram_accepts_multi_token_runs(tmp_path, capsys):
     assert max(out["accepted_per_step"]) == 3 and out["n_accepted"] >= 9
 
 
+def test_one_token_prompt_records_states(model):
+    """A one-token prompt prefills nothing: the states before the first verify come from the caches themselves."""
+    res = generate(Engine(model, Settings(draft_max=0, n_rs_seq=0)), PROMPT[:1], NoDraft(), 2, record_states=True)
+    assert len(res.tokens) == 2 and len(res.states) >= 1
+
+
 def test_cli_errors_are_one_line(capsys):
     from gdnpass.cli import main
 

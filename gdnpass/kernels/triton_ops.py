@@ -486,7 +486,7 @@ def cpy(src: torch.Tensor, dst: torch.Tensor) -> None:
 @triton.jit
 def _set_rows_kernel(r_ptr, ids_ptr, y_ptr, ne0, ne1, ne2, n_dst_rows, nan_bits,
                      r_s1, r_s2, r_s3,                 # rows [ne0, ne1, ne2, ne3], contiguous rows
-                     i_s0, i_s1, i_s2, i_ne1, i_ne2,   # ids [ne1, i_ne1, i_ne2]: plane (i2, i3) reads (i2 % .., i3 % ..)
+                     i_s0, i_s1, i_s2, i_ne1, i_ne2,   # ids [ne1, i_ne1, i_ne2]: plane (i2, i3) reads ids % ..
                      y_s1, y_s2, y_s3,                 # dst [ne0, n_dst_rows, ne2, ne3], contiguous rows
                      MODE: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)  # (offsets in int64: a KV cache can exceed 2^31 elements)
@@ -1164,8 +1164,8 @@ def programs(node) -> list[tuple[str, int, int]]:
     """The Triton programs one execution of graph node ``node`` (a :class:`gdnpass.ir.Tensor`) launches under
     :data:`gdnpass.kernels.backends.TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs,
     steps)]``, ``steps`` being each program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for
-    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns; the ops without a Triton kernel) or
-    launch nothing. Pure: reads shapes only."""
+    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns; the ops without a Triton
+    kernel) or launch nothing. Pure: reads shapes only."""
     from gdnpass.ir import Op, Unary, runs_kernel
     from gdnpass.kernels.limits import runs_as_mat_vec
 

@@ -207,6 +207,10 @@ def qk_rms_params(eps: float, n: int) -> tuple[float, float]:
     return float(np.float32(eps) / nf), float(np.float32(1.0) / np.sqrt(nf))
 
 
+MAX_UBATCH = 64   # tokens of one ubatch the builder makes
+MAX_RS_SEQ = 15   # rollback planes beyond plane 0 (a verify of up to 16 tokens)
+
+
 @dataclass(frozen=True)
 class VerifyConfig:
     """One speculative-verify ubatch: ``n_tokens`` tokens of each of ``n_seqs`` sequences."""
@@ -236,8 +240,8 @@ class VerifyConfig:
 
     def check(self) -> None:
         m = get_model(self.model)
-        _need(1 <= self.n_tokens <= 64, "n_tokens", f"must be 1..64, is {self.n_tokens}")
-        _need(0 <= self.n_rs_seq <= 15, "n_rs_seq", f"must be 0..15, is {self.n_rs_seq}")
+        _need(1 <= self.n_tokens <= MAX_UBATCH, "n_tokens", f"must be 1..{MAX_UBATCH}, is {self.n_tokens}")
+        _need(0 <= self.n_rs_seq <= MAX_RS_SEQ, "n_rs_seq", f"must be 0..{MAX_RS_SEQ}, is {self.n_rs_seq}")
         _need(self.n_seqs >= 1, "n_seqs", f"must be >= 1, is {self.n_seqs}")
         n_gdn = len(m.gdn_layers)
         _need(self.n_layers is None or 1 <= self.n_layers <= n_gdn, "n_layers",
