@@ -984,8 +984,6 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
     _require(x.shape[3] == K and out.shape[3] == M and out.numel() == M * N,
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
-    for v, y in products:
-        _alias_ok("MUL_MAT", y, x, v, same_ok=False)
     t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
     xs = _strides(x)
     _mul_mat_vec_kernel[(triton.cdiv(M, t.block_m), len(products))](
