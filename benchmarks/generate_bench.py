@@ -18,7 +18,7 @@ import json
 import statistics
 import sys
 
-from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule
+from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
 from gdnpass.generate import Engine, Model, Settings, differences, generate
 
 
@@ -54,7 +54,8 @@ def main(argv=None) -> int:
         if a.draft == "planted":
             return Planted(truth, len(prompt), model.shape.vocab_size, cycle_schedule(K))
         if a.draft == "ngram":
-            return NgramSimple(a.ngram_n or max(1, min(12, K)), max(1, K))
+            default_n, default_m = ngram_defaults(K)
+            return NgramSimple(default_n if a.ngram_n is None else a.ngram_n, default_m)
         return NoDraft()
 
     engines = {on: Engine(model, Settings(**base, fusion=on)) for on in (False, True)}

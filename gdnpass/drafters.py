@@ -15,15 +15,81 @@ tokens (possibly none: the step is then a one-token decode). These are the argum
   0..K, short drafts and one-token decodes occur where a test wants them;
 * :class:`NoDraft`: never drafts (plain one-token greedy decode through the same loop).
 
-No torch here: llama.cpp's worker (:mod:`gdnpass.frontends.llama.worker`) runs the same drafters.
+The loop's own rules live here too, once, for both loops that run them (gdnpass's :func:`gdnpass.generate.generate`
+and the llama.cpp referee loop in :mod:`gdnpass.frontends.llama.worker`):
+
+* :func:`draft_budget`: how many draft tokens a step may verify;
+* :func:`accept_greedy` (with :func:`first_argmax`): which tokens a verify generates under a greedy sampler;
+* :func:`ngram_defaults`: the n-gram drafter's sizes for a given K when the user names none.
+
+No torch here: llama.cpp's worker runs in a process without torch and imports this module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from gdnpass.errors import GdnpassError
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# the loop's rules (shared by gdnpass's loop and the llama.cpp referee loop)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def draft_budget(draft_max: int, n_ctx: int, n_past: int, n_predict: int, n_generated: int) -> int:
+    """The most draft tokens one step may verify (the drafter's ``n_max``): ``draft_max`` (K), capped so that
+
+    * the step fits the context: the verify of ``id_last`` and d drafts fills cells ``n_past .. n_past + d``, and
+      when every draft is accepted the bonus token (the next step's ``id_last``) needs cell ``n_past + d + 1``, so
+      ``d <= n_ctx - n_past - 2``;
+    * the step never generates past ``n_predict``: it generates ``accepted + 1 <= d + 1`` tokens, so
+      ``d <= n_predict - n_generated - 1``.
+
+    Never negative: 0 means the step is a one-token decode."""
+    return max(0, min(draft_max, n_ctx - n_past - 2, n_predict - n_generated - 1))
+
+
+def first_argmax(row: Sequence[float]) -> int:
+    """The index of the largest value, the first one of equal maxima (as ``torch.argmax`` picks), for a row of
+    finite logits in plain Python."""
+    return max(range(len(row)), key=row.__getitem__)
+
+
+def accept_greedy(draft: Sequence[int], row_argmax: Callable[[int], int]) -> list[int]:
+    """The tokens one verify generates with a greedy sampler (``common_sampler_sample_and_accept_n``): the verify
+    decoded ``[id_last, *draft]`` with logits for every row; row i's argmax is the token after row i's input. Draft i
+    is accepted while row i's argmax equals it; the first row that disagrees, or the row after the last draft, gives
+    one more token (the bonus). Returns ``1 + accepted`` ids; the accepted drafts are ``len(ids) - 1``.
+
+    ``row_argmax(i)`` is row i's argmax (e.g. ``argmaxes.__getitem__`` for a list, or :func:`first_argmax` of a row
+    read on demand). It is called once per row, in order, for rows ``0 .. accepted`` only, so a caller may also
+    record each generated token's row (its margin, its bytes) inside it."""
+    ids = []
+    for i in range(len(draft) + 1):
+        tok = int(row_argmax(i))
+        ids.append(tok)
+        if i == len(draft) or tok != int(draft[i]):
+            break
+    return ids
+
+
+def ngram_defaults(draft_max: int) -> tuple[int, int]:
+    """``(size_n, size_m)`` of :class:`NgramSimple` for K = ``draft_max`` when the user names neither:
+
+    * ``size_m = K``: ngram-simple's draft is at most ``size_m`` tokens (llama.cpp's ``--spec-ngram-size-m`` is its
+      draft maximum), and the loop takes at most K anyway;
+    * ``size_n = min(12, K)``: 12 is llama.cpp's default, but a draft of ``copy <= size_m`` tokens is dropped when
+      ``copy < size_n``, so ``size_n`` larger than ``size_m`` would never draft.
+
+    Both at least 1 (K = 0 drafts nothing anyway, and the sizes must be >= 1)."""
+    return max(1, min(12, draft_max)), max(1, draft_max)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# drafters
+# ---------------------------------------------------------------------------------------------------------------------
 
 
 class Drafter(Protocol):

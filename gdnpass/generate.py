@@ -7,10 +7,11 @@ It runs a whole qwen35 model (a GGUF file, or a preset with generated weights) t
   ``split_equal(n_ubatch, sequential, n_keep_tail = n_rs_seq + 1)`` splits them (the last ``1 + n_rs_seq`` tokens
   never straddle two ubatches); every ubatch graph has the context's ``1 + n_rs_seq`` snapshot planes, as in
   llama.cpp, where ``n_rs_seq`` is a context parameter and not a property of a batch;
-* **a step**: the drafter proposes up to ``min(K, n_ctx - n_past - 2, N - generated - 1)`` tokens; one ubatch of
-  ``n_t = drafts + 1`` tokens (the last sampled token first) is verified with logits for every token; the greedy
-  prefix is accepted (row i's argmax must equal draft i; the first mismatch, or the row after the last draft, gives
-  the bonus token): ``accepted + 1`` tokens are generated;
+* **a step**: the drafter proposes up to K tokens, fewer near the end of the context or of N
+  (:func:`gdnpass.drafters.draft_budget`); one ubatch of ``n_t = drafts + 1`` tokens (the last sampled token
+  first) is verified with logits for every token; the greedy prefix is accepted (row i's argmax must equal draft i;
+  the first mismatch, or the row after the last draft, gives the bonus token: :func:`gdnpass.drafters.accept_greedy`):
+  ``accepted + 1`` tokens are generated;
 * **roll back** as llama.cpp does, ``llama_memory_seq_rm(mem, seq, p0 = n_past, -1)`` (:meth:`Engine.seq_rm`): the
   recurrent memory remembers ``rs_idx = cell.pos - (p0 - 1) = n_t - 1 - accepted`` and the next ubatch's
   ``rs_s_copy`` reads plane ``r = rs_idx`` (once: the index is then reset to 0); the KV cache frees the rejected
@@ -41,7 +42,7 @@ from typing import Callable, Sequence
 import torch
 
 from gdnpass import pipeline
-from gdnpass.drafters import Drafter, NoDraft
+from gdnpass.drafters import Drafter, NoDraft, accept_greedy, draft_budget
 from gdnpass.errors import GdnpassError, GraphError, ResourceError
 from gdnpass.ir import Graph
 from gdnpass.models.hparams import MAX_RS_SEQ, MAX_UBATCH, ModelShape, VerifyConfig, get_model
@@ -498,15 +499,9 @@ class Result:
 
 
 def greedy_accept(logits: torch.Tensor, draft: Sequence[int]) -> list[int]:
-    """``common_sampler_sample_and_accept_n`` with a greedy sampler: row i's argmax, while it equals draft i; the
-    first row that disagrees (or the row after the last draft) gives the last token. 1 + accepted tokens."""
-    ids = []
-    for i in range(len(draft) + 1):
-        tok = int(torch.argmax(logits[i]))
-        ids.append(tok)
-        if i == len(draft) or tok != int(draft[i]):
-            break
-    return ids
+    """:func:`gdnpass.drafters.accept_greedy` on a verify's (n_t, vocab) logits: 1 + accepted tokens."""
+    argmaxes = torch.argmax(logits, dim=-1).tolist()  # per row, the first of equal maxima
+    return accept_greedy(draft, argmaxes.__getitem__)
 
 
 def margin(row: torch.Tensor) -> float:
@@ -540,7 +535,7 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
     while len(res.tokens) < n_predict:
         t0 = time.perf_counter()
         n_past = len(history)
-        budget = max(0, min(K, engine.kv_size - n_past - 2, n_predict - len(res.tokens) - 1))
+        budget = draft_budget(K, engine.kv_size, n_past, n_predict, len(res.tokens))
         draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
         logits = engine.decode([id_last, *draft])
         ids = greedy_accept(logits, draft)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from gdnpass.cli import _alignment  # (gdnpass run's validator: the same one-line error for a bad value)
 from gdnpass.errors import GdnpassError
 
 DESCRIPTION = (
@@ -67,7 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
                    help="run the fusion pass (--no-fuse: don't; default: GDN_FUSION decides)")
     p.add_argument("--between", default="narrow", choices=["narrow", "broad"])
-    p.add_argument("--alignment", type=int, default=128)
+    p.add_argument("--alignment", type=_alignment, default=128,
+                   help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda)")
     p.add_argument("--check", action="store_true",
                    help="run with fusion off, then on; exit 1 unless tokens, accepted counts and every step's logits "
                         "bytes are identical")
@@ -95,7 +97,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if a.n_predict < 1:
         raise GdnpassError(f"-n must be >= 1, is {a.n_predict}")
     from gdnpass import generate as gen
-    from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule
+    from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
     from gdnpass.fusion import env_enabled
     from gdnpass.progress import step
 
@@ -119,8 +121,9 @@ def cmd_generate(a: argparse.Namespace) -> int:
                                                                    "cuda_graphs": False, "fusion": fusion})),
                                  a.prompt, NoDraft(), a.n_predict, progress=prog)
 
-    ngram_m = a.ngram_m if a.ngram_m is not None else max(1, K)
-    ngram_n = a.ngram_n if a.ngram_n is not None else max(1, min(12, K))
+    default_n, default_m = ngram_defaults(K)
+    ngram_n = a.ngram_n if a.ngram_n is not None else default_n
+    ngram_m = a.ngram_m if a.ngram_m is not None else default_m
 
     def drafter():
         if a.draft == "ngram":

@@ -70,11 +70,25 @@ class Executor:
         self.device = torch.device(device)
         self.kernels = backend_for(device, backend)
         shared = dict(buffers or {})
+
+        def canonical(d: torch.device) -> torch.device:
+            """``d`` with its index spelled out, so that two names of one device compare equal: "cuda" is the current
+            CUDA device (where torch allocates for it); a CPU's index does not matter ("cpu:0" is "cpu")."""
+            if d.type == "cuda" and d.index is None:
+                return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cpu") if d.type == "cpu" else d
+
         for name, t in shared.items():
             if name not in graph.buffers:
                 raise GraphError(f"shared buffer {name!r}: the graph has no such buffer ({', '.join(graph.buffers)})")
-            if t.dtype is not torch.uint8 or t.device.type != self.device.type or t.dim() != 1:
-                raise GraphError(f"shared buffer {name!r}: must be a 1-D uint8 tensor on {self.device}")
+            if t.dtype is not torch.uint8 or t.dim() != 1:
+                raise GraphError(f"shared buffer {name!r}: must be a 1-D uint8 tensor on {self.device}, is a "
+                                 f"{t.dim()}-D {t.dtype} tensor")
+            # the full device, index included: a buffer on cuda:1 under an executor on cuda:0 would hand its kernels
+            # another GPU's memory
+            if canonical(t.device) != canonical(self.device):
+                raise GraphError(f"shared buffer {name!r}: is on {t.device}, the executor runs on "
+                                 f"{canonical(self.device)}")
             if t.numel() < _pad(graph.buffers[name]):
                 raise GraphError(f"shared buffer {name!r} has {t.numel()} bytes, the graph needs "
                                  f"{_pad(graph.buffers[name])}")

@@ -22,9 +22,10 @@ import json
 import pytest
 import torch
 
-from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_simple_draft
+from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, cycle_schedule, draft_budget, first_argmax,
+                              ngram_defaults, ngram_simple_draft)
 from gdnpass.generate import (Engine, Model, Planes, Settings, StalePlane, differences, divergence, generate,
-                              n_kv_for, split_ubatches, state_difference)
+                              greedy_accept, n_kv_for, split_ubatches, state_difference)
 from gdnpass.generate_cli import SELF_TOLERANCE
 from gdnpass.models.gguf_write import write_gguf
 from gdnpass.models.hparams import PRESETS
@@ -89,6 +90,42 @@ def test_ngram_simple_draft_is_llama_cpp_s():
     assert ngram_simple_draft(2, 3, [1, 2, 7, 7, 7, 7, 7, 1], 2) == []
 
 
+def test_draft_budget_hand_worked():
+    # K = 4, n_ctx 256, 20 tokens wanted
+    assert draft_budget(4, 256, 10, 20, 0) == 4     # far from both ends: K
+    assert draft_budget(4, 256, 10, 20, 17) == 2    # 3 tokens left: 2 drafts + the bonus token
+    assert draft_budget(4, 256, 10, 20, 19) == 0    # the last token: a one-token decode
+    # near the end of the context: id_last + 3 drafts in cells 251..254, the bonus token's cell 255
+    assert draft_budget(4, 256, 251, 100, 0) == 3
+    assert draft_budget(4, 256, 254, 100, 0) == 0   # one cell for id_last, one for the bonus: no draft
+    assert draft_budget(4, 256, 255, 100, 0) == 0   # never negative
+    assert draft_budget(0, 256, 10, 20, 0) == 0     # K = 0: plain decode
+
+
+def test_greedy_accept_hand_worked():
+    draft = [5, 6, 7]
+    assert accept_greedy(draft, [5, 6, 7, 9].__getitem__) == [5, 6, 7, 9]  # all 3 accepted, the bonus from row 3
+    assert accept_greedy(draft, [5, 0, 7, 9].__getitem__) == [5, 0]        # row 1 disagrees: 1 accepted, then 0
+    assert accept_greedy(draft, [1, 6, 7, 9].__getitem__) == [1]           # none accepted
+    assert accept_greedy([], [4].__getitem__) == [4]                       # no draft: a one-token decode
+    rows_read = []
+    accept_greedy(draft, lambda i: rows_read.append(i) or [5, 6, 0, 0][i])
+    assert rows_read == [0, 1, 2]  # rows 0 .. accepted, in order, once each: the rows after a mismatch are not read
+    # ties: the first of equal maxima, in plain Python as torch.argmax picks it
+    row = [1.0, 3.0, 3.0, 2.0]
+    assert first_argmax(row) == int(torch.argmax(torch.tensor(row))) == 1
+    logits = torch.tensor([[0.0, 2.0, 2.0], [1.0, 1.0, 0.0], [0.0, 0.0, 5.0]])
+    assert greedy_accept(logits, [1, 0]) == accept_greedy([1, 0], lambda i: first_argmax(logits[i].tolist())) \
+        == [1, 0, 2]
+
+
+def test_ngram_defaults_keep_size_n_at_most_size_m():
+    assert ngram_defaults(4) == (4, 4)
+    assert ngram_defaults(15) == (12, 15)  # llama.cpp's default n of 12
+    assert ngram_defaults(0) == (1, 1)     # sizes must be >= 1
+    NgramSimple(*ngram_defaults(0))
+
+
 def test_planes_track_what_each_plane_holds():
     p = Planes(4)
     p.require(0, 0)
@@ -123,7 +160,8 @@ def test_speculative_equals_plain_greedy_decode(plain, spec):
         assert d.index is None  # (this model has no near tie in these 20 tokens: min margin 1.3e-3)
         # the planted schedule was realised: the loop accepted what the drafter planned
         planted = Planted(plain.tokens, len(PROMPT), 512, cycle_schedule(K))
-        budgets = [min(K, N - sum(s.accepted + 1 for s in r.steps[:i]) - 1) for i in range(len(r.steps))]
+        generated = [sum(s.accepted + 1 for s in r.steps[:i]) for i in range(len(r.steps))]
+        budgets = [draft_budget(K, Settings().kv_size, len(PROMPT) - 1 + n, N, n) for n in generated]
         assert [s.accepted for s in r.steps] == [planted.planned(i, b)[1] for i, b in enumerate(budgets)]
         # the state each rollback leaves for the next ubatch is plain decode's at that position
         assert set(r.states) <= set(plain.states) and len(r.states) == len(r.steps) + 1
@@ -221,6 +259,24 @@ def test_cli_errors_are_one_line(capsys):
     assert main(["generate", "--draft", "ngram", "--ngram-n", "0", "-n", "2", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ngram sizes must be >= 1" in err
+
+
+@pytest.mark.parametrize("value", ["3", "x", "0"])
+def test_cli_bad_alignment_is_gdnpass_run_s_one_line_error(capsys, value):
+    """argparse's usage, then one error line, no traceback: the same line as ``gdnpass run`` gives."""
+    from gdnpass.cli import main
+
+    errors = {}
+    for command in ("run", "generate"):
+        with pytest.raises(SystemExit) as e:
+            main([command, f"--alignment={value}", "-q"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        lines = [line for line in err.splitlines() if "error:" in line]
+        assert len(lines) == 1 and lines[0] == err.splitlines()[-1]
+        errors[command] = lines[0].replace(f"gdnpass {command}: ", "")
+    assert errors["generate"] == errors["run"] and "--alignment" in errors["run"] and value in errors["run"]
 
 
 # ---- llama.cpp as the referee --------------------------------------------------------------------------------------

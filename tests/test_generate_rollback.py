@@ -21,7 +21,7 @@ import dataclasses
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from gdnpass.drafters import NoDraft, Planted
+from gdnpass.drafters import NoDraft, Planted, draft_budget
 from gdnpass.generate import Engine, Model, Settings, divergence, generate, state_difference
 from gdnpass.generate_cli import SELF_TOLERANCE
 from gdnpass.models.hparams import PRESETS
@@ -67,7 +67,7 @@ def test_random_rollbacks_never_read_a_stale_plane(k, data):
     for i, s in enumerate(res.steps):
         if d.index is not None and done + s.accepted + 1 > d.index:
             break  # (a near tie parted the runs: the schedule only holds before it)
-        budget = min(k, N - done - 1)
+        budget = draft_budget(k, engine(k).kv_size, len(PROMPT) - 1 + done, N, done)
         assert (s.drafted, s.accepted) == check.planned(i, budget), (i, s)
         done += s.accepted + 1
         assert state_difference(res.states[len(PROMPT) - 1 + done], ref.states[len(PROMPT) - 1 + done]) < 1e-5

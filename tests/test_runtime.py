@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gdnpass.alloc import plan
-from gdnpass.ir import GraphError
+from gdnpass.ir import GraphError, arena_buffer
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 from gdnpass.runtime import Executor, launches
 
@@ -133,6 +133,38 @@ def test_unplanned_graph_is_refused():
     g = build_verify_graph(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1))
     with pytest.raises(GraphError, match="no memory plan"):
         Executor(g)
+
+
+class _BufferOn:
+    """Stands in for a 1-D uint8 tensor on any device, e.g. a second GPU on a machine without one: the shared-buffer
+    check reads only its dtype, device, rank and size."""
+
+    dtype = torch.uint8
+
+    def __init__(self, device: str, nbytes: int) -> None:
+        self.device, self.nbytes = torch.device(device), nbytes
+
+    def dim(self) -> int:
+        return 1
+
+    def numel(self) -> int:
+        return self.nbytes
+
+
+def test_a_shared_buffer_on_another_device_is_refused():
+    g = build_verify_graph(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1))
+    plan(g)
+    arena = arena_buffer(g)
+    nbytes = g.buffers[arena] + 4096  # enough bytes: only the device is wrong
+    Executor(g, buffers={arena: torch.empty(nbytes, dtype=torch.uint8)})  # the same device: accepted
+    Executor(g, device="cpu:0", buffers={arena: torch.empty(nbytes, dtype=torch.uint8)})  # cpu:0 is the CPU
+    with pytest.raises(GraphError, match=r"shared buffer .*: is on meta, the executor runs on cpu$"):
+        Executor(g, buffers={arena: torch.empty(nbytes, dtype=torch.uint8, device="meta")})
+    # another GPU of the same type: the index counts (checked before any CUDA call, so it runs without a GPU)
+    with pytest.raises(GraphError, match=r"shared buffer .*: is on cuda:1, the executor runs on cuda:0$"):
+        Executor(g, device="cuda:0", buffers={arena: _BufferOn("cuda:1", nbytes)})
+    with pytest.raises(GraphError, match=r"must be a 1-D uint8 tensor on cpu, is a 1-D torch.float32 tensor$"):
+        Executor(g, buffers={arena: torch.empty(nbytes, dtype=torch.float32)})
 
 
 @pytest.mark.gpu
