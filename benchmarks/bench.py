@@ -35,6 +35,9 @@ from gdnpass.ir import Op, runs_kernel  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
 from gdnpass.runtime import Executor, launches, node_launches  # noqa: E402
 
+sys.path.insert(0, "benchmarks")
+import upstream  # noqa: E402  (benchmarks/upstream.py: llama.cpp's own verify, and the chain table both use)
+
 REPS_IN_GRAPH = 20
 
 
@@ -283,8 +286,9 @@ def product_kind(n) -> str | None:
 
 
 def forward_kernels(g, ex: Executor) -> dict:
-    """Kernels per forward and their summed duration, and the same for the alpha/beta and FFN products: the
-    profiled kernels are the nodes' launches in order (runtime.launches), so each duration has its node."""
+    """Kernels per forward and their summed duration, the same for the alpha/beta and FFN products, and the
+    per-GDN-layer chain table (upstream.chain_table, the classification upstream's kernels get): the profiled
+    kernels are the nodes' launches in order (runtime.launches), so each duration has its node."""
     total, ks = kernel_us(ex.run, reps=3)
     nodes = [n for n in g.nodes for _ in range(node_launches(n))]
     res = dict(kernels=len(ks), kernel_us=total)
@@ -292,19 +296,49 @@ def forward_kernels(g, ex: Executor) -> dict:
         for kind in ("alpha/beta", "ffn"):
             d = [t for n, t in zip(nodes, ks) if product_kind(n) == kind]
             res[kind] = dict(kernels=len(d), kernel_us=sum(d))
+        res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
     return res
+
+
+_NODE_CLASSES = {Op.GDN_CONV_CHAIN: "FUSED", Op.MUL_MAT_VEC_PAIR: "PAIR", Op.GATED_DELTA_NET: "GDN"}
+
+
+def node_class(n) -> str:
+    """A node's class for upstream.chain_table (its op, with the fused ops and SILU named as there)."""
+    if n.op is Op.UNARY and n.op_params.get("kind") == "SILU":
+        return "SILU"
+    return _NODE_CLASSES.get(n.op, n.op.name)
+
+
+def weight_bytes_read(g) -> int:
+    """Bytes of the weights one forward reads: every weights-buffer leaf whole, but the rows GET_ROWS gathers of a
+    leaf only GET_ROWS reads (the token embedding)."""
+    readers: dict[int, list] = {}
+    for n in g.nodes:
+        for s in n.src:
+            if s is not None and s.base.buffer == "weights":
+                readers.setdefault(s.base.uid, []).append((n, s.base))
+    total = 0
+    for uses in readers.values():
+        base = uses[0][1]
+        if all(n.op is Op.GET_ROWS for n, _ in uses):
+            total += sum(n.ne[1] * n.ne[2] * n.ne[3] for n, _ in uses) * base.nb[1]
+        else:
+            total += base.nbytes
+    return total
 
 
 def bench_forward(T: int, rows: int, rounds: int, whole: bool = False) -> dict:
     """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
-    its own bf16 weights (token embedding, attention layers, lm head)."""
-    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole)
+    its own bf16 weights (token embedding, attention layers, lm head), after upstream.py's prompt (n_past)."""
+    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
+                       n_past=upstream.N_PROMPT if whole else 0)
     res = {}
     runs = {}
     for name, fused in (("off", False), ("on", True)):
         g, ex, report = forward_executor(cfg, fused)
         res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **forward_kernels(g, ex),
-                         fusion=report.summary() if fused else "off")
+                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g))
         ex.capture()
         runs[name] = ex
     times = {"off": [], "on": []}
@@ -365,14 +399,66 @@ def bench_pass(n=10) -> dict:
     return dict(median_ms=statistics.median(times), min_ms=min(times), nodes=len(g.nodes))
 
 
+def print_chain(title: str, tables: dict) -> None:
+    """The per-GDN-layer chain table (upstream.chain_table) of several runs side by side: us (kernels) per row."""
+    tables = {k: v for k, v in tables.items() if v and v.get("layers")}
+    if not tables:
+        print(f"\n(no chain table for {title}: kernels and nodes did not line up)")
+        return
+    print(f"\n### per-GDN-layer chain, {title}: median kernel us (kernels) over "
+          + ", ".join(f"{k} {v['layers']}" for k, v in tables.items()) + " GDN layers")
+    print("kernel | " + " | ".join(tables))
+    for row in (*upstream.CHAIN_ROWS, "chain total"):
+        cells = [tables[k][row] for k in tables]
+        if any(c["kernels"] for c in cells):
+            print(f"{row:50s} | " + " | ".join(f"{c['us']:6.2f} ({c['kernels']:g})" if c["kernels"] else "-"
+                                                for c in cells))
+
+
+def print_versus(whole: list | None, up: dict, ref: dict) -> None:
+    """Issue 18's targets: ours (fusion on) against the weights' bytes over the copy bandwidth and against
+    upstream's kernel time; kernels per GDN layer off -> on."""
+    if not whole:
+        print("\n(run with the whole section too for ours vs upstream)")
+        return
+    print("\n## whole qwen3.5-9b verify: ours (fusion off / on) vs upstream llama.cpp, same GPU, same run")
+    print("T rows | kernels ours off / on / upstream | kernel us ours off / on / upstream | ours on / upstream "
+          "(target <= 0.8) | GPU us ours on (CUDA graph) / floor = weight bytes / copy BW (target <= 1.3) | "
+          "upstream wall us per decode | fewer kernels per GDN layer (target >= 5)")
+    for r in whole:
+        u = next((c for c in up["cases"] if (c["T"], c["rows"]) == (r["T"], r["rows"])), None)
+        if u is None or "kernel_us" not in u:
+            continue
+        off, on = r["off"], r["on"]
+        floor = on["weight_bytes"] / (ref["copy_GBps"] * 1e3)
+        ratio, bw = on["kernel_us"] / u["kernel_us"], on["us_per_forward"] / floor
+        fewer = (off["kernels"] - on["kernels"]) / r["gdn_layers"]
+        print(f"{r['T']} {r['rows']} | {off['kernels']} / {on['kernels']} / {u['kernels']} | "
+              f"{off['kernel_us']:.0f} / {on['kernel_us']:.0f} / {u['kernel_us']:.0f} | {ratio:.2f} "
+              f"{verdict(ratio <= 0.8)} | {on['us_per_forward']:.0f} / {floor:.0f} = {bw:.2f} {verdict(bw <= 1.3)} | "
+              f"{u['wall_us']:.0f} | {fewer:.1f} {verdict(fewer >= 5)}")
+        print_chain(f"T={r['T']} rows={r['rows']}, ours vs upstream",
+                    {"ours off": off.get("chain"), "ours on": on.get("chain"), "upstream": u.get("chain")})
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer points and rounds")
     p.add_argument("--json", help="write all numbers to this file")
-    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,whole,pass")
+    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,whole,upstream,pass "
+                                  "(upstream: llama.cpp built with CUDA and timed on the same GPU, next to whole)")
+    p.add_argument("--source", help="upstream: a folder `gdnpass llama-build --pack` wrote (machines without a "
+                                    "registry)")
+    p.add_argument("--gguf", help="upstream: the model file (default: written once, see benchmarks/upstream.py)")
     a = p.parse_args()
     only = set(a.only.split(",")) if a.only else None
     want = (lambda s: only is None or s in only)
+    prepared = None
+    if want("upstream"):  # llama.cpp's CUDA build and the GGUF file take minutes of CPU: made while the GPU works
+        from concurrent.futures import ThreadPoolExecutor
+
+        prepared = ThreadPoolExecutor(1).submit(upstream.prepare, "qwen3.5-9b", a.source, a.gguf,
+                                                lambda line: print(line, file=sys.stderr, flush=True))
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton
 
@@ -461,6 +547,17 @@ def main() -> int:
                   f"{off['kernel_us']:.1f} -> {on['kernel_us']:.1f} | {pick('alpha/beta', 'kernel_us')} "
                   f"({pick('alpha/beta', 'kernels')} kernels) | {pick('ffn', 'kernel_us')} | "
                   f"{off['us_per_forward']:.1f} -> {on['us_per_forward']:.1f}", flush=True)
+        for r in out[section]:
+            print_chain(f"{section}, T={r['T']} rows={r['rows']}", {"off": r["off"].get("chain"),
+                                                                    "on": r["on"].get("chain")})
+
+    if prepared is not None:
+        install, gguf = prepared.result()
+        torch.cuda.empty_cache()  # (llama.cpp runs in its own process: leave it the GPU memory)
+        out["upstream"] = up = upstream.measure(install, gguf, "qwen3.5-9b",
+                                                lambda line: print(line, file=sys.stderr, flush=True))
+        upstream.print_tables(up)
+        print_versus(out.get("whole"), up, out["references"])
 
     if want("pass"):
         out["pass"] = ps = bench_pass()

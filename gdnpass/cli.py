@@ -454,10 +454,17 @@ def cmd_capture(a: argparse.Namespace) -> int:
 def cmd_llama_build(a: argparse.Namespace) -> int:
     from gdnpass.frontends.llama import build
 
-    found = build.find()
-    inst = found or build.ensure(log=lambda line: print(f"gdnpass llama-build: {line}", file=sys.stderr),
-                                 sdist=a.sdist)
-    print(f"llama.cpp {inst.commit[:12]} ({build.PACKAGE}=={build.VERSION}, ggml + libllama, -O0): {inst.root}"
+    say = lambda line: print(f"gdnpass llama-build: {line}", file=sys.stderr)  # noqa: E731
+    if a.pack:
+        dest = build.pack(a.pack, sdist=a.sdist, log=say)
+        print(f"llama.cpp {build.COMMIT[:12]} sources and bindings: {dest} (build there with "
+              f"`gdnpass llama-build --source {dest}`)")
+        return 0
+    variant = "cuda" if a.cuda else "cpu"
+    found = build.find(variant)
+    inst = found or build.ensure(log=say, sdist=a.sdist, variant=variant, source=a.source)
+    print(f"llama.cpp {inst.commit[:12]} ({build.PACKAGE}=={build.VERSION}, ggml + libllama, "
+          f"{build.VARIANTS[variant].build_type}): {inst.root}"
           + (" (cached)" if found else f", built in {inst.build_s:.0f} s"))
     return 0
 
@@ -498,11 +505,17 @@ def make_parser() -> argparse.ArgumentParser:
     _add_capture_args(c)
     c.set_defaults(func=cmd_capture)
 
-    b = sub.add_parser("llama-build", help="build the pinned llama.cpp (ggml + libllama, -O0) into the cache",
+    b = sub.add_parser("llama-build", help="build the pinned llama.cpp (ggml + libllama) into the cache",
                        description="Download llama-cpp-python's sdist, build ggml + libllama of its vendored llama.cpp "
-                                   "at -O0 (about 2 min on 2 cores) and cache it under ~/.cache/gdnpass "
-                                   "($GDNPASS_CACHE); a cached build returns at once.")
+                                   "(-O0 for the CPU: about 2 min on 2 cores; --cuda: Release with ggml-cuda for "
+                                   "sm_90) and cache it under ~/.cache/gdnpass ($GDNPASS_CACHE); a cached build "
+                                   "returns at once. --pack writes the sources for a machine without registry access.")
     b.add_argument("--sdist", metavar="FILE", help="a local llama_cpp_python-0.3.36.tar.gz instead of downloading")
+    b.add_argument("--cuda", action="store_true", help="the CUDA variant: Release, ggml-cuda for sm_90, FA kernels off")
+    b.add_argument("--source", metavar="DIR", help="build from a folder --pack wrote (default: $GDNPASS_LLAMA_SRC, "
+                                                   "else the sdist)")
+    b.add_argument("--pack", metavar="DIR", help="write the sources a build needs (~19 MB) and the bindings into "
+                                                 "DIR, and build nothing")
     b.set_defaults(func=cmd_llama_build)
 
     from gdnpass.generate_cli import add_parser as add_generate  # (no torch at import: --help stays instant)

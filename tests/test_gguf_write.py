@@ -109,8 +109,8 @@ def test_read_converter_style_header(tmp_path):
 # ---- determinism -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("wtype", WTYPES)
 def test_deterministic(tmp_path, wtype):
-    a = write_gguf("tiny-qwen35-b", tmp_path / "a.gguf", wtype=wtype, seed=3)
-    b = write_gguf("tiny-qwen35-b", tmp_path / "b.gguf", wtype=wtype, seed=3)
+    a = write_gguf("tiny-qwen35-b", tmp_path / "a.gguf", wtype=wtype, seed=3, workers=1)
+    b = write_gguf("tiny-qwen35-b", tmp_path / "b.gguf", wtype=wtype, seed=3, workers=3)  # threads: same bytes
     c = write_gguf("tiny-qwen35-b", tmp_path / "c.gguf", wtype=wtype, seed=4)
     assert _sha(a) == _sha(b) != _sha(c)
     assert a.stat().st_size == c.stat().st_size

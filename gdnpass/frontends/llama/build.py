@@ -1,15 +1,23 @@
-"""Build the pinned llama.cpp (ggml + libllama only, -O0) and cache it under the user's cache directory.
+"""Build the pinned llama.cpp (ggml + libllama only) and cache it under the user's cache directory.
 
 The pin is llama-cpp-python's sdist: PyPI has no wheel for it and ``pip install llama-cpp-python`` builds common,
 tools and mtmd too (10-22 min on 2 cores). Here: download the sdist (``pip download``, or ``GDNPASS_LLAMA_SDIST``
-naming a local copy), check that its vendored llama.cpp is the pinned commit, build CMake target ``llama`` at -O0
-(about 2 min on 2 cores; -O0, Release and the pip wheel give the same captures node for node), and keep:
+naming a local copy), check that its vendored llama.cpp is the pinned commit, build CMake target ``llama`` and keep:
 
-    <cache>/llama.cpp-<commit12>/
+    <cache>/llama.cpp-<commit12>[-cuda]/
         lib/        libllama.so, libggml*.so (LLAMA_CPP_LIB_PATH for the bindings)
         py/llama_cpp/   the sdist's pure-Python ctypes bindings, with an empty ``__init__`` (the real one imports the
                         high-level API and its dependencies)
-        install.json    pin, build settings, the struct layout probed from the vendored headers, build time
+        install.json    pin, variant, build settings, the struct layout probed from the vendored headers, build time
+
+Two variants (:data:`VARIANTS`): ``cpu``, the referee of the tests (-O0: about 2 min on 2 cores; -O0, Release and
+the pip wheel give the same captures node for node), and ``cuda``, upstream's GPU peer for the benchmarks (Release,
+ggml-cuda for sm_90, flash-attention kernels off: about 160 s on 16 cores).
+
+A machine with no registry access (the GPU host) builds from a **packed source** instead of the sdist:
+:func:`pack` writes the tree the build needs (the sdist's sources without the other backends' folders, ~3 MB of
+the 75 MB) plus the bindings and a ``COMMIT`` file; ``gdnpass llama-build --pack DIR`` here, ``gdnpass llama-build
+--cuda --source DIR`` there (or ``GDNPASS_LLAMA_SRC``).
 
 ``<cache>`` is ``$GDNPASS_CACHE``, else ``$XDG_CACHE_HOME/gdnpass``, else ``~/.cache/gdnpass``. A second call finds
 ``install.json`` and returns in milliseconds; concurrent callers wait on a lock. One command: ``gdnpass llama-build``.
@@ -40,13 +48,38 @@ COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendor/llama.cpp of the 0
 # what the sdist must give us: the sources of ggml + libllama, and the bindings
 _SOURCES = ("CMakeLists.txt", "cmake/", "ggml/", "src/", "include/", "vendor/", "licenses/")
 _BINDINGS = ("llama_cpp.py", "_ctypes_extensions.py", "_ggml.py", "llama_types.py")
-_CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_C_FLAGS_DEBUG=-O0", "-DCMAKE_CXX_FLAGS_DEBUG=-O0", "-DGGML_NATIVE=OFF",
-    "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
-    "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_CURL=OFF",
-    f"-DLLAMA_BUILD_COMMIT={COMMIT[:7]}",
+# ggml's backend folders that no variant builds (ggml_add_backend only enters a folder whose GGML_<NAME> is on):
+# a packed source leaves them out (22 of its 25 MB)
+_OTHER_BACKENDS = re.compile(r"ggml/src/ggml-(?!cpu/|cuda/)[\w-]+/")
+_COMMON_FLAGS = (
+    "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
+    "-DLLAMA_CURL=OFF", f"-DLLAMA_BUILD_COMMIT={COMMIT[:7]}",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",  # the libraries find each other after the copy into the cache
 )
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of building the pinned tree: its CMake switches, the tools it needs, where it is cached."""
+
+    name: str
+    build_type: str          # for the logs and install.json
+    flags: tuple[str, ...]
+    tools: tuple[str, ...]   # what must be on PATH
+    suffix: str              # of the cache folder (the cpu build keeps the plain name of earlier caches)
+
+
+VARIANTS = {
+    "cpu": Variant("cpu", "Debug -O0", ("-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_C_FLAGS_DEBUG=-O0",
+                                        "-DCMAKE_CXX_FLAGS_DEBUG=-O0", *_COMMON_FLAGS), ("cmake", "cc", "c++"), ""),
+    # upstream's GPU build as a user runs it, for one architecture (sm_90: H100 / H200); the flash-attention
+    # template instances are most of ggml-cuda's compile time and upstream's CUDA verify does not need them
+    "cuda": Variant("cuda", "Release, ggml-cuda sm_90, FA kernels off",
+                    ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
+                     "-DGGML_CUDA_FA=OFF", "-DGGML_CUDA_NCCL=OFF", *_COMMON_FLAGS), ("cmake", "cc", "c++", "nvcc"),
+                    "-cuda"),
+}
 _PROBE = Path(__file__).with_name("layout_probe.c")
 
 
@@ -58,6 +91,7 @@ class Install:
     commit: str
     layout: dict          # {"tensor": {...}, "graph": {...}} from layout_probe.c
     build_s: float
+    variant: str = "cpu"  # a key of VARIANTS
 
     @property
     def lib_dir(self) -> Path:
@@ -83,41 +117,68 @@ def cache_root() -> Path:
     return Path(base) / "gdnpass"
 
 
-def install_dir() -> Path:
-    return cache_root() / f"llama.cpp-{COMMIT[:12]}"
+def _variant(name: str) -> Variant:
+    if name not in VARIANTS:
+        raise LlamaError(f"llama.cpp build: unknown variant {name!r} (known: {', '.join(VARIANTS)})")
+    return VARIANTS[name]
 
 
-def find() -> Install | None:
-    """The cached build, if it is complete; None otherwise."""
-    root = install_dir()
+def install_dir(variant: str = "cpu") -> Path:
+    return cache_root() / f"llama.cpp-{COMMIT[:12]}{_variant(variant).suffix}"
+
+
+def find(variant: str = "cpu") -> Install | None:
+    """The cached build of ``variant``, if it is complete; None otherwise."""
+    root = install_dir(variant)
     try:
         meta = json.loads((root / "install.json").read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("commit") != COMMIT or not (root / "lib" / "libllama.so").exists():
+    if meta.get("commit") != COMMIT or meta.get("variant", "cpu") != variant \
+            or not (root / "lib" / "libllama.so").exists():
         return None
-    return Install(root, meta["commit"], meta["layout"], float(meta.get("build_s", 0.0)))
+    return Install(root, meta["commit"], meta["layout"], float(meta.get("build_s", 0.0)), variant)
 
 
-def toolchain_missing() -> str | None:
-    """What of the compiler toolchain is absent (a reason to skip), or None."""
-    missing = [t for t in ("cmake", "cc", "c++") if shutil.which(t) is None]
+def toolchain_missing(variant: str = "cpu") -> str | None:
+    """What of ``variant``'s toolchain is absent (a reason to skip), or None."""
+    missing = [t for t in _variant(variant).tools if shutil.which(t) is None]
     return f"no {', '.join(missing)} on PATH" if missing else None
 
 
-def ensure(log=None, sdist: str | os.PathLike | None = None) -> Install:
-    """The cached build, building it first when missing. ``log(line)`` receives progress lines (None: quiet)."""
-    found = find()
+def ensure(log=None, sdist: str | os.PathLike | None = None, *, variant: str = "cpu",
+           source: str | os.PathLike | None = None) -> Install:
+    """The cached build of ``variant``, building it first when missing, from ``source`` (a folder :func:`pack`
+    wrote; default ``$GDNPASS_LLAMA_SRC``) or else the sdist. ``log(line)`` receives progress lines (None: quiet)."""
+    found = find(variant)
     if found is not None:
         return found
     say = log or (lambda line: None)
-    root = install_dir()
+    root = install_dir(variant)
     root.parent.mkdir(parents=True, exist_ok=True)
     with _lock(root.parent / f".{root.name}.lock"):
-        found = find()  # another process may have built it while we waited
+        found = find(variant)  # another process may have built it while we waited
         if found is not None:
             return found
-        return _build(root, say, sdist)
+        return _build(root, say, _variant(variant), sdist, source or os.environ.get("GDNPASS_LLAMA_SRC"))
+
+
+def pack(dest: str | os.PathLike, sdist: str | os.PathLike | None = None, log=None) -> Path:
+    """Write the packed source into folder ``dest``: ``llama.cpp/`` (the sources a build needs), ``llama_cpp/`` (the
+    bindings) and ``COMMIT``; what a machine without registry access builds from (``ensure(source=dest)``)."""
+    dest = Path(dest)
+    if dest.exists() and any(dest.iterdir()):
+        raise LlamaError(f"llama.cpp pack: {dest} exists and is not empty")
+    say = log or (lambda line: None)
+    with tempfile.TemporaryDirectory(prefix="gdnpass-llama-") as tmp_s:
+        src, bindings = _extract(_sdist(Path(tmp_s), sdist, say), Path(tmp_s) / "src")
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dest / "llama.cpp")
+        shutil.copytree(bindings, dest / "llama_cpp")
+    (dest / "COMMIT").write_text(COMMIT + "\n")
+    size = sum(f.stat().st_size for f in dest.rglob("*") if f.is_file())
+    say(f"packed llama.cpp {COMMIT[:12]} into {dest} ({size / 1e6:.1f} MB)")
+    return dest
 
 
 @contextmanager
@@ -161,6 +222,11 @@ def _sdist(tmp: Path, sdist, say) -> Path:
     return found[0]
 
 
+def wanted(relpath: str) -> bool:
+    """Whether a file of the vendored tree (path relative to its root) is one a build needs."""
+    return relpath.startswith(_SOURCES) and not _OTHER_BACKENDS.match(relpath)
+
+
 def _extract(archive: Path, dest: Path) -> tuple[Path, Path]:
     """The vendored sources and the bindings out of the sdist; checks the vendored commit."""
     top = f"{PACKAGE.replace('-', '_')}-{VERSION}"
@@ -172,11 +238,9 @@ def _extract(archive: Path, dest: Path) -> tuple[Path, Path]:
                 commit = tf.extractfile(head).read().decode().strip()  # type: ignore[union-attr]
             except KeyError:
                 raise LlamaError(f"llama.cpp build: {archive.name} has no {head}; cannot tell its llama.cpp commit")
-            if commit != COMMIT:
-                raise LlamaError(f"llama.cpp build: {archive.name} vendors llama.cpp {commit[:12]}, gdnpass is pinned "
-                                 f"to {COMMIT[:12]}")
+            _check_commit(commit, archive.name)
             keep = [m for m in tf.getmembers()
-                    if (m.name.startswith(vendor) and m.name[len(vendor):].startswith(_SOURCES))
+                    if (m.name.startswith(vendor) and wanted(m.name[len(vendor):]))
                     or m.name in {f"{top}/llama_cpp/{b}" for b in _BINDINGS}]
             tf.extractall(dest, members=keep, filter="data")
     except (tarfile.TarError, OSError) as err:
@@ -184,20 +248,42 @@ def _extract(archive: Path, dest: Path) -> tuple[Path, Path]:
     return dest / vendor, dest / top / "llama_cpp"
 
 
-def _build(root: Path, say, sdist) -> Install:
-    missing = toolchain_missing()
+def _check_commit(commit: str, where: str) -> None:
+    if commit != COMMIT:
+        raise LlamaError(f"llama.cpp build: {where} holds llama.cpp {commit[:12] or '(nothing)'}, gdnpass is pinned "
+                         f"to {COMMIT[:12]}")
+
+
+def _packed(source: Path) -> tuple[Path, Path]:
+    """The sources and bindings of a folder :func:`pack` wrote; checks its commit."""
+    try:
+        commit = (source / "COMMIT").read_text().strip()
+    except OSError:
+        raise LlamaError(f"llama.cpp build: source {source} has no COMMIT file (write it with `gdnpass llama-build "
+                         "--pack DIR`)") from None
+    _check_commit(commit, f"source {source}")
+    missing = [p for p in ("llama.cpp/CMakeLists.txt", *(f"llama_cpp/{b}" for b in _BINDINGS))
+               if not (source / p).is_file()]
     if missing:
-        raise LlamaError(f"llama.cpp build: {missing} (install cmake and a C/C++ compiler)")
+        raise LlamaError(f"llama.cpp build: source {source} lacks {missing[0]}")
+    return source / "llama.cpp", source / "llama_cpp"
+
+
+def _build(root: Path, say, variant: Variant, sdist, source) -> Install:
+    missing = toolchain_missing(variant.name)
+    if missing:
+        raise LlamaError(f"llama.cpp build ({variant.name}): {missing} (install cmake and a C/C++ compiler"
+                         + (", and CUDA's nvcc" if "nvcc" in variant.tools else "") + ")")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gdnpass-llama-") as tmp_s:
         tmp = Path(tmp_s)
-        src, bindings = _extract(_sdist(tmp, sdist, say), tmp / "src")
+        src, bindings = _packed(Path(source)) if source else _extract(_sdist(tmp, sdist, say), tmp / "src")
         build = tmp / "build"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        say(f"configuring llama.cpp {COMMIT[:12]} (ggml + libllama, -O0)")
-        _run(["cmake", "-S", str(src), "-B", str(build), *gen, *_CMAKE_FLAGS], "cmake configure")
+        say(f"configuring llama.cpp {COMMIT[:12]} (ggml + libllama, {variant.build_type})")
+        _run(["cmake", "-S", str(src), "-B", str(build), *gen, *variant.flags], "cmake configure")
         jobs = str(os.cpu_count() or 2)
-        say(f"building target llama with {jobs} jobs (about 2 min on 2 cores)")
+        say(f"building target llama with {jobs} jobs")
         steps = re.compile(r"^\[(\d+)/(\d+)\]")
         last = [0.0]
 
@@ -224,13 +310,14 @@ def _build(root: Path, say, sdist) -> Install:
         (staging / "py" / "llama_cpp" / "__init__.py").write_text(
             "# gdnpass: the low-level ctypes bindings only (the sdist's __init__ imports the high-level API)\n")
         build_s = time.perf_counter() - t0
-        meta = {"package": PACKAGE, "version": VERSION, "commit": COMMIT, "build_type": "Debug -O0",
-                "cmake_flags": list(_CMAKE_FLAGS), "layout": layout, "build_s": round(build_s, 1)}
+        meta = {"package": PACKAGE, "version": VERSION, "commit": COMMIT, "variant": variant.name,
+                "build_type": variant.build_type, "cmake_flags": list(variant.flags), "layout": layout,
+                "build_s": round(build_s, 1)}
         (staging / "install.json").write_text(json.dumps(meta, indent=1) + "\n")
         shutil.rmtree(root, ignore_errors=True)
         staging.rename(root)
-    say(f"llama.cpp {COMMIT[:12]} built in {build_s:.0f} s: {root}")
-    return Install(root, COMMIT, layout, build_s)
+    say(f"llama.cpp {COMMIT[:12]} ({variant.name}) built in {build_s:.0f} s: {root}")
+    return Install(root, COMMIT, layout, build_s, variant.name)
 
 
 def _probe(src: Path, tmp: Path) -> dict:

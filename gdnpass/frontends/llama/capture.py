@@ -44,6 +44,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
 from gdnpass.errors import GraphError, LlamaError
 from gdnpass.frontends.llama import build
@@ -130,15 +131,17 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
     return _call_worker(req, path, install, timeout_s)
 
 
-def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float) -> dict:
-    """Run the worker on one request; its JSON answer, or LlamaError (one line) when llama.cpp refuses or aborts."""
+def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float, prefix: Sequence[str] = (),
+                 env: dict[str, str] | None = None) -> dict:
+    """Run the worker on one request (under ``prefix``, e.g. a profiler's command line, with ``env`` added to the
+    bindings' environment); its JSON answer, or LlamaError (one line) when llama.cpp refuses or aborts."""
     with tempfile.TemporaryDirectory(prefix="gdnpass-capture-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "capture.json")
         req_path.write_text(json.dumps(req))
         try:
-            proc = subprocess.run([sys.executable, "-m", "gdnpass.frontends.llama.worker", str(req_path),
-                                   str(out_path)], env=install.env(), capture_output=True, text=True,
-                                  timeout=timeout_s)
+            proc = subprocess.run([*prefix, sys.executable, "-m", "gdnpass.frontends.llama.worker", str(req_path),
+                                   str(out_path)], env={**install.env(), **(env or {})}, capture_output=True,
+                                  text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise LlamaError(f"capture: llama.cpp did not finish within {timeout_s:.0f} s on {path.name}") from None
         if proc.returncode != 0 or not out_path.exists():
@@ -167,6 +170,32 @@ def generate(gguf: str | os.PathLike, *, prompt: list[int], n_predict: int, draf
            "flash_attn": flash_attn, "n_threads": n_threads, "prompt": list(prompt), "n_predict": n_predict,
            "draft_max": draft_max, "drafter": drafter or {"kind": "none"}, "rows": rows}
     return _call_worker(req, path, install, timeout_s)
+
+
+def time_verify(gguf: str | os.PathLike, cases: Sequence[tuple[int, int]], *, n_prompt: int = 16, n_ctx: int = 256,
+                n_ubatch: int = 512, flash_attn: str = "auto", n_gpu_layers: int = -1,
+                layer_inputs: Sequence[int] = (), reps: int = 20, warmup: int = 3, profile: bool = False,
+                prefix: Sequence[str] = (), env: dict[str, str] | None = None, install: build.Install | None = None,
+                timeout_s: float = 600.0) -> dict:
+    """llama.cpp's verify decode timed on its own (the worker's ``time`` mode): per (n_tokens, n_rs_seq) case,
+    ``reps`` decodes from position ``n_prompt`` on after ``warmup``, each a step that accepts no draft; with ``profile`` one more decode in
+    a cuProfilerStart/Stop window (run it under ``prefix`` = an ncu command line). Returns the worker's record:
+    per case its wall times (s), the settings as llama.cpp resolved them, the load time and the CUDA log lines."""
+    path = Path(gguf)
+    if not path.is_file():
+        raise LlamaError(f"time: GGUF file {path} does not exist")
+    for n_t, n_rs in cases:
+        last = n_prompt + warmup + reps + 1 + n_t  # each decode starts a position later (worker.run_time)
+        if not (1 <= n_t and 0 <= n_rs and n_ubatch > n_rs + 1 and last <= n_ctx):
+            raise LlamaError(f"time: case (n_tokens {n_t}, n_rs_seq {n_rs}) does not fit n_ubatch {n_ubatch} "
+                             f"(> n_rs_seq + 1) and n_ctx {n_ctx} (>= {last} positions)")
+    install = install or build.ensure()
+    req = {"mode": "time", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "n_ctx": n_ctx,
+           "n_batch": max(n_ubatch, n_prompt), "n_ubatch": n_ubatch, "flash_attn": flash_attn, "n_threads": 4,
+           "n_gpu_layers": n_gpu_layers, "layer_inputs": list(layer_inputs), "prompt": list(range(1, n_prompt + 1)),
+           "cases": [{"n_tokens": n_t, "n_rs_seq": n_rs} for n_t, n_rs in cases], "reps": reps, "warmup": warmup,
+           "profile": profile}
+    return _call_worker(req, path, install, timeout_s, prefix, env)
 
 
 def _failure(proc: subprocess.CompletedProcess) -> str:

@@ -53,6 +53,7 @@ GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object) (ggml.c, private): offs, siz
 
 _USAGE = {0: "any", 1: "weights", 2: "compute"}  # enum ggml_backend_buffer_usage
 _RESERVE_SYMBOL = "_Z19llama_graph_reserveP13llama_contextjjj"  # llama-ext.h, C++ linkage
+_LAYER_INP_SYMBOL = "_Z30llama_set_embeddings_layer_inpP13llama_contextjb"  # llama-ext.h, C++ linkage
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _NO_DATA_OPS = ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE")  # ggml ops that compute nothing (record_nodes)
 _TYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8}  # the types gdnpass models (record_nodes)
@@ -118,12 +119,7 @@ def run(req: dict) -> dict:
         logs.append(f"{phase[0]}: {(text or b'').decode(errors='replace').rstrip()}")
 
     L.llama_log_set(on_log, None)
-    L.llama_backend_init()
-
-    mp = L.llama_model_default_params()
-    model = L.llama_model_load_from_file(req["gguf"].encode(), mp)
-    if not model:
-        raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
+    model = load_model(L, req, logs)
 
     recording = [False]
     order: list[int] = []
@@ -178,17 +174,8 @@ def run(req: dict) -> dict:
             prompt_order.append(int(t))
         return False  # "not needed": the scheduler computes the graph in one go
 
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
-    cp.n_seq_max, cp.n_rs_seq = 1, req["n_rs_seq"]
-    cp.n_threads = cp.n_threads_batch = req["n_threads"]
-    cp.flash_attn_type = FLASH_ATTN[req["flash_attn"]]
-    cp.cb_eval = on_eval
-    cp.cb_eval_user_data = None
     phase[0] = "context"
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        raise Refused("llama.cpp could not create the context: " + _last_error(logs))
+    ctx = make_context(L, model, req, logs, req["n_rs_seq"], on_eval)
 
     vocab = L.llama_model_get_vocab(model)
     n_vocab = L.llama_vocab_n_tokens(vocab)
@@ -270,7 +257,8 @@ def run_generate(req: dict) -> dict:
     the accepted drafts and seq_rm's result, per token its top-2 margin (and, with ``rows``, its logits row)."""
     import llama_cpp.llama_cpp as L
 
-    from gdnpass.drafters import NgramSimple, NoDraft, Planted  # (pure Python, no torch)
+    from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, draft_budget,  # (no torch)
+                                  first_argmax)
 
     logs: list[str] = []
 
@@ -279,18 +267,8 @@ def run_generate(req: dict) -> dict:
         logs.append((text or b"").decode(errors="replace").rstrip())
 
     L.llama_log_set(on_log, None)
-    L.llama_backend_init()
-    model = L.llama_model_load_from_file(req["gguf"].encode(), L.llama_model_default_params())
-    if not model:
-        raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
-    cp = L.llama_context_default_params()
-    cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
-    cp.n_seq_max, cp.n_rs_seq = 1, req["n_rs_seq"]
-    cp.n_threads = cp.n_threads_batch = req["n_threads"]
-    cp.flash_attn_type = FLASH_ATTN[req["flash_attn"]]
-    ctx = L.llama_init_from_model(model, cp)
-    if not ctx:
-        raise Refused("llama.cpp could not create the context: " + _last_error(logs))
+    model = load_model(L, req, logs)
+    ctx = make_context(L, model, req, logs, req["n_rs_seq"])
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     mem = L.llama_get_memory(ctx)
 
@@ -311,21 +289,19 @@ def run_generate(req: dict) -> dict:
     n_ctx = int(L.llama_n_ctx(ctx))
     while len(tokens) < N:
         n_past = len(history)
-        budget = max(0, min(K, n_ctx - n_past - 2, N - len(tokens) - 1))
+        budget = draft_budget(K, n_ctx, n_past, N, len(tokens))
         draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
         decode(L, ctx, logs, [id_last, *draft], n_past, "all")
-        ids = []
-        for i in range(len(draft) + 1):
+
+        def row_argmax(i: int) -> int:  # row i's greedy token; keeps its top-2 margin (and bytes) on the way
             p = L.llama_get_logits_ith(ctx, i)
             row = [p[j] for j in range(n_vocab)]
-            tok = max(range(n_vocab), key=row.__getitem__)  # the first of equal maxima, as torch.argmax
             top = sorted(row, reverse=True)[:2]
-            ids.append(tok)
             margins.append(top[0] - top[1])
             if req.get("rows"):
                 rows.append(base64.b64encode(ctypes.string_at(p, 4 * n_vocab)).decode())
-            if i == len(draft) or tok != draft[i]:
-                break
+            return first_argmax(row)
+        ids = accept_greedy(draft, row_argmax)
         for tok in ids:
             history.append(id_last)
             id_last = tok
@@ -339,6 +315,100 @@ def run_generate(req: dict) -> dict:
     L.llama_free(ctx)
     L.llama_model_free(model)
     return out
+
+
+def run_time(req: dict) -> dict:
+    """``mode: time``: upstream's verify decode alone, for the benchmarks (``benchmarks/upstream.py``).
+
+    One model load (``n_gpu_layers``: -1 offloads every layer), then per case {"n_tokens", "n_rs_seq"} a context
+    with the request's settings and the DFlash taps (``layer_inputs``: ``llama_set_embeddings_layer_inp``), the
+    prompt, ``warmup`` + ``reps`` verify decodes of ``n_tokens`` tokens at position ``len(prompt)`` with logits for
+    every token, each rolled back with ``llama_memory_seq_rm`` (a step that accepts no draft, so every decode sees
+    the same state and shapes, and ggml-cuda replays its CUDA graph). Each decode is timed wall-clock around
+    ``llama_decode`` + ``llama_synchronize``. With ``profile``, one more verify decode between cuProfilerStart and
+    cuProfilerStop, the window ``ncu --profile-from-start off`` measures."""
+    import llama_cpp.llama_cpp as L
+
+    logs: list[str] = []
+
+    @L.llama_log_callback
+    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
+        logs.append((text or b"").decode(errors="replace").rstrip())
+
+    L.llama_log_set(on_log, None)
+    t0 = time.perf_counter()
+    model = load_model(L, req, logs)
+    load_s = time.perf_counter() - t0
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    prompt = [int(x) % n_vocab for x in req["prompt"]]
+    cuda = ctypes.CDLL("libcuda.so.1") if req.get("profile") else None
+    lib = ctypes.CDLL(os.path.join(req["lib_dir"], "libllama.so"))
+    set_layer_inp = getattr(lib, _LAYER_INP_SYMBOL)
+    set_layer_inp.argtypes, set_layer_inp.restype = [ctypes.c_void_p, ctypes.c_uint32, ctypes.c_bool], None
+    cases = []
+    for case in req["cases"]:
+        ctx = make_context(L, model, req, logs, case["n_rs_seq"])
+        for lid in req.get("layer_inputs", ()):
+            set_layer_inp(ctx, lid, True)
+        mem = L.llama_get_memory(ctx)
+        if prompt:
+            decode(L, ctx, logs, prompt, 0, "none")
+        verify = [(7 * i + 3) % n_vocab for i in range(case["n_tokens"])]
+        pos = [len(prompt)]
+
+        def step() -> float:  # one verify that accepts no draft: its first token stays, the rest is rolled back
+            a = time.perf_counter()
+            decode(L, ctx, logs, verify, pos[0], "all")
+            L.llama_synchronize(ctx)
+            b = time.perf_counter()
+            pos[0] += 1
+            if not L.llama_memory_seq_rm(mem, 0, pos[0], -1):
+                raise Refused(f"llama_memory_seq_rm refused the rollback to position {pos[0]}")
+            return b - a
+
+        for _ in range(req.get("warmup", 3)):
+            step()
+        wall = [step() for _ in range(req.get("reps", 20))]
+        if cuda is not None:
+            cuda.cuProfilerStart()
+            step()
+            cuda.cuProfilerStop()
+        cases.append({**case, "n_rs_seq_resolved": int(L.llama_n_rs_seq(ctx)), "wall_s": wall})
+        L.llama_free(ctx)
+    out = {"cases": cases, "n_vocab": int(n_vocab), "load_s": round(load_s, 2),
+           "system_info": (L.llama_print_system_info() or b"").decode(errors="replace"),
+           "log": [x for x in logs if "CUDA" in x or "offload" in x or "graph" in x.lower()][-40:]}
+    L.llama_model_free(model)
+    return out
+
+
+def load_model(L, req: dict, logs: list[str]):
+    """The request's GGUF, with ``n_gpu_layers`` of its layers on the GPU (default 0; -1: all); Refused when
+    llama.cpp cannot load it."""
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = int(req.get("n_gpu_layers", 0))
+    model = L.llama_model_load_from_file(req["gguf"].encode(), mp)
+    if not model:
+        raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
+    return model
+
+
+def make_context(L, model, req: dict, logs: list[str], n_rs_seq: int, cb_eval=None):
+    """A one-sequence context with the request's n_ctx / n_batch / n_ubatch / threads / flash attention and
+    ``n_rs_seq`` rollback planes; ``cb_eval``: the scheduler's eval callback (None: none)."""
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
+    cp.n_seq_max, cp.n_rs_seq = 1, n_rs_seq
+    cp.n_threads = cp.n_threads_batch = req["n_threads"]
+    cp.flash_attn_type = FLASH_ATTN[req["flash_attn"]]
+    if cb_eval is not None:
+        cp.cb_eval = cb_eval
+        cp.cb_eval_user_data = None
+    ctx = L.llama_init_from_model(model, cp)
+    if not ctx:
+        raise Refused("llama.cpp could not create the context: " + _last_error(logs))
+    return ctx
 
 
 def decode(L, ctx, logs: list[str], tokens: list[int], pos0: int, logits: str) -> None:
@@ -370,7 +440,8 @@ def main(argv: list[str]) -> int:
     with open(req_path) as fh:
         req = json.load(fh)
     try:
-        out = {"ok": True, **(run_generate(req) if req.get("mode") == "generate" else run(req))}
+        mode = {"generate": run_generate, "time": run_time}.get(req.get("mode"), run)
+        out = {"ok": True, **mode(req)}
     except Refused as err:
         out = {"ok": False, "error": str(err)}
     with open(out_path, "w") as fh:
