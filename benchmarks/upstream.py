@@ -7,9 +7,9 @@
 2. writes the model as a GGUF file with the weights bench.py's whole forward uses (bf16 projections, f32 alpha/beta;
    random, tame) unless ``--gguf`` names one;
 3. per verify width (T, rows) = (4, 4) and (8, 8) (n_rs_seq = rows - 1, the DFlash taps on, 16 prompt tokens,
-   n_ctx 256), under ``ncu --clock-control none --profile-from-start off``: every kernel of one verify decode and
-   its duration (ggml-cuda's CUDA graphs off there, so each kernel is launched and measured by itself; torch
-   cannot share the process with ggml-cuda, so torch.profiler cannot be used);
+   n_ctx 256), under ``ncu --clock-control none --cache-control none --profile-from-start off``: every kernel of
+   one verify decode and its duration (ggml-cuda's CUDA graphs off there, so each kernel is launched and measured
+   by itself; torch cannot share the process with ggml-cuda, so torch.profiler cannot be used);
 4. wall-clock time per verify decode with ggml-cuda's CUDA graphs on (llama_decode + llama_synchronize, medians),
    each decode a speculative step that accepts no draft and is rolled back with ``llama_memory_seq_rm``.
 
@@ -93,8 +93,10 @@ def ncu_kernels(install: build.Install, gguf: Path, T: int, rows: int, taps: lis
     """Every kernel of one verify decode of width T with ``rows`` snapshot rows, and its duration (µs)."""
     with tempfile.TemporaryDirectory(prefix="gdnpass-ncu-") as tmp:
         log = Path(tmp, "ncu.csv")
-        prefix = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--metrics",
-                  "gpu__time_duration.sum", "--csv", "--print-units", "base", "--log-file", str(log)]
+        # clocks and caches as the program leaves them: ncu's default flushes the caches before every kernel, which
+        # made upstream's kernels sum to more than its own wall time per decode (2026-12-01 evening, first run)
+        prefix = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--cache-control", "none",
+                  "--metrics", "gpu__time_duration.sum", "--csv", "--print-units", "base", "--log-file", str(log)]
         capture.time_verify(gguf, [(T, rows - 1)], n_prompt=N_PROMPT, n_ctx=N_CTX, layer_inputs=taps, reps=0,
                             warmup=2, profile=True, prefix=prefix, env={"GGML_CUDA_DISABLE_GRAPHS": "1"},
                             install=install, timeout_s=480)

@@ -178,8 +178,8 @@ def time_verify(gguf: str | os.PathLike, cases: Sequence[tuple[int, int]], *, n_
                 prefix: Sequence[str] = (), env: dict[str, str] | None = None, install: build.Install | None = None,
                 timeout_s: float = 600.0) -> dict:
     """llama.cpp's verify decode timed on its own (the worker's ``time`` mode): per (n_tokens, n_rs_seq) case,
-    ``reps`` decodes from position ``n_prompt`` on after ``warmup``, each a step that accepts no draft; with ``profile`` one more decode in
-    a cuProfilerStart/Stop window (run it under ``prefix`` = an ncu command line). Returns the worker's record:
+    ``reps`` decodes from position ``n_prompt`` on after ``warmup``, each a step that accepts no draft; with
+    ``profile`` one more decode in a cuProfilerStart/Stop window (run it under ``prefix`` = an ncu command line). Returns the worker's record:
     per case its wall times (s), the settings as llama.cpp resolved them, the load time and the CUDA log lines."""
     path = Path(gguf)
     if not path.is_file():
