@@ -1,7 +1,14 @@
-"""One fused conv chain (both L2 modes) and one mat-vec pair at qwen3.5-9b size, for compute-sanitizer.
+"""Every Triton kernel the executor launches, once, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck python benchmarks/sanitize.py
     compute-sanitizer --tool racecheck python benchmarks/sanitize.py
+
+1. the fused conv chain (both L2 modes) and the alpha/beta pair, qwen3.5-9b size, one layer;
+2. the whole tiny-qwen35 verify forward, unfused and fused, with flash attention and (fused) with MUL_MAT + SOFT_MAX
+   + MUL_MAT: GET_ROWS, CONCAT, CPY, SSM_CONV, the norms, the elementwise ops, GLU, ROPE, SET_ROWS, FLASH_ATTN_EXT,
+   SOFT_MAX, GATED_DELTA_NET;
+3. one mat-vec per distinct tile (form, rows per program, columns, K step, split) that qwen3.5-9b's product shapes
+   take at 1, 4, 8 and 16 columns, f32 and bf16 weights.
 """
 
 import sys
@@ -9,21 +16,52 @@ import sys
 import torch
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
 
 from gdnpass import pipeline  # noqa: E402
 from gdnpass.ir import Op  # noqa: E402
-from gdnpass.pipeline import PassOptions  # noqa: E402
+from gdnpass.kernels import triton_ops as tri  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
-from gdnpass.runtime import Executor  # noqa: E402
+from gdnpass.pipeline import PassOptions  # noqa: E402
+from gdnpass.runtime import Executor, launches  # noqa: E402
+
+from bench import MAT_SHAPES  # noqa: E402
+
+
+def run(cfg: VerifyConfig, fusion: bool) -> str:
+    res = pipeline.run(cfg, PassOptions(fusion=fusion))
+    ex = Executor(res.graph, device="cuda")
+    ex.fill(seed=0, ids=default_ids(cfg))
+    ex.run()
+    torch.cuda.synchronize()
+    return res.report.summary() + f"; {sum(launches(res.graph).values())} launches"
+
 
 for hints in (True, False):
     cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=1, share_weights=True, ffn=False)
     res = pipeline.run(cfg, PassOptions(fusion=True, hints=hints))
-    g, report = res.graph, res.report
-    ex = Executor(g, device="cuda")
+    ex = Executor(res.graph, device="cuda")
     ex.fill(seed=0, ids=default_ids(cfg))
     ex.run()
     torch.cuda.synchronize()
-    sep = [n.op_params.get("l2_separate") for n in g.nodes if n.op is Op.GDN_CONV_CHAIN]
-    print(f"hints={hints}: {report.summary()}; l2_separate={sep}")
-print("done")
+    sep = [n.op_params.get("l2_separate") for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN]
+    print(f"chain, hints={hints}: {res.report.summary()}; l2_separate={sep}", flush=True)
+
+for flash, fusion in ((True, False), (True, True), (False, True)):
+    print(f"tiny-qwen35 whole, flash_attn={flash}, fusion={fusion}: "
+          + run(VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8), fusion), flush=True)
+
+tiles = {}
+for (M, K) in MAT_SHAPES.values():
+    for wt in (torch.float32, torch.bfloat16):
+        for n in (1, 4, 8, 16):
+            tiles.setdefault(tri.mat_vec_tile(M, n, K, tri.WTYPES[wt]), (M, K, wt, n))
+for tile, (M, K, wt, n) in tiles.items():
+    w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
+    x = torch.randn(1, 1, n, K, device="cuda")
+    y = torch.empty(1, 1, n, M, device="cuda")
+    tri.mul_mat_vec(w, x, y)
+    torch.cuda.synchronize()
+    print(f"mat-vec {M}x{K} {tri.WTYPES[wt]} {n} columns: {tile}", flush=True)
+    del w
+print(f"done: {len(tiles)} mat-vec tiles")
