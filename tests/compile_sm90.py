@@ -17,7 +17,7 @@ sys.path.insert(0, ".")
 
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
-INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr"}
+INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
 FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale"}
 
 
@@ -57,9 +57,15 @@ def variants():
         yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S)), RMS=True), tri.NUM_WARPS
     for has_bias in (False, True):
         yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
-    for (M, N), wt in itertools.product(((32, 8), (4096, 4), (4096, 16)), ("bf16", "f16", "f32")):
-        t, ptr = tri.mat_vec_tile(M, N, 4096, wt), {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
-        yield (tri._mul_mat_vec_kernel, dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot), t.warps,
+    # the mat-vec: the model's tiles, and split-K tiles of both forms (the split reads a workspace and its tickets;
+    # an unsplit launch passes None for them)
+    split = [(tri.mat_vec_tile(4096, 4, 4096, "f32")._replace(split_k=4), "f32"),
+             (tri.mat_vec_tile(4096, 16, 4096, "bf16")._replace(split_k=8), "bf16")]
+    for t, wt in [*((tri.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
+                    itertools.product(((32, 8), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
+        ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
+        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k)
+        yield (tri._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr))
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16

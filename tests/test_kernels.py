@@ -9,12 +9,14 @@ import os
 import numpy as np
 import pytest
 import torch
+import triton
 
+from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_ops as tri
-from support.compare import assert_bits
+from support.compare import assert_bits, assert_same_bytes
 from support.arena import DEVICE, Arena, assert_close, node, rnd
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -214,6 +216,85 @@ def test_mul_mat_vec_tensor_core_form(wtype):
     assert_close(y, ref.mul_mat(w, x), rtol=1e-4)
     assert_bits(p, y, "pair, first product")
     assert_bits(p2, y2, "pair, second product")
+
+
+# small tiles of both forms: a few row blocks (the last one partial) of a product whose K (not a multiple of a
+# slice) spans several steps per slice
+SPLIT_FORMS = {"dot": (tri.MatVecTile(32, 16, 32, True, 4), 100, 300, 9),
+               "fma": (tri.MatVecTile(8, 4, 32, False, 4), 36, 300, 3),
+               "fma-empty-slice": (tri.MatVecTile(8, 4, 32, False, 4), 36, 80, 3)}  # 4 slices of 32: 32, 32, 16, 0
+SPLIT_CASES = [(f, w, s) for f in ("dot", "fma") for w in (torch.float32, torch.bfloat16) for s in (2, 4)]
+SPLIT_CASES.append(("fma-empty-slice", torch.float32, 4))
+
+
+@pytest.mark.parametrize("form,wtype,split_k", SPLIT_CASES,
+                         ids=[f"{f}-{tri.WTYPES[w]}-split{s}" for f, w, s in SPLIT_CASES])
+def test_mul_mat_vec_split_k(form, wtype, split_k):
+    """Split-K (MatVecTile.split_k): each row block's K slices summed by as many programs into the workspace, the
+    last ticket's program adding them in slice order. Accurate (against f64: 1e-4 in the tensor-core form, as above;
+    1e-5 in the FMA form), run-to-run identical, the pair byte-identical to the single products, and the tickets zero
+    again after every launch (a second launch would otherwise leave y unwritten: NaN)."""
+    base, M, K, n = SPLIT_FORMS[form]
+    tile = base._replace(split_k=split_k)
+    a = Arena(1 << 24)
+    w, w2 = (a.put(rnd(1, 1, M, K).to(wtype)) for _ in range(2))
+    x = a.put(rnd(1, 1, n, K), row_stride=K + 24)  # activation columns with gaps
+    y, again, y2, p, p2 = (a.view((1, 1, n, M)) for _ in range(5))
+    a.run(lambda: (tri._mat_vecs([(w, y)], x, tile), tri._mat_vecs([(w, again)], x, tile),
+                   tri._mat_vecs([(w2, y2)], x, tile), tri._mat_vecs([(w, p), (w2, p2)], x, tile)), y, again, y2, p, p2)
+    for got, v in ((y, w), (y2, w2)):
+        assert_close(got, (x.double() @ v.double().transpose(-1, -2)).float(), rtol=1e-4 if tile.dot else 1e-5)
+    assert_same_bytes(again, y, "second run")
+    assert_same_bytes(p, y, "pair, first product")
+    assert_same_bytes(p2, y2, "pair, second product")
+    partials, tickets = tri._SPLIT_WORKSPACE[w.device]
+    assert partials.numel() >= 2 * triton.cdiv(M, tile.block_m) * split_k * tile.block_m * tile.cols
+    assert not tickets.any(), "tickets left non-zero"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n,split_k", [(4, 8), (12, 4)], ids=["fma-split8", "dot-split4"])
+def test_gpu_mul_mat_vec_split_k_is_deterministic(wtype, n, split_k):
+    """Compiled, the K slices of a row block run concurrently and any of them may draw the last ticket: a real
+    shape's split launch (its model tile, split) gives one set of bytes over 20 eager launches and 20 CUDA-graph
+    replays, the pair the single products', within tolerance of f64, tickets zero after."""
+    M, K = 4096, 4096
+    tile = tri.mat_vec_tile(M, n, K, tri.WTYPES[wtype])._replace(split_k=split_k)
+    w, w2 = ((torch.randn(1, 1, M, K, device="cuda") / 64).to(wtype) for _ in range(2))
+    x = torch.randn(1, 1, n, K, device="cuda")
+    y, y2, p, p2 = (torch.full((1, 1, n, M), float("nan"), device="cuda") for _ in range(4))
+    tri._mat_vecs([(w, y)], x, tile)
+    tri._mat_vecs([(w2, y2)], x, tile)
+    tri._mat_vecs([(w, p), (w2, p2)], x, tile)
+    assert_close(y, (x.double() @ w.double().transpose(-1, -2)).float(), rtol=1e-4 if tile.dot else 1e-5)
+    assert_same_bytes(p, y, "pair, first product")
+    assert_same_bytes(p2, y2, "pair, second product")
+    again = torch.empty_like(y)
+    for _ in range(20):
+        again.fill_(float("nan"))
+        tri._mat_vecs([(w, again)], x, tile)
+        assert_same_bytes(again, y, "eager run")
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        tri._mat_vecs([(w, again)], x, tile)
+    for _ in range(20):
+        again.fill_(float("nan"))
+        g.replay()
+        assert_same_bytes(again, y, "graph replay")
+    assert not tri._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+
+
+def test_mul_mat_vec_split_k_refusals(monkeypatch):
+    """split_k is a power of two; the workspace never grows inside CUDA-graph capture (checked before allocating, so
+    this runs without a GPU)."""
+    a = Arena()
+    w, x, y = a.put(rnd(1, 1, 8, 64)), a.put(rnd(1, 1, 1, 64)), a.view((1, 1, 1, 8))
+    with pytest.raises(KernelError, match="split_k 3"):
+        tri._mat_vecs([(w, y)], x, tri.MatVecTile(8, 1, 32, False, 4, split_k=3))
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(KernelError, match="CUDA-graph capture"):
+        tri._split_workspace(torch.device("cuda", 0), 1 << 40, 1)
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------

@@ -194,7 +194,10 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
     [BLOCK_M, BLOCK_K] weight tile with the [BLOCK_K, COLS] activations per K step on the tensor cores, accumulated
     in place, at f32-level accuracy (not f32 rounding): bf16 weights as they are, times the activations as three
     bf16 terms (:func:`_dot_bf16_terms`); other weights in 3xTF32 (each f32 operand split into a TF32 head and tail,
-    the tail x tail term dropped). For many columns, where CUDA-core arithmetic would bound the time."""
+    the tail x tail term dropped). For many columns, where CUDA-core arithmetic would bound the time.
+
+    A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
+    the slice's first element and ``K`` its length: the same code on fewer steps."""
     ks = tl.arange(0, BLOCK_K)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
     if DOT:
@@ -906,14 +909,46 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
 
 
 @triton.jit
-def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
-    cols = tl.arange(0, COLS)
-    col_mask = cols < N
-    acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3), col_mask,
-                      K, BLOCK_K, DOT)
+def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3):
     y = y_ptr + _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
     tl.store(y, acc, mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s,
+             COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr):
+    """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
+    (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
+    :class:`MatVecTile`)."""
+    cols = tl.arange(0, COLS)
+    col_mask = cols < N
+    x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
+    if SPLIT_K == 1:
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, DOT)
+        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
+    else:
+        # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
+        k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
+        k0 = s * k_len
+        acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, col_mask, tl.minimum(k_len, K - k0),
+                          BLOCK_K, DOT)
+        PART: tl.constexpr = rows.shape[0] * COLS
+        # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
+        part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
+        tl.store(part + s * PART, acc)
+        # Triton's scalar atomic is one thread's: a CTA barrier first, so the release covers every thread's stores
+        # (it broadcasts the ticket through shared memory behind a barrier, so every thread's loads follow the acquire)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            # the slices in their order, whichever program finishes last: the bytes do not depend on the schedule.
+            # .cg: read at L2, never a line this SM's L1 kept from an earlier launch
+            total = tl.load(part, cache_modifier=".cg")
+            for j in tl.static_range(1, SPLIT_K):
+                total += tl.load(part + j * PART, cache_modifier=".cg")
+            _store_y(y_ptr, total, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
+            tl.store(cnt_ptr + tile, 0)  # zero for the next launch (and the next CUDA-graph replay)
 
 
 @triton.jit
@@ -921,26 +956,42 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_s1,                  # w, w2 [K, M], contiguous rows
                         x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                         y_s0, y_s1, y_s2, y_s3,
-                        BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr):
+                        ws_ptr, cnt_ptr,       # split-K partials (f32) and tickets (i32); None when SPLIT_K == 1
+                        BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
-    if tl.program_id(1) == 0:
+    # grid axis 1: product-major, then K slice (size 1, or 2 for a pair, when SPLIT_K == 1)
+    product, s = tl.program_id(1) // SPLIT_K, tl.program_id(1) % SPLIT_K
+    tile = product * tl.num_programs(0) + tl.program_id(0)  # (product, row block): its workspace slot and ticket
+    if product == 0:
         _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K, DOT)
-    else:  # the pair's second product (grid axis 1 has size 2 only for a pair)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
+    else:  # the pair's second product
         _mat_vec(w2_ptr, y2_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K, DOT)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
 
 
 class MatVecTile(NamedTuple):
     """One mat-vec launch shape: BLOCK_M weight rows per program, COLS (the padded column count, a constexpr: one
-    compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps."""
+    compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps, and
+    ``split_k``, the K slices per row block.
+
+    split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
+    (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
+    S equal K slices (whole BLOCK_K steps, :func:`matvec_cols` over the sub-range) into an f32 workspace slot, then
+    drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the last ticket, whichever
+    it is, adds the S partials in the fixed order 0..S-1 in f32, stores y and zeroes the counter. One launch, and
+    bytes that depend on (shape, type, tile) only: run to run, and a pair's product against its single mat-vec. The
+    workspace (:func:`_split_workspace`) is shared by all launches on a device, so they must run on one stream in
+    order, as the executor's do."""
 
     block_m: int
     cols: int
     block_k: int
     dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
     warps: int
+    split_k: int = 1
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
@@ -952,7 +1003,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     take one row per program and K in few steps (the launch is one memory round trip); up to 2 columns (4 for f32
     and f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its
     arithmetic and the tensor-core form wins wherever the grid of its 32-128-row tiles still fills the GPU (every
-    program splits the activations again, so smaller tiles do not pay)."""
+    program splits the activations again, so smaller tiles do not pay). No shape splits K yet (split_k = 1
+    everywhere, see :class:`MatVecTile`): to split one, give its branch's tile ``split_k=S``."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
@@ -968,11 +1020,36 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
+# The split-K workspace of each device: (partials f32, tickets i32). The tickets are zeroed once, here; every launch
+# leaves them zero again. Shared by all launches on the device, so it assumes they run on one stream in order (the
+# executor's case). Grown (never shrunk) when a launch needs more; an outgrown pair stays alive in _RETIRED, since a
+# captured CUDA graph keeps its addresses. Growing allocates, which CUDA-graph capture forbids: the first launch of
+# a shape must come before capture (the executor warms up first).
+_SPLIT_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def _split_workspace(device: torch.device, partials: int, tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ws = _SPLIT_WORKSPACE.get(device)
+    if ws is not None and ws[0].numel() >= partials and ws[1].numel() >= tickets:
+        return ws
+    _require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
+             f"mul_mat_vec: the split-K workspace would grow (to {partials} partials) inside CUDA-graph capture; "
+             "launch the graph's mat-vecs once before capturing it")
+    _require(partials < 2 ** 31, f"mul_mat_vec: a split-K workspace of {partials} partials overflows i32 offsets")
+    if ws is not None:
+        _RETIRED.append(ws)
+        partials, tickets = max(partials, 2 * ws[0].numel()), max(tickets, 2 * ws[1].numel())
+    ws = (torch.empty(partials, dtype=torch.float32, device=device),
+          torch.zeros(tickets, dtype=torch.int32, device=device))
+    _SPLIT_WORKSPACE[device] = ws
+    return ws
+
 
 def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None:
-    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product. One kernel and one tile
-    for both, so each product of a pair is byte-identical to the single mat-vec of its weight. ``tile``: a
-    benchmark's override of :func:`mat_vec_tile`."""
+    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
+    kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
+    ``tile``: a benchmark's override of :func:`mat_vec_tile`."""
     (w, out), (w2, out2) = products[0], products[-1]
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
@@ -985,10 +1062,17 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
     _require(x.shape[3] == K and out.shape[3] == M and out.numel() == M * N,
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
+    _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
+    blocks = triton.cdiv(M, t.block_m)
+    ws = cnt = None
+    if t.split_k > 1:
+        tiles = blocks * len(products)
+        ws, cnt = _split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles)
     xs = _strides(x)
-    _mul_mat_vec_kernel[(triton.cdiv(M, t.block_m), len(products))](
+    _mul_mat_vec_kernel[(blocks, len(products) * t.split_k)](
         w, out, w2, out2, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
-        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, **{**LAUNCH, "num_warps": t.warps})
+        ws, cnt, BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
+        **{**LAUNCH, "num_warps": t.warps})
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
