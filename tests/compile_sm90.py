@@ -36,7 +36,8 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs:
 
 
 def variants():
-    yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C), tri.NUM_WARPS
+    for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
+        yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C, N_T=n_t), tri.NUM_WARPS
     for kind in tri.UNARY_KINDS:
         yield tri._unary_kernel, dict(KIND=kind, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
     yield tri._swiglu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS

@@ -39,6 +39,7 @@ from gdnpass.kernels.reference import f32, gdn_scale
 NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper must launch with the same
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
+MAX_UNROLLED_T = 16  # SSM_CONV unrolls its token loop up to a verify's width
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
@@ -238,7 +239,7 @@ def _ssm_conv_kernel(sx_ptr, c_ptr, y_ptr, C, n_t,
                      sx_s0, sx_s1, sx_s2,  # sx [dc-1+n_t, C, n_s]
                      c_s0, c_s1,           # c  [dc, C]
                      y_s0, y_s1, y_s2,     # y  [C, n_t, n_s]
-                     D_CONV: tl.constexpr, BLOCK_C: tl.constexpr):
+                     D_CONV: tl.constexpr, BLOCK_C: tl.constexpr, N_T: tl.constexpr):
     seq = tl.program_id(0)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = ch < C
@@ -247,15 +248,27 @@ def _ssm_conv_kernel(sx_ptr, c_ptr, y_ptr, C, n_t,
     w = ()
     for j in tl.static_range(D_CONV):
         w = w + (tl.load(c_ptr + ch * c_s1 + j * c_s0, mask=mask, other=0.0),)
-    for t in range(n_t):
-        win = ()
-        for j in tl.static_range(D_CONV):
-            win = win + (tl.load(s_ptrs + (t + j) * sx_s0, mask=mask, other=0.0),)
-        tl.store(y_ptrs + t * y_s1, conv_dot(win, w), mask=mask)
+    if N_T > 0:  # a verify's few tokens, unrolled: every window column loaded once, all loads in one round trip
+        cols = ()
+        for i in tl.static_range(D_CONV - 1 + N_T):
+            cols = cols + (tl.load(s_ptrs + i * sx_s0, mask=mask, other=0.0),)
+        for t in tl.static_range(N_T):
+            win = ()
+            for j in tl.static_range(D_CONV):
+                win = win + (cols[t + j],)
+            tl.store(y_ptrs + t * y_s1, conv_dot(win, w), mask=mask)
+    else:  # a prompt's many tokens
+        for t in range(n_t):
+            win = ()
+            for j in tl.static_range(D_CONV):
+                win = win + (tl.load(s_ptrs + (t + j) * sx_s0, mask=mask, other=0.0),)
+            tl.store(y_ptrs + t * y_s1, conv_dot(win, w), mask=mask)
 
 
 def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int = CONV_BLOCK_C) -> None:
-    """SSM_CONV into ``out`` (ne [C, n_t, n_s]); sx ne [dc-1+n_t, C, n_s], c ne [dc, C], all f32."""
+    """SSM_CONV into ``out`` (ne [C, n_t, n_s]); sx ne [dc-1+n_t, C, n_s], c ne [dc, C], all f32. Up to
+    MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t); the same taps in the same order
+    either way (conv_dot), so the bytes do not depend on it."""
     n_s, n_t, C = out.shape[1], out.shape[2], out.shape[3]
     d_conv = c.shape[-1]
     if out.numel() == 0:
@@ -263,10 +276,7 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int 
     sx_s, c_s, y_s = _strides(sx), _strides(c), _strides(out)
     _ssm_conv_kernel[(n_s, triton.cdiv(C, block_c))](
         sx, c, out, C, n_t, sx_s[0], sx_s[1], sx_s[2], c_s[0], c_s[1], y_s[0], y_s[1], y_s[2],
-        D_CONV=d_conv, BLOCK_C=block_c, **LAUNCH)
-
-
-# ---- elementwise and data-movement launch helpers ------------------------------------------------------------------
+        D_CONV=d_conv, BLOCK_C=block_c, N_T=n_t if n_t <= MAX_UNROLLED_T else 0, **LAUNCH)
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
