@@ -131,6 +131,39 @@ def _tri_mul_mat(node, views, out):
         TORCH_BACKEND[Op.MUL_MAT](node, views, out)
 
 
+def _tri_attn():
+    from gdnpass.kernels import triton_attention  # lazy, as _tri
+
+    return triton_attention
+
+
+def _tri_soft_max(node, views, out):
+    """SOFT_MAX on its Triton kernel (views: x, mask or None, sinks). The torch reference runs the node instead where
+    the kernel refuses its operands (triton_attention.soft_max_refusal): a non-float type, a mask narrower than the
+    row or with fewer rows (the reference stretches a 1-wide or 1-tall one), an output overlapping an input other
+    than in place; none of which the graph rules let through."""
+    x, mask, sinks = (*views, None, None)[:3]
+    p = node.op_params
+    if _tri_attn().soft_max_refusal(x, mask, sinks, out) is not None:
+        TORCH_BACKEND[Op.SOFT_MAX](node, views, out)
+    else:
+        _tri_attn().soft_max(x, mask, sinks, float(p["scale"]), float(p["max_bias"]), out)
+
+
+def _tri_flash_attn_ext(node, views, out):
+    """FLASH_ATTN_EXT on its Triton kernel (views: q, k, v, mask or None, sinks). The torch reference runs the node
+    instead where the kernel refuses its operands (triton_attention.flash_attn_ext_refusal): quantized K/V (the
+    reference has no such type either), a head wider than FA_MAX_D (512: the tiles would not fit), no KV positions,
+    K/V that do not broadcast over q (the reference raises), a mask not n_kv wide or with fewer rows than queries
+    (the reference stretches a 1-wide or 1-tall one; the graph rule does not check them), an output overlapping an
+    input (the planner never makes one: FLASH_ATTN_EXT is not in place)."""
+    q, k, v, mask, sinks = (*views, None, None)[:5]
+    if _tri_attn().flash_attn_ext_refusal(q, k, v, mask, sinks, out) is not None:
+        TORCH_BACKEND[Op.FLASH_ATTN_EXT](node, views, out)
+    else:
+        _tri_attn().flash_attn_ext(q, k, v, mask, sinks, *_fa_params(node), out)
+
+
 def _tri_set_rows(node, views, out):
     rows, ids, dst = views
     if out.data_ptr() != dst.data_ptr() or out.shape != dst.shape or out.stride() != dst.stride():
@@ -140,8 +173,7 @@ def _tri_set_rows(node, views, out):
 
 TRITON_BACKEND: dict[Op, Adapter] = {
     **TORCH_BACKEND,
-    # one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul; SOFT_MAX
-    # and FLASH_ATTN_EXT their torch references)
+    # one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul)
     Op.GET_ROWS: lambda node, views, out: _tri().get_rows(views[0], views[1], out),
     Op.CONCAT: lambda node, views, out: _tri().concat(views[0], views[1], int(node.op_params["dim"]), out),
     Op.CPY: lambda node, views, out: _tri().cpy(views[0], out),  # views[1] is the destination, out its view
@@ -160,6 +192,8 @@ TRITON_BACKEND: dict[Op, Adapter] = {
     Op.SET_ROWS: _tri_set_rows,
     Op.ROPE: lambda node, views, out: _tri().rope(views[0], views[1], views[2] if len(views) > 2 else None, out,
                                                   **_rope_params(node)),
+    Op.SOFT_MAX: _tri_soft_max,
+    Op.FLASH_ATTN_EXT: _tri_flash_attn_ext,
     **{op: r.triton for op, r in RECORDS.items()},
 }
 

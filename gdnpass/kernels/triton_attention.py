@@ -1,0 +1,347 @@
+"""Triton kernels of the attention ops, one launch per graph node (as ggml-cuda): FLASH_ATTN_EXT and SOFT_MAX.
+
+Their specs and torch references are :func:`gdnpass.kernels.reference.flash_attn_ext` (the f32 semantics,
+``cpu=False``) and :func:`gdnpass.kernels.reference.soft_max`; tests/test_triton_attention.py compares each kernel
+with its reference. Conventions as :mod:`gdnpass.kernels.triton_ops` (whose helpers and launch options these kernels
+share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed in ggml order, no FMA contraction
+(``LAUNCH``), offsets in int64 (a KV cache view spans more than 2^31 elements at long contexts).
+
+- FLASH_ATTN_EXT: one program per (block of FA_BLOCK_M query rows, query head, ne3), looping over the KV in blocks
+  of BLOCK_N (:func:`fa_tile`) with an online softmax (a new row maximum rescales the running sum and accumulator).
+  Q·Kᵀ and P·V are ``tl.dot`` of f32 operands in 3xTF32 (:data:`FA_DOT`), K/V widened from f16/bf16 exactly.
+  Against the reference the products are ~2^-21 rather than f32-rounded, the sums run in another order and the online
+  rescaling rounds a few times more: within 1e-5 (max |Δ| / max |ref|), not bit for bit. No atomics, no split-KV:
+  the same inputs give the same bytes.
+- SOFT_MAX: one program per SM_TILE elements' worth of rows, three passes over each row (maximum, Σ, write: a long
+  row never has to fit in registers), the reference's arithmetic operation for operation: its Σ in f64, its
+  multiply by the rounded reciprocal, CUDA's expf compiled (torch's). Only the order of the f64 sum differs, far
+  below the f32 rounding of 1/Σ.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from gdnpass.kernels import reference as ref
+from gdnpass.kernels.reference import f32
+from gdnpass.kernels.triton_ops import INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32
+
+FA_BLOCK_M = 16     # query rows per program: the smallest tl.dot tile, and a whole verify (n_q <= 16) in one block
+FA_MAX_D = 512      # head sizes up to this have a kernel (next power of two): wider tiles overflow shared memory
+# (at 512 the kernel is slower than the torch reference on an H200, 137 against 85 us at n_kv = 256: one launch, 16
+# programs, each with 32-position steps; qwen3.5's 256 is 23 against 60-76 us)
+# Q·Kᵀ and P·V on the tensor cores in 3xTF32 (each f32 operand a TF32 head + tail, the tail x tail term dropped):
+# f32-level products, ~2^-21 relative. "ieee" (CUDA-core FMAs) measured 15x slower on an H200 at the verify shape
+# (340 us against 23 us) for no better agreement with the reference (both ~1.5e-6 from an f64 truth)
+FA_DOT = tl.constexpr("tf32x3")
+SM_TILE = 1024      # SOFT_MAX elements per program and pass: [SM_TILE // BLOCK_C, BLOCK_C] rows x columns
+FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+if INTERPRETED:  # the interpreter has no libdevice: tanh from exp (its absolute error is exp's, ~1e-7)
+    @triton.jit
+    def tanh_f32(x):
+        e = tl.exp(-2.0 * tl.abs(x))
+        t = tl.math.div_rn(1.0 - e, 1.0 + e)
+        return tl.where(x < 0, -t, t)
+else:
+    @triton.jit
+    def tanh_f32(x):  # CUDA's tanhf, which torch's tanh calls
+        return libdevice.tanh(x)
+
+
+# ---- ALiBi slopes ---------------------------------------------------------------------------------------------------
+
+
+_slope_tables: dict[tuple, torch.Tensor] = {}
+
+
+def _slopes(n_head: int, max_bias: float, device: torch.device) -> torch.Tensor:
+    """reference.alibi_slopes on the device, built once per (head count, max_bias): a later run (or its CUDA-graph
+    capture, which the executor warms up first) does no host->device copy."""
+    key = (device, n_head, f32(max_bias))
+    t = _slope_tables.get(key)
+    if t is None:
+        t = _slope_tables[key] = ref.alibi_slopes(n_head, max_bias, device).contiguous()
+    return t
+
+
+def _overlaps(out: torch.Tensor, *srcs: torch.Tensor | None) -> bool:
+    lo, hi = _extent(out)
+    return any(s is not None and s.numel() and _extent(s)[0] < hi and lo < _extent(s)[1] for s in srcs)
+
+
+def _mask_fits(mask: torch.Tensor | None, n_cols: int, n_rows: int) -> bool:
+    """The mask has a value per column and row, as ggml lays it out (n_cols wide, at least n_rows tall: padding rows
+    are not read); its planes broadcast by modulo. (The reference would also stretch a 1-wide or 1-tall mask,
+    torch's broadcasting; no graph rule lets one through, so the kernels leave it to the reference.)"""
+    return mask is None or mask.numel() > 0 and mask.shape[3] == n_cols and mask.shape[2] >= n_rows
+
+
+# ---- FLASH_ATTN_EXT -------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_ptr,
+                       n_q, n_kv, DK, DV, r_k, r_v, r3_k, r3_v, m_ne2, m_ne3, scale, softcap,
+                       q_s0, q_s1, q_s2, q_s3,   # q    [DK, n_q, H, ne3]
+                       k_s0, k_s1, k_s2, k_s3,   # k    [DK, n_kv, H_kv, ne3k]: query head h reads h // r_k
+                       v_s0, v_s1, v_s2, v_s3,   # v    [DV, n_kv, H_kv, ne3v]
+                       m_s0, m_s1, m_s2, m_s3,   # mask [n_kv, >= n_q, ne32, ne33], planes broadcast by modulo
+                       sinks_s0,                 # sinks [H]
+                       o_s0, o_s1, o_s2, o_s3,   # out  [DV, H, n_q, ne3]
+                       HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
+                       SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    h, i3 = tl.program_id(1), tl.program_id(2)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < n_q
+    r64 = rows.to(tl.int64)
+    h64, i364 = h.to(tl.int64), i3.to(tl.int64)
+    dk, dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
+    dkm, dvm = dk < DK, dv < DV
+    q = tl.load(q_ptr + i364 * q_s3 + h64 * q_s2 + r64[:, None] * q_s1 + dk[None, :] * q_s0,
+                mask=rmask[:, None] & dkm[None, :], other=0.0).to(tl.float32)
+    k_head = k_ptr + (i364 // r3_k) * k_s3 + (h64 // r_k) * k_s2 + dk[:, None] * k_s0  # [BLOCK_DK, 1]
+    v_head = v_ptr + (i364 // r3_v) * v_s3 + (h64 // r_v) * v_s2 + dv[None, :] * v_s0  # [1, BLOCK_DV]
+    if HAS_MASK:
+        m_rows = mask_ptr + (i364 % m_ne3) * m_s3 + (h64 % m_ne2) * m_s2 + r64[:, None] * m_s1
+    if ALIBI:
+        slope = tl.load(slopes_ptr + h)
+    # the sink joins the softmax as one more score with no value: start from it (exp(sink - sink) = 1 in the sum)
+    if HAS_SINKS:
+        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h * sinks_s0)
+        l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
+    else:
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    for j0 in range(0, n_kv, BLOCK_N):
+        cols = j0 + tl.arange(0, BLOCK_N)
+        cmask = cols < n_kv
+        c64 = cols.to(tl.int64)
+        kt = tl.load(k_head + c64[None, :] * k_s1, mask=dkm[:, None] & cmask[None, :], other=0.0).to(tl.float32)
+        s = tl.dot(q, kt, input_precision=FA_DOT) * scale
+        if SOFTCAP:
+            s = tanh_f32(s) * softcap
+        if HAS_MASK:
+            mk = tl.load(m_rows + c64[None, :] * m_s0, mask=rmask[:, None] & cmask[None, :], other=0.0)
+            mk = mk.to(tl.float32)
+            if ALIBI:
+                mk = slope * mk
+            s = s + mk
+        s = tl.where(cmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # a row with no finite score yet subtracts 0, not -inf: its exp(-inf) terms are 0, never NaN
+        m_off = tl.where(m_new > float("-inf"), m_new, 0.0)
+        alpha = exp_f32(m_i - m_off)
+        p = exp_f32(s - m_off[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_head + c64[:, None] * v_s1, mask=cmask[:, None] & dvm[None, :], other=0.0).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=FA_DOT)
+        m_i = m_new
+    # Σ = 0 (every score -inf, no sink): 0, as the CPU's S == 0 case
+    o = tl.where(l_i[:, None] == 0.0, 0.0, tl.math.div_rn(acc, tl.where(l_i == 0.0, 1.0, l_i)[:, None]))
+    tl.store(o_ptr + i364 * o_s3 + r64[:, None] * o_s2 + h64 * o_s1 + dv[None, :] * o_s0,
+             o.to(o_ptr.dtype.element_ty), mask=rmask[:, None] & dvm[None, :])
+
+
+def flash_attn_ext_refusal(q, k, v, mask, sinks, out) -> str | None:
+    """Why :func:`flash_attn_ext` has no kernel for these operands (None: it has). Each refusal is a case the torch
+    reference handles (or rejects) itself; the adapter runs the reference for it."""
+    n3, H, n_q, DK = q.shape
+    if any(t.dtype not in FLOAT_TYPES for t in (q, k, v)) or mask is not None and mask.dtype not in FLOAT_TYPES:
+        return "q, k, v and the mask must be f32, f16 or bf16 (no quantized K/V)"
+    if (k.shape[3] != DK or k.shape[2] != v.shape[2] or H % k.shape[1] or H % v.shape[1] or n3 % k.shape[0]
+            or n3 % v.shape[0]):
+        return f"k {tuple(k.shape)} / v {tuple(v.shape)} do not broadcast over q {tuple(q.shape)}"
+    if k.shape[2] == 0:
+        return "no KV positions (the reference's maximum over none raises)"
+    if max(DK, v.shape[3]) > FA_MAX_D:
+        return f"head size {max(DK, v.shape[3])} > {FA_MAX_D} (the tiles would not fit)"
+    if not _mask_fits(mask, k.shape[2], n_q):
+        return f"mask {tuple(mask.shape)} does not hold {n_q} rows of {k.shape[2]} positions"
+    if sinks is not None and (sinks.numel() != H or sinks.shape[-1] != H or sinks.dtype != torch.float32):
+        return f"sinks must be {H} f32 values along ne0"
+    if tuple(out.shape) != (n3, n_q, H, v.shape[3]):
+        return f"output shape {tuple(out.shape)} != {(n3, n_q, H, v.shape[3])}"
+    if out.numel() and _overlaps(out, q, k, v, mask, sinks):
+        return "the output overlaps an input (a program could read what another wrote)"
+    return None
+
+
+def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+                   sinks: torch.Tensor | None, scale: float, max_bias: float, logit_softcap: float,
+                   out: torch.Tensor) -> None:
+    """FLASH_ATTN_EXT into ``out`` (torch shape (ne3, n_q, H, DV), any strides), one launch: reference.flash_attn_ext
+    with ``cpu=False`` (its semantics: GQA and ne3 broadcast, the mask broadcast by modulo, ALiBi slopes, logit
+    softcapping, sinks, a row without a finite score nor a sink gives 0), within 1e-5 of it (max |Δ| / max |ref|:
+    3xTF32 products, summation order, the online rescaling). q, k, v and the mask f32, f16 or bf16, any strides."""
+    why = flash_attn_ext_refusal(q, k, v, mask, sinks, out)
+    _require(why is None, f"FLASH_ATTN_EXT: {why}")
+    n3, H, n_q, DK = q.shape
+    n_kv, DV = k.shape[2], v.shape[3]
+    if out.numel() == 0:
+        return
+    sc = f32(scale)
+    if logit_softcap != 0.0:  # the reference's rounding: scale / softcap in f32, softcap applied after tanh
+        sc = f32(ref._f(scale) / ref._f(logit_softcap))
+    alibi = mask is not None and max_bias > 0.0
+    m = mask if mask is not None else q
+    block_n, warps, stages = fa_tile(DK, DV, max(k.element_size(), v.element_size()))
+    _flash_attn_kernel[(triton.cdiv(n_q, FA_BLOCK_M), H, n3)](
+        q, k, v, m, sinks if sinks is not None else q, _slopes(H, max_bias, q.device) if alibi else q, out,
+        n_q, n_kv, DK, DV, H // k.shape[1], H // v.shape[1], n3 // k.shape[0], n3 // v.shape[0],
+        m.shape[1], m.shape[0], sc, f32(logit_softcap),
+        *_strides(q), *_strides(k), *_strides(v), *_strides(m), sinks.stride(-1) if sinks is not None else 0,
+        *_strides(out),
+        HAS_MASK=mask is not None, HAS_SINKS=sinks is not None, ALIBI=alibi, SOFTCAP=logit_softcap != 0.0,
+        BLOCK_M=FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=fa_block_d(DK), BLOCK_DV=fa_block_d(DV),
+        **{**LAUNCH, "num_warps": warps, "num_stages": stages})
+
+
+def fa_block_d(d: int) -> int:
+    """The tile width of a head of ``d`` elements (a power of two, >= 16 for tl.dot)."""
+    return max(16, triton.next_power_of_2(d))
+
+
+def fa_tile(DK: int, DV: int, kv_bytes: int = 2) -> tuple[int, int, int]:
+    """(BLOCK_N, num_warps, num_stages) for heads of DK / DV elements and K/V elements of ``kv_bytes``: KV steps of
+    128 positions for heads up to 128, 64 up to 256, 32 beyond, 8 warps (the H200 sweep's best at n_kv = 256 and 16
+    heads, f16 K/V: 12.0 us at 128 (steps of 64: 14.7 us), 22.5 us at 256 (steps of 32: 33 us; 4 warps: 56 us)).
+    Triton's 3 pipeline stages, except for f32 K or V, whose 3 buffered f32 tiles would pass the 227 KiB of shared
+    memory a program may have from heads of 96 on (sm_90 compile: 288 KiB at 128 wide, 80 KiB with 1 stage)."""
+    d = max(DK, DV)
+    return (128 if d <= 128 else 64 if d <= 256 else 32), 8, (1 if kv_bytes > 2 else 3)
+
+
+# ---- SOFT_MAX -------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _soft_max_w(x_ptr, x_row, m_row, slope, cols, ok, x_s0, m_s0, scale, HAS_MASK: tl.constexpr,
+                ALIBI: tl.constexpr):
+    """w = x·scale + slope·mask of a [BLOCK_R, BLOCK_C] tile, -inf outside the rows."""
+    c64 = cols.to(tl.int64)[None, :]
+    w = tl.load(x_ptr + x_row[:, None] + c64 * x_s0, mask=ok, other=0.0).to(tl.float32) * scale
+    if HAS_MASK:
+        mk = tl.load(m_row[:, None] + c64 * m_s0, mask=ok, other=0.0).to(tl.float32)
+        if ALIBI:
+            mk = slope[:, None] * mk
+        w = w + mk
+    return tl.where(ok, w, float("-inf"))
+
+
+@triton.jit
+def _soft_max_kernel(x_ptr, mask_ptr, sinks_ptr, slopes_ptr, y_ptr, n_rows, ne0, ne1, ne2, m_ne2, m_ne3, scale,
+                     x_s0, x_s1, x_s2, x_s3,    # x    [ne0, ne1, ne2, ne3]
+                     m_s0, m_s1, m_s2, m_s3,    # mask [ne0, >= ne1, ne12, ne13], planes broadcast by modulo
+                     sinks_s0,                  # sinks [ne2]
+                     y_s0, y_s1, y_s2, y_s3,
+                     HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
+                     BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    rmask = r < n_rows
+    r64 = r.to(tl.int64)
+    i1, i2, i3 = r64 % ne1, r64 // ne1 % ne2, r64 // (ne1 * ne2)
+    x_row = i1 * x_s1 + i2 * x_s2 + i3 * x_s3
+    y_row = i1 * y_s1 + i2 * y_s2 + i3 * y_s3
+    m_row = mask_ptr + (i3 % m_ne3) * m_s3 + (i2 % m_ne2) * m_s2 + i1 * m_s1
+    slope = tl.load(slopes_ptr + i2, mask=rmask, other=1.0) if ALIBI else 1.0
+    c = tl.arange(0, BLOCK_C)
+    mx = tl.full([BLOCK_R], float("-inf"), tl.float32)
+    for c0 in range(0, ne0, BLOCK_C):
+        ok = rmask[:, None] & (c0 + c < ne0)[None, :]
+        w = _soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
+        mx = tl.maximum(mx, tl.max(w, 1))
+    if HAS_SINKS:
+        sk = tl.load(sinks_ptr + i2 * sinks_s0, mask=rmask, other=0.0)
+        mx = tl.maximum(mx, sk)
+    total = tl.zeros([BLOCK_R], tl.float64)
+    for c0 in range(0, ne0, BLOCK_C):
+        ok = rmask[:, None] & (c0 + c < ne0)[None, :]
+        w = _soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
+        # (an all -inf row is NaN, as the reference's; lanes past the row add nothing)
+        total += tl.sum(tl.where(ok, exp_f32(w - mx[:, None]), 0.0).to(tl.float64), 1)
+    if HAS_SINKS:
+        total += exp_f32(sk - mx).to(tl.float64)
+    inv = (1.0 / total).to(tl.float32)  # f64 division (IEEE), rounded once to f32: the reference's reciprocal
+    for c0 in range(0, ne0, BLOCK_C):  # recomputed, not kept: the same bits, and a row of any length fits
+        ok = rmask[:, None] & (c0 + c < ne0)[None, :]
+        w = _soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
+        y = exp_f32(w - mx[:, None]) * inv[:, None]
+        tl.store(y_ptr + y_row[:, None] + (c0 + c).to(tl.int64)[None, :] * y_s0, y.to(y_ptr.dtype.element_ty),
+                 mask=ok)
+
+
+def soft_max_tile(ne0: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) of SOFT_MAX for rows of ne0 elements: a row in one tile up to SM_TILE, longer ones in
+    SM_TILE steps."""
+    block_c = min(SM_TILE, triton.next_power_of_2(max(1, ne0)))
+    return SM_TILE // block_c, block_c
+
+
+def soft_max_refusal(x, mask, sinks, out) -> str | None:
+    """Why :func:`soft_max` has no kernel for these operands (None: it has); the adapter runs the reference then."""
+    if any(t is not None and t.dtype not in FLOAT_TYPES for t in (x, mask, out)):
+        return "x, the mask and the output must be f32, f16 or bf16"
+    if tuple(out.shape) != tuple(x.shape):
+        return f"output shape {tuple(out.shape)} != {tuple(x.shape)}"
+    n3, n2, n1, ne0 = x.shape
+    if not _mask_fits(mask, ne0, n1):
+        return f"mask {tuple(mask.shape)} does not hold {n1} rows of {ne0}"
+    if sinks is not None and (sinks.numel() != n2 or sinks.shape[-1] != n2 or sinks.dtype != torch.float32):
+        return f"sinks must be {n2} f32 values along ne0"
+    if out.numel() == 0:
+        return None
+    same = out.data_ptr() == x.data_ptr() and out.stride() == x.stride() and out.dtype == x.dtype
+    if not same and _overlaps(out, x) or _overlaps(out, mask, sinks):
+        return "the output overlaps an input other than element for element"
+    return None
+
+
+def soft_max(x: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor | None, scale: float, max_bias: float,
+             out: torch.Tensor) -> None:
+    """SOFT_MAX into ``out`` (x's shape, any strides; ``out`` may be ``x`` itself: ggml's in-place soft_max, each
+    element read before it is written), one launch: reference.soft_max operation for operation (Σ in f64, the
+    reciprocal rounded to f32, then multiplied). Compiled, its exp is torch's CUDA expf and only the f64 summation
+    order differs, which changes a byte only where the two sums' last-bit difference straddles an f32 rounding
+    point of 1/Σ (bit for bit in every test on an H200). Interpreted, exp is numpy's (an ulp from torch's CPU exp):
+    within 1e-6. A row of all -inf (and no sink) is NaN, as there."""
+    why = soft_max_refusal(x, mask, sinks, out)
+    _require(why is None, f"SOFT_MAX: {why}")
+    n3, n2, n1, ne0 = x.shape
+    n_rows = n1 * n2 * n3
+    if out.numel() == 0:
+        return
+    block_r, block_c = soft_max_tile(ne0)
+    alibi = mask is not None and max_bias > 0.0
+    m = mask if mask is not None else x
+    _soft_max_kernel[(triton.cdiv(n_rows, block_r),)](
+        x, m, sinks if sinks is not None else x, _slopes(n2, max_bias, x.device) if alibi else x, out,
+        n_rows, ne0, n1, n2, m.shape[1], m.shape[0], f32(scale), *_strides(x), *_strides(m),
+        sinks.stride(-1) if sinks is not None else 0, *_strides(out),
+        HAS_MASK=mask is not None, HAS_SINKS=sinks is not None, ALIBI=alibi, BLOCK_R=block_r, BLOCK_C=block_c,
+        **LAUNCH)
+
+
+# ---- launch sizes (for cost estimates) -------------------------------------------------------------------------------
+
+
+def programs(node) -> list[tuple[str, int, int]]:
+    """:func:`gdnpass.kernels.triton_ops.programs` for the two attention ops: ``[(kernel, programs, steps)]`` of one
+    execution of graph node ``node`` under TRITON_BACKEND (steps: KV blocks per program for flash attention, column
+    blocks per pass for soft_max). Pure: reads shapes only."""
+    from gdnpass.ir import Op
+
+    if node.op is Op.FLASH_ATTN_EXT:
+        q, k, v = node.src[:3]  # q ne [DK, n_q, H, ne3], k ne [DK, n_kv, H_kv, ne3]
+        block_n, _, _ = fa_tile(q.ne[0], v.ne[0], max(k.type.size, v.type.size))
+        return [("flash_attn", triton.cdiv(q.ne[1], FA_BLOCK_M) * q.ne[2] * q.ne[3], triton.cdiv(k.ne[1], block_n))]
+    if node.op is Op.SOFT_MAX:
+        ne = node.src[0].ne
+        block_r, block_c = soft_max_tile(ne[0])
+        return [("soft_max", triton.cdiv(ne[1] * ne[2] * ne[3], block_r), triton.cdiv(ne[0], block_c))]
+    return []
