@@ -17,6 +17,7 @@ import sys
 import time
 from typing import Sequence
 
+from gdnpass.argtypes import alignment
 from gdnpass.errors import GdnpassError
 
 DESCRIPTION = ("A graph-rewrite fusion pass for the Gated-Delta-Net layers of Qwen3.5 / Qwen3-Next in a speculative "
@@ -29,16 +30,6 @@ DEFAULT_LAYERS = 4
 # ---------------------------------------------------------------------------------------------------------------------
 # flags
 # ---------------------------------------------------------------------------------------------------------------------
-
-
-def _alignment(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--alignment must be an integer, got {text!r}") from None
-    if v < 1 or v & (v - 1):
-        raise argparse.ArgumentTypeError(f"--alignment must be a power of two >= 1 (bytes), got {v}")
-    return v
 
 
 def _add_graph_args(p: argparse.ArgumentParser) -> None:
@@ -80,7 +71,7 @@ def _add_pass_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--between", default="narrow", choices=["narrow", "broad"],
                    help="nodes-in-between check of the conv chain: the seed's narrow rules or the older broad one "
                         "(default: narrow)")
-    g.add_argument("--alignment", type=_alignment, default=128,
+    g.add_argument("--alignment", type=alignment, default=128,
                    help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda)")
     p.add_argument("--save", metavar="FILE", help="also write the graph (planned; fused when fusion is on) to FILE, "
                    "for --graph")
@@ -202,7 +193,7 @@ SMALL_GRAPH = ("--model", "tiny-dc4-h64", "--layers", "1")
 def interpreter_seconds(nodes) -> float:
     """Estimated seconds of one execution of ``nodes`` on Triton's interpreter, from the programs each launch runs
     (:func:`gdnpass.kernels.triton_ops.programs`). Needs TRITON_INTERPRET set (it imports the kernels)."""
-    from gdnpass.kernels.triton_ops import programs
+    from gdnpass.kernels.backends import programs
 
     total = 0.0
     for n in nodes:

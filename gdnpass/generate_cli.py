@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from gdnpass.cli import _alignment  # (gdnpass run's validator: the same one-line error for a bad value)
+from gdnpass.argtypes import alignment  # (gdnpass run's validator: the same one-line error for a bad value)
 from gdnpass.errors import GdnpassError
 
 DESCRIPTION = (
@@ -68,7 +68,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
                    help="run the fusion pass (--no-fuse: don't; default: GDN_FUSION decides)")
     p.add_argument("--between", default="narrow", choices=["narrow", "broad"])
-    p.add_argument("--alignment", type=_alignment, default=128,
+    p.add_argument("--alignment", type=alignment, default=128,
                    help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda)")
     p.add_argument("--check", action="store_true",
                    help="run with fusion off, then on; exit 1 unless tokens, accepted counts and every step's logits "

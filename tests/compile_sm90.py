@@ -15,10 +15,12 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, ".")
 
+from gdnpass.kernels import triton_attention as att  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
 INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
-FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale"}
+FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale",
+          "softcap"}
 
 
 def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs: dict | None = None):
@@ -78,6 +80,16 @@ def variants():
     for mode, ids, y in (("f16", "*i64", "*i16"), ("bits", "*i32", "*i32")):
         yield (tri._set_rows_kernel, dict(MODE=mode, BLOCK=256), tri.NUM_WARPS,
                dict(r_ptr="*fp32" if mode == "f16" else "*i32", ids_ptr=ids, y_ptr=y))
+    # attention: qwen3.5's heads (256, f16 KV cache) and narrower ones with every option; SOFT_MAX's tiles
+    for D, kv, on in ((256, "*fp16", False), (128, "*bf16", True), (64, "*fp32", True), (512, "*fp16", False)):
+        block_n, warps, _ = att.fa_tile(D, D, 4 if kv == "*fp32" else 2)
+        yield (att._flash_attn_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, SOFTCAP=on, BLOCK_M=att.FA_BLOCK_M,
+                                            BLOCK_N=block_n, BLOCK_DK=att.fa_block_d(D), BLOCK_DV=att.fa_block_d(D)),
+               warps, dict(k_ptr=kv, v_ptr=kv, mask_ptr="*fp16"))
+    for ne0, mask, on in ((256, "*fp16", False), (4096, "*fp32", True), (48, "*fp16", True)):
+        block_r, block_c = att.soft_max_tile(ne0)
+        yield (att._soft_max_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, BLOCK_R=block_r, BLOCK_C=block_c),
+               tri.NUM_WARPS, dict(mask_ptr=mask))
     # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
     for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
                                         (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):

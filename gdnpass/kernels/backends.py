@@ -197,4 +197,14 @@ TRITON_BACKEND: dict[Op, Adapter] = {
     **{op: r.triton for op, r in RECORDS.items()},
 }
 
-__all__ = ["Adapter", "GGML_CPU_BACKEND", "TORCH_BACKEND", "TRITON_BACKEND"]
+def programs(node) -> list[tuple[str, int, int]]:
+    """The Triton programs one execution of ``node`` launches under :data:`TRITON_BACKEND`: ``[(kernel, programs,
+    steps)]`` from :mod:`.triton_ops` or, for FLASH_ATTN_EXT and SOFT_MAX, :mod:`.triton_attention` (the
+    interpreter's cost estimate reads them)."""
+    from gdnpass.kernels import triton_attention, triton_ops
+
+    return triton_attention.programs(node) if node.op in (Op.FLASH_ATTN_EXT, Op.SOFT_MAX) else \
+        triton_ops.programs(node)
+
+
+__all__ = ["Adapter", "GGML_CPU_BACKEND", "TORCH_BACKEND", "TRITON_BACKEND", "programs"]

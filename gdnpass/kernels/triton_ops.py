@@ -1,7 +1,7 @@
 """Triton kernels for the ops the executor runs, one launch per graph node (as ggml-cuda), each writing straight into a
 (possibly strided) output view: the arithmetic ops, and the data movement (GET_ROWS, CONCAT, CPY/CONT) and
 elementwise ops (ADD, MUL, UNARY, GLU, SCALE), ROPE and SET_ROWS. MUL_MATs of more than 16 columns stay on torch (its
-matmul), as do the attention ops SOFT_MAX and FLASH_ATTN_EXT (their references).
+matmul); SOFT_MAX and FLASH_ATTN_EXT are :mod:`gdnpass.kernels.triton_attention`'s.
 
 Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided
 windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
@@ -1012,18 +1012,26 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     Chosen by ``benchmarks/tune_matvec.py`` on the H200 (docs/performance.md): thin outputs (alpha/beta: 32 rows)
     take one row per program and K in few steps (the launch is one memory round trip); up to 2 columns (4 for f32
     and f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its
-    arithmetic and the tensor-core form wins wherever the grid of its 32-128-row tiles still fills the GPU (every
-    program splits the activations again, so smaller tiles do not pay). No shape splits K yet (split_k = 1
-    everywhere, see :class:`MatVecTile`): to split one, give its branch's tile ``split_k=S``."""
+    arithmetic and the tensor-core form wins. Its 64-128-row tiles leave most of the 132 SMs idle on 1024-8192 rows,
+    so those shapes split K (2 slices; 8 for 1024 rows), as timed on the H200 against the unsplit tiles (2026-12-01
+    evening, docs/performance.md): bf16 8192 x 4096 at 3-16 columns 43.8 -> 28.2 us, 4096 x 4096 at 8-16 columns
+    34.2 -> 20.7 us, 4096 x 12288 at 3-16 columns 61.7-100.7 -> 57.2-57.5 us, 1024 x 4096 at 8-16 columns
+    9.9-17.6 -> 7.5-7.7 us; f32 at 16 columns (8 for 8192 rows) likewise. Shapes with more rows (12288: the FFN
+    gate/up; the lm head) fill the GPU unsplit."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
-    if wtype == "bf16" and (cols >= 4 and M >= 8192 or cols >= 8 and M >= 4096):
-        return MatVecTile(128 if M >= 8192 else 64, 16, 128, True, 4)
-    if cols >= 8 and M >= 8192:
-        return MatVecTile(64, 16, 64, True, 4)
-    if cols == 16 and M >= 4096:
-        return MatVecTile(32, 16, 128, True, 4)
+    if wtype == "bf16":
+        if cols >= 4 and M >= 8192:
+            return MatVecTile(128, 16, 128, True, 4, 2 if M <= 8192 else 1)
+        if M >= 4096 and (cols >= 8 or cols >= 4 and K > 4096):
+            return MatVecTile(64, 16, 128, True, 4, 2)
+        if cols >= 8 and M >= 1024:
+            return MatVecTile(64, 16, 128, True, 4, 8)
+    elif cols >= 8 and M >= 8192:
+        return MatVecTile(64, 16, 64, True, 4, 2 if M <= 8192 else 1)
+    elif cols == 16 and M >= 1024:
+        return MatVecTile(64, 16, 128, True, 4, 2 if M >= 4096 else 8)
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
     return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
 
@@ -1256,8 +1264,8 @@ def programs(node) -> list[tuple[str, int, int]]:
     """The Triton programs one execution of graph node ``node`` (a :class:`gdnpass.ir.Tensor`) launches under
     :data:`gdnpass.kernels.backends.TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs,
     steps)]``, ``steps`` being each program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for
-    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns; the ops without a Triton
-    kernel) or launch nothing. Pure: reads shapes only."""
+    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns), for the attention ops
+    (:func:`gdnpass.kernels.backends.programs` adds triton_attention's) or nodes that launch nothing. Pure: reads shapes only."""
     from gdnpass.ir import Op, Unary, runs_kernel
     from gdnpass.kernels.limits import runs_as_mat_vec
 
@@ -1289,8 +1297,8 @@ def programs(node) -> list[tuple[str, int, int]]:
         if w.ne[2] * w.ne[3] != 1 or not runs_as_mat_vec(M, N):
             return []  # torch's matmul
         t = mat_vec_tile(M, N, K, w.type.value[0])
-        return [("mat_vec", triton.cdiv(M, t.block_m) * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
-                 triton.cdiv(K, t.block_k))]
+        return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
+                 triton.cdiv(K, t.block_k * t.split_k))]
     if op is Op.ROPE:
         return [("rope", triton.cdiv(ne[1] * ne[2] * ne[3], ROPE_ROWS), 1)]
     if op is Op.GATED_DELTA_NET:
