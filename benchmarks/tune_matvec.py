@@ -23,7 +23,7 @@ sys.path.insert(0, "benchmarks")
 from bench import bench_references, kernel_us  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
-SHAPES = [(12288, 4096), (4096, 4096), (1024, 4096), (4096, 12288)]
+SHAPES = [(8192, 4096), (12288, 4096), (4096, 4096), (1024, 4096), (4096, 12288)]
 THIN = (32, 4096)
 COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
@@ -54,12 +54,18 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--shapes", help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
+    p.add_argument("--cols", help="column counts, e.g. 4,8 (default: 2,4,8,16)")
+    p.add_argument("--focus", action="store_true",
+                   help="a smaller grid: tensor-core tiles of 32-128 rows with K steps of 128 and 4 warps only")
     a = p.parse_args()
+    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
+    cols = [int(v) for v in a.cols.split(",")] if a.cols else COLS
     t_end = time.time() + a.budget_s
     bw = bench_references()["copy_GBps"]
     print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)
     rows, sms = [], torch.cuda.get_device_properties(0).multi_processor_count
-    for wt, (M, K), N in itertools.product((torch.bfloat16,), SHAPES, COLS):
+    for wt, (M, K), N in itertools.product((torch.bfloat16,), shapes, cols):
         if time.time() > t_end:
             print("budget spent: stopping the sweep", flush=True)
             break
@@ -69,7 +75,9 @@ def main() -> int:
         ref = x[0, 0] @ w[0, 0].float().t()
         nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
         best, d_us, default = None, float("nan"), tri.mat_vec_tile(M, N, K, tri.WTYPES[w.dtype])
-        for t in dict.fromkeys([default, *candidates(N, M, K, sms)]):
+        tiles = [t for t in candidates(N, M, K, sms)
+                 if not a.focus or not t.dot or (t.block_m >= 32 and t.block_k == 128 and t.warps == 4)]
+        for t in dict.fromkeys([default, *tiles]):
             if time.time() > t_end:  # (split-K quadruples some shapes' candidates: stop within the shape too)
                 print(f"  budget spent: the rest of {M}x{K} N={N} not measured", flush=True)
                 break
