@@ -23,9 +23,14 @@ FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "co
           "softcap"}
 
 
-def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs: dict | None = None):
+SM90_SHARED = 232448  # bytes of shared memory one program may have on sm_90 (227 KiB): more compiles, fails at launch
+
+
+def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs: dict | None = None,
+                 options: dict | None = None):
     """One variant: pointers f32 (i32 for indices; ``ptrs`` overrides by name), ``eps``/``scale`` f32, other scalars
-    i32."""
+    i32; ``options`` adds launch options (num_stages) as the launcher passes them. Refuses a variant that needs more
+    shared memory than an sm_90 program may have."""
     def kind(name):
         if name in constexprs:
             return "constexpr"
@@ -34,7 +39,12 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs:
         return "fp32" if name in FLOATS else "i32"
     sig = {n: kind(n) for n in kernel.arg_names}
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={**tri.LAUNCH, "num_warps": num_warps})
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                       options={**tri.LAUNCH, "num_warps": num_warps, **(options or {})})
+    if k.metadata.shared > SM90_SHARED:
+        raise RuntimeError(f"{kernel.__name__} {constexprs}: {k.metadata.shared} bytes of shared memory, over sm_90's "
+                           f"{SM90_SHARED}")
+    return k
 
 
 def variants():
@@ -82,10 +92,10 @@ def variants():
                dict(r_ptr="*fp32" if mode == "f16" else "*i32", ids_ptr=ids, y_ptr=y))
     # attention: qwen3.5's heads (256, f16 KV cache) and narrower ones with every option; SOFT_MAX's tiles
     for D, kv, on in ((256, "*fp16", False), (128, "*bf16", True), (64, "*fp32", True), (512, "*fp16", False)):
-        block_n, warps, _ = att.fa_tile(D, D, 4 if kv == "*fp32" else 2)
+        block_n, warps, stages = att.fa_tile(D, D, 4 if kv == "*fp32" else 2)
         yield (att._flash_attn_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, SOFTCAP=on, BLOCK_M=att.FA_BLOCK_M,
                                             BLOCK_N=block_n, BLOCK_DK=att.fa_block_d(D), BLOCK_DV=att.fa_block_d(D)),
-               warps, dict(k_ptr=kv, v_ptr=kv, mask_ptr="*fp16"))
+               warps, dict(k_ptr=kv, v_ptr=kv, mask_ptr="*fp16"), dict(num_stages=stages))
     for ne0, mask, on in ((256, "*fp16", False), (4096, "*fp32", True), (48, "*fp16", True)):
         block_r, block_c = att.soft_max_tile(ne0)
         yield (att._soft_max_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, BLOCK_R=block_r, BLOCK_C=block_c),
@@ -109,13 +119,21 @@ def _retyped_in_if(x_ptr, n):
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--negative-control"]:  # the check must be able to fail
-        try:
-            compile_sm90(_retyped_in_if, {})
-        except Exception as e:  # noqa: BLE001 (triton raises CompilationError subclasses of several kinds)
-            print(f"refused as expected: {type(e).__name__}")
-            return 0
-        return 1
+    if sys.argv[1:] == ["--negative-control"]:  # the check must be able to fail: a kernel the compiler refuses, and
+        # flash attention's f32-K/V tile with 3 pipeline stages (the launcher gives it 1), over the shared memory
+        block_n, warps, _ = att.fa_tile(128, 128, 4)
+        bad = [(_retyped_in_if, {}, tri.NUM_WARPS),
+               (att._flash_attn_kernel, dict(HAS_MASK=True, HAS_SINKS=False, ALIBI=False, SOFTCAP=False,
+                                             BLOCK_M=att.FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=128, BLOCK_DV=128),
+                warps, dict(k_ptr="*fp32", v_ptr="*fp32", mask_ptr="*fp16"), dict(num_stages=3))]
+        for kernel, *args in bad:
+            try:
+                compile_sm90(kernel, *args)
+            except Exception as e:  # noqa: BLE001 (triton raises CompilationError subclasses of several kinds)
+                print(f"refused as expected: {kernel.__name__}: {type(e).__name__}")
+                continue
+            return 1
+        return 0
     todo = list(variants())
     for kernel, constexprs, num_warps, *ptrs in todo:
         missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in constexprs]
