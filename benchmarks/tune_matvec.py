@@ -20,10 +20,10 @@ import triton
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from bench import bench_references, kernel_us  # noqa: E402
+from bench import MAT_SHAPES, bench_references, kernel_us  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
-SHAPES = [(8192, 4096), (12288, 4096), (4096, 4096), (1024, 4096), (4096, 12288)]
+SHAPES = [s for s in MAT_SHAPES.values() if 256 < s[0] < 100_000]  # qwen3.5-9b's, but the thin and the lm head
 THIN = (32, 4096)
 COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
@@ -51,16 +51,32 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
                     yield t._replace(split_k=s)
 
 
+def _ints(text: str) -> list[int]:
+    try:
+        v = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not all(1 <= x <= 16 for x in v):
+        raise argparse.ArgumentTypeError(f"column counts are 1..16, got {text!r}")
+    return v
+
+
+def _shapes(text: str) -> list[tuple[int, int]]:
+    try:
+        return [(int(m), int(k)) for m, k in (s.split("x") for s in text.split(","))]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxK[,ROWSxK...], e.g. 8192x4096, got {text!r}") from None
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=420.0)
-    p.add_argument("--shapes", help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
-    p.add_argument("--cols", help="column counts, e.g. 4,8 (default: 2,4,8,16)")
+    p.add_argument("--shapes", type=_shapes, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
+    p.add_argument("--cols", type=_ints, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
     p.add_argument("--focus", action="store_true",
                    help="a smaller grid: tensor-core tiles of 32-128 rows with K steps of 128 and 4 warps only")
     a = p.parse_args()
-    shapes = [tuple(int(v) for v in s.split("x")) for s in a.shapes.split(",")] if a.shapes else SHAPES
-    cols = [int(v) for v in a.cols.split(",")] if a.cols else COLS
+    shapes, cols = a.shapes or SHAPES, a.cols or COLS
     t_end = time.time() + a.budget_s
     bw = bench_references()["copy_GBps"]
     print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)

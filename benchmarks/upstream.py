@@ -77,15 +77,28 @@ def layer_inputs(model: str) -> list[int]:
     return [l + 1 for l in dflash_target_layers(get_model(model).n_layer)]
 
 
-def parse_ncu_csv(text: str) -> list[tuple[str, float]]:
+class NcuError(SystemExit):
+    """ncu output this script cannot read: one line naming the log and the kernel (no traceback)."""
+
+    def __init__(self, msg: str) -> None:
+        super().__init__(f"upstream.py: {msg}")
+
+
+def parse_ncu_csv(text: str, where: str = "ncu output") -> list[tuple[str, float]]:
     """(kernel name, duration in µs) per profiled kernel, in launch order, from ``ncu --csv`` output."""
     lines = [x for x in text.splitlines() if x.startswith('"')]
     out = []
     for row in csv.DictReader(lines):
         if row.get("Metric Name") != "gpu__time_duration.sum":
             continue
-        value = float(row["Metric Value"].replace(",", ""))
-        out.append((row["Kernel Name"], value * _UNITS_NS.get(row.get("Metric Unit", "nsecond"), 1.0) / 1e3))
+        name, unit, raw = row.get("Kernel Name", "?"), row.get("Metric Unit", ""), row.get("Metric Value", "")
+        if unit not in _UNITS_NS:
+            raise NcuError(f"{where}: kernel {name[:60]!r} has a duration in {unit!r}, not a time unit")
+        try:
+            value = float(raw.replace(",", ""))
+        except ValueError:
+            raise NcuError(f"{where}: kernel {name[:60]!r} has no duration ({raw!r})") from None
+        out.append((name, value * _UNITS_NS[unit] / 1e3))
     return out
 
 
@@ -100,9 +113,11 @@ def ncu_kernels(install: build.Install, gguf: Path, T: int, rows: int, taps: lis
         capture.time_verify(gguf, [(T, rows - 1)], n_prompt=N_PROMPT, n_ctx=N_CTX, layer_inputs=taps, reps=0,
                             warmup=2, profile=True, prefix=prefix, env={"GGML_CUDA_DISABLE_GRAPHS": "1"},
                             install=install, timeout_s=480)
-        kernels = parse_ncu_csv(log.read_text())
+        text = log.read_text() if log.exists() else ""
+        kernels = parse_ncu_csv(text, f"ncu's log of the T={T} decode")
     if not kernels:
-        raise RuntimeError(f"ncu profiled no kernel of the T={T} verify decode")
+        tail = next((x for x in reversed(text.splitlines()) if x.startswith("==")), "no ncu message")
+        raise NcuError(f"ncu profiled no kernel of the T={T} verify decode ({tail[:200]})")
     return kernels
 
 
@@ -111,7 +126,8 @@ def kernel_class(name: str) -> str:
     n = name.lower()
     for key, cls in (("gated_delta_net", "GDN"), ("ssm_conv", "SSM_CONV"), ("concat", "CONCAT"),
                      ("get_rows", "GET_ROWS"), ("rms_norm", "RMS_NORM"), ("l2_norm", "L2_NORM"), ("cpy", "CPY"),
-                     ("mul_mat", "MUL_MAT"), ("gemm", "MUL_MAT"), ("gemv", "MUL_MAT"), ("silu", "SILU")):
+                     ("mul_mat", "MUL_MAT"), ("gemm", "MUL_MAT"), ("gemv", "MUL_MAT"), ("unary_gated", "GLU"),
+                     ("scale_f32", "SCALE"), ("silu", "SILU")):
         if key in n:
             return cls
     return "other"

@@ -177,12 +177,15 @@ def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: flo
 # (shared, so on the slow side) from single launches of the tiny-* models and direct launches of silu/mul_mat_vec:
 # silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec
 # ~22 ms at 1 K block and ~35 ms at 4.
-INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032, 0.0), "rms_norm": (0.032, 0.0), "ssm_conv": (0.026, 0.012),
+INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032, 0.0), "rms_norm": (0.032, 0.0),
+                 "ssm_conv": (0.026, 0.012),
                  "chain": (0.026, 0.010), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005),
                  # the elementwise and data-movement kernels (one program per 1024 elements; measured as silu's)
                  "sigmoid": (0.026, 0.0), "softplus": (0.026, 0.0), "exp": (0.026, 0.0), "add": (0.026, 0.0),
                  "mul": (0.026, 0.0), "swiglu": (0.045, 0.0), "concat": (0.036, 0.0), "cpy": (0.03, 0.0),
-                 "get_rows": (0.032, 0.0), "rope": (0.05, 0.0), "set_rows": (0.03, 0.0)}
+                 "get_rows": (0.032, 0.0), "rope": (0.05, 0.0), "set_rows": (0.03, 0.0),
+                 # attention (steps: KV blocks; column blocks): tiny-qwen35's, 16 / 12.8 ms and 33 ms a program
+                 "flash_attn": (0.021, 0.017), "soft_max": (0.035, 0.01)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0
 # the graph the refusal suggests: ~30 s on the interpreter. Checked (unfused, then fused: twice that) it is ~60 s, so
@@ -192,7 +195,7 @@ SMALL_GRAPH = ("--model", "tiny-dc4-h64", "--layers", "1")
 
 def interpreter_seconds(nodes) -> float:
     """Estimated seconds of one execution of ``nodes`` on Triton's interpreter, from the programs each launch runs
-    (:func:`gdnpass.kernels.triton_ops.programs`). Needs TRITON_INTERPRET set (it imports the kernels)."""
+    (:func:`gdnpass.kernels.backends.programs`). Needs TRITON_INTERPRET set (it imports the kernels)."""
     from gdnpass.kernels.backends import programs
 
     total = 0.0
@@ -211,7 +214,7 @@ def _refuse_slow(a: argparse.Namespace, seconds: float, check: bool = False) -> 
     from gdnpass.errors import ResourceError
 
     small = " ".join(SMALL_GRAPH)
-    raise ResourceError(f"--backend triton on the CPU runs Triton's interpreter: this "
+    raise ResourceError("--backend triton on the CPU runs Triton's interpreter: this "
                         + ("check (the graph twice, unfused then fused)" if check else "graph")
                         + f" would take about {_duration(seconds)} (over {SLOW_LIMIT_S:.0f} s); pass --allow-slow to "
                         + ("run it anyway (checked, even the smallest graph, " + small + ", takes about a minute), "
@@ -443,10 +446,14 @@ def cmd_capture(a: argparse.Namespace) -> int:
 
 
 def cmd_llama_build(a: argparse.Namespace) -> int:
+    from gdnpass.errors import LlamaError
     from gdnpass.frontends.llama import build
 
     say = lambda line: print(f"gdnpass llama-build: {line}", file=sys.stderr)  # noqa: E731
     if a.pack:
+        if a.cuda or a.source:
+            raise LlamaError("llama-build: --pack writes sources and builds nothing; build them with "
+                                   "--source DIR (and --cuda) on the machine that builds")
         dest = build.pack(a.pack, sdist=a.sdist, log=say)
         print(f"llama.cpp {build.COMMIT[:12]} sources and bindings: {dest} (build there with "
               f"`gdnpass llama-build --source {dest}`)")

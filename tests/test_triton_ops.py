@@ -435,6 +435,22 @@ def test_programs_of_the_new_kernels():
     assert seen == {"get_rows", "concat", "cpy", "add", "mul", "swiglu", "silu", "sigmoid", "softplus"}
 
 
+@pytest.mark.parametrize("flash, fusion", [(True, False), (True, True), (False, True)])
+def test_the_interpreter_cost_model_knows_every_kernel_of_a_whole_forward(flash, fusion):
+    """Every kernel backends.programs names for a whole tiny-qwen35 forward (attention included) has a cost in
+    gdnpass.cli.INTERPRETER_S, so `gdnpass run --whole --backend triton` on the CPU estimates instead of raising."""
+    from gdnpass import cli, pipeline
+    from gdnpass.kernels.backends import programs
+    from gdnpass.models import VerifyConfig
+
+    cfg = VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8)
+    g = pipeline.run(cfg, pipeline.PassOptions(fusion=fusion)).graph
+    names = {k.rstrip("0123456789") for n in g.nodes for k, _, _ in programs(n)}
+    assert names - set(cli.INTERPRETER_S) == set()
+    assert ("flash_attn" if flash else "soft_max") in names
+    assert 0 < cli.interpreter_seconds(g.nodes)
+
+
 @pytest.mark.parametrize("case", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
 @pytest.mark.parametrize("dtype", [F32, F16])
 def test_rope(case, dtype):

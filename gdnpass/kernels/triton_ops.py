@@ -1009,31 +1009,34 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     shape and type alone, so both products of a pair (one launch, one tile) are byte-identical to their single
     mat-vecs.
 
-    Chosen by ``benchmarks/tune_matvec.py`` on the H200 (docs/performance.md): thin outputs (alpha/beta: 32 rows)
-    take one row per program and K in few steps (the launch is one memory round trip); up to 2 columns (4 for f32
-    and f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its
-    arithmetic and the tensor-core form wins. Its 64-128-row tiles leave most of the 132 SMs idle on 1024-8192 rows,
-    so those shapes split K (2 slices; 8 for 1024 rows), as timed on the H200 against the unsplit tiles (2026-12-01
-    evening, docs/performance.md): bf16 8192 x 4096 at 3-16 columns 43.8 -> 28.2 us, 4096 x 4096 at 8-16 columns
-    34.2 -> 20.7 us, 4096 x 12288 at 3-16 columns 61.7-100.7 -> 57.2-57.5 us, 1024 x 4096 at 8-16 columns
-    9.9-17.6 -> 7.5-7.7 us; f32 at 16 columns (8 for 8192 rows) likewise. Shapes with more rows (12288: the FFN
-    gate/up; the lm head) fill the GPU unsplit."""
+    Chosen from H200 timings (``benchmarks/tune_matvec.py``; the tables in docs/performance.md): thin outputs
+    (alpha/beta: 32 rows) take one row per program and K in few steps (the launch is one memory round trip); up to 2
+    columns (4 for f32 and f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is
+    bound by its arithmetic and the tensor-core form wins. Its 64-128-row tiles leave most of the 132 SMs idle on
+    1024-8192 rows, so those shapes split K (:func:`_split`: 2 slices from 4096 rows, 8 below; the 2026-12-01
+    evening timings). Shapes with more rows (12288: the FFN gate/up; the lm head) fill the GPU unsplit. f16 weights
+    take f32's tiles (not timed apart)."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
     if wtype == "bf16":
         if cols >= 4 and M >= 8192:
-            return MatVecTile(128, 16, 128, True, 4, 2 if M <= 8192 else 1)
-        if M >= 4096 and (cols >= 8 or cols >= 4 and K > 4096):
-            return MatVecTile(64, 16, 128, True, 4, 2)
-        if cols >= 8 and M >= 1024:
-            return MatVecTile(64, 16, 128, True, 4, 8)
+            return MatVecTile(128, 16, 128, True, 4, _split(M, K, 128))
+        if M >= 4096 and (cols >= 8 or cols >= 4 and K > 4096) or cols >= 8 and M >= 1024:
+            return MatVecTile(64, 16, 128, True, 4, _split(M, K, 128))
     elif cols >= 8 and M >= 8192:
-        return MatVecTile(64, 16, 64, True, 4, 2 if M <= 8192 else 1)
+        return MatVecTile(64, 16, 64, True, 4, _split(M, K, 64))
     elif cols == 16 and M >= 1024:
-        return MatVecTile(64, 16, 128, True, 4, 2 if M >= 4096 else 8)
+        return MatVecTile(64, 16, 128, True, 4, _split(M, K, 128))
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
     return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
+
+
+def _split(M: int, K: int, block_k: int) -> int:
+    """K slices of a tensor-core tile's row block: none from 12288 rows (the grid fills the GPU), 2 from 4096, 8
+    below; never more slices than K steps (a power of two, as the launcher requires)."""
+    want = 1 if M > 8192 else 2 if M >= 4096 else 8
+    return min(want, 1 << (triton.cdiv(K, block_k).bit_length() - 1))
 
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -1264,8 +1267,9 @@ def programs(node) -> list[tuple[str, int, int]]:
     """The Triton programs one execution of graph node ``node`` (a :class:`gdnpass.ir.Tensor`) launches under
     :data:`gdnpass.kernels.backends.TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs,
     steps)]``, ``steps`` being each program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for
-    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns), for the attention ops
-    (:func:`gdnpass.kernels.backends.programs` adds triton_attention's) or nodes that launch nothing. Pure: reads shapes only."""
+    mat_vec; 1 otherwise). Empty for nodes that run on torch (MUL_MATs of over 16 columns), for the attention
+    ops (:func:`gdnpass.kernels.backends.programs` adds triton_attention's) or nodes that launch nothing. Pure:
+    reads shapes only."""
     from gdnpass.ir import Op, Unary, runs_kernel
     from gdnpass.kernels.limits import runs_as_mat_vec
 

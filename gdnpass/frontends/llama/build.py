@@ -12,12 +12,12 @@ naming a local copy), check that its vendored llama.cpp is the pinned commit, bu
 
 Two variants (:data:`VARIANTS`): ``cpu``, the referee of the tests (-O0: about 2 min on 2 cores; -O0, Release and
 the pip wheel give the same captures node for node), and ``cuda``, upstream's GPU peer for the benchmarks (Release,
-ggml-cuda for sm_90, flash-attention kernels off: about 160 s on 16 cores).
+ggml-cuda for sm_90, flash-attention kernels off: 207 s on the H200 host's 16 cores, docs/llama-cpp.md).
 
 A machine with no registry access (the GPU host) builds from a **packed source** instead of the sdist:
-:func:`pack` writes the tree the build needs (the sdist's sources without the other backends' folders, ~3 MB of
-the 75 MB) plus the bindings and a ``COMMIT`` file; ``gdnpass llama-build --pack DIR`` here, ``gdnpass llama-build
---cuda --source DIR`` there (or ``GDNPASS_LLAMA_SRC``).
+:func:`pack` writes the tree the build needs (the sdist's vendored tree without the other backends' folders: 19
+MB of the sdist's 75 MB) plus the bindings and a ``COMMIT`` file; ``gdnpass llama-build --pack DIR`` here,
+``gdnpass llama-build --cuda --source DIR`` there (or ``GDNPASS_LLAMA_SRC``).
 
 ``<cache>`` is ``$GDNPASS_CACHE``, else ``$XDG_CACHE_HOME/gdnpass``, else ``~/.cache/gdnpass``. A second call finds
 ``install.json`` and returns in milliseconds; concurrent callers wait on a lock. One command: ``gdnpass llama-build``.
@@ -49,7 +49,7 @@ COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendor/llama.cpp of the 0
 _SOURCES = ("CMakeLists.txt", "cmake/", "ggml/", "src/", "include/", "vendor/", "licenses/")
 _BINDINGS = ("llama_cpp.py", "_ctypes_extensions.py", "_ggml.py", "llama_types.py")
 # ggml's backend folders that no variant builds (ggml_add_backend only enters a folder whose GGML_<NAME> is on):
-# a packed source leaves them out (22 of its 25 MB)
+# a packed source leaves them out (16 of ggml's 25 MB)
 _OTHER_BACKENDS = re.compile(r"ggml/src/ggml-(?!cpu/|cuda/)[\w-]+/")
 _COMMON_FLAGS = (
     "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF",

@@ -48,6 +48,7 @@ from typing import Sequence
 
 from gdnpass.errors import GraphError, LlamaError
 from gdnpass.frontends.llama import build
+from gdnpass.frontends.llama.worker import positions_used
 from gdnpass.frontends.structs import TensorStruct, to_graph
 from gdnpass.ir import BufferSpec, Graph, Tensor
 
@@ -179,17 +180,19 @@ def time_verify(gguf: str | os.PathLike, cases: Sequence[tuple[int, int]], *, n_
                 timeout_s: float = 600.0) -> dict:
     """llama.cpp's verify decode timed on its own (the worker's ``time`` mode): per (n_tokens, n_rs_seq) case,
     ``reps`` decodes from position ``n_prompt`` on after ``warmup``, each a step that accepts no draft; with
-    ``profile`` one more decode in a cuProfilerStart/Stop window (run it under ``prefix`` = an ncu command line). Returns the worker's record:
+    ``profile`` one more decode in a cuProfilerStart/Stop window (run it under ``prefix`` = an ncu command line).
+    ``install``: default the CUDA build (a CPU build's timings are not the GPU peer's). Returns the worker's record:
     per case its wall times (s), the settings as llama.cpp resolved them, the load time and the CUDA log lines."""
     path = Path(gguf)
     if not path.is_file():
         raise LlamaError(f"time: GGUF file {path} does not exist")
     for n_t, n_rs in cases:
-        last = n_prompt + warmup + reps + 1 + n_t  # each decode starts a position later (worker.run_time)
-        if not (1 <= n_t and 0 <= n_rs and n_ubatch > n_rs + 1 and last <= n_ctx):
+        cells = positions_used(n_prompt, n_t, warmup + reps + profile)
+        if not (1 <= n_t <= n_ubatch and 0 <= n_rs and n_ubatch > n_rs + 1 and cells <= n_ctx):
             raise LlamaError(f"time: case (n_tokens {n_t}, n_rs_seq {n_rs}) does not fit n_ubatch {n_ubatch} "
-                             f"(> n_rs_seq + 1) and n_ctx {n_ctx} (>= {last} positions)")
-    install = install or build.ensure()
+                             f"(>= n_tokens, > n_rs_seq + 1: one verify is one ubatch) and n_ctx {n_ctx} "
+                             f"(>= the {cells} cells the decodes fill)")
+    install = install or build.ensure(variant="cuda")
     req = {"mode": "time", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "n_ctx": n_ctx,
            "n_batch": max(n_ubatch, n_prompt), "n_ubatch": n_ubatch, "flash_attn": flash_attn, "n_threads": 4,
            "n_gpu_layers": n_gpu_layers, "layer_inputs": list(layer_inputs), "prompt": list(range(1, n_prompt + 1)),

@@ -322,9 +322,10 @@ def run_time(req: dict) -> dict:
 
     One model load (``n_gpu_layers``: -1 offloads every layer), then per case {"n_tokens", "n_rs_seq"} a context
     with the request's settings and the DFlash taps (``layer_inputs``: ``llama_set_embeddings_layer_inp``), the
-    prompt, ``warmup`` + ``reps`` verify decodes of ``n_tokens`` tokens at position ``len(prompt)`` with logits for
-    every token, each rolled back with ``llama_memory_seq_rm`` (a step that accepts no draft, so every decode sees
-    the same state and shapes, and ggml-cuda replays its CUDA graph). Each decode is timed wall-clock around
+    prompt, then ``warmup`` + ``reps`` verify decodes of ``n_tokens`` tokens with logits for every token. Each is a
+    step of the speculative loop that accepts no draft: its first token stays, ``llama_memory_seq_rm`` rolls the
+    rest back (restoring a snapshot plane), and the next verify starts one position later (:func:`positions_used`).
+    Every decode has the same shapes, so ggml-cuda replays its CUDA graph. Each decode is timed wall-clock around
     ``llama_decode`` + ``llama_synchronize``. With ``profile``, one more verify decode between cuProfilerStart and
     cuProfilerStop, the window ``ncu --profile-from-start off`` measures."""
     import llama_cpp.llama_cpp as L
@@ -380,6 +381,12 @@ def run_time(req: dict) -> dict:
            "log": [x for x in logs if "CUDA" in x or "offload" in x or "graph" in x.lower()][-40:]}
     L.llama_model_free(model)
     return out
+
+
+def positions_used(n_prompt: int, n_tokens: int, steps: int) -> int:
+    """KV cells :func:`run_time` fills: the prompt, then ``steps`` verifies of ``n_tokens`` tokens, each starting one
+    position after the one before."""
+    return n_prompt + steps - 1 + n_tokens
 
 
 def load_model(L, req: dict, logs: list[str]):
