@@ -85,6 +85,7 @@ FA_CASES = [
     ("alibi", 32, 32, 4, 4, 3, 40, F16, 1, {"max_bias": 8.0, "planes": (1, 2)}),
     ("bf16-dv-differs", 64, 32, 4, 2, 2, 48, BF16, 1, {}),
     ("ne3-two-row-blocks", 32, 32, 2, 1, 20, 33, F16, 2, {"planes": (2, 1), "sinks": True}),
+    ("kv-broadcast-ne3", 32, 32, 4, 2, 3, 33, F16, 2, {"kv_n3": 1}),  # both q streams read the one K/V stream
 ]
 
 
@@ -93,8 +94,9 @@ def fa_operands(a: Arena, case):
     _, DK, DV, H, Hkv, n_q, n_kv, kvt, n3, ex = case
     q = a.put(rnd(n3, n_q, H, DK)).permute(0, 2, 1, 3)  # [DK, H, n_q] rows permuted to [DK, n_q, H]
     cells = n_kv + 8  # the cache holds more cells than the view reads, and 2 * H_kv heads a cell
-    k = a.put(rnd(n3, cells, 2 * Hkv, DK).to(kvt))[:, :n_kv, :Hkv].permute(0, 2, 1, 3)
-    v = a.put(rnd(n3, cells, 2 * Hkv, DV).to(kvt))[:, :n_kv, :Hkv].permute(0, 2, 1, 3)
+    kv3 = ex.get("kv_n3", n3)
+    k = a.put(rnd(kv3, cells, 2 * Hkv, DK).to(kvt))[:, :n_kv, :Hkv].permute(0, 2, 1, 3)
+    v = a.put(rnd(kv3, cells, 2 * Hkv, DV).to(kvt))[:, :n_kv, :Hkv].permute(0, 2, 1, 3)
     mask = None
     if not ex.get("no_mask"):
         rows = n_q + (-n_q) % 8
@@ -177,6 +179,8 @@ def test_soft_max_matches_reference(case, in_place):
         assert rel(out, want) <= 1e-6, rel(out, want)
     if mask is not None:
         assert bool(out[:, :, 1].isnan().all()) != with_sinks
+    if max_bias:  # the slopes matter: without them the result is another one
+        assert rel(ref.soft_max(x, mask, sinks, scale, 0.0).nan_to_num(), want.nan_to_num()) > 1e-2
 
 
 # ---- through the executor -------------------------------------------------------------------------------------------
