@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pytest
 import torch
-import triton
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
@@ -247,8 +246,7 @@ def test_mul_mat_vec_split_k(form, wtype, split_k):
     assert_same_bytes(again, y, "second run")
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
-    partials, tickets = tri._SPLIT_WORKSPACE[w.device]
-    assert partials.numel() >= 2 * triton.cdiv(M, tile.block_m) * split_k * tile.block_m * tile.cols
+    _, tickets = tri._SPLIT_WORKSPACE[w.device]
     assert not tickets.any(), "tickets left non-zero"
 
 
