@@ -197,6 +197,39 @@ def test_mul_mat_vec(wtype, cols):
     assert_close(y, ref.mul_mat(w, x))
 
 
+@pytest.mark.parametrize("what, kv_type, tile", [
+    ("KQ f16", torch.float16, None), ("KQV f32", torch.float32, None),
+    ("KQ f16, 2 slices", torch.float16, tri.MatVecTile(4, 4, 16, False, 4, 2)),
+    ("KQV bf16, tensor cores", torch.bfloat16, tri.MatVecTile(16, 16, 16, True, 4, 1)),
+])
+def test_mul_mat_vec_batched_as_attention(what, kv_type, tile):
+    """Attention's batched MUL_MATs as llama.cpp builds them without flash attention: KQ = K·Q, K a permuted view of
+    the KV cache (2 KV heads, cells of 2 heads x 32, more cells than the view reads), Q 4 query heads (GQA: head h
+    reads KV head h // 2) over 2 sequences (ne3) of 3 tokens; KQV = V·softmax(KQ) with V a view of a transposed
+    cache (rows of cells). One launch per node, batches on a grid axis; against ggml's broadcast semantics."""
+    a = Arena()
+    n_kv, D, n_t = 40, 32, 3
+    if what.startswith("KQ "):  # w ne [D, n_kv, H_kv, 1]: rows of D, cells strided by the cache's row
+        cache = a.put(rnd(1, n_kv + 8, 2 * 2, D).to(kv_type))
+        w = cache[:, :n_kv, :2].permute(0, 2, 1, 3)                  # (1, H_kv, n_kv, D)
+        x = a.put(rnd(2, 3 + 1, 4, D))[:, :n_t].permute(0, 2, 1, 3)  # (2, H, n_t, D), ne3 = 2 streams
+        w = w.expand(2, -1, -1, -1)                                  # (the second stream reads the same cache)
+        M, K = n_kv, D
+    else:  # w ne [n_kv, D, H_kv, 1]: the transposed V cache, rows of cells
+        vt = a.put(rnd(1, 2, D + 4, n_kv + 8).to(kv_type))
+        w = vt[:, :, :D, :n_kv]                                      # (1, H_kv, D, n_kv)
+        x = a.put(rnd(1, 4, n_t, n_kv))                              # (1, H, n_t, n_kv), softmax(KQ)
+        M, K = D, n_kv
+    y = a.view((x.shape[0], x.shape[1], n_t, M))
+    a.run(lambda: tri._mat_vecs([(w, y)], x, tile), y)
+    assert_close(y, ref.mul_mat(w, x))
+    assert not y.isnan().any()
+    if tile is not None and tile.split_k > 1:
+        assert not tri._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+    with pytest.raises(KernelError, match="do not broadcast"):  # 2 KV heads cannot serve 3 query heads
+        tri.mul_mat_vec(w, x[:, :3], y[:, :3])
+
+
 @pytest.mark.parametrize("wtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_mul_mat_vec_tensor_core_form(wtype):
     """The tensor-core (DOT) form, which mat_vec_tile picks for wide products with many columns: 3xTF32, or bf16

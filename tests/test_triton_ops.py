@@ -593,18 +593,19 @@ def test_gpu_swiglu_and_conversions_match_torch():
         assert_bits(out, ref.get_rows(src, ids), f"GET_ROWS {dtype}")
 
 
-@pytest.mark.parametrize("model, T", [("tiny-qwen35", 4), ("qwen3.5-9b", 8)])
-def test_every_node_of_a_whole_verify_is_triton_launches(model, T):
-    """A whole verify forward (flash attention on, fusion on and off) has no node on a torch composite under
-    TRITON_BACKEND: every computing node has Triton programs, as many launches as runtime.node_launches counts (so
-    bench.py's per-kernel durations line up with the nodes)."""
+@pytest.mark.parametrize("model, T, flash", [("tiny-qwen35", 4, True), ("qwen3.5-9b", 8, True),
+                                             ("qwen3.5-9b", 4, False)])
+def test_every_node_of_a_whole_verify_is_triton_launches(model, T, flash):
+    """A whole verify forward (flash attention, or MUL_MAT + SOFT_MAX + MUL_MAT; fusion on and off) has no node on a
+    torch composite under TRITON_BACKEND: every computing node has Triton programs, as many launches as
+    runtime.node_launches counts (so bench.py's per-kernel durations line up with the nodes)."""
     from gdnpass import pipeline
     from gdnpass.ir import runs_kernel
     from gdnpass.kernels.backends import programs
     from gdnpass.models import VerifyConfig
     from gdnpass.runtime import node_launches
 
-    cfg = VerifyConfig(model, T, T - 1, whole=True, dflash=True, n_past=16, share_weights=True)
+    cfg = VerifyConfig(model, T, T - 1, whole=True, dflash=True, n_past=16, share_weights=True, flash_attn=flash)
     for fusion in (False, True):
         g = pipeline.run(cfg, pipeline.PassOptions(fusion=fusion)).graph
         torch_nodes = [n.name for n in g.nodes if runs_kernel(n) and not programs(n)]

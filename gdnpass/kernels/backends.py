@@ -124,8 +124,11 @@ def _tri_glu(node, views, out):
 
 
 def _tri_mul_mat(node, views, out):
+    """The mat-vec for 1-16 columns (of each batch, for attention's batched KQ / KQV); torch's matmul beyond (a
+    prompt's ubatch)."""
     w, x = views
-    if w.shape[0] * w.shape[1] == 1 and runs_as_mat_vec(w.shape[2], x.shape[0] * x.shape[1] * x.shape[2]):
+    batched = w.shape[0] * w.shape[1] > 1
+    if runs_as_mat_vec(w.shape[2], x.shape[2] if batched else x.shape[0] * x.shape[1] * x.shape[2]):
         _tri().mul_mat_vec(w, x, out)
     else:
         TORCH_BACKEND[Op.MUL_MAT](node, views, out)

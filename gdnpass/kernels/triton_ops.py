@@ -967,18 +967,27 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                         y_s0, y_s1, y_s2, y_s3,
                         ws_ptr, cnt_ptr,       # split-K partials (f32) and tickets (i32); None when SPLIT_K == 1
+                        b2, r2, r3,            # batches (grid axis 2: x's ne2 * ne3, 1 unbatched): ne2, broadcasts
+                        w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     # grid axis 1: product-major, then K slice (size 1, or 2 for a pair, when SPLIT_K == 1)
     product, s = tl.program_id(1) // SPLIT_K, tl.program_id(1) % SPLIT_K
-    tile = product * tl.num_programs(0) + tl.program_id(0)  # (product, row block): its workspace slot and ticket
+    # grid axis 2: the batch (i2, i3) of a batched MUL_MAT, whose weight matrix is (i2 // r2, i3 // r3) as ggml's
+    batch = tl.program_id(2)
+    i2, i3 = batch % b2, batch // b2
+    w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
+    x_ptr += i2.to(tl.int64) * x_b2 + i3.to(tl.int64) * x_b3
+    y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
+    # (batch, product, row block): its workspace slot and ticket
+    tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     if product == 0:
-        _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+        _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
                  y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
     else:  # the pair's second product
-        _mat_vec(w2_ptr, y2_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+        _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
                  y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
 
 
@@ -1070,35 +1079,52 @@ def _split_workspace(device: torch.device, partials: int, tickets: int) -> tuple
 def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
-    ``tile``: a benchmark's override of :func:`mat_vec_tile`."""
+    A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
+    each against the weight matrix ggml's broadcast gives it. ``tile``: a benchmark's override of
+    :func:`mat_vec_tile`."""
     (w, out), (w2, out2) = products[0], products[-1]
     M, K = w.shape[-2], w.shape[-1]
-    N = x.shape[0] * x.shape[1] * x.shape[2]
+    batched = w.shape[0] * w.shape[1] > 1
+    N = x.shape[2] if batched else x.shape[0] * x.shape[1] * x.shape[2]
     for v, y in products:
         _require(v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride(),
                  "the products of a pair need weights and outputs of one shape, type and layout")
-    _require(w.numel() == M * K and w.stride(-1) == 1, "mul_mat_vec needs a single weight matrix with contiguous rows")
+    _require(w.stride(-1) == 1 and (batched or w.numel() == M * K),
+             "mul_mat_vec needs weight matrices with contiguous rows")
+    _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
+    _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
+             f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
     _require(w.dtype in WTYPES and x.dtype == torch.float32, f"mul_mat_vec of {w.dtype} weights and {x.dtype} columns")
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
-    _require(x.shape[3] == K and out.shape[3] == M and out.numel() == M * N,
+    _require(x.shape[3] == K and out.shape[3] == M and out.shape[:3] == (*x.shape[:2], x.shape[2]) if batched else
+             x.shape[3] == K and out.shape[3] == M and out.numel() == M * N,
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    blocks = triton.cdiv(M, t.block_m)
+    blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
-        tiles = blocks * len(products)
+        tiles = blocks * len(products) * batches
         ws, cnt = _split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles)
-    xs = _strides(x)
-    _mul_mat_vec_kernel[(blocks, len(products) * t.split_k)](
-        w, out, w2, out2, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *_strides(out),
-        ws, cnt, BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
+    xs, ys = _strides(x), _strides(out)
+    if batched:  # columns are x's ne1 alone; ne2 / ne3 are the batches
+        cols_x, cols_y = (N, 1, xs[1], 0, 0), (ys[0], ys[1], 0, 0)
+        batch = (x.shape[1], x.shape[1] // w.shape[1], x.shape[0] // w.shape[0], w.stride(1), w.stride(0),
+                 xs[2], xs[3], ys[2], ys[3])
+    else:
+        cols_x, cols_y = (x.shape[2], x.shape[1], xs[1], xs[2], xs[3]), ys
+        batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
+    _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
+        w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
+        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
         **{**LAUNCH, "num_warps": t.warps})
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
     """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
-    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns, out f32 ne [M, N1, N2, N3]."""
+    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns, out f32 ne [M, N1, N2, N3]; or batched, as attention's
+    KQ and KQV: w ne [K, M, W2, W3] (any batch strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and
+    W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
     _mat_vecs([(w, out)], x)
 
 
@@ -1297,11 +1323,12 @@ def programs(node) -> list[tuple[str, int, int]]:
         return [(f"ssm_conv{node.src[1].ne[0]}", n_s * triton.cdiv(C, CONV_BLOCK_C), n_t)]
     if op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
         w, x = node.src[0], node.src[1]
-        K, M, N = w.ne[0], w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
-        if w.ne[2] * w.ne[3] != 1 or not runs_as_mat_vec(M, N):
+        batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
+        K, M, N = w.ne[0], w.ne[1], x.ne[1] * x.ne[2] * x.ne[3] // batches
+        if not runs_as_mat_vec(M, N):
             return []  # torch's matmul
         t = mat_vec_tile(M, N, K, w.type.value[0])
-        return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
+        return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
                  triton.cdiv(K, t.block_k * t.split_k))]
     if op is Op.ROPE:
         return [("rope", triton.cdiv(ne[1] * ne[2] * ne[3], ROPE_ROWS), 1)]
