@@ -178,8 +178,7 @@ def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: flo
 # silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec
 # ~22 ms at 1 K block and ~35 ms at 4.
 INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032, 0.0), "rms_norm": (0.032, 0.0),
-                 "ssm_conv": (0.026, 0.012),
-                 "chain": (0.026, 0.010), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005),
+                 "ssm_conv": (0.026, 0.012), "chain": (0.026, 0.010), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005),
                  # the elementwise and data-movement kernels (one program per 1024 elements; measured as silu's)
                  "sigmoid": (0.026, 0.0), "softplus": (0.026, 0.0), "exp": (0.026, 0.0), "add": (0.026, 0.0),
                  "mul": (0.026, 0.0), "swiglu": (0.045, 0.0), "concat": (0.036, 0.0), "cpy": (0.03, 0.0),
@@ -453,7 +452,7 @@ def cmd_llama_build(a: argparse.Namespace) -> int:
     if a.pack:
         if a.cuda or a.source:
             raise LlamaError("llama-build: --pack writes sources and builds nothing; build them with "
-                                   "--source DIR (and --cuda) on the machine that builds")
+                             "--source DIR (and --cuda) on the machine that builds")
         dest = build.pack(a.pack, sdist=a.sdist, log=say)
         print(f"llama.cpp {build.COMMIT[:12]} sources and bindings: {dest} (build there with "
               f"`gdnpass llama-build --source {dest}`)")

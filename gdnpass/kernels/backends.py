@@ -20,7 +20,7 @@ from gdnpass.errors import KernelError
 from gdnpass.ir import DType, Op, Unary
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.fused import RECORDS, Adapter
-from gdnpass.kernels.limits import runs_as_mat_vec
+from gdnpass.kernels.limits import mat_vec_columns, runs_as_mat_vec
 
 # op -> fn(node, out, *src) returning the whole result (``out`` only tells CPY its type and GDN its old bytes)
 _REFERENCE: dict[Op, Callable] = {
@@ -127,8 +127,7 @@ def _tri_mul_mat(node, views, out):
     """The mat-vec for 1-16 columns (of each batch, for attention's batched KQ / KQV); torch's matmul beyond (a
     prompt's ubatch)."""
     w, x = views
-    batched = w.shape[0] * w.shape[1] > 1
-    if runs_as_mat_vec(w.shape[2], x.shape[2] if batched else x.shape[0] * x.shape[1] * x.shape[2]):
+    if runs_as_mat_vec(w.shape[2], mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])):
         _tri().mul_mat_vec(w, x, out)
     else:
         TORCH_BACKEND[Op.MUL_MAT](node, views, out)

@@ -7,6 +7,7 @@ Pure Python: importing it loads neither torch nor Triton.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,10 @@ def runs_as_mat_vec(rows: int, cols: int) -> bool:  # noqa: ARG001 - every row c
     """Whether a single-matrix MUL_MAT of ``rows`` outputs and ``cols`` columns runs the Triton mat-vec; the pair
     matcher accepts exactly these, so a pair is always byte-identical to its two unfused products."""
     return 1 <= cols <= MAT_VEC_COLS
+
+
+def mat_vec_columns(w_batches: int, x_ne: Sequence[int]) -> int:
+    """The activation columns of a MUL_MAT as the mat-vec counts them, x ne [K, N1, N2, N3]: all N1·N2·N3 against a
+    single weight matrix (``w_batches`` 1); N1 per batch against a weight with batch dimensions (attention's KQ and
+    KQV, whose batches run on a grid axis)."""
+    return x_ne[1] if w_batches > 1 else x_ne[1] * x_ne[2] * x_ne[3]

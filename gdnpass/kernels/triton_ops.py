@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gdnpass.errors import KernelError
-from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS
+from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS, mat_vec_columns
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32, gdn_scale
 
@@ -277,6 +277,9 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int 
     _ssm_conv_kernel[(n_s, triton.cdiv(C, block_c))](
         sx, c, out, C, n_t, sx_s[0], sx_s[1], sx_s[2], c_s[0], c_s[1], y_s[0], y_s[1], y_s[2],
         D_CONV=d_conv, BLOCK_C=block_c, N_T=n_t if n_t <= MAX_UNROLLED_T else 0, **LAUNCH)
+
+
+# ---- elementwise and data-movement launch helpers ------------------------------------------------------------------
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -1085,7 +1088,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
     (w, out), (w2, out2) = products[0], products[-1]
     M, K = w.shape[-2], w.shape[-1]
     batched = w.shape[0] * w.shape[1] > 1
-    N = x.shape[2] if batched else x.shape[0] * x.shape[1] * x.shape[2]
+    N = mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])
     for v, y in products:
         _require(v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride(),
                  "the products of a pair need weights and outputs of one shape, type and layout")
@@ -1096,8 +1099,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
     _require(w.dtype in WTYPES and x.dtype == torch.float32, f"mul_mat_vec of {w.dtype} weights and {x.dtype} columns")
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
-    _require(x.shape[3] == K and out.shape[3] == M and out.shape[:3] == (*x.shape[:2], x.shape[2]) if batched else
-             x.shape[3] == K and out.shape[3] == M and out.numel() == M * N,
+    _require(x.shape[3] == K and out.shape[3] == M and (out.shape[:3] == x.shape[:3] if batched else
+                                                           out.numel() == M * N),
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
@@ -1324,7 +1327,7 @@ def programs(node) -> list[tuple[str, int, int]]:
     if op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
         w, x = node.src[0], node.src[1]
         batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
-        K, M, N = w.ne[0], w.ne[1], x.ne[1] * x.ne[2] * x.ne[3] // batches
+        K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
         if not runs_as_mat_vec(M, N):
             return []  # torch's matmul
         t = mat_vec_tile(M, N, K, w.type.value[0])

@@ -258,12 +258,10 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
         # ahead of the writer, and written in plan order: the bytes are those of a sequential write
         with ThreadPoolExecutor(max(1, workers)) as pool:
             ahead: deque = deque()
-            todo = iter(plan)
-            for item in todo:
+            for item in plan:
                 ahead.append((item, pool.submit(values, *item)))
-                if len(ahead) < max(1, workers):
-                    continue
-                _write_next(w, fout, ahead, types)
+                if len(ahead) >= max(1, workers):
+                    _write_next(w, fout, ahead, types)
             while ahead:
                 _write_next(w, fout, ahead, types)
         w.close()

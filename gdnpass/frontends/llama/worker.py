@@ -114,11 +114,7 @@ def run(req: dict) -> dict:
     logs: list[str] = []
     phase = ["load"]
 
-    @L.llama_log_callback
-    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
-        logs.append(f"{phase[0]}: {(text or b'').decode(errors='replace').rstrip()}")
-
-    L.llama_log_set(on_log, None)
+    on_log = log_into(L, logs, phase)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
     model = load_model(L, req, logs)
 
     recording = [False]
@@ -262,11 +258,7 @@ def run_generate(req: dict) -> dict:
 
     logs: list[str] = []
 
-    @L.llama_log_callback
-    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
-        logs.append((text or b"").decode(errors="replace").rstrip())
-
-    L.llama_log_set(on_log, None)
+    on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
     model = load_model(L, req, logs)
     ctx = make_context(L, model, req, logs, req["n_rs_seq"])
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
@@ -332,11 +324,7 @@ def run_time(req: dict) -> dict:
 
     logs: list[str] = []
 
-    @L.llama_log_callback
-    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
-        logs.append((text or b"").decode(errors="replace").rstrip())
-
-    L.llama_log_set(on_log, None)
+    on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
     t0 = time.perf_counter()
     model = load_model(L, req, logs)
     load_s = time.perf_counter() - t0
@@ -387,6 +375,18 @@ def positions_used(n_prompt: int, n_tokens: int, steps: int) -> int:
     """KV cells :func:`run_time` fills: the prompt, then ``steps`` verifies of ``n_tokens`` tokens, each starting one
     position after the one before."""
     return n_prompt + steps - 1 + n_tokens
+
+
+def log_into(L, logs: list[str], phase: list[str] | None = None):
+    """Route llama.cpp's and ggml's log lines into ``logs`` (prefixed with ``phase[0]``, the step the worker is in,
+    when given); returns the ctypes callback, which the caller must keep referenced."""
+    @L.llama_log_callback
+    def on_log(level, text, user_data):  # noqa: ARG001 - ctypes signature
+        line = (text or b"").decode(errors="replace").rstrip()
+        logs.append(f"{phase[0]}: {line}" if phase else line)
+
+    L.llama_log_set(on_log, None)
+    return on_log
 
 
 def load_model(L, req: dict, logs: list[str]):
