@@ -4,7 +4,7 @@
     python benchmarks/device_session.py --part 2 [--out DIR]
 
 Part 1 (issue 18, then the mat-vec tiles): the whole qwen3.5-9b verify, ours off / on next to upstream llama.cpp
-built with CUDA (``bench.py --quick --only whole,upstream``), then the split-K tile sweep (``tune_matvec.py --focus``).
+built with CUDA (``bench.py --quick --only whole,upstream``), then a tile sweep of the products still under target (``tune_matvec.py``).
 Part 2 (issue 16): the GPU tests (``pytest -m gpu`` and the kernel files compiled), compute-sanitizer memcheck and
 racecheck over every kernel (``sanitize.py``), and bench.py's per-op, mat-vec, chain, dedup and pair tables.
 
@@ -34,7 +34,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("whole-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream",
                                 *(["--source", source] if source else []), "--json", str(out / "whole-upstream.json")],
              400),
-            ("tune-matvec", [PY, "benchmarks/tune_matvec.py", "--focus", "--cols", "4,8", "--budget-s", "100"], 130),
+            ("tune-matvec", [PY, "benchmarks/tune_matvec.py", "--shapes", "4096x4096,1024x4096", "--cols", "8,16",
+                             "--budget-s", "100"], 130),
         ]
     sanitizer = "compute-sanitizer"
     return [

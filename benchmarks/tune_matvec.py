@@ -1,16 +1,20 @@
 """Sweep the mat-vec tile (triton_ops.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
 tile per (weight type, shape, columns) with its bandwidth next to the copy bandwidth measured in the same process.
 
-    python benchmarks/tune_matvec.py [--budget-s 420]
+    python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--budget-s 420]
 
 This is how :func:`gdnpass.kernels.triton_ops.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
-Method: profiler kernel durations of CUDA-graph replays (bench.kernel_us), medians.
+Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
+against cuBLAS's f32 product, captured as a one-launch CUDA graph, and then all candidates of a case are replayed
+under one torch.profiler session: medians of the profiler's kernel durations, as ``bench.kernel_us``.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing as mp
+import statistics
 import sys
 import time
 
@@ -20,33 +24,38 @@ import triton
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from bench import MAT_SHAPES, bench_references, kernel_us  # noqa: E402
+from bench import MAT_SHAPES, bench_references  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
 SHAPES = [s for s in MAT_SHAPES.values() if 256 < s[0] < 100_000]  # qwen3.5-9b's, but the thin and the lm head
-THIN = (32, 4096)
 COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
 
 
 def candidates(N: int, M: int, K: int, sms: int = 132):
     cols = 1 << (N - 1).bit_length()
-    if M <= 256:
+    if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
         for bk, w in itertools.product((1024, 2048, 4096), (4, 8, 16)):
             if cols * bk <= 32768:
                 yield tri.MatVecTile(1, cols, bk, False, w)
+        for bm, bk, s in itertools.product((1, 2, 4, 8), (128, 256, 512), (4, 8, 16, 32)):
+            if bm * cols * bk <= 16384 and s * bk <= K:
+                yield tri.MatVecTile(bm, cols, bk, False, 4, s)
+        if N >= 2:
+            for bk, s in itertools.product((64, 128, 256), (1, 4, 8, 16, 32)):
+                if s * bk <= K:
+                    yield tri.MatVecTile(min(M, 64), 16, bk, True, 4, s)
         return
-    tiles = [tri.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((4, 8), (256, 512))
-             if bm * cols * bk <= 8192]
+    tiles = [tri.MatVecTile(bm, cols, bk, False, 4, 1, st) for bm, bk, st in
+             itertools.product((4, 8), (256, 512), (2, 3, 4)) if bm * cols * bk <= 8192]
     if N >= 2:
-        tiles += [tri.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in itertools.product((16, 32, 64, 128),
-                                                                                          (64, 128, 256), (4, 8))
-                  if bm * bk <= 16384 and not (bm == 16 and w == 8)]
+        tiles += [tri.MatVecTile(bm, 16, bk, True, 8 if bm == 128 else 4, 1, st) for bm, bk, st in
+                  itertools.product((32, 64, 128), (64, 128), (3, 4, 6))]
     for t in tiles:
         yield t
         # split-K where the row blocks alone leave SMs idle (under two programs per SM), each slice a whole K step
         if M >= 1024 and triton.cdiv(M, t.block_m) < 2 * sms:
-            for s in (2, 4, 8):
+            for s in (2, 4, 8, 16):
                 if s * t.block_k <= K:
                     yield t._replace(split_k=s)
 
@@ -68,61 +77,104 @@ def _shapes(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(f"expected ROWSxK[,ROWSxK...], e.g. 8192x4096, got {text!r}") from None
 
 
+DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+
+
+def operands(wt: str, M: int, K: int, N: int):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w = (torch.randn(1, 1, M, K, device="cuda", generator=g) / 64).to(DTYPES[wt])
+    x = torch.randn(1, 1, N, K, device="cuda", generator=g)
+    return w, x, torch.empty(1, 1, N, M, device="cuda")
+
+
+def compile_case(case) -> int:
+    """Worker: launch every tile of a case once (its compile lands in Triton's disk cache); the count refused."""
+    wt, M, K, N, tiles = case
+    w, x, y = operands(wt, M, K, N)
+    refused = 0
+    for t in tiles:
+        try:
+            tri._mat_vecs([(w, y)], x, t)
+        except Exception:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
+            refused += 1
+    torch.cuda.synchronize()
+    return refused
+
+
+def time_case(wt: str, M: int, K: int, N: int, tiles, reps: int = 10) -> list[tuple]:
+    """(tile, median us, rel err) of each tile that compiles, is within TOLERANCE and (split-K) deterministic."""
+    from torch.profiler import ProfilerActivity, profile
+
+    w, x, y = operands(wt, M, K, N)
+    ref = x[0, 0] @ w[0, 0].float().t()
+    graphs, kept = [], []
+    for t in tiles:
+        y.fill_(float("nan"))  # an element the tile leaves unwritten fails the check below
+        try:
+            tri._mat_vecs([(w, y)], x, t)
+        except Exception:  # noqa: BLE001
+            continue
+        err = ((y[0, 0] - ref).abs().max() / ref.abs().max()).item()
+        first = y.clone()
+        tri._mat_vecs([(w, y)], x, t)  # again: the slice order of a split-K tile must not vary
+        if not err <= TOLERANCE or not torch.equal(first.view(torch.int32), y.view(torch.int32)):
+            print(f"  {t}: WRONG or NOT DETERMINISTIC (rel err {err:.2e})", flush=True)
+            continue
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            tri._mat_vecs([(w, y)], x, t)
+        graphs.append(g)
+        kept.append((t, err))
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for g in graphs:
+            for _ in range(reps):
+                g.replay()
+        torch.cuda.synchronize()
+    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    if len(ks) != reps * len(graphs):
+        raise RuntimeError(f"{len(ks)} kernels for {len(graphs)} one-launch graphs x {reps} replays")
+    return [(t, statistics.median(ks[i * reps:(i + 1) * reps]), err) for i, (t, err) in enumerate(kept)]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=420.0)
+    p.add_argument("--wtypes", default="bf16", help="comma-separated weight types: bf16, f32 (default bf16)")
     p.add_argument("--shapes", type=_shapes, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
     p.add_argument("--cols", type=_ints, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
-    p.add_argument("--focus", action="store_true",
-                   help="a smaller grid: tensor-core tiles of 32-128 rows with K steps of 128 and 4 warps only")
+    p.add_argument("--procs", type=int, default=16, help="compile worker processes")
     a = p.parse_args()
-    shapes, cols = a.shapes or SHAPES, a.cols or COLS
+    wtypes = a.wtypes.split(",")
+    if not set(wtypes) <= set(DTYPES):
+        p.error(f"--wtypes: {a.wtypes!r} is not a list of {', '.join(DTYPES)}")
     t_end = time.time() + a.budget_s
+    shapes, cols = a.shapes or SHAPES, a.cols or COLS
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cases = [(wt, M, K, N, list(dict.fromkeys([tri.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms)])))
+             for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
+    start = time.time()
+    # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process
+    jobs = [(wt, M, K, N, tiles[i::a.procs]) for wt, M, K, N, tiles in cases for i in range(a.procs)]
+    with mp.get_context("spawn").Pool(a.procs) as pool:
+        refused = sum(pool.map(compile_case, jobs, chunksize=1))
+    print(f"{sum(len(c[4]) for c in cases)} tiles of {len(cases)} cases compiled in {time.time() - start:.0f} s "
+          f"({refused} refused)", flush=True)
     bw = bench_references()["copy_GBps"]
     print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)
-    rows, sms = [], torch.cuda.get_device_properties(0).multi_processor_count
-    for wt, (M, K), N in itertools.product((torch.bfloat16,), shapes, cols):
+    for wt, M, K, N, tiles in cases:
         if time.time() > t_end:
             print("budget spent: stopping the sweep", flush=True)
             break
-        w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
-        x = torch.randn(1, 1, N, K, device="cuda")
-        y = torch.empty(1, 1, N, M, device="cuda")
-        ref = x[0, 0] @ w[0, 0].float().t()
-        nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
-        best, d_us, default = None, float("nan"), tri.mat_vec_tile(M, N, K, tri.WTYPES[w.dtype])
-        tiles = [t for t in candidates(N, M, K, sms)
-                 if not a.focus or not t.dot or (t.block_m >= 32 and t.block_k == 128 and t.warps == 4)]
-        for t in dict.fromkeys([default, *tiles]):
-            if time.time() > t_end:  # (split-K quadruples some shapes' candidates: stop within the shape too)
-                print(f"  budget spent: the rest of {M}x{K} N={N} not measured", flush=True)
-                break
-            y.fill_(float("nan"))  # an element the tile leaves unwritten fails the check below
-            try:
-                us = kernel_us(lambda: tri._mat_vecs([(w, y)], x, t), reps=10)[0]
-            except Exception as e:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
-                print(f"  {t}: {type(e).__name__}", flush=True)
-                continue
-            err = ((y[0, 0] - ref).abs().max() / ref.abs().max()).item()
-            if not err <= TOLERANCE:
-                print(f"  {t}: WRONG rel err {err:.2e}", flush=True)
-                continue
-            if t.split_k > 1:  # the replays' bytes again from an eager launch: the slice order must not vary
-                again = y.clone()
-                tri._mat_vecs([(w, again)], x, t)
-                if not torch.equal(again.view(torch.int32), y.view(torch.int32)):
-                    print(f"  {t}: NOT DETERMINISTIC", flush=True)
-                    continue
-            if t == default:
-                d_us = us
-            if best is None or us < best[1]:
-                best = (t, us, err)
-        if best is None:
+        timed = time_case(wt, M, K, N, tiles)
+        if not timed:
             continue
-        gbps = nbytes / (best[1] * 1e-6) / 1e9
-        rows.append((str(wt).split(".")[-1], M, K, N, best, gbps, d_us))
-        print(f"{rows[-1][0]:>8} {M:>6}x{K:<6} N={N:<2} best {best[1]:7.2f} us {gbps:6.0f} GB/s ({gbps / bw:4.0%}) "
-              f"{best[0]} err {best[2]:.1e}  default {d_us:7.2f} us", flush=True)
+        default = dict((t, us) for t, us, _ in timed).get(tiles[0], float("nan"))
+        nbytes = M * K * DTYPES[wt].itemsize + N * K * 4 + N * M * 4
+        for t, us, err in sorted(timed, key=lambda r: r[1])[:3]:
+            gbps = nbytes / (us * 1e3)
+            print(f"{wt:>5} {M:>6}x{K:<6} N={N:<2} {us:7.2f} us {gbps:6.0f} GB/s ({gbps / bw:4.0%}) {t} err {err:.1e}"
+                  f"  default {default:7.2f} us", flush=True)
     return 0
 
 

@@ -79,7 +79,7 @@ def variants():
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k)
         yield (tri._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr))
+               dict(w_ptr=ptr, w2_ptr=ptr), dict(num_stages=t.stages))
     yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V), tri.NUM_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
@@ -104,9 +104,10 @@ def variants():
     for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
                                         (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):
         columns = tuple(max(0, n_t - s) for s in range(rows - 1, -1, -1))
+        shape, warps = tri.chain_launch(n_t, 128)
         yield tri._gdn_conv_chain_kernel, dict(
-            D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole,
-            L2_ROWS=max(triton.next_power_of_2(n_t), tri.chain_warps(128)), RMS=rms), tri.chain_warps(128)
+            D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole, RMS=rms,
+            **shape), warps
 
 
 @triton.jit

@@ -42,6 +42,7 @@ CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tre
 MAX_UNROLLED_T = 16  # SSM_CONV unrolls its token loop up to a verify's width
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
+CHAIN_GROUP_TOKENS = 4  # tokens per thread of the fused chain (chain_token_groups)
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
 
 
@@ -744,6 +745,19 @@ def scale(x: torch.Tensor, s: float, b: float, out: torch.Tensor) -> None:
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
 
 
+@triton.constexpr_function
+def group_of(col, tg, groups):
+    """The token group that holds CONCAT column ``col`` and the dc-2 after it: group g holds columns g*tg ..
+    g*tg+tg+dc-2 (its tg tokens and the dc-1 columns before them); the last group also the window at column n_t."""
+    return min(col // tg, groups - 1)
+
+
+@triton.constexpr_function
+def column_in_group(col, tg, groups):
+    """CONCAT column ``col``'s index in the registers of its group (group_of)."""
+    return col - group_of(col, tg, groups) * tg
+
+
 @triton.jit
 def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
                            n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
@@ -755,12 +769,14 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            tile_off, tile_sc, tile_sch,  # the shared row (TILE_N > 0)
                            D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, COLUMNS: tl.constexpr,
                            TILE_C0: tl.constexpr, TILE_N: tl.constexpr, WHOLE_ROWS: tl.constexpr,
-                           L2_ROWS: tl.constexpr, RMS: tl.constexpr):
-    # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
-    # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
+                           L2_ROWS: tl.constexpr, RMS: tl.constexpr, TG: tl.constexpr, GROUPS: tl.constexpr):
+    # One program per head of S channels; its tokens in GROUPS groups of TG, one thread per (group, channel). A
+    # thread's part of the channel's CONCAT row (its tokens and the dc-1 columns before them) lives in registers as
+    # a tuple, so every tap, window and tile column is picked at compile time; a snapshot row or tile column is
+    # stored by the one group that holds it (group_of).
     head = tl.program_id(0)
-    i = tl.arange(0, S)
-    ch = head * S + i
+    g = tl.arange(0, GROUPS)[:, None]
+    ch = head * S + tl.arange(0, S)[None, :] + 0 * g  # [GROUPS, S]
 
     # Every read first: the writes below may land on what was read, within this program's channels (a snapshot
     # row on the gathered row, the SiLU output on token columns of the projection).
@@ -769,25 +785,27 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         w = w + (tl.load(w_ptr + ch * w_s1 + j * w_s0),)
     st = st_ptr + tl.load(ids_ptr).to(tl.int64) * st_s1 + ch * (D_CONV - 1)
     cat = ()
-    for c in tl.static_range(D_CONV - 1):
-        cat = cat + (tl.load(st + c),)
-    for t in tl.static_range(N_T):
-        cat = cat + (tl.load(x_ptr + t * x_s0 + ch * x_s1),)
+    for j in tl.static_range(TG + D_CONV - 1):
+        col = g * TG + j  # the CONCAT column: dc-1 state columns, then the tokens
+        in_state = col < D_CONV - 1
+        x_tok = col - (D_CONV - 1)
+        v = tl.load(x_ptr + x_tok * x_s0 + ch * x_s1, mask=~in_state & (x_tok < N_T), other=0.0)
+        cat = cat + (tl.where(in_state, tl.load(st + col, mask=in_state, other=0.0), v),)
     # per-window destinations (table rows [offset, channel stride, step stride]); loaded now: a load after the
     # stores below would wait for them (it may alias them), one more round trip on the critical path
     offsets = ()
     for r in tl.static_range(len(COLUMNS)):
         offsets = offsets + (tl.load(table_ptr + r),)
     ys = ()
-    for t in tl.static_range(N_T):
+    for t in tl.static_range(TG):
         win = ()
         for j in tl.static_range(D_CONV):
             win = win + (cat[t + j],)
         ys = ys + (silu_f32(conv_dot(win, w)),)
     tl.debug_barrier()  # every thread's reads happen before any thread's writes
 
-    for t in tl.static_range(N_T):
-        tl.store(y_ptr + ch * y_s0 + t * y_s1, ys[t])
+    for t in tl.static_range(TG):
+        tl.store(y_ptr + ch * y_s0 + (g * TG + t) * y_s1, ys[t], mask=g * TG + t < N_T)
     for r in tl.static_range(len(COLUMNS)):  # window r = CONCAT columns COLUMNS[r] .. +dc-2
         if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
             dst, s_step = st_ptr + offsets[r] + ch * (D_CONV - 1), 1
@@ -795,16 +813,19 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
             dst = st_ptr + offsets[r] + ch * tl.load(table_ptr + n_rows + r)
             s_step = tl.load(table_ptr + 2 * n_rows + r)
         for s in tl.static_range(D_CONV - 1):
-            tl.store(dst + s * s_step, cat[COLUMNS[r] + s])
+            tl.store(dst + s * s_step, cat[column_in_group(COLUMNS[r], TG, GROUPS) + s],
+                     mask=g == group_of(COLUMNS[r], TG, GROUPS))
     # the shared row of overlapping windows (matcher rule 5b): columns TILE_C0 .. +TILE_N-1, each stored once
-    for c in tl.static_range(TILE_N):
-        tl.store(st_ptr + tile_off + ch * tile_sch + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c])
+    for c in tl.static_range(TILE_C0, TILE_C0 + TILE_N):
+        tl.store(st_ptr + tile_off + ch * tile_sch + c * tile_sc, cat[column_in_group(c, TG, GROUPS)],
+                 mask=g == group_of(c, TG, GROUPS))
 
     if head < n_l2:  # a q or a k head
         # The L2 tree sums a row within a thread; the rows are spread one channel per thread here. Read them back
         # from y (this program's writes, visible to it after a barrier) as a [tokens, S] tile instead: its loads
         # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread.
         tl.debug_barrier()
+        i = tl.arange(0, S)
         tok = tl.arange(0, L2_ROWS)[:, None]
         mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
         y = tl.load(y_ptr + (head * S + i[None, :]) * y_s0 + tok * y_s1, mask=mask, other=0.0)
@@ -854,14 +875,30 @@ def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
 
 
 def chain_warps(S: int) -> int:
-    """Warps of the fused chain: one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8,
-    docs/performance.md)."""
+    """Warps of the fused chain per token group: one thread per channel of a head (H200: 4 warps for S = 128 beat 2
+    and 8, docs/performance.md)."""
     return min(max(S // 32, 1), 8)
+
+
+def chain_token_groups(n_t: int) -> int:
+    """Token groups of the fused chain (a power of two): one holds all tokens up to CHAIN_GROUP_TOKENS, more
+    spread a long verify over more warps of the program (its time is the instructions of one thread)."""
+    return triton.next_power_of_2(triton.cdiv(n_t, CHAIN_GROUP_TOKENS))
+
+
+def chain_launch(n_t: int, S: int, groups: int | None = None, num_warps: int | None = None) -> tuple[dict, int]:
+    """The fused chain's launch shape for n_t tokens and heads of S channels: (its TG, GROUPS and L2_ROWS
+    constexprs, num_warps); ``groups`` and ``num_warps`` override the defaults (a benchmark's variants)."""
+    groups = groups or chain_token_groups(n_t)
+    _require(groups & (groups - 1) == 0 and groups <= n_t, f"{groups} token groups for {n_t} tokens")
+    num_warps = num_warps or chain_warps(S) * groups
+    return dict(TG=triton.cdiv(n_t, groups), GROUPS=groups,
+                L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
                    tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
-                   qk_scale: float = 1.0) -> None:
+                   qk_scale: float = 1.0, groups: int | None = None) -> None:
     """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
     five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
     (RMS_NORM(eps) then SCALE(qk_scale), upstream's form), computed by the same helpers as the unfused kernels.
@@ -898,15 +935,13 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
              "q and k share strides; q, k, out rows contiguous")
     tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
     per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
-    num_warps = num_warps or chain_warps(S)
+    shape, num_warps = chain_launch(n_t, S, groups, num_warps)
     _gdn_conv_chain_kernel[(C // S,)](
         states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]),
         len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), f32(qk_scale), S, states.stride(2),
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
         D_CONV=d_conv, S=S, N_T=n_t, COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
-        WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per),
-        L2_ROWS=max(triton.next_power_of_2(n_t), num_warps),  # at least a row per warp
-        RMS=norm == "rms",
+        WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per), RMS=norm == "rms", **shape,
         **{**LAUNCH, "num_warps": num_warps})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
@@ -1014,6 +1049,7 @@ class MatVecTile(NamedTuple):
     dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
     warps: int
     split_k: int = 1
+    stages: int = 3  # software-pipeline depth of the K loop (Triton's num_stages; its default is 3)
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
@@ -1120,7 +1156,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
-        **{**LAUNCH, "num_warps": t.warps})
+        **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
