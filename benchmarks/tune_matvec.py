@@ -46,11 +46,12 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
                 if s * bk <= K:
                     yield tri.MatVecTile(min(M, 64), 16, bk, True, 4, s)
         return
-    tiles = [tri.MatVecTile(bm, cols, bk, False, 4, 1, st) for bm, bk, st in
-             itertools.product((4, 8), (256, 512), (2, 3, 4)) if bm * cols * bk <= 8192]
+    # (Triton's pipeline depth, num_stages 2-6, was swept too on 2026-12-01 and never beat its default 3)
+    tiles = [tri.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((2, 4, 8), (256, 512))
+             if bm * cols * bk <= 8192]
     if N >= 2:
-        tiles += [tri.MatVecTile(bm, 16, bk, True, 8 if bm == 128 else 4, 1, st) for bm, bk, st in
-                  itertools.product((32, 64, 128), (64, 128), (3, 4, 6))]
+        tiles += [tri.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in itertools.product((32, 64, 128), (64, 128),
+                                                                                          (4, 8))]
     for t in tiles:
         yield t
         # split-K where the row blocks alone leave SMs idle (under two programs per SM), each slice a whole K step

@@ -130,23 +130,6 @@ def test_conv_chain_aliasing_changes_nothing(backend, alias):
         assert_same_bytes(got, want[name], name)
 
 
-def test_conv_chain_token_groups_change_nothing(monkeypatch):
-    """The Triton chain's token groups (1 to 8 threads per channel, down to one token each, fewer tokens per
-    thread than the dc-1 state columns) only change which thread computes and stores what: same bytes."""
-    from gdnpass.kernels import triton_ops
-
-    case = (32, 1, 2, 4, 8, 8, "row,out")  # 8 rows: the last window starts at column n_t, past the last group's tokens
-    unfused = chain(*case)
-    run_unfused(unfused, TRITON_BACKEND)
-    want = results(unfused)
-    for groups in (1, 2, 4, 8):
-        monkeypatch.setattr(triton_ops, "chain_token_groups", lambda n_t, g=groups: g)
-        c = chain(*case)
-        run_fused(c, TRITON_BACKEND)
-        for name, got in results(c).items():
-            assert_same_bytes(got, want[name], f"{name}, {groups} token groups")
-
-
 @pytest.mark.parametrize("case", [(32, 2, 4, 3, 1, 1), (64, 1, 2, 4, 6, 4), (128, 1, 1, 5, 16, 3)])
 def test_conv_chain_triton_vs_torch(case):
     tri, ref = chain(*case, "row"), chain(*case, "row")

@@ -367,6 +367,10 @@ def test_gated_delta_net(S, H_k, H_v, n_t, n_s, K, per_row_gate):
     n_written = n_t * n_s + min(n_t, K) * S * n_s  # rows: scores, then the slots < n_t
     assert_close(out[..., :n_written, :], want[..., :n_written, :])
     assert out[..., n_written:, :].isnan().all(), "slots >= n_t must keep the old bytes"
+    looped = a.view(tuple(out.shape))  # the token loop kept, as for a prompt: the same bytes
+    a.run(lambda: tri.gated_delta_net(*src, K, looped, block_v=32, unrolled=False), looped)
+    assert_same_bytes(looped[..., :n_written, :], out[..., :n_written, :], "the looped GDN")
+    assert looped[..., n_written:, :].isnan().all(), "the looped GDN: slots >= n_t must keep the old bytes"
 
 
 def gdn_f64(q, k, v, g, beta, state, K):

@@ -39,10 +39,9 @@ from gdnpass.kernels.reference import f32, gdn_scale
 NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper must launch with the same
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
-MAX_UNROLLED_T = 16  # SSM_CONV unrolls its token loop up to a verify's width
+MAX_UNROLLED_T = 16  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
 GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
-CHAIN_GROUP_TOKENS = 4  # tokens per thread of the fused chain (chain_token_groups)
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
 
 
@@ -745,19 +744,6 @@ def scale(x: torch.Tensor, s: float, b: float, out: torch.Tensor) -> None:
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
 
 
-@triton.constexpr_function
-def group_of(col, tg, groups):
-    """The token group that holds CONCAT column ``col`` and the dc-2 after it: group g holds columns g*tg ..
-    g*tg+tg+dc-2 (its tg tokens and the dc-1 columns before them); the last group also the window at column n_t."""
-    return min(col // tg, groups - 1)
-
-
-@triton.constexpr_function
-def column_in_group(col, tg, groups):
-    """CONCAT column ``col``'s index in the registers of its group (group_of)."""
-    return col - group_of(col, tg, groups) * tg
-
-
 @triton.jit
 def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
                            n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
@@ -769,14 +755,12 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            tile_off, tile_sc, tile_sch,  # the shared row (TILE_N > 0)
                            D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, COLUMNS: tl.constexpr,
                            TILE_C0: tl.constexpr, TILE_N: tl.constexpr, WHOLE_ROWS: tl.constexpr,
-                           L2_ROWS: tl.constexpr, RMS: tl.constexpr, TG: tl.constexpr, GROUPS: tl.constexpr):
-    # One program per head of S channels; its tokens in GROUPS groups of TG, one thread per (group, channel). A
-    # thread's part of the channel's CONCAT row (its tokens and the dc-1 columns before them) lives in registers as
-    # a tuple, so every tap, window and tile column is picked at compile time; a snapshot row or tile column is
-    # stored by the one group that holds it (group_of).
+                           L2_ROWS: tl.constexpr, RMS: tl.constexpr):
+    # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
+    # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
     head = tl.program_id(0)
-    g = tl.arange(0, GROUPS)[:, None]
-    ch = head * S + tl.arange(0, S)[None, :] + 0 * g  # [GROUPS, S]
+    i = tl.arange(0, S)
+    ch = head * S + i
 
     # Every read first: the writes below may land on what was read, within this program's channels (a snapshot
     # row on the gathered row, the SiLU output on token columns of the projection).
@@ -785,27 +769,25 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         w = w + (tl.load(w_ptr + ch * w_s1 + j * w_s0),)
     st = st_ptr + tl.load(ids_ptr).to(tl.int64) * st_s1 + ch * (D_CONV - 1)
     cat = ()
-    for j in tl.static_range(TG + D_CONV - 1):
-        col = g * TG + j  # the CONCAT column: dc-1 state columns, then the tokens
-        in_state = col < D_CONV - 1
-        x_tok = col - (D_CONV - 1)
-        v = tl.load(x_ptr + x_tok * x_s0 + ch * x_s1, mask=~in_state & (x_tok < N_T), other=0.0)
-        cat = cat + (tl.where(in_state, tl.load(st + col, mask=in_state, other=0.0), v),)
+    for c in tl.static_range(D_CONV - 1):
+        cat = cat + (tl.load(st + c),)
+    for t in tl.static_range(N_T):
+        cat = cat + (tl.load(x_ptr + t * x_s0 + ch * x_s1),)
     # per-window destinations (table rows [offset, channel stride, step stride]); loaded now: a load after the
     # stores below would wait for them (it may alias them), one more round trip on the critical path
     offsets = ()
     for r in tl.static_range(len(COLUMNS)):
         offsets = offsets + (tl.load(table_ptr + r),)
     ys = ()
-    for t in tl.static_range(TG):
+    for t in tl.static_range(N_T):
         win = ()
         for j in tl.static_range(D_CONV):
             win = win + (cat[t + j],)
         ys = ys + (silu_f32(conv_dot(win, w)),)
     tl.debug_barrier()  # every thread's reads happen before any thread's writes
 
-    for t in tl.static_range(TG):
-        tl.store(y_ptr + ch * y_s0 + (g * TG + t) * y_s1, ys[t], mask=g * TG + t < N_T)
+    for t in tl.static_range(N_T):
+        tl.store(y_ptr + ch * y_s0 + t * y_s1, ys[t])
     for r in tl.static_range(len(COLUMNS)):  # window r = CONCAT columns COLUMNS[r] .. +dc-2
         if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
             dst, s_step = st_ptr + offsets[r] + ch * (D_CONV - 1), 1
@@ -813,19 +795,16 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
             dst = st_ptr + offsets[r] + ch * tl.load(table_ptr + n_rows + r)
             s_step = tl.load(table_ptr + 2 * n_rows + r)
         for s in tl.static_range(D_CONV - 1):
-            tl.store(dst + s * s_step, cat[column_in_group(COLUMNS[r], TG, GROUPS) + s],
-                     mask=g == group_of(COLUMNS[r], TG, GROUPS))
+            tl.store(dst + s * s_step, cat[COLUMNS[r] + s])
     # the shared row of overlapping windows (matcher rule 5b): columns TILE_C0 .. +TILE_N-1, each stored once
-    for c in tl.static_range(TILE_C0, TILE_C0 + TILE_N):
-        tl.store(st_ptr + tile_off + ch * tile_sch + c * tile_sc, cat[column_in_group(c, TG, GROUPS)],
-                 mask=g == group_of(c, TG, GROUPS))
+    for c in tl.static_range(TILE_N):
+        tl.store(st_ptr + tile_off + ch * tile_sch + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c])
 
     if head < n_l2:  # a q or a k head
         # The L2 tree sums a row within a thread; the rows are spread one channel per thread here. Read them back
         # from y (this program's writes, visible to it after a barrier) as a [tokens, S] tile instead: its loads
         # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread.
         tl.debug_barrier()
-        i = tl.arange(0, S)
         tok = tl.arange(0, L2_ROWS)[:, None]
         mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
         y = tl.load(y_ptr + (head * S + i[None, :]) * y_s0 + tok * y_s1, mask=mask, other=0.0)
@@ -875,30 +854,21 @@ def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
 
 
 def chain_warps(S: int) -> int:
-    """Warps of the fused chain per token group: one thread per channel of a head (H200: 4 warps for S = 128 beat 2
-    and 8, docs/performance.md)."""
+    """Warps of the fused chain: one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and
+    beat spreading a long verify's tokens over more warps, docs/performance.md)."""
     return min(max(S // 32, 1), 8)
 
 
-def chain_token_groups(n_t: int) -> int:
-    """Token groups of the fused chain (a power of two): one holds all tokens up to CHAIN_GROUP_TOKENS, more
-    spread a long verify over more warps of the program (its time is the instructions of one thread)."""
-    return triton.next_power_of_2(triton.cdiv(n_t, CHAIN_GROUP_TOKENS))
-
-
-def chain_launch(n_t: int, S: int, groups: int | None = None, num_warps: int | None = None) -> tuple[dict, int]:
-    """The fused chain's launch shape for n_t tokens and heads of S channels: (its TG, GROUPS and L2_ROWS
-    constexprs, num_warps); ``groups`` and ``num_warps`` override the defaults (a benchmark's variants)."""
-    groups = groups or chain_token_groups(n_t)
-    _require(groups & (groups - 1) == 0 and groups <= n_t, f"{groups} token groups for {n_t} tokens")
-    num_warps = num_warps or chain_warps(S) * groups
-    return dict(TG=triton.cdiv(n_t, groups), GROUPS=groups,
-                L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
+def chain_launch(n_t: int, S: int, num_warps: int | None = None) -> tuple[dict, int]:
+    """The fused chain's launch shape for n_t tokens and heads of S channels: (its L2_ROWS constexpr, num_warps);
+    ``num_warps`` overrides chain_warps (a benchmark's variants)."""
+    num_warps = num_warps or chain_warps(S)
+    return dict(L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
                    tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
-                   qk_scale: float = 1.0, groups: int | None = None) -> None:
+                   qk_scale: float = 1.0) -> None:
     """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
     five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
     (RMS_NORM(eps) then SCALE(qk_scale), upstream's form), computed by the same helpers as the unfused kernels.
@@ -935,7 +905,7 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
              "q and k share strides; q, k, out rows contiguous")
     tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
     per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
-    shape, num_warps = chain_launch(n_t, S, groups, num_warps)
+    shape, num_warps = chain_launch(n_t, S, num_warps)
     _gdn_conv_chain_kernel[(C // S,)](
         states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]),
         len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), f32(qk_scale), S, states.stride(2),
@@ -1049,7 +1019,6 @@ class MatVecTile(NamedTuple):
     dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
     warps: int
     split_k: int = 1
-    stages: int = 3  # software-pipeline depth of the K loop (Triton's num_stages; its default is 3)
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
@@ -1057,33 +1026,38 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     shape and type alone, so both products of a pair (one launch, one tile) are byte-identical to their single
     mat-vecs.
 
-    Chosen from H200 timings (``benchmarks/tune_matvec.py``; the tables in docs/performance.md): thin outputs
-    (alpha/beta: 32 rows) take one row per program and K in few steps (the launch is one memory round trip); up to 2
-    columns (4 for f32 and f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is
-    bound by its arithmetic and the tensor-core form wins. Its 64-128-row tiles leave most of the 132 SMs idle on
-    1024-8192 rows, so those shapes split K (:func:`_split`: 2 slices from 4096 rows, 8 below; the 2026-12-01
-    evening timings). Shapes with more rows (12288: the FFN gate/up; the lm head) fill the GPU unsplit. f16 weights
-    take f32's tiles (not timed apart)."""
+    Chosen from H200 timings (``benchmarks/tune_matvec.py``; the tables in docs/performance.md). Thin outputs
+    (alpha/beta: 32 rows): one row per program with K in few steps for up to 4 columns; from 8 columns two rows per
+    program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and f16)
+    the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its arithmetic
+    and the tensor-core form wins. Its tiles leave most of the 132 SMs idle on 1024-8192 rows, so those shapes
+    split K (:func:`_split`): 4096 bf16 rows in 128-row tiles with K steps of 64, 8 slices (2026-12-01 night sweep:
+    z / ssm_out / attention output 20.4 -> 14.0 us at 8 columns, FFN down 56.5 -> 35.2); f32 from 8 columns in
+    64-row tiles with K steps of 64, 4 slices from 4096 rows, 16 below. Shapes with more rows (12288: the FFN
+    gate/up; the lm head) fill the GPU unsplit. f16 weights take f32's tiles (not timed apart)."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
+        if cols >= 8:
+            return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
     if wtype == "bf16":
         if cols >= 4 and M >= 8192:
-            return MatVecTile(128, 16, 128, True, 4, _split(M, K, 128))
-        if M >= 4096 and (cols >= 8 or cols >= 4 and K > 4096) or cols >= 8 and M >= 1024:
-            return MatVecTile(64, 16, 128, True, 4, _split(M, K, 128))
+            return MatVecTile(128, 16, 128, True, 4, _split(K, 128, 1 if M > 8192 else 2))
+        if cols >= 4 and M >= 4096:
+            return MatVecTile(128, 16, 64, True, 8, _split(K, 64, 8))
+        if cols >= 8 and M >= 1024:
+            return MatVecTile(64, 16, 128, True, 4, _split(K, 128, 8))
     elif cols >= 8 and M >= 8192:
-        return MatVecTile(64, 16, 64, True, 4, _split(M, K, 64))
-    elif cols == 16 and M >= 1024:
-        return MatVecTile(64, 16, 128, True, 4, _split(M, K, 128))
+        return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 1 if M > 8192 else 2))
+    elif cols >= 8 and M >= 1024:
+        return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 16))
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
     return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
 
 
-def _split(M: int, K: int, block_k: int) -> int:
-    """K slices of a tensor-core tile's row block: none from 12288 rows (the grid fills the GPU), 2 from 4096, 8
-    below; never more slices than K steps (a power of two, as the launcher requires)."""
-    want = 1 if M > 8192 else 2 if M >= 4096 else 8
+def _split(K: int, block_k: int, want: int) -> int:
+    """K slices of a row block: ``want`` (a power of two), but never more slices than K steps (the launcher
+    requires a power of two)."""
     return min(want, 1 << (triton.cdiv(K, block_k).bit_length() - 1))
 
 
@@ -1156,7 +1130,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
-        **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
+        **{**LAUNCH, "num_warps": t.warps})
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
@@ -1276,6 +1250,28 @@ def rope(x: torch.Tensor, pos: torch.Tensor, ff: torch.Tensor | None, out: torch
 
 
 @triton.jit
+def _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask, strides):
+    """Token t's q, k (as a column), v, decay and beta for head h."""
+    qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3 = strides
+    qk = seq * qk_s3 + t * qk_s2 + (h % H_k) * qk_s1
+    q = tl.load(q_ptr + qk + i)
+    kk = tl.load(k_ptr + qk + i)[:, None]
+    v = tl.load(v_ptr + seq * v_s3 + t * v_s2 + h * v_s1 + col, mask=cmask, other=0.0)
+    gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0))
+    beta = tl.load(b_ptr + seq * b_s3 + t * b_s2 + h * b_s1)
+    return q, kk, v, gate, beta
+
+
+@triton.jit
+def _gdn_step(st, q, kk, v, gate, beta, scale):
+    """One token of the recurrence on a [S, BLOCK_V] state slice: (the new slice, its scores)."""
+    st = st * gate[:, None]
+    delta = (v - tl.sum(st * kk, axis=0)) * beta
+    st = st + kk * delta[None, :]
+    return st, tl.sum(st * q[:, None], axis=0) * scale
+
+
+@triton.jit
 def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
                 n_t, n_s, H_v, H_k, K, scale,
                 qk_s1, qk_s2, qk_s3,        # q, k [S, H_k, n_t, n_s], contiguous rows, same strides
@@ -1283,7 +1279,7 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
                 g_s0, g_s1, g_s2, g_s3,     # g    [1 or S, H_v, n_t, n_s]; g_s0 = 0 for one gate per head
                 b_s1, b_s2, b_s3,           # beta [1, H_v, n_t, n_s]
                 st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]
-                S: tl.constexpr, BLOCK_V: tl.constexpr):
+                S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr):
     cb, h, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i = tl.arange(0, S)                               # key index: tile rows
     col = cb * BLOCK_V + tl.arange(0, BLOCK_V)        # value index: tile columns
@@ -1293,25 +1289,36 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
     n_scores = S * H_v * n_t * n_s
     slot_size = S * S * H_v * n_s
     snap_ptrs = o_ptr + n_scores + (seq * H_v + h) * S * S + tile
-    for t in range(n_t):
-        qk = seq * qk_s3 + t * qk_s2 + (h % H_k) * qk_s1
-        q = tl.load(q_ptr + qk + i)
-        kk = tl.load(k_ptr + qk + i)[:, None]
-        v = tl.load(v_ptr + seq * v_s3 + t * v_s2 + h * v_s1 + col, mask=cmask, other=0.0)
-        gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0))
-        beta = tl.load(b_ptr + seq * b_s3 + t * b_s2 + h * b_s1)
-        st = st * gate[:, None]
-        delta = (v - tl.sum(st * kk, axis=0)) * beta
-        st = st + kk * delta[None, :]
-        o = tl.sum(st * q[:, None], axis=0) * scale
-        tl.store(o_ptr + ((seq * n_t + t) * H_v + h) * S + col, o, mask=cmask)
-        slot = n_t - 1 - t  # slot 0 = state after the last token; slots >= n_t are left untouched
-        tl.store(snap_ptrs + slot * slot_size, st, mask=cmask[None, :] & (slot < K))
+    o_ptrs = o_ptr + (seq * n_t * H_v + h) * S + col
+    strides = (qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3)
+    if N_T > 0:  # a verify's few tokens, unrolled: every token's inputs loaded before the first store (a load
+        # after a store that may alias it waits for it: one memory round trip per token otherwise)
+        qs, ks, vs, gates, betas = (), (), (), (), ()
+        for t in tl.static_range(N_T):
+            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
+                                               strides)
+            qs, ks, vs, gates, betas = qs + (q,), ks + (kk,), vs + (v,), gates + (gate,), betas + (beta,)
+        for t in tl.static_range(N_T):
+            st, o = _gdn_step(st, qs[t], ks[t], vs[t], gates[t], betas[t], scale)
+            tl.store(o_ptrs + t * H_v * S, o, mask=cmask)
+            slot = N_T - 1 - t  # slot 0 = state after the last token; slots >= n_t are left untouched
+            tl.store(snap_ptrs + slot * slot_size, st, mask=cmask[None, :] & (slot < K))
+    else:  # a prompt's many tokens
+        for t in range(n_t):
+            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
+                                               strides)
+            st, o = _gdn_step(st, q, kk, v, gate, beta, scale)
+            tl.store(o_ptrs + t * H_v * S, o, mask=cmask)
+            slot = n_t - 1 - t
+            tl.store(snap_ptrs + slot * slot_size, st, mask=cmask[None, :] & (slot < K))
 
 
-def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V) -> None:
+def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
+                    num_warps: int = NUM_WARPS, unrolled: bool = True) -> None:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
-    One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers."""
+    One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers. Up to
+    MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t; ``unrolled=False`` keeps the loop): the
+    same steps in the same order either way, so the bytes do not depend on it."""
     n_s, n_t, H_v, S = v.shape
     _require(S & (S - 1) == 0, f"head size {S} must be a power of two")
     _require(out.is_contiguous(), "the GDN output must be contiguous")
@@ -1322,7 +1329,8 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
         q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
         qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
-        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, **LAUNCH)
+        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0,
+        **{**LAUNCH, "num_warps": num_warps})
 
 
 # ---- launch sizes (for cost estimates) -------------------------------------------------------------------------------
