@@ -34,7 +34,7 @@ def operands(T: int, K: int):
 
 def main() -> int:
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default block_v {tri.GDN_BLOCK_V}, "
-          f"{tri.NUM_WARPS} warps, unrolled")
+          f"{tri.GDN_WARPS} warps, unrolled")
     print("T | " + " | ".join(f"{bv}c x {w}w unrolled / looped" for bv, w in TILES))
     for T in (1, 4, 8, 16):
         *src, out = operands(T, T)

@@ -81,7 +81,7 @@ def variants():
         yield (tri._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
-        yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V, N_T=n_t), tri.NUM_WARPS
+        yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V, N_T=n_t), tri.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
         yield (tri._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,

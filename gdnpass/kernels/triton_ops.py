@@ -41,8 +41,9 @@ ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement ke
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
 MAX_UNROLLED_T = 16  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
-GDN_BLOCK_V = 32    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V])
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
+GDN_BLOCK_V = 16    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V]), in GDN_WARPS warps
+GDN_WARPS = 8       # (H200, S 128: 16 columns x 8 warps beat 32 x 4 at 1-16 tokens, docs/performance.md)
 
 
 # read when this module loads, as @triton.jit reads it: the interpreter runs every kernel defined below
@@ -1314,7 +1315,7 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
 
 
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
-                    num_warps: int = NUM_WARPS, unrolled: bool = True) -> None:
+                    num_warps: int = GDN_WARPS, unrolled: bool = True) -> None:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
     One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers. Up to
     MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t; ``unrolled=False`` keeps the loop): the
