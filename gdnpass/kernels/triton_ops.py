@@ -1031,21 +1031,23 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     (alpha/beta: 32 rows): one row per program with K in few steps for up to 4 columns; from 8 columns two rows per
     program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and f16)
     the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its arithmetic
-    and the tensor-core form wins. Its tiles leave most of the 132 SMs idle on 1024-8192 rows, so those shapes
-    split K (:func:`_split`): 4096 bf16 rows in 128-row tiles with K steps of 64, 8 slices (2026-12-01 night sweep:
-    z / ssm_out / attention output 20.4 -> 14.0 us at 8 columns, FFN down 56.5 -> 35.2); f32 from 8 columns in
-    64-row tiles with K steps of 64, 4 slices from 4096 rows, 16 below. Shapes with more rows (12288: the FFN
-    gate/up; the lm head) fill the GPU unsplit. f16 weights take f32's tiles (not timed apart)."""
+    and the tensor-core form wins, with K steps of 64 for bf16 from 4096 rows (2026-12-01 night sweeps, 4-16
+    columns: z / ssm_out / attention output 20.4 -> 14.0 us, FFN down 56.5 -> 35.2, qkv 28.3 -> 24.7, FFN gate/up
+    45 -> 39, lm head 650 -> 565). Its tiles leave most of the 132 SMs idle on up to 12288 rows, so those shapes
+    split K (:func:`_split`; about 256-384 programs); f32 from 8 columns takes 64-row tiles with K steps of 64,
+    4 slices from 4096 rows, 16 below. f16 weights take f32's tiles (not timed apart)."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
     if wtype == "bf16":
-        if cols >= 4 and M >= 8192:
-            return MatVecTile(128, 16, 128, True, 4, _split(K, 128, 1 if M > 8192 else 2))
-        if cols >= 4 and M >= 4096:
-            return MatVecTile(128, 16, 64, True, 8, _split(K, 64, 8))
+        if cols >= 4 and M > 65536:  # the lm head fills the GPU unsplit
+            return MatVecTile(128, 16, 64, True, 4)
+        if cols >= 4 and M > 8192:   # FFN gate / up
+            return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 2))
+        if cols >= 4 and M >= 4096:  # qkv and attention q+gate (8192), z / ssm_out / attention o / FFN down (4096)
+            return MatVecTile(128, 16, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
         if cols >= 8 and M >= 1024:
             return MatVecTile(64, 16, 128, True, 4, _split(K, 128, 8))
     elif cols >= 8 and M >= 8192:
