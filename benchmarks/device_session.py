@@ -35,8 +35,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("whole-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream",
                                 *(["--source", source] if source else []), "--json", str(out / "whole-upstream.json")],
              400),
-            ("tune-matvec", [PY, "benchmarks/tune_matvec.py", "--shapes", "4096x4096,1024x4096", "--cols", "8,16",
-                             "--budget-s", "100"], 130),
+            ("tune-matvec", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16,f32", "--shapes", "1024x4096",
+                             "--cols", "1,4,8,16", "--budget-s", "100"], 130),
         ]
     sanitizer = "compute-sanitizer"
     return [
