@@ -4,10 +4,11 @@
     python benchmarks/device_session.py --part 2 [--out DIR]
 
 Part 1 (issue 18, then the mat-vec tiles): the whole qwen3.5-9b verify, ours off / on next to upstream llama.cpp
-built with CUDA (``bench.py --quick --only whole,upstream``), then a tile sweep of the products still under target (``tune_matvec.py``).
-Part 2 (issue 16): bench.py's per-op, mat-vec, chain, dedup and pair tables, the GPU tests (``pytest -m gpu``
-after ``warm_compile.py``, and the kernel files compiled), compute-sanitizer memcheck and racecheck over every
-kernel (``sanitize.py``).
+built with CUDA (``bench.py --quick --only whole,upstream``), then a tile sweep of the products still under target
+(``tune_matvec.py``).
+Part 2 (issue 16): bench.py's per-op, mat-vec, chain, dedup and pair tables, the GPU tests (``pytest -m gpu`` after
+``warm_compile.py``), compute-sanitizer memcheck and racecheck over every kernel (``sanitize.py``), then the kernel
+test files compiled.
 
 Each step runs in its own process with a time limit (a step that runs out is reported, the next one still runs);
 its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
@@ -41,13 +42,13 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     sanitizer = "compute-sanitizer"
     return [
         ("bench-kernels", [PY, "benchmarks/bench.py", "--quick", "--only", "ops,matvec,chain,dedup,pair",
-                           "--json", str(out / "bench-kernels.json")], 140),
-        ("warm-compile", [PY, "benchmarks/warm_compile.py"], 60),  # the GPU sweep's kernels, in 16 processes
-        ("gpu-tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "tests/"], 100),
-        ("memcheck", [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 80),
+                           "--json", str(out / "bench-kernels.json")], 90),
+        ("warm-compile", [PY, "benchmarks/warm_compile.py"], 90),  # the GPU sweep's kernels, compiled in parallel
+        ("gpu-tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "tests/"], 120),
+        ("memcheck", [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 40),
         ("racecheck", [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 80),
         ("kernel-tests", [PY, "-m", "pytest", "-q", "-x", "tests/test_kernels.py", "tests/test_triton_ops.py",
-                          "tests/test_triton_attention.py"], 70),
+                          "tests/test_triton_attention.py"], 110),
     ]
 
 

@@ -1,5 +1,6 @@
 """Launch variants of the fused conv chain (warps per head) at qwen3.5-9b size, timed side by side next to one copy
-kernel moving the chain's bytes; every variant's output checked byte-identical to the default launch. Method: profiler kernel durations of CUDA-graph replays (bench.kernel_us), medians.
+kernel moving the chain's bytes; every variant's output checked byte-identical to the first variant's. Method:
+profiler kernel durations of CUDA-graph replays (bench.kernel_us), medians.
 
     python benchmarks/tune_chain.py
 """

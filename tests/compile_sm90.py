@@ -72,8 +72,9 @@ def variants():
         yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
     # the mat-vec: the model's tiles, and split-K tiles of both forms (the split reads a workspace and its tickets;
     # an unsplit launch passes None for them)
-    split = [(tri.mat_vec_tile(4096, 4, 4096, "f32")._replace(split_k=4), "f32"),
-             (tri.mat_vec_tile(4096, 16, 4096, "bf16")._replace(split_k=8), "bf16")]
+    split = [(tri.mat_vec_tile(4096, 4, 4096, "f32")._replace(split_k=4), "f32"),  # (an FMA tile, split)
+             (tri.mat_vec_tile(248320, 16, 4096, "bf16"), "bf16"),  # unsplit tensor-core tiles: the lm head's,
+             (tri.mat_vec_tile(12288, 16, 4096, "f32"), "f32")]      # f32's from 12288 rows
     for t, wt in [*((tri.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
                     itertools.product(((32, 8), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]

@@ -19,7 +19,8 @@ reference's on CUDA; the data-movement kernels move bits (or convert as torch co
 Every kernel loads all inputs of the elements it owns before storing them, so an output may alias its input element
 for element (SiLU in place); the launchers refuse any other overlap of an output with an input. Token counts stay
 runtime values, loop bounds or the mask of a fixed tile (no recompile per n_t), except in the fused chain, where they
-are constants of the node (see :func:`gdn_conv_chain`); channels go on the grid.
+are constants of the node (see :func:`gdn_conv_chain`), and in SSM_CONV and GATED_DELTA_NET up to MAX_UNROLLED_T
+tokens (a verify's loop unrolled: one compile per n_t); channels go on the grid.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS, mat_vec_columns
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32, gdn_scale
 
-NUM_WARPS = 4       # every launch; a fused kernel reusing a reduction helper must launch with the same
+NUM_WARPS = 4       # every launch but the mat-vec, the fused chain, GATED_DELTA_NET and flash attention (their own);
+                    # a fused kernel reusing a reduction helper must launch with the same
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
 MAX_UNROLLED_T = 16  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
@@ -1027,15 +1029,14 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     shape and type alone, so both products of a pair (one launch, one tile) are byte-identical to their single
     mat-vecs.
 
-    Chosen from H200 timings (``benchmarks/tune_matvec.py``; the tables in docs/performance.md). Thin outputs
-    (alpha/beta: 32 rows): one row per program with K in few steps for up to 4 columns; from 8 columns two rows per
-    program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and f16)
-    the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its arithmetic
-    and the tensor-core form wins, with K steps of 64 for bf16 from 4096 rows (2026-12-01 night sweeps, 4-16
-    columns: z / ssm_out / attention output 20.4 -> 14.0 us, FFN down 56.5 -> 35.2, qkv 28.3 -> 24.7, FFN gate/up
-    45 -> 39, lm head 650 -> 565). Its tiles leave most of the 132 SMs idle on up to 12288 rows, so those shapes
-    split K (:func:`_split`; about 256-384 programs); f32 from 8 columns takes 64-row tiles with K steps of 64,
-    4 slices from 4096 rows, 16 below. f16 weights take f32's tiles (not timed apart)."""
+    Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
+    outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
+    per program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and
+    f16, and for bf16 below 4096 rows) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA
+    form is bound by its arithmetic and the tensor-core form wins (from 1024 rows; below, the FMA form throughout),
+    in K steps of 64 (128 for bf16 below 4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it
+    splits K (:func:`_split`: a few hundred programs) below the lm head for bf16 and up to 8192 rows for f32. f16
+    weights take f32's tiles (not timed apart)."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         if cols >= 8:
@@ -1055,7 +1056,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     elif cols >= 8 and M >= 1024:
         return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 16))
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
-    return MatVecTile(4 if small or cols >= 8 else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
+    return MatVecTile(4 if small else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
 
 
 def _split(K: int, block_k: int, want: int) -> int:
