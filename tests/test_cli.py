@@ -72,13 +72,14 @@ def test_interpreter_guard(capsys, monkeypatch):
 
 
 def test_interpreter_guard_suggests_a_graph_it_accepts():
-    """The smaller graph the refusal names runs under the limit; checked (twice) it does not, as the message says."""
+    """The smaller graph the refusal names runs under the limit, checked (twice) too: the suggestion works for
+    both refusals."""
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from gdnpass import pipeline
 
     a = cli.make_parser().parse_args(["run", *cli.SMALL_GRAPH])
     nodes = pipeline.run(cli._source(a), cli.pass_options(a, True), fuse_now=False).graph.nodes
-    assert cli.interpreter_seconds(nodes) <= cli.SLOW_LIMIT_S < 2 * cli.interpreter_seconds(nodes)
+    assert 2 * cli.interpreter_seconds(nodes) <= cli.SLOW_LIMIT_S
 
 
 def test_programs_follow_the_launch_blocks():

@@ -373,6 +373,17 @@ def test_gated_delta_net(S, H_k, H_v, n_t, n_s, K, per_row_gate):
     assert looped[..., n_written:, :].isnan().all(), "the looped GDN: slots >= n_t must keep the old bytes"
 
 
+def test_gated_delta_net_refuses_an_output_over_its_state():
+    """Its programs read q, k, v, the gates and the state while others write: an output overlapping any of them is
+    refused before launch (gallocr never plans one)."""
+    a = Arena()
+    q, k, v, g, beta, state = gdn_inputs(a, 32, 1, 1, 2, 1, False)
+    out = a.view((1, 1, 2 + 32, 32))  # two score rows, then one slot
+    in_out = out.reshape(-1)[-state.numel():].view(state.shape).copy_(state)  # the state in the slot's memory
+    with pytest.raises(KernelError, match="GATED_DELTA_NET: the output overlaps an input"):
+        tri.gated_delta_net(q, k, v, g, beta, in_out, 1, out)
+
+
 def gdn_f64(q, k, v, g, beta, state, K):
     """Independent float64 recurrence on explicit S[i][col] matrices (CUDA's update form), returning
     (scores [n_s, n_t, H_v, S], {slot: states [n_s, H_v, S(col), S(i)]})."""

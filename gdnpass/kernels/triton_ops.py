@@ -1062,7 +1062,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 def _split(K: int, block_k: int, want: int) -> int:
     """K slices of a row block: ``want`` (a power of two), but never more slices than K steps (the launcher
     requires a power of two)."""
-    return min(want, 1 << (triton.cdiv(K, block_k).bit_length() - 1))
+    return min(want, 1 << max(triton.cdiv(K, block_k).bit_length() - 1, 0))  # (K = 0: one empty slice, y = 0)
 
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -1328,6 +1328,7 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     _require(out.is_contiguous(), "the GDN output must be contiguous")
     qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
     _require(qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous")
+    _alias_ok("GATED_DELTA_NET", out, q, k, v, g, beta, state, same_ok=False)  # (another program reads them all)
     g_s0 = gs[0] if g.shape[3] == S else 0
     block_v = min(block_v, S)
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
