@@ -82,7 +82,7 @@ def _shapes(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(f"expected ROWSxK[,ROWSxK...], e.g. 8192x4096, got {text!r}") from None
 
 
-DTYPES = {"bf16": torch.bfloat16, "f32": torch.float32}
+DTYPES = {name: dtype for dtype, name in tri.WTYPES.items()}  # "bf16" -> torch.bfloat16, ...
 
 
 def operands(wt: str, M: int, K: int, N: int):
@@ -145,7 +145,7 @@ def time_case(wt: str, M: int, K: int, N: int, tiles, reps: int = 10) -> list[tu
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=420.0)
-    p.add_argument("--wtypes", default="bf16", help="comma-separated weight types: bf16, f32 (default bf16)")
+    p.add_argument("--wtypes", default="bf16", help="comma-separated weight types: bf16, f16, f32 (default bf16)")
     p.add_argument("--shapes", type=_shapes, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
     p.add_argument("--cols", type=_ints, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
     p.add_argument("--procs", type=int, default=16, help="compile worker processes")

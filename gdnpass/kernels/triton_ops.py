@@ -1267,12 +1267,15 @@ def _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask
 
 
 @triton.jit
-def _gdn_step(st, q, kk, v, gate, beta, scale):
-    """One token of the recurrence on a [S, BLOCK_V] state slice: (the new slice, its scores)."""
+def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, cmask, slot, K):
+    """One token of the recurrence on a [S, BLOCK_V] state slice: stores its scores and, into snapshot ``slot``
+    (slot 0 = the state after the last token; slots >= K are not written), the new slice; returns the slice."""
     st = st * gate[:, None]
     delta = (v - tl.sum(st * kk, axis=0)) * beta
     st = st + kk * delta[None, :]
-    return st, tl.sum(st * q[:, None], axis=0) * scale
+    tl.store(o_ptrs, tl.sum(st * q[:, None], axis=0) * scale, mask=cmask)
+    tl.store(snap_ptrs, st, mask=cmask[None, :] & (slot < K))
+    return st
 
 
 @triton.jit
@@ -1303,18 +1306,16 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
                                                strides)
             qs, ks, vs, gates, betas = qs + (q,), ks + (kk,), vs + (v,), gates + (gate,), betas + (beta,)
         for t in tl.static_range(N_T):
-            st, o = _gdn_step(st, qs[t], ks[t], vs[t], gates[t], betas[t], scale)
-            tl.store(o_ptrs + t * H_v * S, o, mask=cmask)
-            slot = N_T - 1 - t  # slot 0 = state after the last token; slots >= n_t are left untouched
-            tl.store(snap_ptrs + slot * slot_size, st, mask=cmask[None, :] & (slot < K))
+            slot = N_T - 1 - t
+            st = _gdn_step(st, qs[t], ks[t], vs[t], gates[t], betas[t], scale, o_ptrs + t * H_v * S,
+                           snap_ptrs + slot * slot_size, cmask, slot, K)
     else:  # a prompt's many tokens
         for t in range(n_t):
             q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
                                                strides)
-            st, o = _gdn_step(st, q, kk, v, gate, beta, scale)
-            tl.store(o_ptrs + t * H_v * S, o, mask=cmask)
             slot = n_t - 1 - t
-            tl.store(snap_ptrs + slot * slot_size, st, mask=cmask[None, :] & (slot < K))
+            st = _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs + t * H_v * S, snap_ptrs + slot * slot_size,
+                           cmask, slot, K)
 
 
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
