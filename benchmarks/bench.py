@@ -300,7 +300,18 @@ def forward_kernels(g, ex: Executor) -> dict:
             d = [t for n, t in zip(nodes, ks) if product_kind(n) == kind]
             res[kind] = dict(kernels=len(d), kernel_us=sum(d))
         res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
+        res["by_op"] = upstream._by_name([(kernel_group(n), t) for n, t in zip(nodes, ks)])
     return res
+
+
+def kernel_group(n) -> str:
+    """A kernel's group in the by-op line: its op as reports name it, a product with its weights' names, the layer
+    cut ("MUL_MAT ffn_down", "MUL_MAT_VEC_PAIR ssm_alpha+ssm_beta")."""
+    if n.op not in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
+        return op_label(n)
+    ws = [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]]
+    return f"{n.op.value} " + "+".join(w.base.name.split(".")[-2] if w.base.name.count(".") >= 2 else w.base.name
+                                       for w in ws)
 
 
 def measured_launches(g, ex: Executor) -> list:
@@ -572,6 +583,10 @@ def main() -> int:
         for r in out[section]:
             print_chain(f"{section}, T={r['T']} rows={r['rows']}", {"off": r["off"].get("chain"),
                                                                     "on": r["on"].get("chain")})
+            for name in ("off", "on"):
+                if "by_op" in r[name]:
+                    print(f"\nT={r['T']} fusion {name}: kernels by op (count, us): " +
+                          "; ".join(f"{g['kernel']} {g['count']} {g['us']:.0f}" for g in r[name]["by_op"][:24]))
 
     if prepared is not None:
         install, gguf = prepared.result()

@@ -76,7 +76,7 @@ def variants():
              (tri.mat_vec_tile(248320, 16, 4096, "bf16"), "bf16"),  # unsplit tensor-core tiles: the lm head's,
              (tri.mat_vec_tile(12288, 16, 4096, "f32"), "f32")]      # f32's from 12288 rows
     for t, wt in [*((tri.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
-                    itertools.product(((32, 8), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
+                    itertools.product(((32, 8), (1024, 1), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k)
         yield (tri._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,

@@ -1036,7 +1036,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     form is bound by its arithmetic and the tensor-core form wins (from 1024 rows; below, the FMA form throughout),
     in K steps of 64 (128 for bf16 below 4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it
     splits K (:func:`_split`: a few hundred programs) below the lm head for bf16 and up to 8192 rows for f32. f16
-    weights take f32's tiles (not timed apart)."""
+    weights take f32's tiles (not timed apart). One column of up to 1024 rows reads at memory speed only with two
+    rows per program and K steps of 2048 (as the thin products)."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         if cols >= 8:
@@ -1056,6 +1057,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     elif cols >= 8 and M >= 1024:
         return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 16))
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
+    if small and cols == 1:  # one column of few rows: the thin products' shape, two rows and K in long steps
+        return MatVecTile(2, 1, min(triton.next_power_of_2(K), 2048), False, 8)
     return MatVecTile(4 if small else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
 
 
