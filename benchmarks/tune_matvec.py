@@ -1,12 +1,16 @@
 """Sweep the mat-vec tile (triton_ops.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
 tile per (weight type, shape, columns) with its bandwidth next to the copy bandwidth measured in the same process.
 
-    python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--budget-s 420]
+    python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--pair]
+                                     [--budget-s 420]
 
 This is how :func:`gdnpass.kernels.triton_ops.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
 Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
-against cuBLAS's f32 product, captured as a one-launch CUDA graph, and then all candidates of a case are replayed
-under one torch.profiler session: medians of the profiler's kernel durations, as ``bench.kernel_us``.
+against cuBLAS's f32 product, captured as a CUDA graph of one launch per copy of the weights (enough copies that
+each launch reads its weights from memory, as in a forward: ``bench.rotation``), and then all candidates of a case
+are replayed under one torch.profiler session: medians of the profiler's kernel durations, as ``bench.kernel_us``.
+``--pair`` times MUL_MAT_VEC_PAIR's launch (two weights of the shape, one x) instead: with fusion on, FFN gate/up
+and attention k/v only ever run as pairs, and a pair has twice the programs of its products.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import triton
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from bench import MAT_SHAPES, bench_references  # noqa: E402
+from bench import MAT_SHAPES, bench_references, rotation  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
 SHAPES = [s for s in MAT_SHAPES.values() if 256 < s[0] < 100_000]  # qwen3.5-9b's, but the thin and the lm head
@@ -56,6 +60,9 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
     if N >= 2:
         tiles += [tri.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in itertools.product((32, 64, 128), (64, 128),
                                                                                           (4, 8))]
+        if M >= 4096:  # wider row blocks or shorter K steps: more bytes per program in flight, or more steps
+            tiles += [tri.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in ((256, 64, 8), (256, 32, 8), (128, 32, 4),
+                                                                           (128, 32, 8), (256, 128, 8))]
     for t in tiles:
         yield t
         # split-K where the row blocks alone leave SMs idle (under two programs per SM), each slice a whole K step
@@ -85,49 +92,64 @@ def _shapes(text: str) -> list[tuple[int, int]]:
 DTYPES = {name: dtype for dtype, name in tri.WTYPES.items()}  # "bf16" -> torch.bfloat16, ...
 
 
-def operands(wt: str, M: int, K: int, N: int):
-    g = torch.Generator(device="cuda").manual_seed(0)
+def operands(wt: str, M: int, K: int, N: int, seed: int = 0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
     w = (torch.randn(1, 1, M, K, device="cuda", generator=g) / 64).to(DTYPES[wt])
     x = torch.randn(1, 1, N, K, device="cuda", generator=g)
     return w, x, torch.empty(1, 1, N, M, device="cuda")
 
 
+def products(wt: str, M: int, K: int, N: int, pair: bool):
+    """[(w, y)] or a pair's [(w, y), (w2, y2)] (two weights: one would be half read from L2), and x."""
+    w, x, y = operands(wt, M, K, N)
+    if not pair:
+        return [(w, y)], x
+    w2, _, y2 = operands(wt, M, K, N, seed=1)
+    return [(w, y), (w2, y2)], x
+
+
 def compile_case(case) -> int:
     """Worker: launch every tile of a case once (its compile lands in Triton's disk cache); the count refused."""
-    wt, M, K, N, tiles = case
-    w, x, y = operands(wt, M, K, N)
+    wt, M, K, N, pair, tiles = case
+    prods, x = products(wt, M, K, N, pair)
     refused = 0
     for t in tiles:
         try:
-            tri._mat_vecs([(w, y)], x, t)
+            tri._mat_vecs(prods, x, t)
         except Exception:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
             refused += 1
     torch.cuda.synchronize()
     return refused
 
 
-def time_case(wt: str, M: int, K: int, N: int, tiles, reps: int = 10) -> list[tuple]:
+def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10) -> list[tuple]:
     """(tile, median us, rel err) of each tile that compiles, is within TOLERANCE and (split-K) deterministic."""
     from torch.profiler import ProfilerActivity, profile
 
-    w, x, y = operands(wt, M, K, N)
-    ref = x[0, 0] @ w[0, 0].float().t()
+    prods, x = products(wt, M, K, N, pair)
+    refs = [x[0, 0] @ w[0, 0].float().t() for w, _ in prods]
+    # the launches a replay makes: one per copy of the weights, so each reads its weights from memory (bench.rotation)
+    n_copies = rotation(sum(w.numel() * w.element_size() for w, _ in prods))
+    rotated = [prods] + [[(w.clone(), y) for w, y in prods] for _ in range(n_copies - 1)]
     graphs, kept = [], []
     for t in tiles:
-        y.fill_(float("nan"))  # an element the tile leaves unwritten fails the check below
+        for _, y in prods:
+            y.fill_(float("nan"))  # an element the tile leaves unwritten fails the check below
         try:
-            tri._mat_vecs([(w, y)], x, t)
+            tri._mat_vecs(prods, x, t)
         except Exception:  # noqa: BLE001
             continue
-        err = ((y[0, 0] - ref).abs().max() / ref.abs().max()).item()
-        first = y.clone()
-        tri._mat_vecs([(w, y)], x, t)  # again: the slice order of a split-K tile must not vary
-        if not err <= TOLERANCE or not torch.equal(first.view(torch.int32), y.view(torch.int32)):
+        err = max(((y[0, 0] - ref).abs().max() / ref.abs().max()).item() for (_, y), ref in zip(prods, refs))
+        first = [y.clone() for _, y in prods]
+        tri._mat_vecs(prods, x, t)  # again: the slice order of a split-K tile must not vary
+        if not err <= TOLERANCE or not all(torch.equal(f.view(torch.int32), y.view(torch.int32))
+                                           for f, (_, y) in zip(first, prods)):
             print(f"  {t}: WRONG or NOT DETERMINISTIC (rel err {err:.2e})", flush=True)
             continue
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            tri._mat_vecs([(w, y)], x, t)
+            for ps in rotated:
+                tri._mat_vecs(ps, x, t)
         graphs.append(g)
         kept.append((t, err))
     torch.cuda.synchronize()
@@ -137,9 +159,10 @@ def time_case(wt: str, M: int, K: int, N: int, tiles, reps: int = 10) -> list[tu
                 g.replay()
         torch.cuda.synchronize()
     ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    if len(ks) != reps * len(graphs):
-        raise RuntimeError(f"{len(ks)} kernels for {len(graphs)} one-launch graphs x {reps} replays")
-    return [(t, statistics.median(ks[i * reps:(i + 1) * reps]), err) for i, (t, err) in enumerate(kept)]
+    per = reps * n_copies
+    if len(ks) != per * len(graphs):
+        raise RuntimeError(f"{len(ks)} kernels for {len(graphs)} graphs of {n_copies} launches x {reps} replays")
+    return [(t, statistics.median(ks[i * per:(i + 1) * per]), err) for i, (t, err) in enumerate(kept)]
 
 
 def main() -> int:
@@ -149,6 +172,7 @@ def main() -> int:
     p.add_argument("--shapes", type=_shapes, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
     p.add_argument("--cols", type=_ints, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
     p.add_argument("--procs", type=int, default=16, help="compile worker processes")
+    p.add_argument("--pair", action="store_true", help="time the pair's launch (two weights of each shape)")
     a = p.parse_args()
     wtypes = a.wtypes.split(",")
     if not set(wtypes) <= set(DTYPES):
@@ -160,7 +184,7 @@ def main() -> int:
              for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
     start = time.time()
     # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process
-    jobs = [(wt, M, K, N, tiles[i::a.procs]) for wt, M, K, N, tiles in cases for i in range(a.procs)]
+    jobs = [(wt, M, K, N, a.pair, tiles[i::a.procs]) for wt, M, K, N, tiles in cases for i in range(a.procs)]
     with mp.get_context("spawn").Pool(a.procs) as pool:
         refused = sum(pool.map(compile_case, jobs, chunksize=1))
     print(f"{sum(len(c[4]) for c in cases)} tiles of {len(cases)} cases compiled in {time.time() - start:.0f} s "
@@ -171,15 +195,16 @@ def main() -> int:
         if time.time() > t_end:
             print("budget spent: stopping the sweep", flush=True)
             break
-        timed = time_case(wt, M, K, N, tiles)
+        timed = time_case(wt, M, K, N, a.pair, tiles)
         if not timed:
             continue
         default = dict((t, us) for t, us, _ in timed).get(tiles[0], float("nan"))
-        nbytes = M * K * DTYPES[wt].itemsize + N * K * 4 + N * M * 4
+        n_w = 2 if a.pair else 1
+        nbytes = n_w * (M * K * DTYPES[wt].itemsize + N * M * 4) + N * K * 4
         for t, us, err in sorted(timed, key=lambda r: r[1])[:3]:
             gbps = nbytes / (us * 1e3)
-            print(f"{wt:>5} {M:>6}x{K:<6} N={N:<2} {us:7.2f} us {gbps:6.0f} GB/s ({gbps / bw:4.0%}) {t} err {err:.1e}"
-                  f"  default {default:7.2f} us", flush=True)
+            print(f"{wt:>5}{'x2' if a.pair else ''} {M:>6}x{K:<6} N={N:<2} {us:7.2f} us {gbps:6.0f} GB/s "
+                  f"({gbps / bw:4.0%}) {t} err {err:.1e}  default {default:7.2f} us", flush=True)
     return 0
 
 

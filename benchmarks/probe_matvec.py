@@ -1,0 +1,42 @@
+"""One launch of each product's chosen tile (triton_ops.mat_vec_tile), after one warm-up launch, for ncu:
+
+    ncu -k regex:_mul_mat_vec --launch-skip 1 --launch-skip-before-match 0 --section SpeedOfLight \\
+        --section Occupancy --section LaunchStats --section WarpStateStats \\
+        python benchmarks/probe_matvec.py --wtype bf16 --shapes 12288x4096,248320x4096 --cols 4
+
+Every (shape, columns) runs twice in a row, so ``--launch-skip 1 --launch-count 1`` profiles the first shape's
+second launch; profile all with ``--launch-skip 0`` and read every second one. It prints each launch's tile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+
+from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from tune_matvec import DTYPES, _ints, _shapes, operands  # noqa: E402
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--wtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--shapes", type=_shapes, required=True, help="rows x K list, e.g. 12288x4096,248320x4096")
+    p.add_argument("--cols", type=_ints, default=[4], help="column counts 1..16 (default 4)")
+    a = p.parse_args()
+    for (M, K) in a.shapes:
+        for N in a.cols:
+            w, x, y = operands(a.wtype, M, K, N)
+            for _ in range(2):
+                tri.mul_mat_vec(w, x, y)
+            torch.cuda.synchronize()
+            print(f"{a.wtype} {M}x{K} N={N}: {tri.mat_vec_tile(M, N, K, a.wtype)}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
