@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -58,10 +59,12 @@ def run(name: str, cmd: list[str], limit: float, out: Path) -> tuple[str, int | 
     lines: list[str] = []
     try:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
     except FileNotFoundError as e:
         return name, 127, 0.0, f"cannot start: {e}"
-    timer = threading.Timer(limit, proc.kill)  # (a step that hangs silently is stopped too)
+    # the step's whole process group: compute-sanitizer's or a pool's children would otherwise run on, holding the
+    # output pipe open (a step that hangs silently is stopped too)
+    timer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
     timer.start()
     with open(out / f"{name}.log", "w") as log:
         for line in proc.stdout:  # type: ignore[union-attr]

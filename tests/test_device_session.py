@@ -24,3 +24,11 @@ def test_a_silent_step_past_its_limit_is_stopped(tmp_path):
 def test_each_part_fits_one_device_call(tmp_path):
     for part in (1, 2):
         assert sum(limit for _, _, limit in device_session.steps(part, ".llama-src", tmp_path)) < 540
+
+
+def test_a_step_past_its_limit_is_stopped_with_its_children(tmp_path):
+    # compute-sanitizer and multiprocessing pools run the work in children, which keep the output pipe open
+    child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); " \
+            "time.sleep(30)"
+    name, rc, secs, _ = device_session.run("tree", [sys.executable, "-c", child], 1.0, tmp_path)
+    assert rc is None and 1.0 <= secs < 10
