@@ -207,18 +207,23 @@ def measure(install: build.Install, gguf: Path, model: str, say=print) -> dict:
         else:
             ks = ncu_kernels(install, gguf, T, rows, taps, ncu)
             case.update(kernels=len(ks), kernel_us=sum(t for _, t in ks), chain=chain_table(
-                [(kernel_class(n), t) for n, t in ks]), by_name=_by_name(ks))
+                [(kernel_class(n), t) for n, t in ks]), by_name=kernel_totals(ks))
         out["cases"].append(case)
         say(f"[upstream] T={T} rows={rows}: " + (f"{case['kernels']} kernels, {case['kernel_us']:.1f} us of kernels, "
                                                   if "kernels" in case else "") + f"{case['wall_us']:.1f} us wall")
     return out
 
 
-def _by_name(ks: list[tuple[str, float]]) -> list[dict]:
-    """Kernels grouped by name (the template arguments cut): count and total µs, largest first."""
+def kernel_name(symbol: str) -> str:
+    """A CUDA kernel's name without its signature and template arguments."""
+    return symbol.split("(")[0].split("<")[0].replace("void ", "").strip()
+
+
+def kernel_totals(ks: list[tuple[str, float]], group=kernel_name) -> list[dict]:
+    """(name, us) pairs grouped by ``group(name)``: count and total µs of each group, largest first."""
     groups: dict[str, list[float]] = {}
     for name, t in ks:
-        groups.setdefault(name.split("(")[0].split("<")[0].replace("void ", "").strip(), []).append(t)
+        groups.setdefault(group(name), []).append(t)
     return sorted(({"kernel": k, "count": len(v), "us": sum(v)} for k, v in groups.items()), key=lambda r: -r["us"])
 
 
