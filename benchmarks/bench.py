@@ -319,9 +319,9 @@ def kernel_group(n) -> str:
     cut ("MUL_MAT ffn_down", "MUL_MAT_VEC_PAIR ssm_alpha+ssm_beta")."""
     if n.op not in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
         return op_label(n)
-    ws = [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]]
-    return f"{n.op.value} " + "+".join(w.base.name.split(".")[-2] if w.base.name.count(".") >= 2 else w.base.name
-                                       for w in ws)
+    ws = [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]]  # (a pair's: w_a, x, w_b, out_b)
+    # "blk.3.ffn_down.weight" -> "ffn_down", "output.weight" (the lm head) -> "output"
+    return f"{n.op.value} " + "+".join(w.base.name.removesuffix(".weight").split(".")[-1] for w in ws)
 
 
 def measured_launches(g, ex: Executor) -> list:

@@ -58,6 +58,13 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group ended between the limit and the timer's cancel
+        pass
+
+
 def run(name: str, cmd: list[str], limit: float, out: Path) -> tuple[str, int | None, float, str]:
     """One step: (name, exit status or None when it ran out of time, seconds, its last line that says something)."""
     t0 = time.perf_counter()
@@ -69,7 +76,7 @@ def run(name: str, cmd: list[str], limit: float, out: Path) -> tuple[str, int | 
         return name, 127, 0.0, f"cannot start: {e}"
     # the step's whole process group: compute-sanitizer's or a pool's children would otherwise run on, holding the
     # output pipe open (a step that hangs silently is stopped too)
-    timer = threading.Timer(limit, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer = threading.Timer(limit, _kill_group, (proc.pid,))
     timer.start()
     with open(out / f"{name}.log", "w") as log:
         for line in proc.stdout:  # type: ignore[union-attr]

@@ -1,11 +1,11 @@
-"""One launch of each product's chosen tile (triton_ops.mat_vec_tile), after one warm-up launch, for ncu:
+"""Each product's chosen tile (triton_ops.mat_vec_tile) launched twice, the first a warm-up, for ncu:
 
-    ncu -k regex:_mul_mat_vec --launch-skip 1 --launch-skip-before-match 0 --section SpeedOfLight \\
-        --section Occupancy --section LaunchStats --section WarpStateStats \\
+    ncu -k regex:_mul_mat_vec --section SpeedOfLight --section Occupancy --section LaunchStats \\
+        --section WarpStateStats \\
         python benchmarks/probe_matvec.py --wtype bf16 --shapes 12288x4096,248320x4096 --cols 4
 
-Every (shape, columns) runs twice in a row, so ``--launch-skip 1 --launch-count 1`` profiles the first shape's
-second launch; profile all with ``--launch-skip 0`` and read every second one. It prints each launch's tile.
+profiles every launch: read every second one. ``--launch-skip 1 --launch-count 1`` profiles only the first
+(shape, columns)'s second launch. It prints each (shape, columns)'s tile.
 """
 
 from __future__ import annotations

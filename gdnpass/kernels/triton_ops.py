@@ -1032,13 +1032,13 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
     outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
     per program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and
-    f16) the FMA form reads at memory speed with 4-8 rows per program; beyond, the FMA form is bound by its
-    arithmetic and the tensor-core form wins (from 1024 rows; below, the FMA form throughout), in K steps of 64
-    (128 for bf16 below 4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it splits K
-    (:func:`_split`: a few hundred programs) below the lm head for bf16 and up to 8192 rows for f32. f16 weights
-    take f32's tiles (not timed apart). One column of up to 1024 rows reads at memory speed only with two rows per
-    program and K steps of 2048 (as the thin products). With fusion on, FFN gate / up and attention k / v run only
-    as pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
+    f16) the FMA form reads at memory speed with 4-8 rows per program (one column of up to 1024 rows only with two
+    rows and K steps of 2048, as the thin products); beyond, the FMA form is bound by its arithmetic and the
+    tensor-core form wins (from 1024 rows; below, the FMA form throughout), in K steps of 64 (128 for bf16 below
+    4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it splits K (:func:`_split`: a few hundred
+    programs) below the lm head for bf16 and up to 8192 rows for f32. f16 weights take f32's tiles (not timed
+    apart). With fusion on, FFN gate / up and attention k / v run only as pairs (twice the programs of one
+    product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         if cols >= 8:
@@ -1047,8 +1047,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     if wtype == "bf16":
         if cols >= 4 and M > 65536:  # the lm head fills the GPU unsplit
             return MatVecTile(128, 16, 64, True, 4)
-        if cols >= 4 and M >= 4096:  # FFN gate / up (12288), qkv and attention q+gate (8192), z / ssm_out /
-            # attention o / FFN down (4096)
+        # FFN gate / up (12288), qkv and attention q+gate (8192), z / ssm_out / attention o / FFN down (4096)
+        if cols >= 4 and M >= 4096:
             return MatVecTile(128, 16, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
         if cols >= 4 and M >= 1024:  # attention k / v
             return MatVecTile(128, 16, 128, True, 8, _split(K, 128, 8))
