@@ -310,7 +310,7 @@ def forward_kernels(g, ex: Executor) -> dict:
             d = [t for n, t in zip(nodes, ks) if product_kind(n) == kind]
             res[kind] = dict(kernels=len(d), kernel_us=sum(d))
         res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
-        res["by_op"] = upstream.kernel_totals([(kernel_group(n), t) for n, t in zip(nodes, ks)], group=str)
+        res["by_op"] = upstream.kernel_totals(list(zip(nodes, ks)), group=kernel_group)
     return res
 
 

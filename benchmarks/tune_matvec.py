@@ -53,8 +53,8 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
     # (Triton's pipeline depth, num_stages 2-6, was swept too on 2026-12-01 and never beat its default 3)
     tiles = [tri.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((2, 4, 8), (256, 512))
              if bm * cols * bk <= 8192]
-    if M <= 1024:  # few rows: K in one or two long steps, as the thin tiles (the 1024-row products sit at 43-62%
-        # of the copy bandwidth whatever tile of K steps <= 512 they take: each step may be one memory round trip)
+    if M <= 1024:  # few rows: K in one or two long steps, as the thin tiles (on 2026-12-02 these won at one
+        # column only: 2 rows, K steps of 2048)
         tiles += [tri.MatVecTile(bm, cols, bk, False, 8) for bm, bk in itertools.product((1, 2), (1024, 2048, 4096))
                   if bm * cols * bk <= 32768]
     if N >= 2:

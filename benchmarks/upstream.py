@@ -219,8 +219,9 @@ def kernel_name(symbol: str) -> str:
     return symbol.split("(")[0].split("<")[0].replace("void ", "").strip()
 
 
-def kernel_totals(ks: list[tuple[str, float]], group=kernel_name) -> list[dict]:
-    """(name, us) pairs grouped by ``group(name)``: count and total µs of each group, largest first."""
+def kernel_totals(ks: list[tuple], group=kernel_name) -> list[dict]:
+    """(kernel, us) pairs grouped by ``group(kernel)`` (a kernel's symbol here; bench.py passes graph nodes): count
+    and total µs of each group, largest first."""
     groups: dict[str, list[float]] = {}
     for name, t in ks:
         groups.setdefault(group(name), []).append(t)
