@@ -768,31 +768,6 @@ def _cat_columns(st, x_ch, x_s0, first, N: tl.constexpr, n_cat, D_CONV: tl.const
 
 
 @triton.jit
-def _token_tile(ys, tok0, N_T: tl.constexpr, TOKENS_P2: tl.constexpr):
-    """Each thread's token outputs (ys[j]: token tok0 + j, [GROUPS, S] tensors) as one [GROUPS*TOKENS_P2, S] tile,
-    and the token of each tile row (N_T for the padding). Joined pairwise, the rows come out in an order of the
-    joins' making; the token indices, joined the same way, follow it."""
-    y_cols, t_cols = (), ()
-    for j in tl.static_range(TOKENS_P2):
-        t = tok0 + j + tl.zeros(ys[0].shape, tl.int32)
-        if j < len(ys):
-            y, t = ys[j], tl.where(t < N_T, t, N_T)
-        else:
-            y, t = tl.zeros(ys[0].shape, tl.float32), tl.full(ys[0].shape, N_T, tl.int32)
-        y_cols = y_cols + (tl.reshape(y, [y.shape[0], y.shape[1], 1]),)
-        t_cols = t_cols + (tl.reshape(t, [t.shape[0], t.shape[1], 1]),)
-    for _ in tl.static_range(log2(TOKENS_P2)):  # [G, S, m] pairs -> [G, S, 2m]
-        ny, nt = (), ()
-        for k in tl.static_range(len(y_cols) // 2):
-            a, b = y_cols[2 * k], t_cols[2 * k]
-            ny = ny + (tl.reshape(tl.join(a, y_cols[2 * k + 1]), [a.shape[0], a.shape[1], 2 * a.shape[2]]),)
-            nt = nt + (tl.reshape(tl.join(b, t_cols[2 * k + 1]), [b.shape[0], b.shape[1], 2 * b.shape[2]]),)
-        y_cols, t_cols = ny, nt
-    y, t = tl.permute(y_cols[0], (0, 2, 1)), tl.permute(t_cols[0], (0, 2, 1))  # [G, tokens, S]
-    return (tl.reshape(y, [y.shape[0] * y.shape[1], y.shape[2]]), tl.reshape(t, [t.shape[0] * t.shape[1], t.shape[2]]))
-
-
-@triton.jit
 def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
                            n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
                            st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
@@ -804,7 +779,7 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, GROUPS: tl.constexpr,
                            TOKENS: tl.constexpr, ROWS: tl.constexpr, ROW_COLS: tl.constexpr, ROW0: tl.constexpr, WIN_COLS: tl.constexpr,
                            TILE_C0: tl.constexpr, TILE_N: tl.constexpr, TILE_COLS: tl.constexpr,
-                           WHOLE_ROWS: tl.constexpr, TOKENS_P2: tl.constexpr, RMS: tl.constexpr):
+                           WHOLE_ROWS: tl.constexpr, L2_ROWS: tl.constexpr, RMS: tl.constexpr):
     # One program per head of S channels, GROUPS threads per channel. Thread (g, channel) owns tokens g*TOKENS ..,
     # window rows g*ROWS .. and shared-row columns g*TILE_COLS ..; it holds the CONCAT columns those need as tuples
     # that start at its own first column, so every tap, window and column is picked at compile time (a tuple cannot
@@ -864,15 +839,21 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         col = TILE_C0 + tile0 + c
         tl.store(st_ptr + tile_off + ch * tile_sch + col * tile_sc, tile_cat[c], mask=tile0 + c < TILE_N)
 
-    if head < n_l2:  # a q or a k head: its [tokens, S] rows, from the registers (the fixed tree's bytes do not
-        # depend on where each element sits, so the tile may be in any order the joins give)
-        y, tok = _token_tile(ys, tok0, N_T, TOKENS_P2)
+    if head < n_l2:  # a q or a k head
+        # The L2 tree sums a row within a thread; the rows are spread one channel per thread here. Read them back
+        # from y (this program's writes, visible to it after a barrier) as a [tokens, S] tile instead: its loads
+        # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread. (Joining the
+        # registers into that tile instead was 1.6-2.5 x slower on the H200: docs/performance.md.)
+        tl.debug_barrier()
+        tok = tl.arange(0, L2_ROWS)[:, None]
+        mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
+        y = tl.load(y_ptr + (head * S + i) * y_s0 + tok * y_s1, mask=mask, other=0.0)
         o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
         if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
             qk = rms_scale_rows(y, head_n, eps) * scale
         else:
             qk = l2_scale_rows(y, eps)
-        tl.store(o_ptr + tok * qk_s2 + i, qk, mask=tok < N_T)
+        tl.store(o_ptr + tok * qk_s2 + i, qk, mask=mask)
 
 
 def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
@@ -912,7 +893,7 @@ def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
     return (off, s_col, s_ch), first, n
 
 
-CHAIN_GROUPS = {1: 1, 2: 1, 4: 2, 8: 4, 16: 8}  # threads per channel by token count, up to it (tune_chain.py)
+CHAIN_GROUPS = {1: 1, 6: 2}  # threads per channel from each token count on (H200, tune_chain.py: docs/performance.md)
 
 
 def _step_by_one(columns: Sequence[int]) -> bool:
@@ -942,7 +923,7 @@ def chain_launch(n_t: int, S: int, d_conv: int, columns: Sequence[int], tile_fir
     num_warps = max(groups * S // 32, 1)
     return dict(GROUPS=groups, TOKENS=per(n_t), ROWS=rows, ROW_COLS=row_cols, ROW0=row0,
                 WIN_COLS=max(row_cols) + d_conv - 1 if rows else 0, TILE_C0=tile_first, TILE_N=tile_n,
-                TILE_COLS=per(tile_n), TOKENS_P2=triton.next_power_of_2(per(n_t))), num_warps
+                TILE_COLS=per(tile_n), L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
