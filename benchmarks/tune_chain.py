@@ -1,4 +1,4 @@
-"""Launch variants of the fused conv chain (threads per channel) at qwen3.5-9b size, timed side by side next to one copy
+"""Launch variants of the fused conv chain (warps per head) at qwen3.5-9b size, timed side by side next to one copy
 kernel moving the chain's bytes; every variant's output checked byte-identical to the first variant's. Method:
 profiler kernel durations of CUDA-graph replays (bench.kernel_us), medians.
 
@@ -17,18 +17,18 @@ from bench import chain_bytes, chain_operands, copy_us, kernel_us  # noqa: E402
 
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 
-GROUPS = (1, 2, 4, 8)  # threads per channel: 4, 8, 16, 32 warps per head of 128
+WARPS = (2, 4, 8)
 RMS = dict(norm="rms", qk_scale=128 ** -0.5)  # upstream's q/k form at S = 128 (the eps of chain_operands)
 
 
 def main() -> int:
-    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default groups {tri.CHAIN_GROUPS}")
-    print("T rows | copy | " + " | ".join(f"{n} per channel" for n in GROUPS))
-    for T in (1, 2, 3, 4, 6, 8, 12, 16):
+    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default {tri.chain_warps(128)} warps")
+    print("T rows | copy | " + " | ".join(f"{w} warps" for w in WARPS))
+    for T in (1, 2, 4, 8, 16):
         ref, times = None, []
-        for n in (n for n in GROUPS if n <= T):
+        for w in WARPS:
             ops = chain_operands(T, T, seed=T)  # the same starting bytes for every variant
-            run = lambda: tri.gdn_conv_chain(*ops["args"], groups=n, **RMS)  # noqa: E731
+            run = lambda: tri.gdn_conv_chain(*ops["args"], num_warps=w, **RMS)  # noqa: E731
             run()
             got = [ops[name].clone() for name in ("out", "q", "k", "cache")]
             ref = ref or got

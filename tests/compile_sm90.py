@@ -104,14 +104,12 @@ def variants():
                tri.NUM_WARPS, dict(mask_ptr=mask))
     # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
     for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
-                                        (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False),
-                                        (16, 16, 0, False, True), (7, 10, 0, True, True)):
+                                        (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):
         columns = tuple(max(0, n_t - s) for s in range(rows - 1, -1, -1))
-        per = () if tile else columns  # (the dedup tile: every window in the shared row)
-        for groups in sorted({1, tri.chain_groups(n_t, 128, per)}):
-            shape, warps = tri.chain_launch(n_t, 128, 4, per, 0, tile, groups)
-            yield tri._gdn_conv_chain_kernel, dict(D_CONV=4, S=128, N_T=n_t, WHOLE_ROWS=whole, RMS=rms,
-                                                   **shape), warps
+        shape, warps = tri.chain_launch(n_t, 128)
+        yield tri._gdn_conv_chain_kernel, dict(
+            D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole, RMS=rms,
+            **shape), warps
 
 
 @triton.jit

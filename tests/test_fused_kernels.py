@@ -161,45 +161,6 @@ def test_conv_chain_reference_vs_f64():
     np.testing.assert_array_equal(c.cache.double().cpu().numpy()[0, 0, -2:], cache[-2:])  # rows K, K+1 untouched
 
 
-
-def run_fused_groups(c, groups) -> None:
-    """The Triton chain launched with ``groups`` threads per channel (chain_launch's override)."""
-    from gdnpass.kernels import triton_ops as tri
-
-    norm = {"norm": c.norm["norm"], "qk_scale": c.norm.get("scale", 1.0)}
-    c.a.run(lambda: tri.gdn_conv_chain(c.cache, c.ids, c.x, c.w, c.rows, c.columns, c.norm["eps"], c.y, c.q, c.k,
-                                       c.node.op_params["l2_separate"], groups=groups, **norm),
-            c.y, c.q, c.k, *c.rows)
-
-
-@pytest.mark.parametrize("case", [(32, 2, 2, 4, 13, 4, "row,out-3"),   # 13 tokens: the last groups' runs are short
-                                  (32, 1, 2, 3, 8, 9, "qk,rms"),       # rows from CONCAT column 0, q/k later
-                                  (64, 1, 1, 5, 5, 2, "out+2")])        # more groups than rows
-@pytest.mark.parametrize("groups", [2, 4, 8])
-def test_conv_chain_groups_change_nothing(case, groups):
-    """Splitting a channel's tokens, rows and columns over several threads changes no byte (the groups' runs are
-    contiguous; a group past the end masks its stores off)."""
-    one, split = chain(*case), chain(*case)
-    run_fused_groups(one, 1)
-    run_fused_groups(split, groups)
-    want = results(one)
-    for name, got in results(split).items():
-        assert_same_bytes(got, want[name], name)
-
-
-def test_conv_chain_groups_need_stepping_columns():
-    """Columns that repeat (clamped windows: more rows than tokens + 1) run one thread per channel by default, and
-    an override to more is refused."""
-    from gdnpass.errors import KernelError
-    from gdnpass.kernels import triton_ops as tri
-
-    c = chain(32, 2, 2, 4, 3, 6, "")
-    assert c.columns[:3] == [0, 0, 0] and tri.chain_groups(c.n_t, c.S, c.columns) == 1
-    assert tri.chain_groups(16, 128, list(range(1, 17))) > 1
-    with pytest.raises(KernelError, match="step by one"):
-        run_fused_groups(c, 2)
-
-
 # ---- MUL_MAT_VEC_PAIR -----------------------------------------------------------------------------------------------
 
 

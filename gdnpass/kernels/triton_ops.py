@@ -25,7 +25,7 @@ tokens (a verify's loop unrolled: one compile per n_t); channels go on the grid.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import torch
 import triton
@@ -748,26 +748,6 @@ def scale(x: torch.Tensor, s: float, b: float, out: torch.Tensor) -> None:
 
 
 @triton.jit
-def _cat_columns(st, x_ch, x_s0, first, N: tl.constexpr, n_cat, D_CONV: tl.constexpr, STATIC: tl.constexpr):
-    """CONCAT columns first .. first+N-1 of each thread's channel, as a tuple: the first dc-1 from the gathered
-    state row ``st``, then the projection's tokens (``x_ch``: token 0 of the channel). STATIC: from column 0, every
-    source known at compile time (``first`` unused); else ``first`` is a tensor and columns past n_cat-1 read 0."""
-    cols = ()
-    for c in tl.static_range(N):
-        if STATIC:
-            if c < D_CONV - 1:
-                v = tl.load(st + c)
-            else:
-                v = tl.load(x_ch + (c - (D_CONV - 1)) * x_s0)
-        else:
-            col = first + c
-            v = tl.load(tl.where(col < D_CONV - 1, st + col, x_ch + (col - (D_CONV - 1)) * x_s0), mask=col < n_cat,
-                        other=0.0)
-        cols = cols + (v,)
-    return cols
-
-
-@triton.jit
 def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
                            n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
                            st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
@@ -776,19 +756,14 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            y_s0, y_s1,      # y [C, n_t] (the SiLU output)
                            qk_s1, qk_s2,    # q, k [S, H_k, n_t]: contiguous rows, same strides
                            tile_off, tile_sc, tile_sch,  # the shared row (TILE_N > 0)
-                           D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, GROUPS: tl.constexpr,
-                           TOKENS: tl.constexpr, ROWS: tl.constexpr, ROW_COLS: tl.constexpr, ROW0: tl.constexpr, WIN_COLS: tl.constexpr,
-                           TILE_C0: tl.constexpr, TILE_N: tl.constexpr, TILE_COLS: tl.constexpr,
-                           WHOLE_ROWS: tl.constexpr, L2_ROWS: tl.constexpr, RMS: tl.constexpr):
-    # One program per head of S channels, GROUPS threads per channel. Thread (g, channel) owns tokens g*TOKENS ..,
-    # window rows g*ROWS .. and shared-row columns g*TILE_COLS ..; it holds the CONCAT columns those need as tuples
-    # that start at its own first column, so every tap, window and column is picked at compile time (a tuple cannot
-    # be indexed at run time) while each thread stores only its own share.
+                           D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, COLUMNS: tl.constexpr,
+                           TILE_C0: tl.constexpr, TILE_N: tl.constexpr, WHOLE_ROWS: tl.constexpr,
+                           L2_ROWS: tl.constexpr, RMS: tl.constexpr):
+    # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
+    # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
     head = tl.program_id(0)
-    g = tl.arange(0, GROUPS)[:, None]
-    i = tl.arange(0, S)[None, :]
+    i = tl.arange(0, S)
     ch = head * S + i
-    n_cat = D_CONV - 1 + N_T
 
     # Every read first: the writes below may land on what was read, within this program's channels (a snapshot
     # row on the gathered row, the SiLU output on token columns of the projection).
@@ -796,64 +771,52 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
     for j in tl.static_range(D_CONV):
         w = w + (tl.load(w_ptr + ch * w_s1 + j * w_s0),)
     st = st_ptr + tl.load(ids_ptr).to(tl.int64) * st_s1 + ch * (D_CONV - 1)
-    x_ch = x_ptr + ch * x_s1
-    tok0, row0, tile0 = g * TOKENS, g * ROWS, g * TILE_COLS
-    cat = _cat_columns(st, x_ch, x_s0, tok0, TOKENS + D_CONV - 1, n_cat, D_CONV, GROUPS == 1)
-    if GROUPS == 1:  # one thread per channel: ``cat`` is all of CONCAT
-        win_cat, tile_cat = cat, ()
-        for c in tl.static_range(TILE_COLS):
-            tile_cat = tile_cat + (cat[TILE_C0 + c],)
-    else:
-        win_cat = _cat_columns(st, x_ch, x_s0, ROW0 + row0, WIN_COLS, n_cat, D_CONV, False)
-        tile_cat = _cat_columns(st, x_ch, x_s0, TILE_C0 + tile0, TILE_COLS, n_cat, D_CONV, False)
+    cat = ()
+    for c in tl.static_range(D_CONV - 1):
+        cat = cat + (tl.load(st + c),)
+    for t in tl.static_range(N_T):
+        cat = cat + (tl.load(x_ptr + t * x_s0 + ch * x_s1),)
     # per-window destinations (table rows [offset, channel stride, step stride]); loaded now: a load after the
     # stores below would wait for them (it may alias them), one more round trip on the critical path
-    dests = ()
-    for r in tl.static_range(ROWS):
-        row = row0 + r
-        ok = row < n_rows
-        if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
-            dst = st_ptr + tl.load(table_ptr + row, mask=ok, other=0) + ch * (D_CONV - 1)
-            s_step = 1
-        else:
-            dst = (st_ptr + tl.load(table_ptr + row, mask=ok, other=0)
-                   + ch * tl.load(table_ptr + n_rows + row, mask=ok, other=0))
-            s_step = tl.load(table_ptr + 2 * n_rows + row, mask=ok, other=0)
-        dests = dests + ((dst, s_step, ok),)
+    offsets = ()
+    for r in tl.static_range(len(COLUMNS)):
+        offsets = offsets + (tl.load(table_ptr + r),)
     ys = ()
-    for t in tl.static_range(TOKENS):
+    for t in tl.static_range(N_T):
         win = ()
         for j in tl.static_range(D_CONV):
             win = win + (cat[t + j],)
         ys = ys + (silu_f32(conv_dot(win, w)),)
     tl.debug_barrier()  # every thread's reads happen before any thread's writes
 
-    for t in tl.static_range(TOKENS):
-        tl.store(y_ptr + ch * y_s0 + (tok0 + t) * y_s1, ys[t], mask=tok0 + t < N_T)
-    for r in tl.static_range(ROWS):  # window row0 + r = CONCAT columns ROW0 + row0 + ROW_COLS[r] .. +dc-2
-        dst, s_step, ok = dests[r]
+    for t in tl.static_range(N_T):
+        tl.store(y_ptr + ch * y_s0 + t * y_s1, ys[t])
+    for r in tl.static_range(len(COLUMNS)):  # window r = CONCAT columns COLUMNS[r] .. +dc-2
+        if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
+            dst, s_step = st_ptr + offsets[r] + ch * (D_CONV - 1), 1
+        else:
+            dst = st_ptr + offsets[r] + ch * tl.load(table_ptr + n_rows + r)
+            s_step = tl.load(table_ptr + 2 * n_rows + r)
         for s in tl.static_range(D_CONV - 1):
-            tl.store(dst + s * s_step, win_cat[ROW_COLS[r] + s], mask=ok)
+            tl.store(dst + s * s_step, cat[COLUMNS[r] + s])
     # the shared row of overlapping windows (matcher rule 5b): columns TILE_C0 .. +TILE_N-1, each stored once
-    for c in tl.static_range(TILE_COLS):
-        col = TILE_C0 + tile0 + c
-        tl.store(st_ptr + tile_off + ch * tile_sch + col * tile_sc, tile_cat[c], mask=tile0 + c < TILE_N)
+    for c in tl.static_range(TILE_N):
+        tl.store(st_ptr + tile_off + ch * tile_sch + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c])
 
     if head < n_l2:  # a q or a k head
         # The L2 tree sums a row within a thread; the rows are spread one channel per thread here. Read them back
         # from y (this program's writes, visible to it after a barrier) as a [tokens, S] tile instead: its loads
-        # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread. (Joining the
-        # registers into that tile instead was 1.6-2.5 x slower on the H200: docs/performance.md.)
+        # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread.
         tl.debug_barrier()
         tok = tl.arange(0, L2_ROWS)[:, None]
         mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
-        y = tl.load(y_ptr + (head * S + i) * y_s0 + tok * y_s1, mask=mask, other=0.0)
+        y = tl.load(y_ptr + (head * S + i[None, :]) * y_s0 + tok * y_s1, mask=mask, other=0.0)
         o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
         if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
             qk = rms_scale_rows(y, head_n, eps) * scale
         else:
             qk = l2_scale_rows(y, eps)
-        tl.store(o_ptr + tok * qk_s2 + i, qk, mask=mask)
+        tl.store(o_ptr + tok * qk_s2 + i[None, :], qk, mask=mask)
 
 
 def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
@@ -893,41 +856,21 @@ def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
     return (off, s_col, s_ch), first, n
 
 
-CHAIN_GROUPS = {1: 1, 6: 2}  # threads per channel from each token count on (H200, tune_chain.py: docs/performance.md)
+def chain_warps(S: int) -> int:
+    """Warps of the fused chain: one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and
+    beat spreading a long verify's tokens over more warps, docs/performance.md)."""
+    return min(max(S // 32, 1), 8)
 
 
-def _step_by_one(columns: Sequence[int]) -> bool:
-    return all(b == a + 1 for a, b in zip(columns, columns[1:]))
-
-
-def chain_groups(n_t: int, S: int, columns: Sequence[int]) -> int:
-    """Threads per channel of the fused chain: CHAIN_GROUPS' entry for the largest count at or below n_t, within
-    1024 threads per program; one where the window columns do not step by one (a group holds a run of them)."""
-    if not _step_by_one(columns):
-        return 1
-    return min(CHAIN_GROUPS[max(k for k in CHAIN_GROUPS if k <= n_t)], max(1024 // S, 1))
-
-
-def chain_launch(n_t: int, S: int, d_conv: int, columns: Sequence[int], tile_first: int = 0, tile_n: int = 0,
-                 groups: int | None = None) -> tuple[dict, int]:
-    """The fused chain's launch for n_t tokens, heads of S channels and the window columns stored row by row (the
-    shared row's columns tile_first .. +tile_n-1 apart): its constexprs and num_warps. ``groups`` overrides
-    chain_groups (a benchmark's variants). Groups split tokens, rows and shared-row columns into contiguous runs."""
-    groups = groups or chain_groups(n_t, S, columns)
-    _require(groups == 1 or (_step_by_one(columns) and groups * S <= 1024),
-             f"{groups} threads per channel need window columns that step by one and {groups}*S <= 1024")
-    per = lambda n: -(-n // groups)  # noqa: E731  (a group's share of n, rounded up)
-    rows = per(len(columns))
-    # one thread: the rows' own columns, from CONCAT column 0; several: row r of a group starts at its column r
-    row_cols, row0 = (tuple(columns), 0) if groups == 1 else (tuple(range(rows)), columns[0] if columns else 0)
-    num_warps = max(groups * S // 32, 1)
-    return dict(GROUPS=groups, TOKENS=per(n_t), ROWS=rows, ROW_COLS=row_cols, ROW0=row0,
-                WIN_COLS=max(row_cols) + d_conv - 1 if rows else 0, TILE_C0=tile_first, TILE_N=tile_n,
-                TILE_COLS=per(tile_n), L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps
+def chain_launch(n_t: int, S: int, num_warps: int | None = None) -> tuple[dict, int]:
+    """The fused chain's launch shape for n_t tokens and heads of S channels: (its L2_ROWS constexpr, num_warps);
+    ``num_warps`` overrides chain_warps (a benchmark's variants)."""
+    num_warps = num_warps or chain_warps(S)
+    return dict(L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
-                   tile: dict | None = None, groups: int | None = None, norm: str = "l2",
+                   tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
                    qk_scale: float = 1.0) -> None:
     """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
     five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
@@ -965,13 +908,14 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
              "q and k share strides; q, k, out rows contiguous")
     tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
     per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
-    shape, num_warps = chain_launch(n_t, S, d_conv, [columns[j] for j in per], first, n_cols, groups)
+    shape, num_warps = chain_launch(n_t, S, num_warps)
     _gdn_conv_chain_kernel[(C // S,)](
         states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]),
         len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), f32(qk_scale), S, states.stride(2),
         xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
-        D_CONV=d_conv, S=S, N_T=n_t, WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per),
-        RMS=norm == "rms", **shape, **{**LAUNCH, "num_warps": num_warps})
+        D_CONV=d_conv, S=S, N_T=n_t, COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
+        WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per), RMS=norm == "rms", **shape,
+        **{**LAUNCH, "num_warps": num_warps})
     if l2_separate:
         heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
         for part, dst in ((heads[:, :, :H_k], q_out), (heads[:, :, H_k:2 * H_k], k_out)):
