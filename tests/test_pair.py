@@ -8,9 +8,9 @@ from gdnpass.alloc import plan
 from gdnpass.check import check_fusion
 from gdnpass.fusion import fuse, prepare
 from gdnpass.ir import Op
-from gdnpass.kernels import backends
 from gdnpass.matchers.mat_vec_pair import MatVecPair
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
+from support.graphs import triton_for
 
 PAIR = [MatVecPair()]
 
@@ -45,24 +45,18 @@ def test_pair_is_byte_identical_in_scope(n_t, wtype):
         assert not ab and "pair.n-cols" in {r.rule for r in res.report.refused}
 
 
-def alpha_beta_on_triton() -> dict:
-    """A kernel table: the alpha/beta products (single and paired) on Triton, everything else on torch. The
-    interpreter takes ~30 ms a program, and the tiny FFN's and projections' products alone launch ~900 per run; the
-    pair kernel's bytes at other shapes and tiles: tests/test_kernels.py."""
-    def by_weight(op):
-        def run(node, views, out):
-            ab = any(w in node.src[0].name for w in ("ssm_alpha", "ssm_beta"))
-            (backends.TRITON_BACKEND if ab else backends.TORCH_BACKEND)[op](node, views, out)
-        return run
-
-    return {**backends.TORCH_BACKEND, **{op: by_weight(op) for op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR)}}
+def is_alpha_beta(n) -> bool:
+    """The alpha/beta products, single or paired: the tiny FFN's and projections' products would add ~900
+    interpreter programs a run (the pair kernel's bytes at other shapes and tiles: tests/test_kernels.py)."""
+    return any(w in n.src[0].name for w in ("ssm_alpha", "ssm_beta"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter test (the GPU run uses device cuda)")
 @pytest.mark.parametrize("n_t", [1, 4, 8])  # the thin tiles of 1, 4 and 8 columns
 def test_pair_through_triton_interpreter(n_t):
     cfg, g = planned(n_t, "bf16")
-    res = check_fusion(g, ids=default_ids(cfg), patterns=PAIR, backend=alpha_beta_on_triton())
+    table = triton_for((Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR), where=is_alpha_beta)
+    res = check_fusion(g, ids=default_ids(cfg), patterns=PAIR, backend=table)
     assert [a for a in res.report.applied if "ssm_alpha" in a.replaced[0]] and res.identical
     assert {"blk.0.ssm_alpha.weight * attn_norm-0", "blk.0.ssm_beta.weight * attn_norm-0"} <= {
         c.name for c in res.compared}

@@ -36,6 +36,15 @@ def assert_identical(res, applied=1, compared=()):
 CHAIN_OPS = (Op.SSM_CONV, Op.UNARY, Op.L2_NORM, Op.RMS_NORM, Op.SCALE, Op.GDN_CONV_CHAIN)
 
 
-def triton_for(ops) -> dict:
-    """A kernel table: torch, with the Triton kernels of ``ops``."""
-    return {**backends.TORCH_BACKEND, **{op: backends.TRITON_BACKEND[op] for op in ops}}
+def triton_for(ops, where=None) -> dict:
+    """A kernel table: torch, with the Triton kernels of ``ops`` (only for the nodes ``where(node)`` holds, if given:
+    the interpreter costs ~30 ms a program)."""
+    if where is None:
+        return {**backends.TORCH_BACKEND, **{op: backends.TRITON_BACKEND[op] for op in ops}}
+
+    def chosen(op):
+        def run(n, views, out):
+            (backends.TRITON_BACKEND if where(n) else backends.TORCH_BACKEND)[op](n, views, out)
+        return run
+
+    return {**backends.TORCH_BACKEND, **{op: chosen(op) for op in ops}}
