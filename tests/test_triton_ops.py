@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op
@@ -572,6 +574,24 @@ def test_gpu_unary_matches_torch_on_2_24_patterns(kind):
     out = torch.empty_like(x)
     tri.unary(kind, x, out)
     assert_bits(out, ref.UNARY[kind](x), kind)
+
+
+@triton.jit
+def _silu_unrolled_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + i, tri.silu_f32_unrolled(tl.load(x_ptr + i)))
+
+
+@pytest.mark.gpu
+def test_gpu_silu_unrolled_on_all_f32():
+    """The fused chain's SiLU (silu_f32_unrolled: silu_quotient, div_rn without its branch) on every one of the 2^32
+    f32 bit patterns, 2^28 at a time, against torch: its special cases (x < -80, x = +-0 or +inf, y = inf, NaN)
+    are a few bit patterns each, which a sample misses."""
+    for first in range(0, 2**32, 2**28):
+        x = torch.arange(first, first + 2**28, dtype=torch.int64, device="cuda").to(torch.int32).view(F32)
+        out = torch.empty_like(x)
+        _silu_unrolled_kernel[(x.numel() // 1024,)](x, out, BLOCK=1024)
+        assert_bits(out, ref.silu(x), f"silu_f32_unrolled on bit patterns {first:#x}..")
 
 
 @pytest.mark.gpu

@@ -112,9 +112,48 @@ else:
         return libdevice.cos(x), libdevice.sin(x)
 
 
+if INTERPRETED:
+    @triton.jit
+    def silu_quotient(x, y):
+        return tl.math.div_rn(x, y)
+else:
+    @triton.jit
+    def silu_quotient(x, y):
+        """x / y rounded to nearest even, as div_rn, for SiLU's operands (y = 1 + exp(-x)), without its branch.
+
+        div_rn compiles to a fast path (reciprocal, one Newton step, quotient, residual, correction) and a branch
+        to a slow subroutine for operands out of the fast path's range. The branch ends a basic block, so the
+        compiler cannot interleave the fast paths of independent quotients: the fused chain's tokens then run one
+        after another (H200 profile, docs/performance.md). Here the fast path runs for every element, and SiLU's
+        operands out of its range are mapped into it or replaced, with every test on x or y (known before the
+        reciprocal, off its dependency chain):
+        x < -80 (y > 5e34; 1/y is subnormal from y = 2^126, which rcp flushes): x and y scaled by 2^-8, which
+        leaves the quotient exact; x = +-0 or +inf: x itself (the residual is +0 or NaN there); y = inf (exp(-x)
+        overflowed): x * 0, as x / inf. Bit-identical to div_rn on all 2^32 x (test_gpu_silu_unrolled_on_all_f32).
+        """
+        s = tl.where(x < -80.0, 0.00390625, 1.0)  # 2^-8
+        keep = (x == 0.0) | (x == float("inf")) | (y == float("inf"))
+        kept = tl.where(y == float("inf"), x * 0.0, x)
+        xs, ys = x * s, y * s
+        r0 = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [ys], dtype=tl.float32,
+                                       is_pure=True, pack=1)
+        r = tl.fma(r0, tl.fma(-ys, r0, 1.0), r0)
+        q0 = xs * r
+        return tl.where(keep, kept, tl.fma(r, tl.fma(-ys, q0, xs), q0))
+
+
 @triton.jit
 def silu_f32(x):
+    """SiLU of each element, div_rn's quotient. (silu_quotient's bits too, but slower in the elementwise kernels:
+    there the branch keeps a thread's loads issued together, H200, docs/performance.md.)"""
     return tl.math.div_rn(x, 1.0 + exp_f32(-x))
+
+
+@triton.jit
+def silu_f32_unrolled(x):
+    """silu_f32, for a thread that computes many independent SiLUs (the fused chain's tokens): the same bits, its
+    quotients free to interleave."""
+    return silu_quotient(x, 1.0 + exp_f32(-x))
 
 
 @triton.constexpr_function
@@ -786,7 +825,7 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         win = ()
         for j in tl.static_range(D_CONV):
             win = win + (cat[t + j],)
-        ys = ys + (silu_f32(conv_dot(win, w)),)
+        ys = ys + (silu_f32_unrolled(conv_dot(win, w)),)
     tl.debug_barrier()  # every thread's reads happen before any thread's writes
 
     for t in tl.static_range(N_T):
