@@ -88,7 +88,8 @@ def main() -> int:
         for T in tokens:
             def chain(module, T=T):
                 ops = chain_operands(T, T, seed=T)  # the same starting bytes for every variant
-                return (lambda: module.gdn_conv_chain(*ops["args"], **RMS)), [ops[k] for k in ("out", "q", "k", "cache")]
+                outs = [ops[k] for k in ("out", "q", "k", "cache")]
+                return (lambda: module.gdn_conv_chain(*ops["args"], **RMS)), outs
             row = compare(f"chain rms T={T}", variants, chain)
             head, rest = row.split(" | ", 1)
             print(f"{head} | {copy_us(chain_bytes(T, T)):4.2f} | {rest}", flush=True)
