@@ -48,8 +48,9 @@ def revision_module(rev: str, folder: Path):
     return module
 
 
-def compare(label: str, variants: dict, make) -> str:
-    """One table row: ``make(module)`` gives (launch, output tensors) for one variant's own operands."""
+def compare(variants: dict, make) -> str:
+    """One table row's cells, the variants' medians then whether their bytes agree: ``make(module)`` gives
+    (launch, output tensors) for one variant's own operands."""
     runs, outputs = {}, {}
     for tag, module in variants.items():
         launch, outs = make(module)
@@ -64,7 +65,7 @@ def compare(label: str, variants: dict, make) -> str:
     for tag in tags + tags[::-1] + tags:
         times[tag].append(kernel_us(runs[tag])[0])
     cells = " | ".join(f"{statistics.median(times[t]):6.2f}" for t in tags)
-    return f"{label:18s} | {cells} | {'identical' if same else 'DIFFER'}"
+    return f"{cells} | {'identical' if same else 'DIFFER'}"
 
 
 def seeded(shape, seed: int, n: int = 1) -> list[torch.Tensor]:
@@ -90,9 +91,8 @@ def main() -> int:
                 ops = chain_operands(T, T, seed=T)  # the same starting bytes for every variant
                 outs = [ops[k] for k in ("out", "q", "k", "cache")]
                 return (lambda: module.gdn_conv_chain(*ops["args"], **RMS)), outs
-            row = compare(f"chain rms T={T}", variants, chain)
-            head, rest = row.split(" | ", 1)
-            print(f"{head} | {copy_us(chain_bytes(T, T)):4.2f} | {rest}", flush=True)
+            print(f"{f'chain rms T={T}':18s} | {copy_us(chain_bytes(T, T)):4.2f} | {compare(variants, chain)}",
+                  flush=True)
         for T in (4, 16):
             def silu(module, T=T):
                 (x,) = seeded((1, 1, T, 8192), T)
@@ -104,8 +104,7 @@ def main() -> int:
                 y = torch.empty_like(g)
                 return (lambda: module.glu("SWIGLU", g, u, False, y)), [y]
             for label, make in ((f"SILU 8192x{T}", silu), (f"SWIGLU 12288x{T}", swiglu)):
-                head, rest = compare(label, variants, make).split(" | ", 1)
-                print(f"{head} |    - | {rest}", flush=True)
+                print(f"{label:18s} |    - | {compare(variants, make)}", flush=True)
     return 0
 
 

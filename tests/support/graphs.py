@@ -39,12 +39,12 @@ CHAIN_OPS = (Op.SSM_CONV, Op.UNARY, Op.L2_NORM, Op.RMS_NORM, Op.SCALE, Op.GDN_CO
 def triton_for(ops, where=None) -> dict:
     """A kernel table: torch, with the Triton kernels of ``ops`` (only for the nodes ``where(node)`` holds, if given:
     the interpreter costs ~30 ms a program)."""
-    if where is None:
-        return {**backends.TORCH_BACKEND, **{op: backends.TRITON_BACKEND[op] for op in ops}}
+    def kernel(op):
+        if where is None:
+            return backends.TRITON_BACKEND[op]
 
-    def chosen(op):
         def run(n, views, out):
             (backends.TRITON_BACKEND if where(n) else backends.TORCH_BACKEND)[op](n, views, out)
         return run
 
-    return {**backends.TORCH_BACKEND, **{op: chosen(op) for op in ops}}
+    return {**backends.TORCH_BACKEND, **{op: kernel(op) for op in ops}}
