@@ -5,7 +5,9 @@ replays, bench.kernel_us), and every variant's output bytes are compared with th
 
     python benchmarks/ab_kernels.py --base 2213063 [--base REV ..] [--tokens 1,4,8,16]
 
-The working tree is the last column. A revision's module must take the same launch arguments as the working tree's
+``--base`` also takes a file (a ``triton_ops.py`` written out beforehand), for a machine whose copy of the tree has
+no git history, as the device host's: ``git show REV:gdnpass/kernels/triton_ops.py > .ab/REV.py`` here, then
+``--base .ab/REV.py`` there (with ``.ab`` carried). The working tree is the last column. A revision's module must take the same launch arguments as the working tree's
 (``gdn_conv_chain``, ``unary``, ``glu``).
 """
 
@@ -33,13 +35,20 @@ RMS = dict(norm="rms", qk_scale=128 ** -0.5)  # upstream's q/k form at S = 128
 
 
 def revision_module(rev: str, folder: Path):
-    """triton_ops.py as of ``rev``, imported as its own module (Triton keys its compiles by source, so the two
-    revisions' kernels stay apart)."""
-    try:
-        text = subprocess.run(["git", "show", f"{rev}:{SOURCE}"], check=True, capture_output=True, text=True).stdout
-    except subprocess.CalledProcessError as e:
-        raise SystemExit(f"ab_kernels: --base {rev}: {e.stderr.strip() or 'git show failed'}")
-    name = "triton_ops_" + "".join(c if c.isalnum() else "_" for c in rev)
+    """triton_ops.py as of ``rev`` (a git revision, or a file holding it), imported as its own module (Triton keys
+    its compiles by source, so the two revisions' kernels stay apart)."""
+    if rev.endswith(".py"):
+        try:
+            text = Path(rev).read_text()
+        except OSError as e:
+            raise SystemExit(f"ab_kernels: --base {rev}: {e.strerror}")
+    else:
+        try:
+            text = subprocess.run(["git", "show", f"{rev}:{SOURCE}"], check=True, capture_output=True,
+                                  text=True).stdout
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise SystemExit(f"ab_kernels: --base {rev}: {getattr(e, 'stderr', '').strip() or 'git show failed'}")
+    name = "triton_ops_" + "".join(c if c.isalnum() else "_" for c in Path(rev).stem)
     path = folder / f"{name}.py"
     path.write_text(text)
     spec = importlib.util.spec_from_file_location(name, path)
@@ -75,7 +84,7 @@ def seeded(shape, seed: int, n: int = 1) -> list[torch.Tensor]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", action="append", required=True, help="a git revision to compare (repeatable)")
+    ap.add_argument("--base", action="append", required=True, help="a git revision, or a .py file of triton_ops, to compare (repeatable)")
     ap.add_argument("--tokens", default="1,4,8,16", help="token counts of the chain rows (rows = tokens)")
     a = ap.parse_args()
     if not torch.cuda.is_available():

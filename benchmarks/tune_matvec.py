@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import multiprocessing as mp
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import triton
@@ -173,6 +175,7 @@ def main() -> int:
     p.add_argument("--cols", type=_ints, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
     p.add_argument("--procs", type=int, default=16, help="compile worker processes")
     p.add_argument("--pair", action="store_true", help="time the pair's launch (two weights of each shape)")
+    p.add_argument("--json", help="write every tile's time to this file (not only each case's best three)")
     a = p.parse_args()
     wtypes = a.wtypes.split(",")
     if not set(wtypes) <= set(DTYPES):
@@ -191,6 +194,7 @@ def main() -> int:
           f"({refused} refused)", flush=True)
     bw = bench_references()["copy_GBps"]
     print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)
+    rows = []
     for wt, M, K, N, tiles in cases:
         if time.time() > t_end:
             print("budget spent: stopping the sweep", flush=True)
@@ -201,10 +205,14 @@ def main() -> int:
         default = dict((t, us) for t, us, _ in timed).get(tiles[0], float("nan"))
         n_w = 2 if a.pair else 1
         nbytes = n_w * (M * K * DTYPES[wt].itemsize + N * M * 4) + N * K * 4
+        rows += [dict(wtype=wt, M=M, K=K, N=N, pair=a.pair, tile=list(t), us=us, GBps=nbytes / (us * 1e3),
+                      default=t == tiles[0]) for t, us, _ in timed]
         for t, us, err in sorted(timed, key=lambda r: r[1])[:3]:
             gbps = nbytes / (us * 1e3)
             print(f"{wt:>5}{'x2' if a.pair else ''} {M:>6}x{K:<6} N={N:<2} {us:7.2f} us {gbps:6.0f} GB/s "
                   f"({gbps / bw:4.0%}) {t} err {err:.1e}  default {default:7.2f} us", flush=True)
+    if a.json:
+        Path(a.json).write_text(json.dumps(dict(copy_GBps=bw, tiles=rows), indent=1))
     return 0
 
 
