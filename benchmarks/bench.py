@@ -431,26 +431,31 @@ def copy_us(nbytes: int) -> float:
     return kernel_us(lambda: b.copy_(a))[0]
 
 
-def gather_copy_us(nbytes: int) -> tuple[float, float]:
-    """The fused chain's floor from its data dependency: (a Triton copy of ``nbytes``, the same copy with its source
-    offset read from device memory first, as the chain reads the cache cell id before the gathered row), us. The
-    offset is 0 and declared a multiple of 16, so both copies keep their vector loads: the difference is the one
-    dependent load."""
+def gather_copy_us(nbytes: int) -> tuple[float, float, float]:
+    """The floor the fused chain's two dependencies set, us: a Triton copy of ``nbytes``; the same copy with its
+    source offset read from device memory first (the chain reads the cache cell id before the gathered row); and
+    that, with each program's block scaled by its root sum of squares before the store (the chain's q/k norm needs
+    a head's SiLU outputs from all its threads). The offset is 0 and declared a multiple of 16, so every variant
+    keeps its vector loads."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def _copy(src, dst, off_ptr, n, BLOCK: tl.constexpr, GATHER: tl.constexpr):
+    def _copy(src, dst, off_ptr, n, BLOCK: tl.constexpr, GATHER: tl.constexpr, NORM: tl.constexpr):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         base = tl.multiple_of(tl.load(off_ptr), 16) if GATHER else 0
-        tl.store(dst + i, tl.load(src + base + i, mask=i < n), mask=i < n)
+        x = tl.load(src + base + i, mask=i < n, other=0.0)
+        if NORM:
+            x = x * tl.math.rsqrt(tl.sum(x * x) + 1e-6)
+        tl.store(dst + i, x, mask=i < n)
 
     a = torch.randn(max(1, nbytes // 8), device="cuda")
     b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")
     block = 1024  # (4 warps, two 16-byte vectors per thread)
     grid = (triton.cdiv(a.numel(), block),)
-    return tuple(kernel_us(lambda g=g: _copy[grid](a, b, off, a.numel(), BLOCK=block, GATHER=g, num_warps=4))[0]
-                 for g in (False, True))
+    return tuple(kernel_us(lambda v=v: _copy[grid](a, b, off, a.numel(), BLOCK=block, GATHER=v[0], NORM=v[1],
+                                                   num_warps=4))[0]
+                 for v in ((False, False), (True, False), (True, True)))
 
 
 # ---- the pass on the CPU -------------------------------------------------------------------------------------------
@@ -568,10 +573,11 @@ def main() -> int:
 
     if want("chain"):
         out["chain"] = []
-        print("\n## fused chain vs one copy kernel moving its bytes (target <= 1.2 x the copy); the floor a gather "
-              "sets: a Triton copy of those bytes, and the same copy after one dependent load (gather_copy_us)")
+        print("\n## fused chain vs one copy kernel moving its bytes (target <= 1.2 x the copy); the floor its "
+              "dependencies set (gather_copy_us): a Triton copy of those bytes, the same after one dependent load, "
+              "and that with a norm per block")
         print("q/k T rows | unfused (n kernels) | fused | copy of its bytes | fused/copy | Triton copy | after a load "
-              "| after a load / copy | l2_separate")
+              "| and a norm | floor / copy | l2_separate")
         floors = {}
         for qk in ("rms", "l2"):
             for T in (1, 4, 8, 16):
@@ -579,11 +585,12 @@ def main() -> int:
                 c = copy_us(r["fused_bytes"])
                 if T not in floors:
                     floors[T] = gather_copy_us(r["fused_bytes"])
-                r["copy_us"], (r["triton_copy_us"], r["gather_copy_us"]) = c, floors[T]
+                r["copy_us"], (r["triton_copy_us"], r["gather_copy_us"], r["gather_norm_us"]) = c, floors[T]
                 out["chain"].append(r)
                 print(f"{qk:3s} {T:2d} {T:4d} | {r['unfused_total']:7.2f} ({r['unfused_launches']:2d}) | {r['fused']:6.2f} | "
-                      f"{c:6.2f} | {r['fused'] / c:4.2f} {verdict(r['fused'] <= 1.2 * c)} | {floors[T][0]:6.2f} | "
-                      f"{floors[T][1]:6.2f} | {floors[T][1] / c:4.2f} | {r['l2_separate']}", flush=True)
+                      f"{c:6.2f} | {r['fused'] / c:4.2f} {verdict(r['fused'] <= 1.2 * c)} | "
+                      + " | ".join(f"{v:6.2f}" for v in floors[T]) + f" | {floors[T][2] / c:4.2f} | {r['l2_separate']}",
+                      flush=True)
 
     if want("dedup"):
         out["dedup"] = dd = bench_dedup([(1, 0), (4, 3), (8, 7), (16, 15)])

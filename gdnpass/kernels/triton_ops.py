@@ -1077,7 +1077,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it splits K (:func:`_split`: a few hundred
     programs) below the lm head for bf16 and up to 8192 rows for f32. f16 weights take f32's tiles (not timed
     apart). With fusion on, FFN gate / up and attention k / v run only as pairs (twice the programs of one
-    product): their bf16 tiles were timed as pairs."""
+    product): their bf16 tiles, and the f32 tile of k / v, were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         if cols >= 8:
@@ -1093,8 +1093,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
             return MatVecTile(128, 16, 128, True, 8, _split(K, 128, 8))
     elif cols >= 8 and M >= 8192:
         return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 1 if M > 8192 else 2))
-    elif cols >= 8 and M >= 1024:
-        return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 16))
+    elif cols >= 8 and M >= 1024:  # (attention k / v, 1024 rows: 8 slices, timed as the pair)
+        return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 8))
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
     if small and cols == 1:  # one column of few rows: the thin products' shape, two rows and K in long steps
         return MatVecTile(2, 1, min(triton.next_power_of_2(K), 2048), False, 8)
