@@ -5,8 +5,9 @@
 1. references: device copy bandwidth (1 GiB, read + write) and an empty Triton kernel
 2. per op of the unfused conv chain (qwen3.5-9b, upstream's q/k form) next to upstream ggml-cuda's kernels (T 4, 8)
 3. thin MUL_MAT: every qwen3.5-9b weight shape, f32 and bf16, 1-16 columns, against the copy bandwidth
-4. the fused chain against one copy kernel moving its bytes, T 1/4/8/16, both q/k forms
-5. the dedup snapshot layouts against the rows layout (fused node)
+4. the fused chain against one copy kernel moving its bytes, T 1/4/8/16, both q/k forms, and the floor its data
+   dependencies set (a copy after a dependent load, with a block norm)
+5. the dedup snapshot layouts against the rows layout (fused node), and the copy ratio their bytes allow
 6. the alpha/beta pair vs two single mat-vecs
 7. the 24-layer verify forward: kernels and kernel time per forward (and the products alone), fusion off vs on;
    GPU time of the captured CUDA graph (ABBA medians)
