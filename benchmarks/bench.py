@@ -27,6 +27,8 @@ import sys
 import time
 
 import torch
+import triton
+import triton.language as tl
 
 sys.path.insert(0, ".")
 
@@ -229,7 +231,7 @@ def bench_mat_vec(cols: list[int], ref: dict) -> list[dict]:
                 x = torch.randn(1, 1, n, K, device="cuda")
                 y = torch.empty(1, 1, n, M, device="cuda")
                 # the median launch over the copies (each read from memory)
-                us = statistics.median(kernel_us(lambda: [tri.mul_mat_vec(v, x, y) for v in ws], reps=10)[1])
+                us = statistics.median(kernel_us(lambda ws=ws: [tri.mul_mat_vec(v, x, y) for v in ws], reps=10)[1])
                 nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
                 gbps = nbytes / (us * 1e3)
                 big = w.numel() * w.element_size() >= 8 << 20
@@ -411,8 +413,6 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False) -> dict:
 
 
 def bench_references() -> dict:
-    import triton
-
     @triton.jit
     def _empty(x_ptr):
         pass
@@ -432,30 +432,35 @@ def copy_us(nbytes: int) -> float:
     return kernel_us(lambda: b.copy_(a))[0]
 
 
+@triton.jit
+def _floor_copy_kernel(src_ptr, dst_ptr, off_ptr, n, BLOCK: tl.constexpr, GATHER: tl.constexpr, NORM: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    base = tl.multiple_of(tl.load(off_ptr), 16) if GATHER else 0  # (so the loads stay 16-byte vectors)
+    x = tl.load(src_ptr + base + i, mask=i < n, other=0.0)
+    if NORM:
+        x = x * tl.math.rsqrt(tl.sum(x * x) + 1e-6)
+    tl.store(dst_ptr + i, x, mask=i < n)
+
+
+FLOOR_BLOCK = 1024  # elements per program of the floor kernels (4 warps: two 16-byte vectors per thread)
+
+
+def floor_copy(src: torch.Tensor, dst: torch.Tensor, off: torch.Tensor, gather: bool, norm: bool) -> None:
+    """dst = src[o : o + len(dst)] (f32, flat), o = ``off`` (an int64 tensor of a multiple of 16) when ``gather``,
+    else 0; with ``norm``, each block of FLOOR_BLOCK elements scaled by 1 / sqrt(its Σx² + 1e-6). The kernels of
+    :func:`gather_copy_us`."""
+    grid = (triton.cdiv(dst.numel(), FLOOR_BLOCK),)
+    _floor_copy_kernel[grid](src, dst, off, dst.numel(), BLOCK=FLOOR_BLOCK, GATHER=gather, NORM=norm, num_warps=4)
+
+
 def gather_copy_us(nbytes: int) -> tuple[float, float, float]:
     """The floor the fused chain's two dependencies set, us: a Triton copy of ``nbytes``; the same copy with its
     source offset read from device memory first (the chain reads the cache cell id before the gathered row); and
     that, with each program's block scaled by its root sum of squares before the store (the chain's q/k norm needs
-    a head's SiLU outputs from all its threads). The offset is 0 and declared a multiple of 16, so every variant
-    keeps its vector loads."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _copy(src, dst, off_ptr, n, BLOCK: tl.constexpr, GATHER: tl.constexpr, NORM: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        base = tl.multiple_of(tl.load(off_ptr), 16) if GATHER else 0
-        x = tl.load(src + base + i, mask=i < n, other=0.0)
-        if NORM:
-            x = x * tl.math.rsqrt(tl.sum(x * x) + 1e-6)
-        tl.store(dst + i, x, mask=i < n)
-
+    a head's SiLU outputs from all its threads)."""
     a = torch.randn(max(1, nbytes // 8), device="cuda")
-    b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")
-    block = 1024  # (4 warps, two 16-byte vectors per thread)
-    grid = (triton.cdiv(a.numel(), block),)
-    return tuple(kernel_us(lambda v=v: _copy[grid](a, b, off, a.numel(), BLOCK=block, GATHER=v[0], NORM=v[1],
-                                                   num_warps=4))[0]
+    b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")  # (offset 0: the same bytes)
+    return tuple(kernel_us(lambda v=v: floor_copy(a, b, off, *v))[0]
                  for v in ((False, False), (True, False), (True, True)))
 
 
@@ -537,8 +542,6 @@ def main() -> int:
                                                                                          flush=True))
         prepared = ThreadPoolExecutor(1).submit(prepare)
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-    import triton
-
     out["triton"] = triton.__version__
     print(f"# {out['gpu']}, torch {out['torch']}, triton {out['triton']}; profiler kernel durations, us", flush=True)
 
