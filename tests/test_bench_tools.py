@@ -13,12 +13,12 @@ import bench  # noqa: E402
 
 
 @pytest.mark.parametrize("gather,norm", [(False, False), (True, False), (True, True)])
-def test_floor_kernels_do_what_their_floor_claims(gather, norm):
+def test_floor_kernels_do_what_their_floor_claims(gather, norm, device):
     # a floor kernel that skipped its dependent load or its sum would time less than the work it stands for
     off = 16 if gather else 0
-    src = torch.randn(2 * bench.FLOOR_BLOCK + 40 + 16)
-    dst = torch.full((2 * bench.FLOOR_BLOCK + 40,), float("nan"))  # two whole blocks and a masked one
-    bench.floor_copy(src, dst, torch.tensor([off]), gather, norm)
+    src = torch.randn(2 * bench.FLOOR_BLOCK + 40 + 16, device=device)
+    dst = torch.full((2 * bench.FLOOR_BLOCK + 40,), float("nan"), device=device)  # two whole blocks, a masked one
+    bench.floor_copy(src, dst, torch.tensor([off], device=device), gather, norm)
     want = src[off:off + dst.numel()]
     if not norm:
         assert torch.equal(dst, want)
