@@ -7,8 +7,10 @@ replays, bench.kernel_us), and every variant's output bytes are compared with th
 
 ``--base`` also takes a file (a ``triton_ops.py`` written out beforehand), for a machine whose copy of the tree has
 no git history, as the device host's: ``git show REV:gdnpass/kernels/triton_ops.py > .ab/REV.py`` here, then
-``--base .ab/REV.py`` there (with ``.ab`` carried). The working tree is the last column. A revision's module must take the same launch arguments as the working tree's
-(``gdn_conv_chain``, ``unary``, ``glu``).
+``--base .ab/REV.py`` there (with ``.ab`` carried).
+
+The working tree is the last column. A revision's module must take the same launch arguments as the working
+tree's (``gdn_conv_chain``, ``unary``, ``glu``).
 """
 
 from __future__ import annotations
@@ -84,7 +86,8 @@ def seeded(shape, seed: int, n: int = 1) -> list[torch.Tensor]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--base", action="append", required=True, help="a git revision, or a .py file of triton_ops, to compare (repeatable)")
+    ap.add_argument("--base", action="append", required=True,
+                    help="a git revision, or a .py file of triton_ops, to compare (repeatable)")
     ap.add_argument("--tokens", default="1,4,8,16", help="token counts of the chain rows (rows = tokens)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
