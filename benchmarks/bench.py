@@ -164,7 +164,8 @@ def chain_bytes(T: int, rows: int, tile: dict | None = None) -> int:
     output, the q/k outputs and the snapshot rows; with the node's ``tile`` (a dedup layout's shared row), the
     tile's windows stored as its columns once."""
     C, dc, S, Hk = 8192, 4, 128, 16
-    snapshot_cols = rows * (dc - 1) - (len(tile["windows"]) * (dc - 1) - tile["n_cols"] if tile else 0)
+    per_window = rows - len(tile["windows"]) if tile else rows  # rows stored window by window, dc-1 columns each
+    snapshot_cols = per_window * (dc - 1) + (tile["n_cols"] if tile else 0)
     return 4 * ((dc - 1) * C + C * T + dc * C + C * T + 2 * S * Hk * T + snapshot_cols * C)
 
 
