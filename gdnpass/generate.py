@@ -5,8 +5,9 @@ It runs a whole qwen35 model (a GGUF file, or a preset with generated weights) t
 
 * **prefill**: the prompt but its last token, in ubatches of ``n_ubatch`` split as llama.cpp's
   ``split_equal(n_ubatch, sequential, n_keep_tail = n_rs_seq + 1)`` splits them (the last ``1 + n_rs_seq`` tokens
-  never straddle two ubatches); every ubatch graph has the context's ``1 + n_rs_seq`` snapshot planes, as in
-  llama.cpp, where ``n_rs_seq`` is a context parameter and not a property of a batch;
+  never straddle two ubatches), asking for no logits (their lm head has no columns); every ubatch graph has the
+  context's ``1 + n_rs_seq`` snapshot planes, as in llama.cpp, where ``n_rs_seq`` is a context parameter and not a
+  property of a batch;
 * **a step**: the drafter proposes up to K tokens, fewer near the end of the context or of N
   (:func:`gdnpass.drafters.draft_budget`); one ubatch of ``n_t = drafts + 1`` tokens (the last sampled token
   first) is verified with logits for every token; the greedy prefix is accepted (row i's argmax must equal draft i;
@@ -23,6 +24,11 @@ cached per (width n_t, KV bucket n_kv: llama.cpp pads the used cells to 256), th
 them share one set of buffers (weights, the recurrent and KV caches, the arena), as llama.cpp's graphs share the
 model, its memory and its compute buffer. On CUDA each graph can be captured once as a CUDA graph and replayed.
 
+A step is lean (:class:`Engine.verify`): the inputs are written into a page-locked host copy of the input buffer and
+go over in one asynchronous copy; the greedy sampler's argmax (and, when asked, the top-2 logits) run on the device,
+inside the CUDA graph (:class:`GreedyHead`); only those few numbers come back, in the one wait of the step. The
+logits themselves are copied to the host only when asked (``hash_logits`` for ``--check``, ``keep_logits``).
+
 Which plane holds what is tracked (:class:`Planes`): after a ubatch of ``n_t`` tokens from state position ``s0``,
 conv plane p holds the state after ``s0 + max(0, n_t - p)`` tokens (planes >= n_t: the clamped pre-state), ssm plane
 p the state after ``s0 + n_t - p`` tokens for p < n_t; ssm planes >= n_t were not written and are stale. Each
@@ -33,11 +39,12 @@ but the one read is NaN and every freed KV cell is garbage, so reading anything 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import torch
 
@@ -45,7 +52,8 @@ from gdnpass import pipeline
 from gdnpass.drafters import Drafter, NoDraft, accept_greedy, draft_budget
 from gdnpass.errors import GdnpassError, GraphError, ResourceError
 from gdnpass.ir import Graph
-from gdnpass.models.hparams import MAX_RS_SEQ, MAX_UBATCH, ModelShape, VerifyConfig, get_model
+from gdnpass.models.hparams import MAX_RS_SEQ, MAX_UBATCH, ModelShape, VerifyConfig, default_ids, get_model
+from gdnpass.models.inputs import input_values
 
 KV_PAD = 256  # llama.cpp pads n_ctx and n_kv to 256 cells (llama-context.cpp, llama_kv_cache::get_n_kv)
 
@@ -149,6 +157,7 @@ class Settings:
     cuda_graphs: bool = False       # capture each graph once as a CUDA graph, replay it (device cuda)
     poison: bool = False            # NaN in every plane a ubatch must not read, garbage in freed KV cells
     check_planes: bool = True       # refuse (StalePlane) to read a plane that does not hold the current state
+    margins: bool = False           # also bring each row's top-2 logit margin to the host (the divergence rule)
 
     @property
     def rs_seq(self) -> int:
@@ -217,20 +226,100 @@ def _what(p: int | None) -> str:
 # the engine: a llama.cpp context of one sequence over gdnpass graphs
 # ---------------------------------------------------------------------------------------------------------------------
 
+# the inputs llama.cpp's set_input writes for every ubatch (gdnpass.models.inputs.input_values gives their values)
+INPUTS = ("inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask", "rs_s_copy")
+
+
+class GreedyHead:
+    """The greedy sampler's reading of a ubatch's logits, done on the device: each output row's argmax (the first of
+    equal maxima, as llama.cpp's greedy sampler and ``torch.argmax`` pick it) and, when asked, its two largest
+    logits (the top-2 margin of the divergence rule). Only these few numbers cross to the host, never the
+    (rows, vocab) logits; :meth:`compute` is part of the ubatch's CUDA graph."""
+
+    def __init__(self, logits: torch.Tensor, margins: bool) -> None:
+        self.logits = logits  # (rows, vocab): a view of result_output
+        n, dev = logits.shape[0], logits.device
+        pin = dev.type == "cuda"  # page-locked host copies: the device writes them without a staging copy
+        self.ids = torch.empty(n, dtype=torch.int64, device=dev)
+        self.ids_host = torch.empty(n, dtype=torch.int64, pin_memory=pin)
+        self.top2 = None
+        if margins:
+            self.top2 = (torch.empty(n, 2, dtype=logits.dtype, device=dev),
+                         torch.empty(n, 2, dtype=torch.int64, device=dev))
+            self.top2_host = torch.empty(n, 2, dtype=logits.dtype, pin_memory=pin)
+
+    def compute(self) -> None:
+        torch.argmax(self.logits, dim=-1, out=self.ids)
+        if self.top2 is not None:
+            torch.topk(self.logits, 2, dim=-1, out=self.top2)
+
+    def fetch(self) -> tuple[list[int], list[float] | None]:
+        """Each row's greedy token (and top-1 minus top-2 logit, in float64): one small copy each, one wait."""
+        self.ids_host.copy_(self.ids, non_blocking=True)
+        if self.top2 is not None:
+            self.top2_host.copy_(self.top2[0], non_blocking=True)
+        if self.ids.device.type == "cuda":
+            torch.cuda.current_stream(self.ids.device).synchronize()
+        if self.top2 is None:
+            return self.ids_host.tolist(), None
+        top = self.top2_host.double()
+        return self.ids_host.tolist(), (top[:, 0] - top[:, 1]).tolist()
+
 
 @dataclass
 class Slot:
-    """One cached graph: width n_t, KV bucket n_kv, bound to the reserve plan, fused (or not) once."""
+    """One cached graph: width n_t, KV bucket n_kv, n_out rows of logits (n_t for a verify, 0 for a prefill); bound
+    to the reserve plan, fused (or not) once, captured once as a CUDA graph (with its greedy head) when asked."""
 
     n_t: int
     n_kv: int
+    n_out: int
+    cfg: VerifyConfig
     graph: Graph
     executor: object
     report: object
     reallocated: bool
-    inputs: dict[str, torch.Tensor]
-    logits: object  # the result_output tensor
+    inputs: dict[str, torch.Tensor]  # input name -> the view it is written through (the host stage on CUDA)
+    stage: "Stage | None"            # CUDA: the inputs' bytes on the host, copied over in one go per ubatch
+    logits: object                   # the result_output tensor
+    head: GreedyHead | None
+    cuda_graph: object = None
     runs: int = 0
+
+
+@dataclass
+class Stage:
+    """A page-locked host copy of a graph's input buffer: every input is written there, then bytes [lo, hi) (the
+    span of the inputs llama.cpp sets) go to the device in one asynchronous copy, ordered before the graph on the
+    stream, so writing the inputs never waits for the device."""
+
+    host: torch.Tensor
+    device: torch.Tensor
+    lo: int
+    hi: int
+    copied: object  # torch.cuda.Event: the last copy out of ``host`` has been done
+
+    def push(self) -> None:
+        self.device[self.lo:self.hi].copy_(self.host[self.lo:self.hi], non_blocking=True)
+        self.copied.record()
+
+
+@dataclass
+class Verdict:
+    """What one verify ubatch hands back to the host: each row's greedy token and, when asked, its top-2 margin.
+    :meth:`logits` copies the logits themselves, while they are still there (until the next ubatch)."""
+
+    ids: list[int]
+    margins: list[float] | None
+    slot: Slot
+    engine: "Engine"
+    ubatch: int
+
+    def logits(self) -> torch.Tensor:
+        """A (rows, vocab) float32 copy of the logits on the CPU."""
+        if self.engine.ubatches != self.ubatch:
+            raise GraphError("these logits were overwritten by a later ubatch: read them before the next decode")
+        return self.slot.executor.read(self.slot.logits).reshape(self.slot.n_out, self.engine.vocab)
 
 
 class Engine:
@@ -245,7 +334,7 @@ class Engine:
         self.options = settings.options()
         self.vocab = model.shape.vocab_size
         self.reserve = pipeline.reserve_plan(model.build(self._config(settings.ubatch, self.kv_size)), self.options)
-        self.slots: dict[tuple[int, int], Slot] = {}
+        self.slots: dict[tuple[int, int, int], Slot] = {}
         self.shared: dict[str, torch.Tensor] = {}
         self._layout: dict[str, tuple] | None = None
         self.planes = Planes(self.n_rs)
@@ -254,23 +343,26 @@ class Engine:
         self.kv_used = 0     # KV cells 0 .. kv_used-1 hold this sequence's positions
         self.ubatches = 0
 
-    def _config(self, n_t: int, n_kv: int) -> VerifyConfig:
+    def _config(self, n_t: int, n_kv: int, n_out: int | None = None) -> VerifyConfig:
         return self.model.config(n_tokens=n_t, n_rs_seq=self.n_rs, kv_size=self.kv_size, n_kv=n_kv,
-                                 flash_attn=self.s.flash_attn)
+                                 flash_attn=self.s.flash_attn, n_outputs=n_out)
 
     @property
     def n_past(self) -> int:
         return self.cell_pos + 1
 
     # ---- graphs ---------------------------------------------------------------------------------------------------
-    def slot(self, n_t: int, n_kv: int) -> Slot:
-        """The graph of a ubatch of ``n_t`` tokens over ``n_kv`` cells: built, bound and fused the first time."""
-        key = (n_t, n_kv)
+    def slot(self, n_t: int, n_kv: int, n_out: int | None = None) -> Slot:
+        """The graph of a ubatch of ``n_t`` tokens over ``n_kv`` cells with ``n_out`` rows of logits (default: all):
+        built, bound, fused and (with ``cuda_graphs``) captured the first time."""
+        n_out = n_t if n_out is None else n_out
+        key = (n_t, n_kv, n_out)
         if key in self.slots:
             return self.slots[key]
         from gdnpass.runtime import Executor
 
-        res = pipeline.run(self.model.build(self._config(n_t, n_kv)), self.options, reserve=self.reserve)
+        cfg = self._config(n_t, n_kv, n_out)
+        res = pipeline.run(self.model.build(cfg), self.options, reserve=self.reserve)
         g = res.graph
         layout = {t.name: (t.buffer, t.offset, t.nbytes) for t in g.leafs if t.buffer in ("weights", "cache")}
         shared = dict(self.shared)
@@ -283,18 +375,45 @@ class Engine:
             self._layout = layout
             self._init_memory(ex, g)
             self.shared = {k: ex.buffers[k] for k in ("weights", "cache", "arena") if k in ex.buffers}
-        names = ("inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask",
-                 "rs_s_copy")
-        leafs = {t.name: t for t in g.leafs}
-        inputs = {n: ex.view(leafs[n]) for n in names if n in leafs}
-        slot = Slot(n_t, n_kv, g, ex, res.report, res.binding.reallocated, inputs, g.find("result_output"))
+        leafs = {t.name: t for t in g.leafs if t.name in INPUTS}
+        stage = self._stage(ex, list(leafs.values())) if ex.device.type == "cuda" else None
+        inputs = {n: ex.view_in(t, stage.host) if stage else ex.view(t) for n, t in leafs.items()}
+        logits = g.find("result_output")
+        head = GreedyHead(ex.view(logits).reshape(n_out, self.vocab), self.s.margins) if n_out else None
+        slot = Slot(n_t, n_kv, n_out, cfg, g, ex, res.report, res.binding.reallocated, inputs, stage, logits, head)
         self.slots[key] = slot
-        if self.s.cuda_graphs:  # capture runs the graph (warm-up): keep the caches as they are
-            keep = self.shared["cache"].clone()
-            self._set_inputs(slot, [0] * n_t, 0, 0)
-            ex.capture()
-            self.shared["cache"].copy_(keep)
+        if self.s.cuda_graphs:
+            self._capture(slot)
         return slot
+
+    @staticmethod
+    def _stage(ex, leafs: list) -> Stage:
+        where = {t.base.buffer for t in leafs}
+        if where != {"input"}:
+            raise GraphError(f"the graph's inputs lie in buffers {sorted(where)}, not in one input buffer")
+        lo = min(t.base.offset + t.view_offs for t in leafs)
+        hi = max(t.base.offset + t.view_offs + t.nbytes for t in leafs)
+        dev = ex.buffers["input"]
+        return Stage(torch.zeros(dev.numel(), dtype=torch.uint8, pin_memory=True), dev, lo, hi, torch.cuda.Event())
+
+    def _forward(self, slot: Slot) -> None:
+        """The device work of one ubatch: the graph's nodes, then the greedy head."""
+        slot.executor.run()
+        if slot.head is not None:
+            slot.head.compute()
+
+    def _capture(self, slot: Slot) -> None:
+        """Capture the ubatch's device work as one CUDA graph; the caches are kept as they were (the capture's
+        warm-up run, which compiles the kernels, writes them)."""
+        keep = self.shared["cache"].clone()
+        self._write_inputs(slot, [0] * slot.n_t, 0, 0)
+        self._forward(slot)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._forward(slot)
+        slot.cuda_graph = graph
+        self.shared["cache"].copy_(keep)
 
     def _init_memory(self, ex, g: Graph) -> None:
         if self.model.gguf is None:
@@ -306,7 +425,7 @@ class Engine:
             ex.buffers[name].zero_()
 
     def warm(self, widths: Sequence[int], n_kv: int | None = None) -> None:
-        """Build (and capture) the graphs of these widths ahead of time (a benchmark's warm-up)."""
+        """Build (and capture) the verify graphs of these widths ahead of time (a benchmark's warm-up)."""
         for n_t in widths:
             self.slot(n_t, n_kv or n_kv_for(n_t, self.kv_size))
 
@@ -370,35 +489,20 @@ class Engine:
                     flat.view(-1, self.kv_size)[:, c0:c1].fill_(1000.0)
 
     # ---- one ubatch -----------------------------------------------------------------------------------------------
-    def _set_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int) -> None:
-        """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. (cells = positions)."""
-        n_t, dev, inp = len(tokens), slot.executor.device, slot.inputs
-        pos = torch.arange(s0, s0 + n_t, device=dev)
+    def _write_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int) -> None:
+        """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. reading ``plane``."""
+        vals = input_values(dataclasses.replace(slot.cfg, n_past=s0), ids=default_ids(slot.cfg, plane), tokens=tokens)
+        if slot.stage is not None:
+            slot.stage.copied.synchronize()  # the last ubatch's copy out of the host stage is done
+        for name, view in slot.inputs.items():
+            view.copy_(torch.from_numpy(vals[name]).reshape(view.shape))
+        if slot.stage is not None:
+            slot.stage.push()
 
-        def put(name: str, value: torch.Tensor) -> None:
-            if name in inp:
-                v = inp[name]
-                v.copy_(value.reshape(v.shape).to(v.dtype))
-        put("inp_tokens", torch.tensor(list(tokens), device=dev))
-        put("inp_pos", torch.cat([pos, pos, pos, torch.zeros_like(pos)]))
-        put("out_ids", torch.arange(n_t, device=dev))
-        put("attn_inp_k_idxs", pos)
-        if "attn_inp_v_idxs" in inp:
-            if self.s.flash_attn:
-                put("attn_inp_v_idxs", pos)
-            else:
-                n_e = self.model.shape.head_count_kv * self.model.shape.value_length
-                e = torch.arange(n_e, device=dev)
-                put("attn_inp_v_idxs", (e[None, :] * self.kv_size + pos[:, None]).reshape(-1))
-        if "attn_inp_kq_mask" in inp:
-            cells = torch.arange(slot.n_kv, device=dev)
-            mask = torch.where(cells[None, :] <= pos[:, None], 0.0, float("-inf"))
-            put("attn_inp_kq_mask", mask)
-        put("rs_s_copy", torch.tensor([plane], device=dev))  # rs_idx * mem_size + cell, one cell
-
-    def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
-        """``llama_decode`` of one ubatch of sequence 0 with logits for every token: (n_t, vocab) float32 on the CPU.
-        It reads plane ``rs_idx`` (then 0 again, as ``s_copy`` resets it)."""
+    def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True) -> Verdict | None:
+        """``llama_decode`` of one ubatch of sequence 0, with logits for every token (``logits``) or none (a
+        prefill's ubatch). It reads plane ``rs_idx`` (then 0 again, as ``s_copy`` resets it). Returns each row's
+        greedy token (and top-2 margin with ``Settings.margins``); nothing else waits for the device."""
         n_t = len(tokens)
         if not 1 <= n_t <= self.s.ubatch:
             raise GraphError(f"a ubatch has 1..{self.s.ubatch} tokens, not {n_t}")
@@ -411,22 +515,33 @@ class Engine:
         r, self.rs_idx = self.rs_idx, 0
         if self.s.check_planes if check is None else check:
             self.planes.require(r, s0)
-        slot = self.slot(n_t, n_kv_for(s0 + n_t, self.kv_size))
+        slot = self.slot(n_t, n_kv_for(s0 + n_t, self.kv_size), n_t if logits else 0)
         if self.s.poison:
             self._poison_planes(keep=r)
-        self._set_inputs(slot, tokens, s0, r)
-        slot.executor.run()
+        self._write_inputs(slot, tokens, s0, r)
+        if slot.cuda_graph is not None:
+            slot.cuda_graph.replay()
+        else:
+            self._forward(slot)
         slot.runs += 1
         self.ubatches += 1
         self.planes.advance(s0, n_t)
         self.cell_pos, self.kv_used = s0 + n_t - 1, s0 + n_t
-        return slot.executor.read(slot.logits).reshape(n_t, self.vocab)
+        if slot.head is None:
+            return None
+        ids, margins = slot.head.fetch()
+        return Verdict(ids, margins, slot, self, self.ubatches)
+
+    def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
+        """:meth:`verify`, returning the (n_t, vocab) float32 logits on the CPU."""
+        return self.verify(tokens, check).logits()
 
     def prefill(self, tokens: Sequence[int]) -> int:
-        """Decode ``tokens`` (no logits used) in llama.cpp's ubatches; returns how many ubatches."""
+        """Decode ``tokens`` in llama.cpp's ubatches, asking for no logits (as llama.cpp's prefill does); returns how
+        many ubatches."""
         parts = split_ubatches(len(tokens), self.s.ubatch, self.n_rs + 1 if self.n_rs else 0)
         for a, b in parts:
-            self.decode(tokens[a:b])
+            self.verify(tokens[a:b], logits=False)
         return len(parts)
 
 
@@ -443,7 +558,7 @@ class Step:
     plane: int        # the plane the next ubatch reads after the rollback (n_t - 1 - accepted)
     n_kv: int
     seconds: float
-    logits_sha256: str  # of the step's (n_t, vocab) f32 logits, byte for byte
+    logits_sha256: str | None = None  # of the step's (n_t, vocab) f32 logits, byte for byte (hash_logits)
 
 
 @dataclass
@@ -456,7 +571,8 @@ class Result:
     prefill_seconds: float = 0.0
     prefill_ubatches: int = 0
     seconds: float = 0.0
-    margins: list[float] = field(default_factory=list)       # per generated token: top-1 minus top-2 logit
+    stop: str = "n_predict"  # or "eog": an end-of-generation token was generated
+    margins: list[float] = field(default_factory=list)       # per generated token: top-1 minus top-2 logit (margins)
     logits: list[torch.Tensor] = field(default_factory=list)  # per step (keep_logits)
     rows: list[torch.Tensor] = field(default_factory=list)    # per generated token: its logits row (keep_logits)
     states: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)  # n_past -> state read next
@@ -485,13 +601,17 @@ class Result:
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.seconds if self.seconds else 0.0
 
+    @property
+    def ms_per_step(self) -> float:
+        return 1e3 * self.seconds / len(self.steps) if self.steps else 0.0
+
     def to_json(self) -> dict:
         return {"prompt": self.prompt, "tokens": self.tokens, "drafter": self.drafter, "draft_max": self.draft_max,
                 "n_tokens": len(self.tokens), "n_steps": len(self.steps), "n_drafted": self.drafted,
-                "n_accepted": self.accepted, "accept_rate": round(self.accept_rate, 6),
+                "n_accepted": self.accepted, "accept_rate": round(self.accept_rate, 6), "stop": self.stop,
                 "accepted_per_step": [s.accepted for s in self.steps],
                 "acceptance_histogram": {str(k): v for k, v in self.histogram().items()},
-                "tokens_per_second": round(self.tokens_per_second, 3),
+                "tokens_per_second": round(self.tokens_per_second, 3), "ms_per_step": round(self.ms_per_step, 4),
                 "prefill": {"seconds": round(self.prefill_seconds, 6), "ubatches": self.prefill_ubatches},
                 "seconds": round(self.seconds, 6),
                 "steps": [{**asdict(s), "seconds": round(s.seconds, 6)} for s in self.steps],
@@ -504,16 +624,18 @@ def greedy_accept(logits: torch.Tensor, draft: Sequence[int]) -> list[int]:
     return accept_greedy(draft, argmaxes.__getitem__)
 
 
-def margin(row: torch.Tensor) -> float:
-    top = torch.topk(row.to(torch.float64), 2).values
-    return float(top[0] - top[1])
-
-
 def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = None, n_predict: int = 32, *,
-             keep_logits: bool = False, record_states: bool = False,
-             progress: Callable[[int, int], None] | None = None) -> Result:
+             eog: Collection[int] = (), keep_logits: bool = False, hash_logits: bool = False,
+             record_states: bool = False, progress: Callable[[int, int], None] | None = None,
+             on_tokens: Callable[[list[int]], None] | None = None) -> Result:
     """Prefill ``prompt`` (but its last token), then draft / verify / accept / roll back until ``n_predict`` tokens
-    (llama.cpp's speculative-simple loop with a greedy sampler)."""
+    or an end-of-generation token (``eog``: generation stops after it, as llama.cpp's speculative-simple stops;
+    the rest of that step's tokens are dropped) — llama.cpp's speculative-simple loop with a greedy sampler.
+
+    Per step only the rows' greedy tokens (and, with ``Settings.margins``, their top-2 margins) come to the host.
+    ``hash_logits`` adds each step's logits sha256 (what ``--check`` compares), ``keep_logits`` the logits
+    themselves; both copy the logits to the host, in the step's time. ``on_tokens(ids)`` gets each step's tokens as
+    they are accepted (for streaming)."""
     drafter = drafter or NoDraft()
     prompt = [int(t) for t in prompt]
     if not prompt:
@@ -522,39 +644,48 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
         raise GdnpassError(f"-n must be >= 1, is {n_predict}")
     if len(prompt) + n_predict > engine.kv_size:
         raise ResourceError(f"{len(prompt)} prompt + {n_predict} generated tokens do not fit n_ctx {engine.kv_size}")
+    eog = frozenset(int(t) for t in eog)
     K = engine.s.draft_max
     res = Result(prompt, [], [], K, drafter.name)
     engine.reset()
     t0 = time.perf_counter()
     res.prefill_ubatches = engine.prefill(prompt[:-1])
+    if engine.s.device.startswith("cuda"):
+        torch.cuda.synchronize()  # (the prefill's ubatches ask for nothing back: wait for them here, not in step 1)
     res.prefill_seconds = time.perf_counter() - t0
     history, id_last = list(prompt[:-1]), prompt[-1]
     if record_states:
         res.states[len(history)] = engine.state()
     t_loop = time.perf_counter()
-    while len(res.tokens) < n_predict:
+    while len(res.tokens) < n_predict and res.stop != "eog":
         t0 = time.perf_counter()
         n_past = len(history)
         budget = draft_budget(K, engine.kv_size, n_past, n_predict, len(res.tokens))
         draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
-        logits = engine.decode([id_last, *draft])
-        ids = greedy_accept(logits, draft)
+        verdict = engine.verify([id_last, *draft])
+        ids = accept_greedy(draft, verdict.ids.__getitem__)
         for tok in ids:
             history.append(id_last)
             id_last = tok
         if not engine.seq_rm(len(history)):
             raise GdnpassError(f"llama_memory_seq_rm refused the rollback to {len(history)} (a loop bug)")
-        dt = time.perf_counter() - t0
+        logits = verdict.logits() if keep_logits or hash_logits else None
+        digest = hashlib.sha256(logits.numpy().tobytes()).hexdigest() if hash_logits else None
         res.steps.append(Step(len(draft) + 1, len(draft), len(ids) - 1, engine.rs_idx,
-                              n_kv_for(n_past + len(draft) + 1, engine.kv_size), dt,
-                              hashlib.sha256(logits.numpy().tobytes()).hexdigest()))
-        res.tokens += ids
-        res.margins += [margin(logits[i]) for i in range(len(ids))]
+                              n_kv_for(n_past + len(draft) + 1, engine.kv_size), time.perf_counter() - t0, digest))
+        if verdict.margins is not None:
+            res.margins += verdict.margins[:len(ids)]
         if keep_logits:
             res.logits.append(logits)
             res.rows += [logits[i] for i in range(len(ids))]
         if record_states:
             res.states[len(history)] = engine.state()
+        stop = next((i for i, tok in enumerate(ids) if tok in eog), None)
+        if stop is not None:
+            ids, res.stop = ids[:stop + 1], "eog"
+        res.tokens += ids
+        if on_tokens is not None:
+            on_tokens(ids)
         if progress is not None:
             progress(len(res.tokens), n_predict)
     res.seconds = time.perf_counter() - t_loop
@@ -568,21 +699,29 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
 
 def differences(a: Result, b: Result) -> list[str]:
     """Where two runs differ, for fused vs unfused: tokens, the steps' widths and accepted counts, and each step's
-    logits byte for byte (sha256 of the bytes; the bytes themselves when both kept them). Empty: identical."""
+    logits byte for byte (sha256 of the bytes, or the bytes themselves when both kept them). Empty: identical.
+    Runs that recorded neither hashes nor logits cannot be compared byte for byte: that is an error, not a pass."""
+    hashed = all(s.logits_sha256 is not None for r in (a, b) for s in r.steps)
+    kept = len(a.logits) == len(a.steps) and len(b.logits) == len(b.steps)
+    if not (hashed or kept):
+        raise GdnpassError("differences: both runs need their logits recorded (generate(..., hash_logits=True) or "
+                           "keep_logits=True)")
     out = []
     if a.tokens != b.tokens:
         i = first_divergence(a.tokens, b.tokens)
         out.append(f"tokens differ from token {i}")
     if [(s.n_t, s.accepted) for s in a.steps] != [(s.n_t, s.accepted) for s in b.steps]:
         out.append("steps (widths or accepted counts) differ")
-    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
-        if x.logits_sha256 != y.logits_sha256:
-            out.append(f"step {i}: logits bytes differ")
-            break
-    for i, (x, y) in enumerate(zip(a.logits, b.logits)):
-        if x.numpy().tobytes() != y.numpy().tobytes():
-            out.append(f"step {i}: kept logits bytes differ")
-            break
+    if hashed:
+        for i, (x, y) in enumerate(zip(a.steps, b.steps)):
+            if x.logits_sha256 != y.logits_sha256:
+                out.append(f"step {i}: logits bytes differ")
+                break
+    if kept:
+        for i, (x, y) in enumerate(zip(a.logits, b.logits)):
+            if x.numpy().tobytes() != y.numpy().tobytes():
+                out.append(f"step {i}: kept logits bytes differ")
+                break
     return out
 
 
@@ -621,6 +760,9 @@ def divergence(a_tokens: Sequence[int], a_margins: Sequence[float], b_tokens: Se
     i = first_divergence(a_tokens[:n], b_tokens[:n])
     if i is None:
         return Divergence(None, tolerance=tolerance)
+    if len(a_margins) <= i or len(b_margins) <= i:
+        raise GdnpassError(f"divergence at token {i}: a run has no top-2 margin there (run it with "
+                           "Settings(margins=True))")
     return Divergence(i, (float(a_margins[i]), float(b_margins[i])), tolerance)
 
 
@@ -631,6 +773,7 @@ def state_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
     return num / den if den else num
 
 
-__all__ = ["Divergence", "Engine", "Model", "Planes", "Result", "Settings", "StalePlane", "Step", "differences",
+__all__ = ["Divergence", "Engine", "GreedyHead", "Model", "Planes", "Result", "Settings", "StalePlane", "Step",
+           "Verdict", "differences",
            "divergence", "first_divergence", "generate", "greedy_accept", "n_kv_for", "split_ubatches",
            "state_difference"]

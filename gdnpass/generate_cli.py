@@ -114,8 +114,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
     if bad:
         raise GdnpassError(f"--prompt: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
+    compare_plain = a.draft == "planted" or a.vs_plain
+    base["margins"] = compare_plain  # the divergence rule needs each token's top-2 margin
     plain = None
-    if a.draft == "planted" or a.vs_plain:
+    if compare_plain:
         with step("plain decode", "tokens", quiet=a.quiet) as prog:
             plain = gen.generate(gen.Engine(model, gen.Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
                                                                    "cuda_graphs": False, "fusion": fusion})),
@@ -139,7 +141,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         eng = gen.Engine(model, gen.Settings(**base, fusion=on))
         label = f"generate (fusion {'on' if on else 'off'})" if a.check else "generate"
         with step(label, "tokens", quiet=a.quiet) as prog:
-            results.append(gen.generate(eng, a.prompt, drafter(), a.n_predict, progress=prog))
+            results.append(gen.generate(eng, a.prompt, drafter(), a.n_predict, hash_logits=a.check, progress=prog))
         engines.append(eng)
     res, eng = results[-1], engines[-1]
     diffs = gen.differences(results[0], results[1]) if a.check else None
@@ -153,7 +155,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                      "backend": a.backend or ("triton" if a.device.startswith("cuda") else "torch"),
                      "cuda_graphs": a.cuda_graphs,
                      "drafter": {"ngram": {"size_n": ngram_n, "size_m": ngram_m}}.get(a.draft, a.draft)},
-        "graphs": [{"n_t": s.n_t, "n_kv": s.n_kv, "nodes": len(s.graph.nodes), "runs": s.runs,
+        "graphs": [{"n_t": s.n_t, "n_kv": s.n_kv, "n_outputs": s.n_out, "nodes": len(s.graph.nodes), "runs": s.runs,
                     "bound_to_reserve": not s.reallocated,
                     "fusion": s.report.counts() if s.report and s.report.enabled else None}
                    for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t))],
@@ -196,7 +198,8 @@ def _text(s: dict, res, diffs, vs_plain) -> str:
         f"{len(res.tokens) / max(1, len(res.steps)):.2f} tokens/step",
         f"  time: {1e3 * sum(ms) / max(1, len(ms)):.1f} ms/step (min {1e3 * ms[0]:.1f}, max {1e3 * ms[-1]:.1f}), "
         f"{res.tokens_per_second:.1f} tokens/s" if ms else "  time: no steps",
-        f"  graphs: {len(s['graphs'])} (n_t, n_kv) " + ", ".join(f"({g['n_t']}, {g['n_kv']})" for g in s["graphs"])
+        f"  graphs: {len(s['graphs'])} (n_t, n_kv) " + ", ".join(
+            f"({g['n_t']}, {g['n_kv']}{'' if g['n_outputs'] else ', prefill: no logits'})" for g in s["graphs"])
         + f", bound to one reserve plan of {st['n_ubatch']} tokens ({s['reserve']['arena_bytes'] / 2**20:.2f} MiB "
           "arena)",
     ]

@@ -109,7 +109,11 @@ class Executor:
             v = self._views[t.uid] = self._make_view(t)
         return v
 
-    def _make_view(self, t: Tensor) -> torch.Tensor:
+    def view_in(self, t: Tensor, buffer: torch.Tensor) -> torch.Tensor:
+        """``t``'s view in another byte tensor laid out like its buffer (e.g. a host staging copy of the inputs)."""
+        return self._make_view(t, buffer)
+
+    def _make_view(self, t: Tensor, buffer: torch.Tensor | None = None) -> torch.Tensor:
         base = t.base
         if base.buffer not in self.buffers or base.offset is None:
             raise GraphError(f"tensor {t.name!r}: no memory in this plan (buffer {base.buffer!r})")
@@ -117,11 +121,15 @@ class Executor:
         off = base.offset + t.view_offs
         if off % es or any(nb % es for nb in t.nb):
             raise GraphError(f"tensor {t.name!r}: offset/strides are not multiples of its element size {es}")
-        key = (base.buffer, t.type)
-        typed = self._typed.get(key)
-        if typed is None:
-            typed = self._typed[key] = self.buffers[base.buffer].view(TORCH_DTYPES[t.type])
-        if not t.is_empty and off + t.nbytes > self.buffers[base.buffer].numel():
+        if buffer is None:
+            buffer = self.buffers[base.buffer]
+            key = (base.buffer, t.type)
+            typed = self._typed.get(key)
+            if typed is None:
+                typed = self._typed[key] = buffer.view(TORCH_DTYPES[t.type])
+        else:
+            typed = buffer.view(TORCH_DTYPES[t.type])
+        if not t.is_empty and off + t.nbytes > buffer.numel():
             raise GraphError(f"tensor {t.name!r}: bytes [{off}, {off + t.nbytes}) run past buffer {base.buffer!r}")
         return typed.as_strided(tuple(reversed(t.ne)), tuple(nb // es for nb in reversed(t.nb)), off // es)
 

@@ -24,7 +24,7 @@ import torch
 
 from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, cycle_schedule, draft_budget, first_argmax,
                               ngram_defaults, ngram_simple_draft)
-from gdnpass.generate import (Engine, Model, Planes, Settings, StalePlane, differences, divergence, generate,
+from gdnpass.generate import (Engine, GreedyHead, Model, Planes, Settings, StalePlane, differences, divergence, generate,
                               greedy_accept, n_kv_for, split_ubatches, state_difference)
 from gdnpass.generate_cli import SELF_TOLERANCE
 from gdnpass.models.gguf_write import write_gguf
@@ -43,8 +43,8 @@ def model(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def plain(model):
-    return generate(Engine(model, Settings(draft_max=0, n_rs_seq=0)), PROMPT, NoDraft(), N, keep_logits=True,
-                    record_states=True)
+    return generate(Engine(model, Settings(draft_max=0, n_rs_seq=0, margins=True)), PROMPT, NoDraft(), N,
+                    keep_logits=True, record_states=True)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def spec(model, plain):
     """The planted run, fusion off and on, with every plane but the read one poisoned at every ubatch."""
     out = {}
     for fusion in (False, True):
-        eng = Engine(model, Settings(draft_max=K, fusion=fusion, poison=True))
+        eng = Engine(model, Settings(draft_max=K, fusion=fusion, poison=True, margins=True))
         out[fusion] = generate(eng, PROMPT, Planted(plain.tokens, len(PROMPT), 512, cycle_schedule(K)), N,
                                keep_logits=True, record_states=True)
     return out
@@ -119,6 +119,17 @@ def test_greedy_accept_hand_worked():
         == [1, 0, 2]
 
 
+def test_greedy_head_picks_the_first_maximum_and_its_margin(device):
+    inf = float("inf")
+    logits = torch.tensor([[0.0, 2.0, 2.0, -1.0], [5.0, 1.0, 1.0, 1.0], [-inf, 3.5, -inf, 3.25]], device=device)
+    head = GreedyHead(logits, margins=True)
+    head.compute()
+    assert head.fetch() == ([1, 0, 1], [0.0, 4.0, 0.25])
+    head = GreedyHead(logits, margins=False)
+    head.compute()
+    assert head.fetch() == ([1, 0, 1], None)
+
+
 def test_ngram_defaults_keep_size_n_at_most_size_m():
     assert ngram_defaults(4) == (4, 4)
     assert ngram_defaults(15) == (12, 15)  # llama.cpp's default n of 12
@@ -169,6 +180,30 @@ def test_speculative_equals_plain_greedy_decode(plain, spec):
             assert state_difference(st, plain.states[n_past]) < STATE_TOLERANCE, n_past
         rows = max(float((a - b).abs().max()) for a, b in zip(r.rows, plain.rows))
         assert rows < SELF_TOLERANCE / 2
+
+
+def test_the_device_side_head_reads_what_the_logits_say(plain, spec):
+    """Each generated token is its row's first argmax and its margin the float64 top-1 minus top-2 of that row,
+    as computed on the host from the kept logits bytes: the greedy head changes no decision and no margin."""
+    for r in (plain, *spec.values()):
+        assert len(r.rows) == len(r.tokens) == len(r.margins) == N
+        for tok, m, row in zip(r.tokens, r.margins, r.rows):
+            top = torch.topk(row.double(), 2).values
+            assert (tok, m) == (first_argmax(row.tolist()), float(top[0] - top[1]))
+
+
+def test_prefill_asks_for_no_logits_and_leaves_the_same_state(model):
+    """The prefill's ubatches run graphs without lm-head columns (llama.cpp's prefill asks for no logits); the
+    recurrent state and KV cache they leave are byte for byte those of ubatches with every row's logits."""
+    prompt = [(7 * i + 3) % 512 for i in range(11)]
+    eng = Engine(model, Settings(draft_max=K, n_ubatch=6))
+    assert eng.prefill(prompt) == 2 and {(s.n_t, s.n_out) for s in eng.slots.values()} == {(6, 0), (5, 0)}
+    without = {k: v.clone() for k, v in eng.caches().items()}
+    eng.reset()
+    for a, b in ((0, 6), (6, 11)):
+        assert eng.verify(prompt[a:b]) is not None
+    for name, v in eng.caches().items():
+        assert without[name].numpy().tobytes() == v.numpy().tobytes(), name
 
 
 def test_poisoning_unread_planes_and_freed_cells_changes_no_byte(model, plain, spec):
@@ -297,10 +332,11 @@ def test_llama_cpp_generates_the_same_tokens(llama, model, capsys):
                           drafter={"kind": "planted", "truth": lp["tokens"], "accept": cycle_schedule(3),
                                    "lengths": [3, 3, 1, 0, 2]})
     assert ls["settings"]["n_rs_seq"] == 3 and all(s["seq_rm"] for s in ls["steps"])
-    ours_p = generate(Engine(model, Settings(draft_max=0, n_rs_seq=0, n_ubatch=8, backend=GGML_CPU_BACKEND)),
+    ours_p = generate(Engine(model, Settings(draft_max=0, n_rs_seq=0, n_ubatch=8, backend=GGML_CPU_BACKEND,
+                                                  margins=True)),
                       PROMPT, NoDraft(), N, keep_logits=True)
     planted = Planted(ours_p.tokens, len(PROMPT), 512, cycle_schedule(3), [3, 3, 1, 0, 2])
-    ours_s = generate(Engine(model, Settings(draft_max=3, n_ubatch=8, backend=GGML_CPU_BACKEND)), PROMPT, planted, N)
+    ours_s = generate(Engine(model, Settings(draft_max=3, n_ubatch=8, backend=GGML_CPU_BACKEND, margins=True)), PROMPT, planted, N)
     tol = 2 * LLAMA_REL * max(float(r.abs().max()) for r in ours_p.rows)
     for ours, theirs in ((ours_p, lp), (ours_s, ls)):
         d = divergence(ours.tokens, ours.margins, theirs["tokens"], theirs["margins"], tol)

@@ -39,13 +39,13 @@ _PLAIN = {}
 
 def engine(k: int) -> Engine:
     if k not in _ENGINES:
-        _ENGINES[k] = Engine(MODEL, Settings(draft_max=k, n_ubatch=k + 2, poison=True))
+        _ENGINES[k] = Engine(MODEL, Settings(draft_max=k, n_ubatch=k + 2, poison=True, margins=True))
     return _ENGINES[k]
 
 
 def plain():
     if not _PLAIN:
-        _PLAIN["r"] = generate(Engine(MODEL, Settings(draft_max=0, n_rs_seq=0)), PROMPT, NoDraft(), N,
+        _PLAIN["r"] = generate(Engine(MODEL, Settings(draft_max=0, n_rs_seq=0, margins=True)), PROMPT, NoDraft(), N,
                                record_states=True)
     return _PLAIN["r"]
 

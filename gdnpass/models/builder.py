@@ -382,7 +382,7 @@ def build_verify(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | 
 def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> VerifyBuilder:
     """llm_build_qwen35 (src/models/qwen35.cpp, 0c1e570) for one ubatch: the token embedding (build_inp_embd), every
     layer in the file's order (GDN or full attention, then the FFN), the output norm (h_nextn), the output rows
-    (GET_ROWS by out_ids: every token of a verify is an output) and the lm head."""
+    (GET_ROWS by out_ids: every token of a verify is an output, none of a prefill) and the lm head."""
     b = VerifyBuilder(f, cfg, weight_types)
     m, n_t = cfg.shape, cfg.n_tokens * cfg.n_seqs
     wt = DType.parse(cfg.wtype)
@@ -395,7 +395,7 @@ def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | N
     f.expand(inpL)
     f.expand(embd_in)
     b.inp_pos = f.new_tensor("input", "inp_pos", DType.I32, (n_t * 4,), input=True)  # 4 positions per token (M-RoPE)
-    out_ids = f.new_tensor("input", "out_ids", DType.I32, (n_t,), input=True)
+    out_ids = f.new_tensor("input", "out_ids", DType.I32, (cfg.outputs,), input=True)
     gdn = set(m.gdn_layers)
     # DFlash: the drafter reads the inputs of the layers after its targets; llama.cpp flags them OUTPUT
     taps = {t + 1 for t in dflash_target_layers(m.n_layer)} if cfg.dflash else set()

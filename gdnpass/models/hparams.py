@@ -237,6 +237,8 @@ class VerifyConfig:
     n_kv: int = 256            # cells the attention reads (llama.cpp pads the used cells to 256, at most kv_size)
     flash_attn: bool = True    # FLASH_ATTN_EXT (llama.cpp's CPU "auto"), else MUL_MAT + SOFT_MAX + MUL_MAT
     n_past: int = 0            # tokens in the KV cache before this ubatch (its first position)
+    n_outputs: int | None = None  # rows with logits, the ubatch's last (None: every token, as a verify asks; 0: none,
+                                  # as llama.cpp's prefill asks: the lm head then has no columns)
 
     def check(self) -> None:
         m = get_model(self.model)
@@ -258,8 +260,16 @@ class VerifyConfig:
             _need(1 <= self.n_kv <= self.kv_size, "n_kv", f"must be 1..kv_size ({self.kv_size}), is {self.n_kv}")
             _need(0 <= self.n_past and self.n_past + self.n_tokens <= self.n_kv, "n_past",
                   f"{self.n_past} + {self.n_tokens} tokens do not fit n_kv {self.n_kv}")
+        n_t = self.n_tokens * self.n_seqs
+        _need(self.n_outputs is None or (self.whole and 0 <= self.n_outputs <= n_t), "n_outputs",
+              f"must be 0..{n_t} tokens of a whole forward (None: all), is {self.n_outputs}")
         for f in ("wtype", "ab_wtype"):
             _need(DType.parse(getattr(self, f)) is not DType.I32, f, "weights cannot be i32")
+
+    @property
+    def outputs(self) -> int:
+        """Rows of logits the ubatch computes (the lm head's columns)."""
+        return self.n_tokens * self.n_seqs if self.n_outputs is None else self.n_outputs
 
     @property
     def cells(self) -> int:
