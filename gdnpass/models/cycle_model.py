@@ -8,6 +8,11 @@ sets the lm head's row of token ``t`` to the embedding of the token before it in
 runs and still changes the logits (the GDN and attention layers are as random as before); the argmax just follows
 the cycles, which the n-gram drafter then drafts.
 
+The file keeps write_gguf's tokenizer (byte-level BPE): ids 0..255 are bytes, the merges' tokens follow, then the
+special tokens (<|endoftext|> = EOS, <|im_start|>, <|im_end|> = EOT) and unused fillers. A greedy run stays in the
+block of the token it starts from, so it reaches EOS or EOT only if it starts in a block that holds one (vocab 512:
+EOS 509, EOT 511, in the blocks 505..509 and 510..511); every other block never ends generation.
+
 ``python -m gdnpass.models.cycle_model PRESET PATH [--period 5] [--scale 4] [--seed 0] [--wtype f32]``
 """
 
@@ -18,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gdnpass.models.gguf_write import GgufError, _gguf, get_model, write_gguf
+from gdnpass.models.gguf_write import GgufError, get_model, open_reader, write_gguf
 
 
 def cycle_next(t: int, period: int, vocab: int) -> int:
@@ -57,7 +62,7 @@ def write_cycle_gguf(shape, path: str | os.PathLike, *, period: int = 5, scale: 
     if period < 2 or period > shape.vocab_size:
         raise GgufError(f"period must be 2..vocab_size ({shape.vocab_size}), is {period}")
     path = write_gguf(shape, path, wtype=wtype, seed=seed)
-    reader = _gguf().GGUFReader(path, "r+")
+    reader = open_reader(path, "r+")
     by = {t.name: t for t in reader.tensors}
     emb, head = by["token_embd.weight"], by["output.weight"]
     e = _read(emb).reshape(shape.vocab_size, shape.n_embd)
