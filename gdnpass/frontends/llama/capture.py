@@ -30,6 +30,10 @@ such leaf and its ggml type.
 
 A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the worker; it becomes one
 :class:`~gdnpass.errors.LlamaError` line quoting the assert.
+
+The same worker also runs llama.cpp's speculative loop (:func:`generate`), its verify decode timed (:func:`time_verify`)
+and its tokenizer (:func:`tokenize`: ``llama_tokenize`` / ``llama_token_to_piece`` / ``llama_detokenize`` on a model
+loaded with ``vocab_only``, the referee of :mod:`gdnpass.tokenizer`).
 """
 
 from __future__ import annotations
@@ -171,6 +175,34 @@ def generate(gguf: str | os.PathLike, *, prompt: list[int], n_predict: int, draf
            "flash_attn": flash_attn, "n_threads": n_threads, "prompt": list(prompt), "n_predict": n_predict,
            "draft_max": draft_max, "drafter": drafter or {"kind": "none"}, "rows": rows}
     return _call_worker(req, path, install, timeout_s)
+
+
+def tokenize(gguf: str | os.PathLike, texts: Sequence[str] = (), *,
+             modes: Sequence[tuple[bool, bool]] = ((True, True),), pieces: Sequence[int] | None = (),
+             detokenize: Sequence[tuple[Sequence[int], bool, bool]] = (), install: build.Install | None = None,
+             timeout_s: float = 300.0) -> dict:
+    """llama.cpp's own tokenizer on ``gguf``'s vocabulary, in one worker process (the worker's ``tokenize`` mode: the
+    model loaded with ``vocab_only``, no weights). Returns:
+
+    - ``tokens[i][j]``: ``llama_tokenize(vocab, texts[i], *modes[j])`` (modes: (add_special, parse_special));
+    - ``pieces``: {id: (llama_token_to_piece with special true, with special false)} as bytes, for the ids of
+      ``pieces`` (None: every token);
+    - ``detokenized[k]``: the bytes of ``llama_detokenize(vocab, *detokenize[k])`` (ids, remove_special,
+      unparse_special);
+    - ``eog`` (the ids ``llama_vocab_is_eog`` accepts), ``special`` (bos / eos / eot / pad, None when unset),
+      ``add_bos`` / ``add_eos``, ``n_vocab``, and llama.cpp's warning and error log lines."""
+    path = Path(gguf)
+    if not path.is_file():
+        raise LlamaError(f"tokenize: GGUF file {path} does not exist")
+    install = install or build.ensure()
+    req = {"mode": "tokenize", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "texts": list(texts),
+           "modes": [[bool(a), bool(p)] for a, p in modes], "pieces": None if pieces is None else list(pieces),
+           "detokenize": [{"ids": [int(i) for i in ids], "remove_special": bool(r), "unparse_special": bool(u)}
+                          for ids, r, u in detokenize]}
+    out = _call_worker(req, path, install, timeout_s)
+    out["pieces"] = {int(k): (base64.b64decode(a), base64.b64decode(b)) for k, (a, b) in out["pieces"].items()}
+    out["detokenized"] = [base64.b64decode(x) for x in out["detokenized"]]
+    return out
 
 
 def time_verify(gguf: str | os.PathLike, cases: Sequence[tuple[int, int]], *, n_prompt: int = 16, n_ctx: int = 256,

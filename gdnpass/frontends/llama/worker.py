@@ -371,6 +371,76 @@ def run_time(req: dict) -> dict:
     return out
 
 
+def run_tokenize(req: dict) -> dict:
+    """``mode: tokenize``: llama.cpp's own tokenizer on the file's vocabulary (the model loaded with ``vocab_only``:
+    no weights). Per text (``texts``, UTF-8) and per [add_special, parse_special] of ``modes``: ``llama_tokenize``'s
+    ids. Per id of ``pieces`` (null: every token): ``llama_token_to_piece(lstrip 0)`` with special true and false
+    (base64). Per {"ids", "remove_special", "unparse_special"} of ``detokenize``: ``llama_detokenize``'s bytes
+    (base64). Also the ids ``llama_vocab_is_eog`` accepts, the special ids and add_bos / add_eos."""
+    import llama_cpp.llama_cpp as L
+
+    logs: list[str] = []
+
+    on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.vocab_only = True
+    model = L.llama_model_load_from_file(req["gguf"].encode(), mp)
+    if not model:
+        raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
+    vocab = L.llama_model_get_vocab(model)
+    n_vocab = int(L.llama_vocab_n_tokens(vocab))
+
+    def tokenize(text: bytes, add_special: bool, parse_special: bool) -> list[int]:
+        cap = len(text) + 8
+        while True:
+            buf = (L.llama_token * cap)()
+            n = L.llama_tokenize(vocab, text, len(text), buf, cap, add_special, parse_special)
+            if n >= 0:
+                return list(buf[:n])
+            cap = -n
+
+    def piece(tid: int, special: bool) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = L.llama_token_to_piece(vocab, tid, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = L.llama_token_to_piece(vocab, tid, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def detokenize(ids: list[int], remove_special: bool, unparse_special: bool) -> bytes:
+        arr = (L.llama_token * max(1, len(ids)))(*ids)
+        cap = 16 * len(ids) + 16
+        while True:
+            buf = ctypes.create_string_buffer(cap)
+            n = L.llama_detokenize(vocab, arr, len(ids), buf, cap, remove_special, unparse_special)
+            if n >= 0:
+                return buf.raw[:n]
+            cap = -n
+
+    b64 = lambda b: base64.b64encode(b).decode()  # noqa: E731
+    texts = [t.encode() for t in req.get("texts", [])]
+    modes = [(bool(a), bool(p)) for a, p in req.get("modes", [[True, True]])]
+    tokens = [[tokenize(t, a, p) for a, p in modes] for t in texts]
+    ids = range(n_vocab) if req.get("pieces") is None else [int(i) for i in req["pieces"]]
+    pieces = {str(i): [b64(piece(i, True)), b64(piece(i, False))] for i in ids}
+    detok = [b64(detokenize([int(i) for i in d["ids"]], bool(d["remove_special"]), bool(d["unparse_special"])))
+             for d in req.get("detokenize", [])]
+    null = L.LLAMA_TOKEN_NULL
+
+    def special(tid: int) -> int | None:
+        return None if tid == null else int(tid)
+
+    out = {"n_vocab": n_vocab, "tokens": tokens, "modes": modes, "pieces": pieces, "detokenized": detok,
+           "eog": [i for i in range(n_vocab) if L.llama_vocab_is_eog(vocab, i)],
+           "special": {"bos": special(L.llama_vocab_bos(vocab)), "eos": special(L.llama_vocab_eos(vocab)),
+                       "eot": special(L.llama_vocab_eot(vocab)), "pad": special(L.llama_vocab_pad(vocab))},
+           "add_bos": bool(L.llama_vocab_get_add_bos(vocab)), "add_eos": bool(L.llama_vocab_get_add_eos(vocab)),
+           "log": [x for x in logs if "error" in x.lower() or "warn" in x.lower()][-20:]}
+    L.llama_model_free(model)
+    return out
+
+
 def positions_used(n_prompt: int, n_tokens: int, steps: int) -> int:
     """KV cells :func:`run_time` fills: the prompt, then ``steps`` verifies of ``n_tokens`` tokens, each starting one
     position after the one before."""
@@ -447,7 +517,7 @@ def main(argv: list[str]) -> int:
     with open(req_path) as fh:
         req = json.load(fh)
     try:
-        mode = {"generate": run_generate, "time": run_time}.get(req.get("mode"), run)
+        mode = {"generate": run_generate, "time": run_time, "tokenize": run_tokenize}.get(req.get("mode"), run)
         out = {"ok": True, **mode(req)}
     except Refused as err:
         out = {"ok": False, "error": str(err)}
