@@ -300,12 +300,10 @@ class Tokenizer:
         out: list[int] = []
         if add_special and self.add_bos:
             out.append(self._need("bos"))
-        parts = self._partition(text, parse_special)
-        raw = [p for p in parts if isinstance(p, str)]
-        encoded = iter(self.hf.encode_batch(raw, add_special_tokens=False) if len(raw) > 1
-                       else [self.hf.encode(r, add_special_tokens=False) for r in raw])
-        for p in parts:
-            out.extend([p] if isinstance(p, int) else next(encoded).ids)
+        # (fragment by fragment: encode_batch's thread pool would make tokenizers warn in every child process forked
+        # after it, e.g. the llama.cpp worker)
+        for p in self._partition(text, parse_special):
+            out.extend([p] if isinstance(p, int) else self.hf.encode(p, add_special_tokens=False).ids)
         if add_special and self.add_eos:
             out.append(self._need("eos"))
         return out
