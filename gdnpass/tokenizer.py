@@ -14,7 +14,8 @@ does itself, so that the ids are those of ``llama_tokenize``:
   ``llama_vocab::impl::load`` and ``token_to_piece``.
 
 :class:`StreamDecoder` turns ids into text as they come, holding back an incomplete UTF-8 sequence until it completes.
-This module imports neither torch nor the rest of gdnpass's graph code; see docs/gguf.md.
+Importing this module loads neither torch nor gdnpass's graph code (:meth:`Tokenizer.from_gguf` reads the header
+through :func:`gdnpass.models.gguf_write.open_reader`, which loads no torch either); see docs/gguf.md.
 """
 
 from __future__ import annotations
@@ -246,8 +247,8 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
-        """The tokenizer of the GGUF file at ``path``, from its header alone (about 2.5 s for a 248k-token vocabulary
-        on a 2-core machine, most of it the header; 0.1 s for a tiny file)."""
+        """The tokenizer of the GGUF file at ``path``, from its header alone. On a 2-core machine: 0.02 s for a tiny
+        file, 1.0 s for the writer's 248320 tokens, 3.1 s for 248k tokens and 248k merges (Qwen3.5's size)."""
         from gdnpass.models.gguf_write import GgufError, open_reader
 
         path = Path(path)

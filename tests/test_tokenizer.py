@@ -14,7 +14,7 @@ from gdnpass.frontends.llama.capture import tokenize
 from gdnpass.models.gguf_write import (SPECIAL_TOKENS, GgufError, _pack_long_arrays, bpe_vocab, open_reader,
                                        read_shape, tokenizer_metadata, trained_merges, write_gguf)
 from gdnpass.models.hparams import PRESETS
-from gdnpass.tokenizer import CONTROL, NORMAL, UNUSED, USER_DEFINED, Tokenizer, TokenizerError, byte_chars
+from gdnpass.tokenizer import CONTROL, NORMAL, UNUSED, USER_DEFINED, Tokenizer, TokenizerError
 
 SHAPE = dataclasses.replace(PRESETS["tiny-qwen35"], name="tok", n_embd=64, n_ff=64, vocab_size=1024)
 MODES = [(True, True), (True, False), (False, True), (False, False)]  # (add_special, parse_special)
