@@ -1,14 +1,24 @@
-"""The speculative loop on the GPU, fusion off vs on, in ABBA order (issue 19, item 6's benchmark).
+"""The speculative loop on the GPU: gdnpass (fusion off and on, ABBA) next to llama.cpp's own loop on one GGUF file,
+one prompt, greedy, the same n-gram drafter; and each lean step next to the verify's own GPU time.
 
-    python benchmarks/generate_bench.py --gguf model.gguf --draft planted -K 4 -n 128
-    python benchmarks/generate_bench.py --model qwen3.5-9b -K 7 -n 64 --reps 2
+    python benchmarks/generate_bench.py --gguf cyc.gguf --write-cycle qwen3.5-9b --prompt "text" -K 3,7 -n 128 --peer
+    python benchmarks/generate_bench.py --model qwen3.5-9b --draft planted -K 4 -n 64        # a preset, no peer
 
-Per run: tokens/s of the decode loop (prefill excluded), ms per step, accept rate; then whether fusion off and on
-gave identical tokens, accepted counts and logits bytes at every step. Each setting has its own engine (graphs built,
-fused and, with --cuda-graphs (default on cuda), captured once per (width, n_kv) in an untimed warm-up run); the
-timed runs go off, on, on, off (ABBA) so that drift (clocks, other tenants) cancels out of the comparison.
+Per K:
 
-Run on the H200 once (qwen3.5-9b, planted K = 4, 24 tokens; docs/generate.md and docs/performance.md).
+1. gdnpass, one engine per fusion setting: graphs built, fused and captured as CUDA graphs in an untimed warm-up
+   run, which also records every step's logits sha256 (fusion off vs on compared byte for byte: the identity); then
+   the timed runs, off on on off (ABBA, ``--reps`` rounds), lean: only the rows' greedy tokens come to the host;
+2. the verify's own GPU time: each width's CUDA graph (forward and greedy head) replayed alone and timed with CUDA
+   events; the GPU time of the steps a timed run made, next to its wall time per step (the rest is the host's);
+3. with ``--peer``: llama.cpp's ``llama-speculative-simple`` (the pinned tree, CUDA build: ``gdnpass llama-build
+   --cuda``, from ``--source`` on a host without registry access) before and after gdnpass's runs, its own
+   ``decoded ... t/s``, its accept counts, and its text compared with gdnpass's detokenized tokens.
+
+``--write-cycle PRESET`` first writes ``--gguf`` (if missing) as a cycle model of that preset
+(:mod:`gdnpass.models.cycle_model`: the greedy continuation follows cycles of ``--period`` tokens, which the n-gram
+drafter predicts; the period must exceed K for full drafts). Exit 1 if fusion off and on differ or the peer's text
+differs from gdnpass's. ``--json FILE`` writes every number.
 """
 
 from __future__ import annotations
@@ -17,82 +27,209 @@ import argparse
 import json
 import statistics
 import sys
+import time
+from pathlib import Path
+
+import torch
 
 from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
 from gdnpass.generate import Engine, Model, Settings, differences, generate
 
 
+def gpu_ms(slot, reps: int = 20) -> float:
+    """Median GPU time (ms) of one replay of a slot's CUDA graph, timed with CUDA events outside any profiler."""
+    for _ in range(3):
+        slot.cuda_graph.replay()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        slot.cuda_graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return statistics.median(times)
+
+
+def step_gpu_ms(engine: Engine, result, cache: dict) -> float:
+    """The GPU time of a run's steps (ms per step): each step's width replayed alone (``cache``: slot -> ms)."""
+    total = 0.0
+    for s in result.steps:
+        slot = engine.slots[(s.n_t, s.n_kv, s.n_t)]
+        if slot.cuda_graph is None:
+            raise SystemExit("the GPU-time breakdown needs CUDA graphs (--cuda-graphs)")
+        if id(slot) not in cache:
+            cache[id(slot)] = gpu_ms(slot)
+        total += cache[id(slot)]
+    return total / len(result.steps)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--gguf")
+    p.add_argument("--gguf", help="the model file (with --write-cycle: written first if missing)")
+    p.add_argument("--write-cycle", metavar="PRESET", help="write --gguf as a cycle model of this preset if missing")
+    p.add_argument("--period", type=int, default=16, help="cycle length of --write-cycle (default 16)")
+    # (a qwen3.5-9b-wide model's layers drown an embedding scaled by 4: 4 of its layers already break the cycle; at
+    # 1000 the cycle holds with top-2 margins of ~75, measured on the CPU with 4 layers and a 1024-token vocabulary)
+    p.add_argument("--scale", type=float, default=1000.0,
+                   help="token-embedding scale of --write-cycle (default 1000)")
+    p.add_argument("--wtype", default="bf16", help="weight type of --write-cycle or --model (default bf16)")
     p.add_argument("--model", default="tiny-qwen35", help="preset with generated weights (no --gguf)")
-    p.add_argument("--wtype", default="bf16")
-    p.add_argument("--draft", default="planted", choices=["planted", "ngram", "none"])
-    p.add_argument("-K", "--draft-max", type=int, default=4)
-    p.add_argument("-n", "--n-predict", type=int, default=64)
-    p.add_argument("--prompt", default="1,2,3,4,5,6,7,8")
-    p.add_argument("--ngram-n", type=int, default=None)
+    p.add_argument("--draft", default="ngram", choices=["planted", "ngram", "none"])
+    p.add_argument("-K", "--draft-max", default="3,7", help="comma-separated K values (default 3,7)")
+    p.add_argument("-n", "--n-predict", type=int, default=128)
+    p.add_argument("--prompt", default="def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b",
+                   help="text (needs the file's tokenizer) or, with --prompt-ids, token ids")
+    p.add_argument("--prompt-ids", action="store_true", help="--prompt is comma-separated token ids")
+    p.add_argument("--ngram-n", type=int, default=None, help="n-gram lookup size (default: min(12, K))")
     p.add_argument("--reps", type=int, default=1, help="ABBA rounds (default 1: off, on, on, off)")
+    p.add_argument("--peer", action="store_true", help="also run llama.cpp's llama-speculative-simple")
+    p.add_argument("--source", help="packed llama.cpp sources for the CUDA build (gdnpass llama-build --pack)")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--backend", default=None, help="default: triton on cuda, torch on cpu")
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="one CUDA graph per (width, n_kv) (default: on with cuda)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", metavar="FILE", help="write every number as JSON")
     a = p.parse_args(argv)
-    prompt = [int(x) for x in a.prompt.replace(",", " ").split()]
-    cuda_graphs = a.device.startswith("cuda") if a.cuda_graphs is None else a.cuda_graphs
-    model = Model.from_gguf(a.gguf) if a.gguf else Model.preset(a.model, wtype=a.wtype)
-    K = a.draft_max
-    base = dict(draft_max=K, device=a.device, backend=a.backend, cuda_graphs=cuda_graphs)
+    if not torch.cuda.is_available():
+        raise SystemExit("generate_bench: needs a CUDA GPU")
+    if a.write_cycle and not Path(a.gguf).exists():
+        from gdnpass.models.cycle_model import write_cycle_gguf
 
+        t0 = time.perf_counter()
+        write_cycle_gguf(a.write_cycle, a.gguf, period=a.period, scale=a.scale, wtype=a.wtype)
+        print(f"wrote {a.gguf} ({Path(a.gguf).stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    model = Model.from_gguf(a.gguf) if a.gguf else Model.preset(a.model, wtype=a.wtype)
+    tok = None
+    if a.prompt_ids:
+        prompt = [int(x) for x in a.prompt.replace(",", " ").split()]
+    else:
+        from gdnpass.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_gguf(a.gguf)
+        prompt = tok.encode(a.prompt)
+    eog = [t for t in range(model.shape.vocab_size) if tok.is_eog(t)] if tok else []
+    install = None
+    if a.peer:
+        from gdnpass.frontends.llama import build
+
+        t0 = time.perf_counter()
+        install = build.ensure(log=lambda line: print(f"[llama.cpp build] {line}", flush=True), variant="cuda",
+                               source=a.source)
+        print(f"llama.cpp CUDA build ready in {time.perf_counter() - t0:.0f} s", flush=True)
+
+    out = {"model": model.describe(), "gguf": a.gguf, "gpu": torch.cuda.get_device_name(),
+           "torch": torch.__version__, "drafter": a.draft, "n_predict": a.n_predict, "prompt_tokens": len(prompt),
+           "date": time.strftime("%Y-%m-%d %H:%M"), "cases": []}
+    bad = False
+    for K in [int(k) for k in a.draft_max.split(",")]:
+        case, ok = run_case(a, model, prompt, eog, K, tok, install)
+        out["cases"].append(case)
+        bad |= not ok
+    print_table(out)
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+    return 1 if bad else 0
+
+
+def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, install) -> tuple[dict, bool]:
+    size_n = a.ngram_n if a.ngram_n is not None else ngram_defaults(K)[0]
     truth = None
     if a.draft == "planted":  # the true greedy continuation, from a plain decode of the same model
-        truth = generate(Engine(model, Settings(**{**base, "draft_max": 0, "n_rs_seq": 0})), prompt, NoDraft(),
-                         a.n_predict).tokens
+        truth = generate(Engine(model, Settings(draft_max=0, n_rs_seq=0, device=a.device)), prompt, NoDraft(),
+                         a.n_predict, eog=eog).tokens
 
     def drafter():
         if a.draft == "planted":
             return Planted(truth, len(prompt), model.shape.vocab_size, cycle_schedule(K))
         if a.draft == "ngram":
-            default_n, default_m = ngram_defaults(K)
-            return NgramSimple(default_n if a.ngram_n is None else a.ngram_n, default_m)
+            return NgramSimple(size_n, K)
         return NoDraft()
 
+    base = dict(draft_max=K, device=a.device, cuda_graphs=True)
     engines = {on: Engine(model, Settings(**base, fusion=on)) for on in (False, True)}
-    for eng in engines.values():  # warm-up: every graph the run needs built, fused, captured
-        generate(eng, prompt, drafter(), a.n_predict)
+    t0 = time.perf_counter()
+    checked = {on: generate(engines[on], prompt, drafter(), a.n_predict, eog=eog, hash_logits=True)
+               for on in (False, True)}  # warm-up: every graph built, fused, captured; logits hashed
+    diffs = differences(checked[False], checked[True])
+    print(f"K={K}: warm-up and identity runs {time.perf_counter() - t0:.1f} s; fusion off vs on: "
+          + ("identical" if not diffs else "; ".join(diffs)), flush=True)
+
+    peer_runs = []
+
+    def peer():
+        if install is not None:
+            from gdnpass.frontends.llama import speculative
+
+            text = a.prompt if not a.prompt_ids else None
+            if text is None:
+                raise SystemExit("--peer needs a text prompt (llama-speculative-simple tokenizes it)")
+            peer_runs.append(speculative.run(install, a.gguf, text, a.n_predict, size_n, K))
+            print(f"K={K}: llama.cpp {peer_runs[-1].tokens_per_second:.1f} t/s", flush=True)
+
+    peer()
     order = [False, True, True, False] * a.reps
     runs: dict[bool, list] = {False: [], True: []}
     for on in order:
-        runs[on].append(generate(engines[on], prompt, drafter(), a.n_predict, keep_logits=False))
-    ref = runs[False][0]
-    diffs = [d for on in (False, True) for r in runs[on] for d in differences(ref, r)]
-    out = {"model": model.describe(), "device": a.device, "backend": a.backend or "default",
-           "cuda_graphs": cuda_graphs, "drafter": a.draft, "draft_max": K, "n_predict": a.n_predict,
-           "order": ["on" if x else "off" for x in order], "identical": not diffs, "differences": diffs[:4]}
+        runs[on].append(generate(engines[on], prompt, drafter(), a.n_predict, eog=eog))
+    peer()
+    lean = [r for on in (False, True) for r in runs[on]]
+    same = all(r.tokens == checked[False].tokens and [s.accepted for s in r.steps] ==
+               [s.accepted for s in checked[False].steps] for r in lean)
+    case = {"K": K, "ngram": {"size_n": size_n, "size_m": K} if a.draft == "ngram" else None,
+            "identical_off_on": not diffs, "differences": diffs[:4], "lean_runs_same_tokens": same,
+            "order": ["on" if x else "off" for x in order]}
+    gpu_cache: dict = {}
     for on in (False, True):
-        tps = [r.tokens_per_second for r in runs[on]]
-        ms = [1e3 * r.seconds / len(r.steps) for r in runs[on]]
-        out["fusion_" + ("on" if on else "off")] = {
-            "tokens_per_s": [round(x, 2) for x in tps], "median_tokens_per_s": round(statistics.median(tps), 2),
-            "ms_per_step": [round(x, 3) for x in ms], "accept_rate": round(runs[on][0].accept_rate, 4),
-            "steps": len(runs[on][0].steps), "graphs": len(engines[on].slots)}
-    off, on = out["fusion_off"], out["fusion_on"]
-    out["speedup"] = round(on["median_tokens_per_s"] / off["median_tokens_per_s"], 4) if off["median_tokens_per_s"] \
-        else None
-    if a.json:
-        print(json.dumps(out, indent=1))
-    else:
-        print(f"generate bench: {out['model']}; {a.device}, backend {out['backend']}, CUDA graphs {cuda_graphs}; "
-              f"drafter {a.draft}, K={K}, {a.n_predict} tokens; order {' '.join(out['order'])}")
-        for name, r in (("fusion off", off), ("fusion on", on)):
-            print(f"  {name:10s}: {r['median_tokens_per_s']:8.2f} tokens/s (runs {r['tokens_per_s']}), "
-                  f"{statistics.median(r['ms_per_step']):.3f} ms/step, accept rate {r['accept_rate']:.3f}, "
-                  f"{r['steps']} steps, {r['graphs']} graphs")
-        print(f"  speedup (on / off): {out['speedup']}")
-        print("  identity: " + ("identical tokens, accepted counts and logits bytes at every step, every run"
-                                if not diffs else "DIFFERENT: " + "; ".join(diffs[:4])))
-    return 0 if not diffs else 1
+        rs = runs[on]
+        gpu = [step_gpu_ms(engines[on], r, gpu_cache) for r in rs]
+        case["fusion_" + ("on" if on else "off")] = {
+            "tokens_per_s": [round(r.tokens_per_second, 2) for r in rs],
+            "median_tokens_per_s": round(statistics.median(r.tokens_per_second for r in rs), 2),
+            "ms_per_step": [round(r.ms_per_step, 3) for r in rs], "gpu_ms_per_step": [round(g, 3) for g in gpu],
+            "wall_over_gpu": round(statistics.median(r.ms_per_step / g for r, g in zip(rs, gpu)), 3),
+            "accept_rate": round(rs[0].accept_rate, 4), "steps": len(rs[0].steps), "tokens": len(rs[0].tokens),
+            "drafted": rs[0].drafted, "accepted": rs[0].accepted, "graphs": len(engines[on].slots)}
+    ok = not diffs and same
+    if peer_runs:
+        ours = tok.decode(checked[True].tokens)
+        texts = [r.generated(a.prompt) for r in peer_runs]
+        match = [t.startswith(ours) for t in texts]
+        case["llama_cpp"] = {
+            "tokens_per_s": [round(r.tokens_per_second, 2) for r in peer_runs],
+            "median_tokens_per_s": round(statistics.median(r.tokens_per_second for r in peer_runs), 2),
+            "n_predict": peer_runs[0].n_predict, "n_drafted": peer_runs[0].n_drafted,
+            "n_accept": peer_runs[0].n_accept, "accept_rate": round(peer_runs[0].accept_rate, 4),
+            "identical_text": all(match), "command": peer_runs[0].command, "log": peer_runs[0].log[-12:],
+            "text_ours": ours[:200], "text_theirs": texts[0][:200]}
+        ok &= all(match)
+        for on in (False, True):
+            f = case["fusion_" + ("on" if on else "off")]
+            f["vs_llama_cpp"] = round(f["median_tokens_per_s"] / case["llama_cpp"]["median_tokens_per_s"], 3)
+    for eng in engines.values():  # free this K's graphs and buffers before the next
+        eng.slots.clear()
+    del engines
+    torch.cuda.empty_cache()
+    return case, ok
+
+
+def print_table(out: dict) -> None:
+    print(f"\ngenerate bench: {out['model']}; {out['gpu']}, torch {out['torch']}; drafter {out['drafter']}, "
+          f"{out['n_predict']} tokens, prompt {out['prompt_tokens']} tokens; {out['date']}")
+    print(f"{'K':>3} {'run':<12} {'tok/s':>8} {'ms/step':>8} {'GPU ms':>7} {'wall/GPU':>8} {'accept':>7} "
+          f"{'steps':>5} {'vs llama':>8}  identical")
+    for c in out["cases"]:
+        for name in ("fusion_off", "fusion_on"):
+            f = c[name]
+            print(f"{c['K']:>3} {name.replace('_', ' '):<12} {f['median_tokens_per_s']:>8.1f} "
+                  f"{statistics.median(f['ms_per_step']):>8.3f} {statistics.median(f['gpu_ms_per_step']):>7.3f} "
+                  f"{f['wall_over_gpu']:>8.3f} {f['accept_rate']:>7.3f} {f['steps']:>5} "
+                  f"{f.get('vs_llama_cpp', float('nan')):>8.3f}  "
+                  f"{'off=on' if c['identical_off_on'] else 'DIFFERENT'}")
+        if "llama_cpp" in c:
+            lc = c["llama_cpp"]
+            print(f"{c['K']:>3} {'llama.cpp':<12} {lc['median_tokens_per_s']:>8.1f} {'':>8} {'':>7} {'':>8} "
+                  f"{lc['accept_rate']:>7.3f} {'':>5} {'':>8}  "
+                  f"{'same text' if lc['identical_text'] else 'TEXT DIFFERS'} (its n_drafted {lc['n_drafted']}, "
+                  f"n_accept {lc['n_accept']}, {lc['n_predict']} tokens)")
 
 
 if __name__ == "__main__":

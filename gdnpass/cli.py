@@ -458,7 +458,7 @@ def cmd_llama_build(a: argparse.Namespace) -> int:
     variant = "cuda" if a.cuda else "cpu"
     found = build.find(variant)
     inst = found or build.ensure(log=say, sdist=a.sdist, variant=variant, source=a.source)
-    print(f"llama.cpp {inst.commit[:12]} ({build.PACKAGE}=={build.VERSION}, ggml + libllama, "
+    print(f"llama.cpp {inst.commit[:12]} ({build.PACKAGE}=={build.VERSION}, libllama + {build.SPECULATIVE_TOOL}, "
           f"{build.VARIANTS[variant].build_type}): {inst.root}"
           + (" (cached)" if found else f", built in {inst.build_s:.0f} s"))
     return 0
@@ -500,16 +500,17 @@ def make_parser() -> argparse.ArgumentParser:
     _add_capture_args(c)
     c.set_defaults(func=cmd_capture)
 
-    b = sub.add_parser("llama-build", help="build the pinned llama.cpp (ggml + libllama) into the cache",
+    b = sub.add_parser("llama-build", help="build the pinned llama.cpp (libllama, llama-speculative-simple) into the cache",
                        description="Download llama-cpp-python's sdist, build ggml + libllama of its vendored llama.cpp "
-                                   "(-O0 for the CPU: about 2 min on 2 cores; --cuda: Release with ggml-cuda for "
+                                   "and its speculative loop llama-speculative-simple "
+                                   "(-O0 for the CPU: about 4 min on 2 cores; --cuda: Release with ggml-cuda for "
                                    "sm_90) and cache it under ~/.cache/gdnpass ($GDNPASS_CACHE); a cached build "
                                    "returns at once. --pack writes the sources for a machine without registry access.")
     b.add_argument("--sdist", metavar="FILE", help="a local llama_cpp_python-0.3.36.tar.gz instead of downloading")
     b.add_argument("--cuda", action="store_true", help="the CUDA variant: Release, ggml-cuda for sm_90, FA kernels off")
     b.add_argument("--source", metavar="DIR", help="build from a folder --pack wrote (default: $GDNPASS_LLAMA_SRC, "
                                                    "else the sdist)")
-    b.add_argument("--pack", metavar="DIR", help="write the sources a build needs (~19 MB) and the bindings into "
+    b.add_argument("--pack", metavar="DIR", help="write the sources a build needs (~21 MB) and the bindings into "
                                                  "DIR, and build nothing")
     b.set_defaults(func=cmd_llama_build)
 

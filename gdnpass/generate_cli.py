@@ -41,8 +41,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="preset weights' type (default: bf16)")
     m.add_argument("--seed", type=int, default=0, help="seed of a preset's weights (default: 0)")
     d = g.add_argument_group("generation")
-    d.add_argument("--prompt", type=_ids, default=[1, 2, 3, 4, 5, 6, 7, 8],
-                   help="prompt token ids, e.g. 1,2,3 (default: 1..8)")
+    d.add_argument("--prompt", metavar="TEXT", default=None,
+                   help="the prompt as text, tokenized with the model file's own tokenizer (tokenizer.ggml.*), as "
+                        "llama.cpp's llama_tokenize does; the output is then detokenized and streamed")
+    d.add_argument("--prompt-ids", metavar="IDS", type=_ids, default=None,
+                   help="the prompt as token ids, e.g. 1,2,3 (default, with neither: 1..8)")
     d.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
     d.add_argument("--draft", default="ngram", choices=["ngram", "planted", "none"],
                    help="drafter: llama.cpp's n-gram prompt lookup (common_ngram_simple_draft), the planted test "
@@ -110,9 +113,16 @@ def cmd_generate(a: argparse.Namespace) -> int:
                 device=a.device, backend=a.backend, alignment=a.alignment, between=a.between,
                 cuda_graphs=a.cuda_graphs)
     vocab = model.shape.vocab_size
-    bad = [t for t in a.prompt if not 0 <= t < vocab]
+    tok = _tokenizer(a, model)
+    if a.prompt is not None and a.prompt_ids is not None:
+        raise GdnpassError("--prompt and --prompt-ids: give the prompt one way")
+    prompt = tok.encode(a.prompt) if a.prompt is not None else (a.prompt_ids or [1, 2, 3, 4, 5, 6, 7, 8])
+    if not prompt:
+        raise GdnpassError(f"--prompt {a.prompt!r}: the tokenizer makes no tokens of it")
+    bad = [t for t in prompt if not 0 <= t < vocab]
     if bad:
-        raise GdnpassError(f"--prompt: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        raise GdnpassError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    eog = tok.eog if tok is not None else ()
 
     compare_plain = a.draft == "planted" or a.vs_plain
     base["margins"] = compare_plain  # the divergence rule needs each token's top-2 margin
@@ -121,7 +131,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         with step("plain decode", "tokens", quiet=a.quiet) as prog:
             plain = gen.generate(gen.Engine(model, gen.Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
                                                                    "cuda_graphs": False, "fusion": fusion})),
-                                 a.prompt, NoDraft(), a.n_predict, progress=prog)
+                                 prompt, NoDraft(), a.n_predict, eog=eog, progress=prog)
 
     default_n, default_m = ngram_defaults(K)
     ngram_n = a.ngram_n if a.ngram_n is not None else default_n
@@ -131,17 +141,26 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if a.draft == "ngram":
             return NgramSimple(ngram_n, ngram_m)
         if a.draft == "planted":
-            return Planted(plain.tokens, len(a.prompt), vocab, a.plant_accept or cycle_schedule(K),
+            return Planted(plain.tokens, len(prompt), vocab, a.plant_accept or cycle_schedule(K),
                            a.plant_lengths or ())
         return NoDraft()
 
     runs = [False, True] if a.check else [fusion]
+    stream = tok is not None and not a.json and not a.check  # the text as it is accepted, on stdout
     results, engines = [], []
     for on in runs:
         eng = gen.Engine(model, gen.Settings(**base, fusion=on))
         label = f"generate (fusion {'on' if on else 'off'})" if a.check else "generate"
-        with step(label, "tokens", quiet=a.quiet) as prog:
-            results.append(gen.generate(eng, a.prompt, drafter(), a.n_predict, hash_logits=a.check, progress=prog))
+        on_tokens = None
+        if stream:
+            out = tok.stream()
+            print(tok.decode(prompt), end="", flush=True)
+            on_tokens = lambda ids: print(out.feed(ids), end="", flush=True)  # noqa: E731
+        with step(label, "tokens", quiet=a.quiet or stream) as prog:
+            results.append(gen.generate(eng, prompt, drafter(), a.n_predict, eog=eog, hash_logits=a.check,
+                                        progress=prog, on_tokens=on_tokens))
+        if stream:
+            print(out.flush(), end="\n\n", flush=True)
         engines.append(eng)
     res, eng = results[-1], engines[-1]
     diffs = gen.differences(results[0], results[1]) if a.check else None
@@ -161,6 +180,8 @@ def cmd_generate(a: argparse.Namespace) -> int:
                    for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t))],
         "reserve": {"n_tokens": eng.s.ubatch, "n_kv": eng.kv_size, "arena_bytes": eng.reserve.buffers["arena"]},
     })
+    if tok is not None:
+        summary["text"] = tok.decode(res.tokens)
     if diffs is not None:
         summary["check"] = {"identical": not diffs, "differences": diffs}
     if vs_plain is not None:
@@ -182,6 +203,24 @@ def cmd_generate(a: argparse.Namespace) -> int:
 SELF_TOLERANCE = 1e-4
 
 
+def _tokenizer(a: argparse.Namespace, model):
+    """The model file's own tokenizer; None for a preset or a file without one, unless --prompt needs it (then a
+    one-line error naming the file)."""
+    from gdnpass.tokenizer import Tokenizer, TokenizerError
+
+    if a.gguf is None:
+        if a.prompt is not None:
+            raise GdnpassError(f"--prompt: preset {a.model!r} has no tokenizer; give token ids with --prompt-ids, or "
+                               "a model file with --gguf")
+        return None
+    try:
+        return Tokenizer.from_gguf(a.gguf)
+    except TokenizerError:
+        if a.prompt is not None:
+            raise
+        return None
+
+
 def _text(s: dict, res, diffs, vs_plain) -> str:
     st = s["settings"]
     ms = sorted(x.seconds for x in res.steps)
@@ -191,18 +230,22 @@ def _text(s: dict, res, diffs, vs_plain) -> str:
         f"backend {st['backend']}",
         f"  prompt {len(res.prompt)} tokens, prefill {res.prefill_seconds:.3f} s in {res.prefill_ubatches} ubatch"
         f"{'es' if res.prefill_ubatches != 1 else ''}",
-        "  tokens: " + " ".join(map(str, res.tokens)),
+        "  tokens: " + " ".join(map(str, res.tokens)) + (" (stopped at end of generation)" if res.stop == "eog" else ""),
         f"  steps {len(res.steps)}, accepted per step: " + " ".join(str(x.accepted) for x in res.steps),
         "  acceptance histogram (drafting steps): " + ", ".join(f"{k}: {v}" for k, v in res.histogram().items()),
         f"  accept rate {res.accept_rate:.3f} ({res.accepted} of {res.drafted} drafted), "
         f"{len(res.tokens) / max(1, len(res.steps)):.2f} tokens/step",
-        f"  time: {1e3 * sum(ms) / max(1, len(ms)):.1f} ms/step (min {1e3 * ms[0]:.1f}, max {1e3 * ms[-1]:.1f}), "
-        f"{res.tokens_per_second:.1f} tokens/s" if ms else "  time: no steps",
+        f"  time: {1e3 * sum(ms) / max(1, len(ms)):.1f} ms/step (min {1e3 * ms[0]:.1f}, max {1e3 * ms[-1]:.1f})"
+        if ms else "  time: no steps",
         f"  graphs: {len(s['graphs'])} (n_t, n_kv) " + ", ".join(
             f"({g['n_t']}, {g['n_kv']}{'' if g['n_outputs'] else ', prefill: no logits'})" for g in s["graphs"])
         + f", bound to one reserve plan of {st['n_ubatch']} tokens ({s['reserve']['arena_bytes'] / 2**20:.2f} MiB "
           "arena)",
     ]
+    # the closing line, as llama.cpp's speculative-simple closes (its "decoded ... speed", n_drafted, n_accept)
+    lines.append(f"decoded {len(res.tokens)} tokens in {res.seconds:.3f} s, speed: {res.tokens_per_second:.1f} t/s; "
+                 f"{len(res.steps)} steps, {res.ms_per_step:.2f} ms/step; n_drafted {res.drafted}, n_accept "
+                 f"{res.accepted}, accept {100 * res.accept_rate:.1f}%")
     if diffs is not None:
         lines.append("  fusion off vs on: " + ("identical tokens, accepted counts and logits bytes at every step"
                                                 if not diffs else "DIFFERENT: " + "; ".join(diffs)))

@@ -259,7 +259,7 @@ def test_cli_planted_on_an_unseen_shape(tmp_path, capsys):
                                 rope_dimension_sections=(2, 1, 1, 0), vocab_size=384)
     path = write_gguf(shape, tmp_path / "unseen.gguf", wtype="bf16", seed=7)
     rc, out = _cli(capsys, "--gguf", str(path), "--draft", "planted", "--draft-max", "3", "-n", "16", "--check",
-                   "--prompt", "3,1,4,1,5,9,2,6")
+                   "--prompt-ids", "3,1,4,1,5,9,2,6")
     assert rc == 0
     assert out["n_tokens"] == 16 and out["check"] == {"identical": True, "differences": []}
     assert all(out["acceptance_histogram"][str(a)] > 0 for a in range(4))
@@ -271,10 +271,35 @@ def test_cli_ngram_accepts_multi_token_runs(tmp_path, capsys):
 
     path = write_cycle_gguf("tiny-qwen35-b", tmp_path / "cycles.gguf", period=5, seed=2)
     rc, out = _cli(capsys, "--gguf", str(path), "--draft", "ngram", "--ngram-n", "2", "--draft-max", "3", "-n", "20",
-                   "--check", "--prompt", "12,40,7,3,9")
+                   "--check", "--prompt-ids", "12,40,7,3,9")
     assert rc == 0 and out["check"]["identical"]
     assert out["tokens"][:6] == [5, 6, 7, 8, 9, 5]
     assert max(out["accepted_per_step"]) == 3 and out["n_accepted"] >= 9
+
+
+def test_cli_text_in_text_out(tmp_path, capsys):
+    """--prompt TEXT: tokenized with the file's own tokenizer, the continuation streamed as text, a closing stats
+    line as llama.cpp's; a file or preset without a tokenizer refuses text in one line."""
+    from gdnpass.cli import main
+    from gdnpass.models.cycle_model import write_cycle_gguf
+    from gdnpass.tokenizer import Tokenizer
+
+    path = write_cycle_gguf("tiny-qwen35", tmp_path / "cycles.gguf", period=5, seed=3)
+    text = "The quick brown fox jumps"
+    assert main(["generate", "--gguf", str(path), "--prompt", text, "--draft", "ngram", "--ngram-n", "2",
+                 "--draft-max", "3", "-n", "16"]) == 0
+    out = capsys.readouterr().out
+    tok = Tokenizer.from_gguf(path)
+    rc, js = _cli(capsys, "--gguf", str(path), "--prompt", text, "--draft", "ngram", "--ngram-n", "2",
+                  "--draft-max", "3", "-n", "16")
+    assert rc == 0 and js["prompt"] == tok.encode(text) and js["text"] == tok.decode(js["tokens"])
+    assert out.startswith(text + js["text"] + "\n\n")
+    assert "decoded 16 tokens in" in out and f"n_accept {js['n_accepted']}" in out
+    for args in (["--model", "tiny-qwen35", "--prompt", "hi"],
+                 ["--gguf", str(write_gguf("tiny-qwen35", tmp_path / "ids.gguf", tokenizer="none")), "--prompt", "hi"]):
+        assert main(["generate", *args, "-n", "2", "-q"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and ("--prompt" in err or "tokenizer" in err), err
 
 
 def test_one_token_prompt_records_states(model):
@@ -286,7 +311,7 @@ def test_one_token_prompt_records_states(model):
 def test_cli_errors_are_one_line(capsys):
     from gdnpass.cli import main
 
-    assert main(["generate", "--prompt", "1,2,999999", "-q"]) == 2
+    assert main(["generate", "--prompt-ids", "1,2,999999", "-q"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "outside the vocabulary" in err
     assert main(["generate", "--draft-max", "15", "--ubatch", "16", "-q"]) == 2
@@ -345,3 +370,23 @@ def test_llama_cpp_generates_the_same_tokens(llama, model, capsys):
     # the same steps: widths and accepted counts, llama.cpp's rollback and ours
     assert [(s["n_t"], s["accepted"]) for s in ls["steps"]] == [(s.n_t, s.accepted) for s in ours_s.steps]
     assert {s["accepted"] for s in ls["steps"] if s["drafted"]} == {0, 1, 2, 3}
+
+
+def test_llama_cpp_speculative_simple_writes_the_same_text(llama, tmp_path):
+    """llama.cpp's own loop as a user runs it (llama-speculative-simple: it tokenizes the text with the file's
+    tokenizer, drafts with its ngram-simple drafter and, with no rollback planes for an n-gram draft, rolls back by
+    checkpoints) and gdnpass's loop on one cycle model: the same prompt tokens, the same text."""
+    from gdnpass.frontends.llama import speculative
+    from gdnpass.models.cycle_model import write_cycle_gguf
+    from gdnpass.tokenizer import Tokenizer
+
+    path = write_cycle_gguf("tiny-qwen35", tmp_path / "cycles.gguf", period=5, wtype="f32", seed=3)
+    text, n = "The quick brown fox jumps", 24
+    tok = Tokenizer.from_gguf(path)
+    prompt = tok.encode(text)
+    peer = speculative.run(llama, path, text, n, size_n=2, size_m=3, n_gpu_layers=0, threads=2)
+    ours = generate(Engine(Model.from_gguf(path), Settings(draft_max=3)), prompt, NgramSimple(2, 3), n, eog=tok.eog)
+    assert peer.n_prompt == len(prompt)
+    assert len(ours.tokens) == n and peer.n_predict >= n  # (it stops only once past -n)
+    assert peer.generated(text).startswith(tok.decode(ours.tokens))
+    assert max(s.accepted for s in ours.steps) == 3 and peer.n_accept > 0  # the drafts were accepted on both sides

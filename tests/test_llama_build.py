@@ -16,9 +16,10 @@ import upstream  # noqa: E402
 
 def test_packed_source_keeps_what_a_build_needs():
     keep = ["CMakeLists.txt", "ggml/src/ggml.c", "ggml/src/ggml-cpu/ops.cpp", "ggml/src/ggml-cuda/ssm-conv.cu",
-            "ggml/src/ggml-alloc.c", "src/models/qwen35.cpp", "include/llama.h", "vendor/nlohmann/json.hpp"]
+            "ggml/src/ggml-alloc.c", "src/models/qwen35.cpp", "include/llama.h", "vendor/nlohmann/json.hpp",
+            "common/common.cpp", "examples/speculative-simple/speculative-simple.cpp", "pocs/CMakeLists.txt"]
     drop = ["ggml/src/ggml-vulkan/ggml-vulkan.cpp", "ggml/src/ggml-metal/ggml-metal.m", "ggml/src/ggml-hip/x.txt",
-            "tools/main/main.cpp", "tests/test-backend-ops.cpp", "common/common.cpp"]
+            "tools/main/main.cpp", "tests/test-backend-ops.cpp"]
     assert [p for p in keep if not build.wanted(p)] == []
     assert [p for p in drop if build.wanted(p)] == []
 
@@ -35,7 +36,14 @@ def test_variants_are_cached_apart(tmp_path, monkeypatch):
     (root / "install.json").write_text(json.dumps({**meta, "variant": "cpu"}))
     assert build.find("cuda") is None
     (root / "install.json").write_text(json.dumps({**meta, "variant": "cuda"}))
+    assert build.find("cuda") is None  # a library-only build (before the speculative tool): built again
+    (root / "bin").mkdir()
+    (root / "bin" / build.SPECULATIVE_TOOL).write_bytes(b"")
+    assert build.find("cuda") is None  # (its install.json does not list the tool among its targets)
+    (root / "install.json").write_text(json.dumps({**meta, "variant": "cuda",
+                                                   "targets": list(build.VARIANTS["cuda"].targets)}))
     assert build.find("cuda").variant == "cuda"
+    assert build.find("cuda").tool(build.SPECULATIVE_TOOL) == root / "bin" / build.SPECULATIVE_TOOL
     with pytest.raises(LlamaError, match="unknown variant 'rocm'"):
         build.install_dir("rocm")
 

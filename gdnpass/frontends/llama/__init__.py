@@ -1,6 +1,6 @@
 """llama.cpp itself as a front end and as the referee (issue 15).
 
-* :mod:`.build`: the pinned llama.cpp (llama-cpp-python 0.3.36's vendored commit), ggml + libllama at -O0, built
+* :mod:`.build`: the pinned llama.cpp (llama-cpp-python 0.3.36's vendored commit), ggml + libllama + llama-speculative-simple at -O0, built
   once and cached per commit; ``gdnpass llama-build``.
 * :mod:`.worker`: runs inside a subprocess (a ggml assert aborts the whole process): loads a GGUF, decodes a prompt
   and one verify ubatch while the scheduler's eval callback records every node, and reads the reserve graph.

@@ -1,21 +1,25 @@
-"""Build the pinned llama.cpp (ggml + libllama only) and cache it under the user's cache directory.
+"""Build the pinned llama.cpp (ggml + libllama, and its speculative-simple loop) and cache it in the user's cache.
 
 The pin is llama-cpp-python's sdist: PyPI has no wheel for it and ``pip install llama-cpp-python`` builds common,
 tools and mtmd too (10-22 min on 2 cores). Here: download the sdist (``pip download``, or ``GDNPASS_LLAMA_SDIST``
-naming a local copy), check that its vendored llama.cpp is the pinned commit, build CMake target ``llama`` and keep:
+naming a local copy), check that its vendored llama.cpp is the pinned commit, build CMake targets ``llama`` and
+``llama-speculative-simple`` (with the common library it links) and keep:
 
     <cache>/llama.cpp-<commit12>[-cuda]/
         lib/        libllama.so, libggml*.so (LLAMA_CPP_LIB_PATH for the bindings)
+        bin/        llama-speculative-simple (LD_LIBRARY_PATH=lib/ finds its libraries)
         py/llama_cpp/   the sdist's pure-Python ctypes bindings, with an empty ``__init__`` (the real one imports the
                         high-level API and its dependencies)
         install.json    pin, variant, build settings, the struct layout probed from the vendored headers, build time
 
-Two variants (:data:`VARIANTS`): ``cpu``, the referee of the tests (-O0: about 2 min on 2 cores; -O0, Release and
+Two variants (:data:`VARIANTS`): ``cpu``, the referee of the tests (-O0: about 4 min on 2 cores; -O0, Release and
 the pip wheel give the same captures node for node), and ``cuda``, upstream's GPU peer for the benchmarks (Release,
-ggml-cuda for sm_90, flash-attention kernels off: 207 s on the H200 host's 16 cores, docs/llama-cpp.md).
+ggml-cuda for sm_90, flash-attention kernels off: 207 s on the H200 host's 16 cores, docs/llama-cpp.md). Both also
+build llama.cpp's own speculative loop, ``llama-speculative-simple`` (with the common library it links), into
+``<cache>/bin``: the peer of ``gdnpass generate`` (:mod:`.speculative`).
 
 A machine with no registry access (the GPU host) builds from a **packed source** instead of the sdist:
-:func:`pack` writes the tree the build needs (the sdist's vendored tree without the other backends' folders: 19
+:func:`pack` writes the tree the build needs (the sdist's vendored tree without the other backends' folders: 21
 MB of the sdist's 75 MB) plus the bindings and a ``COMMIT`` file; ``gdnpass llama-build --pack DIR`` here,
 ``gdnpass llama-build --cuda --source DIR`` there (or ``GDNPASS_LLAMA_SRC``).
 
@@ -45,16 +49,21 @@ PACKAGE = "llama-cpp-python"
 VERSION = "0.3.36"
 COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"  # vendor/llama.cpp of the 0.3.36 sdist (2026-10-01)
 
-# what the sdist must give us: the sources of ggml + libllama, and the bindings
-_SOURCES = ("CMakeLists.txt", "cmake/", "ggml/", "src/", "include/", "vendor/", "licenses/")
+# what the sdist must give us: the sources of ggml, libllama, common and the examples, and the bindings
+_SOURCES = ("CMakeLists.txt", "cmake/", "ggml/", "src/", "include/", "vendor/", "licenses/", "common/", "examples/",
+            "pocs/")
 _BINDINGS = ("llama_cpp.py", "_ctypes_extensions.py", "_ggml.py", "llama_types.py")
 # ggml's backend folders that no variant builds (ggml_add_backend only enters a folder whose GGML_<NAME> is on):
 # a packed source leaves them out (16 of ggml's 25 MB)
 _OTHER_BACKENDS = re.compile(r"ggml/src/ggml-(?!cpu/|cuda/)[\w-]+/")
+# llama.cpp's own speculative loop (examples/speculative-simple: draft, verify, accept, roll back on one sequence,
+# greedy, its n-gram drafters built in) and the common library it links: the peer of `gdnpass generate`
+SPECULATIVE_TOOL = "llama-speculative-simple"
 _COMMON_FLAGS = (
-    "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_COMMON=OFF", "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
-    "-DLLAMA_CURL=OFF", f"-DLLAMA_BUILD_COMMIT={COMMIT[:7]}",
+    "-DGGML_NATIVE=OFF", "-DBUILD_SHARED_LIBS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF",
+    "-DLLAMA_BUILD_COMMON=ON", "-DLLAMA_BUILD_EXAMPLES=ON",  # (configured; only SPECULATIVE_TOOL is built)
+    "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
+    f"-DLLAMA_BUILD_COMMIT={COMMIT[:7]}",
     "-DCMAKE_BUILD_RPATH_USE_ORIGIN=ON",  # the libraries find each other after the copy into the cache
 )
 
@@ -68,17 +77,19 @@ class Variant:
     flags: tuple[str, ...]
     tools: tuple[str, ...]   # what must be on PATH
     suffix: str              # of the cache folder (the cpu build keeps the plain name of earlier caches)
+    targets: tuple[str, ...] = ("llama", SPECULATIVE_TOOL)  # CMake targets; executables land in <cache>/bin
 
 
 VARIANTS = {
     "cpu": Variant("cpu", "Debug -O0", ("-DCMAKE_BUILD_TYPE=Debug", "-DCMAKE_C_FLAGS_DEBUG=-O0",
-                                        "-DCMAKE_CXX_FLAGS_DEBUG=-O0", *_COMMON_FLAGS), ("cmake", "cc", "c++"), ""),
+                                        "-DCMAKE_CXX_FLAGS_DEBUG=-O0", *_COMMON_FLAGS),
+                   ("cmake", "cc", "c++"), ""),
     # upstream's GPU build as a user runs it, for one architecture (sm_90: H100 / H200); the flash-attention
     # template instances are most of ggml-cuda's compile time and upstream's CUDA verify does not need them
     "cuda": Variant("cuda", "Release, ggml-cuda sm_90, FA kernels off",
                     ("-DCMAKE_BUILD_TYPE=Release", "-DGGML_CUDA=ON", "-DCMAKE_CUDA_ARCHITECTURES=90",
-                     "-DGGML_CUDA_FA=OFF", "-DGGML_CUDA_NCCL=OFF", *_COMMON_FLAGS), ("cmake", "cc", "c++", "nvcc"),
-                    "-cuda"),
+                     "-DGGML_CUDA_FA=OFF", "-DGGML_CUDA_NCCL=OFF", *_COMMON_FLAGS),
+                    ("cmake", "cc", "c++", "nvcc"), "-cuda"),
 }
 _PROBE = Path(__file__).with_name("layout_probe.c")
 
@@ -100,6 +111,14 @@ class Install:
     @property
     def py_dir(self) -> Path:
         return self.root / "py"
+
+    def tool(self, name: str) -> Path:
+        """The path of an executable this build made (e.g. :data:`SPECULATIVE_TOOL`); LlamaError when it has none."""
+        exe = self.root / "bin" / name
+        if not exe.is_file():
+            raise LlamaError(f"llama.cpp build {self.root} has no {name} (variant {self.variant} builds "
+                             f"{', '.join(_variant(self.variant).targets)}): rebuild it with `gdnpass llama-build`")
+        return exe
 
     def env(self) -> dict[str, str]:
         """Environment for a process that imports the bindings (``import llama_cpp.llama_cpp``)."""
@@ -134,8 +153,10 @@ def find(variant: str = "cpu") -> Install | None:
         meta = json.loads((root / "install.json").read_text())
     except (OSError, ValueError):
         return None
+    built = meta.get("targets", ["llama"])  # (caches from before targets were recorded built the library only)
     if meta.get("commit") != COMMIT or meta.get("variant", "cpu") != variant \
-            or not (root / "lib" / "libllama.so").exists():
+            or not (root / "lib" / "libllama.so").exists() or not set(_variant(variant).targets) <= set(built) \
+            or not (root / "bin" / SPECULATIVE_TOOL).is_file():
         return None
     return Install(root, meta["commit"], meta["layout"], float(meta.get("build_s", 0.0)), variant)
 
@@ -280,10 +301,10 @@ def _build(root: Path, say, variant: Variant, sdist, source) -> Install:
         src, bindings = _packed(Path(source)) if source else _extract(_sdist(tmp, sdist, say), tmp / "src")
         build = tmp / "build"
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-        say(f"configuring llama.cpp {COMMIT[:12]} (ggml + libllama, {variant.build_type})")
+        say(f"configuring llama.cpp {COMMIT[:12]} ({variant.build_type})")
         _run(["cmake", "-S", str(src), "-B", str(build), *gen, *variant.flags], "cmake configure")
         jobs = str(os.cpu_count() or 2)
-        say(f"building target llama with {jobs} jobs")
+        say(f"building {', '.join(variant.targets)} with {jobs} jobs")
         steps = re.compile(r"^\[(\d+)/(\d+)\]")
         last = [0.0]
 
@@ -291,7 +312,8 @@ def _build(root: Path, say, variant: Variant, sdist, source) -> Install:
             if steps.match(line) and time.perf_counter() - last[0] > 15:
                 last[0] = time.perf_counter()
                 say(f"  {line[:100]}")
-        _run(["cmake", "--build", str(build), "--target", "llama", "-j", jobs], "cmake --build", say=progress)
+        _run(["cmake", "--build", str(build), "--target", *variant.targets, "-j", jobs], "cmake --build",
+             say=progress)
         layout = _probe(src, tmp)
         staging = root.with_name(root.name + ".tmp")
         shutil.rmtree(staging, ignore_errors=True)
@@ -305,13 +327,19 @@ def _build(root: Path, say, variant: Variant, sdist, source) -> Install:
                 target = staging / "lib" / so.name
                 if not target.exists():
                     os.symlink(os.readlink(so), target)
+        executables = [t for t in variant.targets if (build / "bin" / t).is_file()]
+        if executables:
+            (staging / "bin").mkdir()
+        for t in executables:
+            shutil.copy2(build / "bin" / t, staging / "bin" / t)
         for b in _BINDINGS:
             shutil.copy2(bindings / b, staging / "py" / "llama_cpp" / b)
         (staging / "py" / "llama_cpp" / "__init__.py").write_text(
             "# gdnpass: the low-level ctypes bindings only (the sdist's __init__ imports the high-level API)\n")
         build_s = time.perf_counter() - t0
         meta = {"package": PACKAGE, "version": VERSION, "commit": COMMIT, "variant": variant.name,
-                "build_type": variant.build_type, "cmake_flags": list(variant.flags), "layout": layout,
+                "build_type": variant.build_type, "cmake_flags": list(variant.flags),
+                "targets": list(variant.targets), "layout": layout,
                 "build_s": round(build_s, 1)}
         (staging / "install.json").write_text(json.dumps(meta, indent=1) + "\n")
         shutil.rmtree(root, ignore_errors=True)

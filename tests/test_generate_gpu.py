@@ -1,0 +1,57 @@
+"""The lean step on the GPU (skipped without one): inputs staged in one asynchronous copy, the greedy head inside the
+CUDA graph, logits to the host only when asked. Each check compares bytes, never timings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnpass.drafters import Planted, cycle_schedule, first_argmax
+from gdnpass.generate import Engine, Model, Settings, differences, generate, split_ubatches
+from gdnpass.models.gguf_write import write_gguf
+
+pytestmark = pytest.mark.gpu
+
+PROMPT = [5, 17, 99, 3, 250, 7, 42, 8, 11, 300, 2, 64, 77, 9, 123, 45, 6, 200, 31]  # a prefill of 2 ubatches
+N, K = 20, 4
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return Model.from_gguf(write_gguf("tiny-qwen35", tmp_path_factory.mktemp("gpu") / "m.gguf", wtype="bf16",
+                                      seed=2, ab_wtype="f32"))
+
+
+@pytest.fixture(scope="module")
+def truth(model):
+    eng = Engine(model, Settings(draft_max=0, n_rs_seq=0, device="cuda", cuda_graphs=True))
+    return generate(eng, PROMPT, n_predict=N).tokens
+
+
+def run(model, truth, **kw):
+    s = dict(draft_max=K, device="cuda", margins=True)
+    gen_kw = {k: kw.pop(k) for k in ("hash_logits", "keep_logits") if k in kw}
+    eng = Engine(model, Settings(**s, **kw))
+    return generate(eng, PROMPT, Planted(truth, len(PROMPT), model.shape.vocab_size, cycle_schedule(K)), N,
+                    **gen_kw), eng
+
+
+def test_cuda_graph_replay_equals_eager_run_and_fusion_changes_no_byte(model, truth):
+    eager, _ = run(model, truth, cuda_graphs=False, hash_logits=True)
+    off, eng = run(model, truth, cuda_graphs=True, hash_logits=True)
+    on, _ = run(model, truth, cuda_graphs=True, fusion=True, hash_logits=True)
+    assert differences(eager, off) == [] and differences(off, on) == []
+    assert {s.accepted for s in off.steps if s.drafted} == set(range(K + 1))
+    # the prefill asked for no logits: its graphs have no lm-head columns
+    ubatches = split_ubatches(len(PROMPT) - 1, eng.s.ubatch, K + 1)
+    assert len(ubatches) == 2 and {(k[0], k[2]) for k in eng.slots if k[2] == 0} == {(b - a, 0) for a, b in ubatches}
+
+
+def test_lean_steps_decide_what_the_logits_say(model, truth):
+    kept, _ = run(model, truth, cuda_graphs=True, keep_logits=True)
+    lean, _ = run(model, truth, cuda_graphs=True)
+    assert lean.tokens == kept.tokens and lean.margins == kept.margins and not lean.logits
+    assert [s.logits_sha256 for s in lean.steps] == [None] * len(lean.steps)  # no hash unless asked
+    for tok, m, row in zip(kept.tokens, kept.margins, kept.rows):
+        top = torch.topk(row.double(), 2).values
+        assert (tok, m) == (first_argmax(row.tolist()), float(top[0] - top[1]))
