@@ -88,8 +88,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", metavar="FILE", help="write every number as JSON")
     a = p.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("generate_bench: needs a CUDA GPU")
+    cuda = a.device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
+        raise SystemExit("generate_bench: no CUDA GPU here (--device cpu runs the same steps on the CPU, untimed "
+                         "against the GPU)")
     if a.write_cycle and not Path(a.gguf).exists():
         from gdnpass.models.cycle_model import write_cycle_gguf
 
@@ -112,11 +114,11 @@ def main(argv=None) -> int:
         from gdnpass.frontends.llama import build
 
         t0 = time.perf_counter()
-        install = build.ensure(log=lambda line: print(f"[llama.cpp build] {line}", flush=True), variant="cuda",
-                               source=a.source)
-        print(f"llama.cpp CUDA build ready in {time.perf_counter() - t0:.0f} s", flush=True)
+        install = build.ensure(log=lambda line: print(f"[llama.cpp build] {line}", flush=True),
+                               variant="cuda" if cuda else "cpu", source=a.source)
+        print(f"llama.cpp {install.variant} build ready in {time.perf_counter() - t0:.0f} s", flush=True)
 
-    out = {"model": model.describe(), "gguf": a.gguf, "gpu": torch.cuda.get_device_name(),
+    out = {"model": model.describe(), "gguf": a.gguf, "gpu": torch.cuda.get_device_name() if cuda else "cpu",
            "torch": torch.__version__, "drafter": a.draft, "n_predict": a.n_predict, "prompt_tokens": len(prompt),
            "date": time.strftime("%Y-%m-%d %H:%M"), "cases": []}
     bad = False
@@ -144,7 +146,8 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
             return NgramSimple(size_n, K)
         return NoDraft()
 
-    base = dict(draft_max=K, device=a.device, cuda_graphs=True)
+    cuda = a.device.startswith("cuda")
+    base = dict(draft_max=K, device=a.device, cuda_graphs=cuda)
     engines = {on: Engine(model, Settings(**base, fusion=on)) for on in (False, True)}
     t0 = time.perf_counter()
     checked = {on: generate(engines[on], prompt, drafter(), a.n_predict, eog=eog, hash_logits=True)
@@ -162,7 +165,8 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
             text = a.prompt if not a.prompt_ids else None
             if text is None:
                 raise SystemExit("--peer needs a text prompt (llama-speculative-simple tokenizes it)")
-            peer_runs.append(speculative.run(install, a.gguf, text, a.n_predict, size_n, K))
+            peer_runs.append(speculative.run(install, a.gguf, text, a.n_predict, size_n, K,
+                                             n_gpu_layers=99 if cuda else 0))
             print(f"K={K}: llama.cpp {peer_runs[-1].tokens_per_second:.1f} t/s", flush=True)
 
     peer()
@@ -180,7 +184,7 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
     gpu_cache: dict = {}
     for on in (False, True):
         rs = runs[on]
-        gpu = [step_gpu_ms(engines[on], r, gpu_cache) for r in rs]
+        gpu = [step_gpu_ms(engines[on], r, gpu_cache) if cuda else float("nan") for r in rs]
         case["fusion_" + ("on" if on else "off")] = {
             "tokens_per_s": [round(r.tokens_per_second, 2) for r in rs],
             "median_tokens_per_s": round(statistics.median(r.tokens_per_second for r in rs), 2),

@@ -232,38 +232,40 @@ INPUTS = ("inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idx
 
 class GreedyHead:
     """The greedy sampler's reading of a ubatch's logits, done on the device: each output row's argmax (the first of
-    equal maxima, as llama.cpp's greedy sampler and ``torch.argmax`` pick it) and, when asked, its two largest
-    logits (the top-2 margin of the divergence rule). Only these few numbers cross to the host, never the
-    (rows, vocab) logits; :meth:`compute` is part of the ubatch's CUDA graph."""
+    equal maxima, as llama.cpp's greedy sampler and ``torch.argmax`` pick it), its largest logit (a NaN or +inf row
+    is an error, not a token) and, when asked, its second largest (the top-2 margin of the divergence rule). Only
+    these few numbers cross to the host, never the (rows, vocab) logits; :meth:`compute` is part of the ubatch's
+    CUDA graph."""
 
     def __init__(self, logits: torch.Tensor, margins: bool) -> None:
         self.logits = logits  # (rows, vocab): a view of result_output
+        self.margins = margins
         n, dev = logits.shape[0], logits.device
         pin = dev.type == "cuda"  # page-locked host copies: the device writes them without a staging copy
         self.ids = torch.empty(n, dtype=torch.int64, device=dev)
+        self.top = torch.empty(n, 2, dtype=logits.dtype, device=dev)  # [max, second] (second only with margins)
+        self.top_ids = torch.empty(n, 2, dtype=torch.int64, device=dev)
         self.ids_host = torch.empty(n, dtype=torch.int64, pin_memory=pin)
-        self.top2 = None
-        if margins:
-            self.top2 = (torch.empty(n, 2, dtype=logits.dtype, device=dev),
-                         torch.empty(n, 2, dtype=torch.int64, device=dev))
-            self.top2_host = torch.empty(n, 2, dtype=logits.dtype, pin_memory=pin)
+        self.top_host = torch.empty(n, 2, dtype=logits.dtype, pin_memory=pin)
 
     def compute(self) -> None:
         torch.argmax(self.logits, dim=-1, out=self.ids)
-        if self.top2 is not None:
-            torch.topk(self.logits, 2, dim=-1, out=self.top2)
+        if self.margins:
+            torch.topk(self.logits, 2, dim=-1, out=(self.top, self.top_ids))
+        else:
+            torch.amax(self.logits, dim=-1, out=self.top[:, 0])
 
-    def fetch(self) -> tuple[list[int], list[float] | None]:
-        """Each row's greedy token (and top-1 minus top-2 logit, in float64): one small copy each, one wait."""
+    def fetch(self) -> tuple[list[int], list[float] | None, list[int]]:
+        """Each row's greedy token, its top-1 minus top-2 logit in float64 (None unless asked), and the rows whose
+        largest logit is not finite: two small copies, one wait."""
         self.ids_host.copy_(self.ids, non_blocking=True)
-        if self.top2 is not None:
-            self.top2_host.copy_(self.top2[0], non_blocking=True)
+        self.top_host.copy_(self.top, non_blocking=True)
         if self.ids.device.type == "cuda":
             torch.cuda.current_stream(self.ids.device).synchronize()
-        if self.top2 is None:
-            return self.ids_host.tolist(), None
-        top = self.top2_host.double()
-        return self.ids_host.tolist(), (top[:, 0] - top[:, 1]).tolist()
+        top = self.top_host.double()
+        bad = (~torch.isfinite(top[:, 0])).nonzero().flatten().tolist()
+        margins = (top[:, 0] - top[:, 1]).tolist() if self.margins else None
+        return self.ids_host.tolist(), margins, bad
 
 
 @dataclass
@@ -311,6 +313,7 @@ class Verdict:
 
     ids: list[int]
     margins: list[float] | None
+    nonfinite: list[int]  # rows whose largest logit is NaN or +inf
     slot: Slot
     engine: "Engine"
     ubatch: int
@@ -529,8 +532,7 @@ class Engine:
         self.cell_pos, self.kv_used = s0 + n_t - 1, s0 + n_t
         if slot.head is None:
             return None
-        ids, margins = slot.head.fetch()
-        return Verdict(ids, margins, slot, self, self.ubatches)
+        return Verdict(*slot.head.fetch(), slot, self, self.ubatches)
 
     def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
         """:meth:`verify`, returning the (n_t, vocab) float32 logits on the CPU."""
@@ -664,6 +666,9 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
         draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
         verdict = engine.verify([id_last, *draft])
         ids = accept_greedy(draft, verdict.ids.__getitem__)
+        if any(r < len(ids) for r in verdict.nonfinite):  # (a row the step's tokens come from)
+            raise GdnpassError(f"step {len(res.steps)} (n_past {n_past}): the logits of row "
+                               f"{min(verdict.nonfinite)} are not finite (NaN or +inf): no token can be chosen")
         for tok in ids:
             history.append(id_last)
             id_last = tok

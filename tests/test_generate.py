@@ -26,6 +26,7 @@ from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, cycl
                               ngram_defaults, ngram_simple_draft)
 from gdnpass.generate import (Engine, GreedyHead, Model, Planes, Settings, StalePlane, differences, divergence, generate,
                               greedy_accept, n_kv_for, split_ubatches, state_difference)
+from gdnpass.errors import GdnpassError
 from gdnpass.generate_cli import SELF_TOLERANCE
 from gdnpass.models.gguf_write import write_gguf
 from gdnpass.models.hparams import PRESETS
@@ -124,10 +125,22 @@ def test_greedy_head_picks_the_first_maximum_and_its_margin(device):
     logits = torch.tensor([[0.0, 2.0, 2.0, -1.0], [5.0, 1.0, 1.0, 1.0], [-inf, 3.5, -inf, 3.25]], device=device)
     head = GreedyHead(logits, margins=True)
     head.compute()
-    assert head.fetch() == ([1, 0, 1], [0.0, 4.0, 0.25])
+    assert head.fetch() == ([1, 0, 1], [0.0, 4.0, 0.25], [])
     head = GreedyHead(logits, margins=False)
     head.compute()
-    assert head.fetch() == ([1, 0, 1], None)
+    assert head.fetch() == ([1, 0, 1], None, [])
+    logits[1, 2], logits[2, 0] = float("nan"), inf
+    head.compute()
+    assert head.fetch()[2] == [1, 2]  # NaN or +inf in a row: reported, never a token
+
+
+def test_nonfinite_logits_are_an_error_naming_the_step(model):
+    eng = Engine(model, Settings(draft_max=0, n_rs_seq=0))
+    slot = eng.slot(1, n_kv_for(1, eng.kv_size))
+    norm = next(t for t in slot.graph.leafs if t.name == "output_norm.weight")
+    slot.executor.view(norm).fill_(float("nan"))
+    with pytest.raises(GdnpassError, match=r"^step 0 \(n_past 0\): the logits of row 0 are not finite"):
+        generate(eng, PROMPT[:1], NoDraft(), 2)
 
 
 def test_ngram_defaults_keep_size_n_at_most_size_m():
