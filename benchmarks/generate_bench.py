@@ -64,6 +64,54 @@ def step_gpu_ms(engine: Engine, result, cache: dict) -> float:
     return total / len(result.steps)
 
 
+class _TimedGraph:
+    """A slot's CUDA graph whose replays record (host time at the call, after the call, CUDA events around it)."""
+
+    def __init__(self, graph, log: list) -> None:
+        self.graph, self.log = graph, log
+
+    def replay(self) -> None:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        a.record()
+        self.graph.replay()
+        b.record()
+        self.log.append((t0, time.perf_counter(), a, b))
+
+
+def step_breakdown(engine: Engine, go) -> dict:
+    """One more run (``go(on_tokens)``) with every step's phases timed: the host before the replay (draft, checks,
+    inputs written and pushed), the replay call, the wait for the device (replay's return to the ids on the host,
+    which includes the GPU's time), the host after (accept, roll back, bookkeeping), and the GPU time of the replay
+    in the loop (CUDA events around it). Medians over the steps, in ms (the first step, which has no start mark,
+    left out)."""
+    replays, fetched, ends = [], [], []
+    for slot in engine.slots.values():
+        if slot.head is not None:
+            slot.cuda_graph = _TimedGraph(slot.cuda_graph, replays)
+            fetch = slot.head.fetch
+
+            def timed_fetch(fetch=fetch):
+                out = fetch()
+                fetched.append(time.perf_counter())
+                return out
+            slot.head.fetch = timed_fetch
+    try:
+        go(lambda ids: ends.append(time.perf_counter()))
+    finally:
+        for slot in engine.slots.values():
+            if isinstance(slot.cuda_graph, _TimedGraph):
+                slot.cuda_graph = slot.cuda_graph.graph
+                del slot.head.fetch
+    torch.cuda.synchronize()
+    rows = []
+    for i in range(1, len(ends)):
+        (t0, t1, a, b), tf = replays[i], fetched[i]
+        rows.append({"wall": ends[i] - ends[i - 1], "host_before": t0 - ends[i - 1], "replay_call": t1 - t0,
+                     "wait": tf - t1, "host_after": ends[i] - tf, "gpu": a.elapsed_time(b) / 1e3})
+    return {k: round(1e3 * statistics.median(r[k] for r in rows), 4) for k in rows[0]} if rows else {}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--gguf", help="the model file (with --write-cycle: written first if missing)")
@@ -192,6 +240,12 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
             "wall_over_gpu": round(statistics.median(r.ms_per_step / g for r, g in zip(rs, gpu)), 3),
             "accept_rate": round(rs[0].accept_rate, 4), "steps": len(rs[0].steps), "tokens": len(rs[0].tokens),
             "drafted": rs[0].drafted, "accepted": rs[0].accepted, "graphs": len(engines[on].slots)}
+    if cuda:  # the lean step's phases, fusion on
+        try:
+            case["step_breakdown_ms"] = step_breakdown(engines[True], lambda on_tokens: generate(
+                engines[True], prompt, drafter(), a.n_predict, eog=eog, on_tokens=on_tokens))
+        except Exception as e:  # (a diagnostic: it must not cost the case's other numbers)
+            print(f"K={K}: step breakdown failed: {type(e).__name__}: {e}", flush=True)
     ok = not diffs and same
     if peer_runs:
         ours = tok.decode(checked[True].tokens)
@@ -208,10 +262,9 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
         for on in (False, True):
             f = case["fusion_" + ("on" if on else "off")]
             f["vs_llama_cpp"] = round(f["median_tokens_per_s"] / case["llama_cpp"]["median_tokens_per_s"], 3)
-    for eng in engines.values():  # free this K's graphs and buffers before the next
-        eng.slots.clear()
-    del engines
-    torch.cuda.empty_cache()
+    engines.clear()  # free this K's graphs and buffers before the next
+    if cuda:
+        torch.cuda.empty_cache()
     return case, ok
 
 
@@ -228,6 +281,9 @@ def print_table(out: dict) -> None:
                   f"{f['wall_over_gpu']:>8.3f} {f['accept_rate']:>7.3f} {f['steps']:>5} "
                   f"{f.get('vs_llama_cpp', float('nan')):>8.3f}  "
                   f"{'off=on' if c['identical_off_on'] else 'DIFFERENT'}")
+        if c.get("step_breakdown_ms"):
+            print(f"{c['K']:>3} fusion on, one step's phases (medians, ms): "
+                  + ", ".join(f"{k} {v:.3f}" for k, v in c["step_breakdown_ms"].items()))
         if "llama_cpp" in c:
             lc = c["llama_cpp"]
             print(f"{c['K']:>3} {'llama.cpp':<12} {lc['median_tokens_per_s']:>8.1f} {'':>8} {'':>7} {'':>8} "

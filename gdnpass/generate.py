@@ -39,13 +39,13 @@ but the one read is NaN and every freed KV cell is garbage, so reading anything 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Collection, Sequence
 
+import numpy as np
 import torch
 
 from gdnpass import pipeline
@@ -247,6 +247,7 @@ class GreedyHead:
         self.top_ids = torch.empty(n, 2, dtype=torch.int64, device=dev)
         self.ids_host = torch.empty(n, dtype=torch.int64, pin_memory=pin)
         self.top_host = torch.empty(n, 2, dtype=logits.dtype, pin_memory=pin)
+        self._ids, self._top = self.ids_host.numpy(), self.top_host.numpy()  # (read through numpy: cheaper)
 
     def compute(self) -> None:
         torch.argmax(self.logits, dim=-1, out=self.ids)
@@ -262,10 +263,10 @@ class GreedyHead:
         self.top_host.copy_(self.top, non_blocking=True)
         if self.ids.device.type == "cuda":
             torch.cuda.current_stream(self.ids.device).synchronize()
-        top = self.top_host.double()
-        bad = (~torch.isfinite(top[:, 0])).nonzero().flatten().tolist()
+        top = self._top.astype(np.float64)
+        bad = np.flatnonzero(~np.isfinite(top[:, 0])).tolist()
         margins = (top[:, 0] - top[:, 1]).tolist() if self.margins else None
-        return self.ids_host.tolist(), margins, bad
+        return self._ids.tolist(), margins, bad
 
 
 @dataclass
@@ -281,7 +282,7 @@ class Slot:
     executor: object
     report: object
     reallocated: bool
-    inputs: dict[str, torch.Tensor]  # input name -> the view it is written through (the host stage on CUDA)
+    inputs: dict[str, "np.ndarray"]  # input name -> the (numpy) view it is written through (the host stage on CUDA)
     stage: "Stage | None"            # CUDA: the inputs' bytes on the host, copied over in one go per ubatch
     logits: object                   # the result_output tensor
     head: GreedyHead | None
@@ -380,7 +381,7 @@ class Engine:
             self.shared = {k: ex.buffers[k] for k in ("weights", "cache", "arena") if k in ex.buffers}
         leafs = {t.name: t for t in g.leafs if t.name in INPUTS}
         stage = self._stage(ex, list(leafs.values())) if ex.device.type == "cuda" else None
-        inputs = {n: ex.view_in(t, stage.host) if stage else ex.view(t) for n, t in leafs.items()}
+        inputs = {n: (ex.view_in(t, stage.host) if stage else ex.view(t)).numpy() for n, t in leafs.items()}
         logits = g.find("result_output")
         head = GreedyHead(ex.view(logits).reshape(n_out, self.vocab), self.s.margins) if n_out else None
         slot = Slot(n_t, n_kv, n_out, cfg, g, ex, res.report, res.binding.reallocated, inputs, stage, logits, head)
@@ -494,11 +495,11 @@ class Engine:
     # ---- one ubatch -----------------------------------------------------------------------------------------------
     def _write_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int) -> None:
         """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. reading ``plane``."""
-        vals = input_values(dataclasses.replace(slot.cfg, n_past=s0), ids=default_ids(slot.cfg, plane), tokens=tokens)
+        vals = input_values(slot.cfg, ids=default_ids(slot.cfg, plane), tokens=tokens, n_past=s0)
         if slot.stage is not None:
             slot.stage.copied.synchronize()  # the last ubatch's copy out of the host stage is done
-        for name, view in slot.inputs.items():
-            view.copy_(torch.from_numpy(vals[name]).reshape(view.shape))
+        for name, view in slot.inputs.items():  # (numpy views: a fraction of torch's per-call cost)
+            view[...] = vals[name].reshape(view.shape)
         if slot.stage is not None:
             slot.stage.push()
 

@@ -20,14 +20,15 @@ NEG_INF = float("-inf")
 
 
 def input_values(cfg: VerifyConfig, seed: int = 0, ids: list[int] | None = None,
-                 tokens: Sequence[int] | None = None) -> dict[str, np.ndarray]:
+                 tokens: Sequence[int] | None = None, n_past: int | None = None) -> dict[str, np.ndarray]:
     """Input leaf name -> flat values (ggml's element order). ``tokens``: the ubatch's token ids (default: ids
-    drawn from ``seed``); ``ids``: ``rs_s_copy`` (default: plane 0 of the ubatch's own cells)."""
+    drawn from ``seed``); ``ids``: ``rs_s_copy`` (default: plane 0 of the ubatch's own cells); ``n_past``: the
+    ubatch's first position (default: the config's)."""
     n_t = cfg.n_tokens * cfg.n_seqs
     out: dict[str, np.ndarray] = {"rs_s_copy": np.asarray(ids if ids is not None else default_ids(cfg), np.int64)}
     if not cfg.whole:
         return out
-    m, p0 = cfg.shape, cfg.n_past
+    m, p0 = cfg.shape, cfg.n_past if n_past is None else n_past
     if tokens is None:  # reproducible in the seed, inside the vocabulary
         tokens = [zlib.crc32(f"{seed}:tok:{i}".encode()) % m.vocab_size for i in range(n_t)]
     out["inp_tokens"] = np.asarray(tokens, np.int64)
