@@ -53,7 +53,7 @@ from gdnpass.drafters import Drafter, NoDraft, accept_greedy, draft_budget
 from gdnpass.errors import GdnpassError, GraphError, ResourceError
 from gdnpass.ir import Graph
 from gdnpass.models.hparams import MAX_RS_SEQ, MAX_UBATCH, ModelShape, VerifyConfig, default_ids, get_model
-from gdnpass.models.inputs import input_values
+from gdnpass.models.inputs import InputWriter
 
 KV_PAD = 256  # llama.cpp pads n_ctx and n_kv to 256 cells (llama-context.cpp, llama_kv_cache::get_n_kv)
 
@@ -230,6 +230,13 @@ def _what(p: int | None) -> str:
 INPUTS = ("inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask", "rs_s_copy")
 
 
+def _flat(view: np.ndarray, name: str) -> np.ndarray:
+    """A contiguous input's flat view (a reshape that would copy would lose the writes)."""
+    if not view.flags.c_contiguous:
+        raise GraphError(f"input {name!r} is not contiguous: the loop writes its inputs in place")
+    return view.reshape(-1)
+
+
 class GreedyHead:
     """The greedy sampler's reading of a ubatch's logits, done on the device: each output row's argmax (the first of
     equal maxima, as llama.cpp's greedy sampler and ``torch.argmax`` pick it), its largest logit (a NaN or +inf row
@@ -282,7 +289,8 @@ class Slot:
     executor: object
     report: object
     reallocated: bool
-    inputs: dict[str, "np.ndarray"]  # input name -> the (numpy) view it is written through (the host stage on CUDA)
+    writer: InputWriter              # what llama.cpp's set_input writes, for this graph
+    inputs: dict[str, np.ndarray]    # input name -> the flat numpy view it is written through (host stage on CUDA)
     stage: "Stage | None"            # CUDA: the inputs' bytes on the host, copied over in one go per ubatch
     logits: object                   # the result_output tensor
     head: GreedyHead | None
@@ -346,6 +354,7 @@ class Engine:
         self.rs_idx = 0      # llama_memory_recurrent::rs_idx[seq]: the plane the next ubatch reads
         self.kv_used = 0     # KV cells 0 .. kv_used-1 hold this sequence's positions
         self.ubatches = 0
+        self._synced = True  # the stream has been waited for since the last staged input copy
 
     def _config(self, n_t: int, n_kv: int, n_out: int | None = None) -> VerifyConfig:
         return self.model.config(n_tokens=n_t, n_rs_seq=self.n_rs, kv_size=self.kv_size, n_kv=n_kv,
@@ -381,10 +390,11 @@ class Engine:
             self.shared = {k: ex.buffers[k] for k in ("weights", "cache", "arena") if k in ex.buffers}
         leafs = {t.name: t for t in g.leafs if t.name in INPUTS}
         stage = self._stage(ex, list(leafs.values())) if ex.device.type == "cuda" else None
-        inputs = {n: (ex.view_in(t, stage.host) if stage else ex.view(t)).numpy() for n, t in leafs.items()}
+        inputs = {n: _flat((ex.view_in(t, stage.host) if stage else ex.view(t)).numpy(), n) for n, t in leafs.items()}
         logits = g.find("result_output")
         head = GreedyHead(ex.view(logits).reshape(n_out, self.vocab), self.s.margins) if n_out else None
-        slot = Slot(n_t, n_kv, n_out, cfg, g, ex, res.report, res.binding.reallocated, inputs, stage, logits, head)
+        slot = Slot(n_t, n_kv, n_out, cfg, g, ex, res.report, res.binding.reallocated, InputWriter(cfg), inputs,
+                    stage, logits, head)
         self.slots[key] = slot
         if self.s.cuda_graphs:
             self._capture(slot)
@@ -495,13 +505,12 @@ class Engine:
     # ---- one ubatch -----------------------------------------------------------------------------------------------
     def _write_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int) -> None:
         """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. reading ``plane``."""
-        vals = input_values(slot.cfg, ids=default_ids(slot.cfg, plane), tokens=tokens, n_past=s0)
-        if slot.stage is not None:
+        if slot.stage is not None and not self._synced:
             slot.stage.copied.synchronize()  # the last ubatch's copy out of the host stage is done
-        for name, view in slot.inputs.items():  # (numpy views: a fraction of torch's per-call cost)
-            view[...] = vals[name].reshape(view.shape)
+        slot.writer.write(slot.inputs, tokens, s0, default_ids(slot.cfg, plane))
         if slot.stage is not None:
             slot.stage.push()
+            self._synced = False
 
     def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True) -> Verdict | None:
         """``llama_decode`` of one ubatch of sequence 0, with logits for every token (``logits``) or none (a
@@ -533,7 +542,9 @@ class Engine:
         self.cell_pos, self.kv_used = s0 + n_t - 1, s0 + n_t
         if slot.head is None:
             return None
-        return Verdict(*slot.head.fetch(), slot, self, self.ubatches)
+        verdict = Verdict(*slot.head.fetch(), slot, self, self.ubatches)
+        self._synced = True  # (fetch waited for the stream: every staged copy is done)
+        return verdict
 
     def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
         """:meth:`verify`, returning the (n_t, vocab) float32 logits on the CPU."""

@@ -617,6 +617,15 @@ def test_llama_cpp_s_inputs_are_the_ones_gdnpass_reconstructs(llama, qwen35_gguf
             "out_ids": list(range(n_t)), "rs_s_copy": [0]}
     for name, values in want.items():
         assert ex.read(name).reshape(-1).double().tolist() == [float(v) for v in values], name
+    # the generate loop's writer (gdnpass.models.inputs) writes the same values for this ubatch
+    from gdnpass.models.gguf_model import open_model
+    from gdnpass.models.inputs import input_values
+
+    cfg = open_model(qwen35_gguf).config(n_tokens=n_t, n_kv=n_kv, kv_size=max(n_kv, cap.settings["n_ctx"]),
+                                         n_past=p0, flash_attn=True)
+    ours = input_values(cfg, tokens=want["inp_tokens"])
+    for name, values in want.items():
+        assert ours[name].tolist() == values, name
 
 
 @pytest.mark.parametrize("flash", ["on", "off"])
