@@ -28,6 +28,7 @@ from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, output
 from gdnpass.kernels.fused import RECORDS
 from gdnpass.matchers.common import Refusal, fmt_range
 from gdnpass.ops import ROPE_MODES
+from gdnpass.outputs import atomic_path, check_writable, json_safe
 from gdnpass.serialize import buffers_dict
 
 SCHEMA = "gdnpass-dump"
@@ -438,10 +439,12 @@ def render(dot_text: str, fmt: str, path: str) -> None:
     if dot is None:
         raise GraphError("--render needs Graphviz's 'dot' program, which is not installed "
                          "(install graphviz, or use --format dot and render elsewhere)")
-    res = subprocess.run([dot, f"-T{fmt}", "-o", path], input=dot_text, text=True, capture_output=True)
-    if res.returncode != 0:
-        first = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[0]
-        raise GraphError(f"--render: dot failed: {first}")
+    check_writable(path, "--render")
+    with atomic_path(path) as tmp:  # (dot writes a temporary file, renamed over FILE only when it succeeded)
+        res = subprocess.run([dot, f"-T{fmt}", "-o", str(tmp)], input=dot_text, text=True, capture_output=True)
+        if res.returncode != 0:
+            first = (res.stderr.strip().splitlines() or [f"exit code {res.returncode}"])[0]
+            raise GraphError(f"--render: dot failed: {first}")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -498,14 +501,17 @@ def to_json(d: Dump, rows: list[Row], cands: list[Candidate], layer: int | None,
 
 
 def json_text(x, depth: int = 0) -> str:
-    """JSON with one node / one candidate per line: greppable, and short enough to read."""
+    """JSON with one node / one candidate per line: greppable, and short enough to read. Always valid JSON: a
+    non-finite number (an infinite value in a graph's meta) is written as a string (:func:`gdnpass.outputs.json_safe`)."""
+    if depth == 0:
+        x = json_safe(x)
     pad, end = "  " * (depth + 1), "  " * depth
     if depth < 2 and isinstance(x, dict) and x:
         items = (f"{pad}{json.dumps(k)}: {json_text(v, depth + 1)}" for k, v in x.items())
         return "{\n" + ",\n".join(items) + f"\n{end}}}"
     if isinstance(x, list) and x and all(isinstance(i, dict) for i in x):
-        return "[\n" + ",\n".join(pad + json.dumps(i) for i in x) + f"\n{end}]"
-    return json.dumps(x)
+        return "[\n" + ",\n".join(pad + json.dumps(i, allow_nan=False) for i in x) + f"\n{end}]"
+    return json.dumps(x, allow_nan=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
