@@ -30,6 +30,7 @@ from gdnpass.ir import (INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, arena_
                         same_layout, written)
 
 DEFAULT_ALIGNMENT = 128  # ggml-cuda's buffer alignment; ggml's CPU buffers use 32 (TENSOR_ALIGNMENT)
+MAX_ALIGNMENT = 4096     # a page: more than any ggml backend asks (CPU 32, CUDA 128, Vulkan's offset alignment)
 _HUGE = 1 << 62          # ggml starts with one free block of SIZE_MAX/2
 
 

@@ -12,6 +12,8 @@ def alignment(text: str) -> int:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--alignment must be an integer, got {text!r}") from None
-    if v < 1 or v & (v - 1):
-        raise argparse.ArgumentTypeError(f"--alignment must be a power of two >= 1 (bytes), got {v}")
+    from gdnpass.alloc import MAX_ALIGNMENT
+
+    if v < 1 or v & (v - 1) or v > MAX_ALIGNMENT:
+        raise argparse.ArgumentTypeError(f"--alignment must be a power of two, 1..{MAX_ALIGNMENT} (bytes), got {v}")
     return v

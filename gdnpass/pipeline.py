@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from gdnpass.alloc import DEFAULT_ALIGNMENT, Binding, bind, plan
+from gdnpass.alloc import DEFAULT_ALIGNMENT, MAX_ALIGNMENT, Binding, bind, plan
 from gdnpass.errors import GraphError
 from gdnpass.fusion import FusionReport, env_enabled, fuse, prepare
 from gdnpass.ir import Graph, Tensor, arena_buffer
@@ -33,8 +33,8 @@ class PassOptions:
     hints: bool = True  # False: plan without the patterns' pre-plan step (tests and benchmarks of the fallback)
 
     def __post_init__(self) -> None:
-        if self.alignment < 1 or self.alignment & (self.alignment - 1):
-            raise GraphError(f"alignment must be a power of two >= 1, is {self.alignment}")
+        if self.alignment < 1 or self.alignment & (self.alignment - 1) or self.alignment > MAX_ALIGNMENT:
+            raise GraphError(f"alignment must be a power of two, 1..{MAX_ALIGNMENT}, is {self.alignment}")
         if self.between not in ("narrow", "broad"):
             raise GraphError(f"between must be 'narrow' or 'broad', is {self.between!r}")
 
