@@ -73,25 +73,40 @@ def _compare(name: str, a: torch.Tensor, b: torch.Tensor) -> Compared:
     return Compared(name, False, ab.numel(), first, (float(a.reshape(-1)[i]), float(b.reshape(-1)[i])))
 
 
+def memory_needed(graph: Graph, device: str = "cpu") -> dict[str, int]:
+    """What :func:`check_fusion` holds besides the graph's buffers (for the executor's memory check): the snapshot
+    of every buffer it restores before the fused run, and, on the CPU (where they live too), the copies of the caches
+    and of the watched tensors it compares."""
+    need = {"the check's snapshot of every buffer": sum(graph.buffers.values())}
+    if torch.device(device).type == "cpu":
+        need["the check's copies of caches and watched tensors"] = (
+            sum(t.nbytes for t in watched(graph))
+            + sum(t.nbytes for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"))
+    return need
+
+
 def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, seed: int = 0,
                  ids: list[int] | None = None, between: str = "narrow", force: bool = False,
-                 patterns: list | None = None, progress=None, weights=None) -> CheckResult:
+                 patterns: list | None = None, progress=None, weights=None,
+                 extra: dict[str, int] | None = None) -> CheckResult:
     """Run ``graph`` (planned, unfused) unfused then fused from identical inputs; the graph is left fused.
-    ``weights(executor)``, if given, writes the weights after the seeded fill (a model file's, say)."""
+    ``weights(executor)``, if given, writes the weights after the seeded fill (a model file's, say); ``extra`` is
+    the memory that needs besides the buffers (counted with :func:`memory_needed` before anything is allocated)."""
     probes = watched(graph)
-    ex = Executor(graph, device=device, backend=backend)
+    ex = Executor(graph, device=device, backend=backend, extra={**(extra or {}), **memory_needed(graph, device)})
     ex.fill(seed=seed, ids=ids)
     if weights is not None:
         weights(ex)
     start = ex.snapshot()
-    unfused = ex.run(probes=probes, progress=progress)
-    caches = {t.name: ex.read(t) for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"}
+    unfused = ex.run_probed(probes, progress=progress)
+    caches = [(t, ex.read(t)) for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"]
     report = fuse(graph, enabled=True, between=between, force=force, patterns=patterns)
     ex.restore(start)
-    fused = ex.run(probes=probes, progress=progress)
+    del start
+    fused = ex.run_probed(probes, progress=progress)
     res = CheckResult(report)
-    for t in probes:
-        res.compared.append(_compare(t.name, unfused[t.name], fused[t.name]))
-    for name, before in caches.items():
-        res.compared.append(_compare(name, before, ex.read(name)))
+    for t, a, b in zip(probes, unfused, fused):
+        res.compared.append(_compare(t.name, a, b))
+    for t, before in caches:
+        res.compared.append(_compare(t.name, before, ex.read(t)))
     return res

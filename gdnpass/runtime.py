@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from gdnpass.errors import ResourceError
+from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Tensor, arena_buffer, inputs, op_label, runs_kernel
 from gdnpass.kernels.fused import RECORDS
 
@@ -59,10 +59,11 @@ class Executor:
     ``buffers`` (name -> uint8 tensor on ``device``) hands the executor existing buffers instead of new ones: several
     graphs over one model (the generate loop's verify widths) share its weights, caches and, bound to one reserve
     plan, its arena, as llama.cpp's graphs share its model, memory and compute buffer. Each must hold at least the
-    graph's size of that buffer; the others are allocated."""
+    graph's size of that buffer; the others are allocated. ``extra`` (what -> bytes): memory the caller will need
+    besides the buffers, counted in the memory check (:func:`check_memory`)."""
 
     def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None,
-                 buffers: dict[str, torch.Tensor] | None = None) -> None:
+                 buffers: dict[str, torch.Tensor] | None = None, extra: dict[str, int] | None = None) -> None:
         self.arena = arena_buffer(graph)
         if self.arena is None:
             raise GraphError("graph has no memory plan: run gdnpass.alloc.plan(graph) first")
@@ -92,7 +93,8 @@ class Executor:
             if t.numel() < _pad(graph.buffers[name]):
                 raise GraphError(f"shared buffer {name!r} has {t.numel()} bytes, the graph needs "
                                  f"{_pad(graph.buffers[name])}")
-        check_memory(graph, self.device, shared=shared)  # before allocating: a 4 TB plan is refused, not attempted
+        # before allocating: a 4 TB plan is refused, not attempted (``extra``: see check_memory)
+        check_memory(graph, self.device, shared=shared, extra=extra)
         # pad so that any dtype view of the byte buffer is well formed
         self.buffers = {name: shared[name] if name in shared else
                         torch.empty(_pad(size), dtype=torch.uint8, device=self.device)
@@ -156,14 +158,14 @@ class Executor:
         self.buffers[self.arena].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
         leafs = [t for t in self.graph.leafs if not t.is_view and not t.is_empty]
         total, done = sum(t.nbytes for t in leafs), 0
-        known = self._input_values(seed, ids)
+        known = self._input_values(seed, ids, leafs)
         for t in leafs:
-            if t.name in known or t.type in (DType.I32, DType.I64):
-                if t.name not in known:
+            if t.uid in known or t.type in (DType.I32, DType.I64):
+                if t.uid not in known:
                     raise GraphError(f"tensor {t.name!r}: an integer input gdnpass has no values for"
                                      + (" (this capture predates recorded inputs: capture it again)"
                                         if self.graph.meta.get("builder") == "llama.cpp" else ""))
-                vals = torch.tensor(known[t.name], dtype=TORCH_DTYPES[t.type] if t.type is not DType.F16
+                vals = torch.tensor(known[t.uid], dtype=TORCH_DTYPES[t.type] if t.type is not DType.F16
                                     else torch.float32)
                 if vals.numel() != t.nelements:
                     raise GraphError(f"tensor {t.name!r}: {vals.numel()} values given, needs {t.nelements}")
@@ -175,23 +177,23 @@ class Executor:
             if progress is not None:
                 progress(done, total)
 
-    def _input_values(self, seed: int, ids: list[int] | None) -> dict[str, list]:
-        """Input name -> values: from the graph's build config; a graph without one has only the ``ids`` it was
-        given or recorded (``meta["ids"]``) for its I32 input."""
-        from gdnpass.models.hparams import ModelShape, VerifyConfig
+    def _input_values(self, seed: int, ids: list[int] | None, leafs: list[Tensor]) -> dict[int, list]:
+        """Input leaf uid -> values: from the graph's build config (by input name); a graph without one has only the
+        ``ids`` it was given or recorded (``meta["ids"]``) for its I32 inputs (by type: names may repeat)."""
+        from gdnpass.models.hparams import config_from_meta, ids_from_meta
         from gdnpass.models.inputs import input_values
 
-        recorded = self.graph.meta.get("input_bytes")  # a captured graph: llama.cpp's own input bytes
+        meta = self.graph.meta
+        recorded = meta.get("input_bytes")  # a captured graph: llama.cpp's own input bytes
+        cfg = config_from_meta(meta)
         if recorded is not None:
-            return _decode_inputs(self.graph, recorded)
-        c = self.graph.meta.get("config")
-        if c is not None and c.get("whole"):  # a whole forward: every input as llama.cpp sets it
-            m = dict(self.graph.meta["model"])
-            m["rope_dimension_sections"] = tuple(m["rope_dimension_sections"])
-            return input_values(VerifyConfig(**{**c, "model": ModelShape(**m)}), seed, ids)
-        vals = ids if ids is not None else self.graph.meta.get("ids")
-        ints = [t for t in self.graph.leafs if t.type is DType.I32 and not t.is_view and not t.is_empty]
-        return {t.name: vals for t in ints} if vals is not None else {}
+            by_name = _decode_inputs(self.graph, recorded)
+        elif cfg is not None:  # a whole forward: every input as llama.cpp sets it
+            by_name = input_values(cfg, seed, ids)
+        else:
+            vals = ids if ids is not None else ids_from_meta(meta)
+            return {t.uid: vals for t in leafs if t.type is DType.I32} if vals is not None else {}
+        return {t.uid: by_name[t.name] for t in leafs if t.name in by_name}
 
     def snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.buffers.items()}
@@ -210,25 +212,33 @@ class Executor:
         {name: CPU copy}.
         """
         probes = list(probes)
+        return {t.name: v for t, v in zip(probes, self.run_probed(probes, progress))}
+
+    def run_probed(self, probes: list[Tensor], progress: Callable[[int, int], None] | None = None) \
+            -> list[torch.Tensor]:
+        """:meth:`run`, returning the probes' CPU copies in ``probes``' order (names may repeat)."""
         if self._cuda_graph is not None:
             if probes:
                 raise GraphError("probes are not available when replaying a captured CUDA graph")
             self._cuda_graph.replay()
-            return {}
+            return []
         nodes = self.graph.nodes
         fns = [self._kernel(n) if runs_kernel(n) else None for n in nodes]  # refused before anything runs
         at = probe_points(self.graph, probes)
-        captured: dict[str, torch.Tensor] = {}
+        captured: dict[int, torch.Tensor] = {}
         for i, (n, fn) in enumerate(zip(nodes, fns)):
             for t in at.get(i, ()):
-                captured[t.name] = self.read(t)
+                captured[id(t)] = self.read(t)
             if fn is not None:
-                fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
+                try:
+                    fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
+                except KernelError as e:  # (a row id outside the rows, say: name the node)
+                    raise KernelError(f"node {n.name!r}: {e}") from None
             if progress is not None:
                 progress(i + 1, len(nodes))
         for t in at.get(len(nodes), ()):
-            captured[t.name] = self.read(t)
-        return captured
+            captured[id(t)] = self.read(t)
+        return [captured[id(t)] for t in probes]
 
     def _kernel(self, n: Tensor):
         from gdnpass.kernels.backends import kernel
@@ -268,12 +278,19 @@ def _decode_inputs(graph: Graph, recorded: dict[str, str]) -> dict[str, list]:
     import numpy as np
 
     np_types = {DType.F32: np.float32, DType.F16: np.float16, DType.I32: np.int32, DType.I64: np.int64}
+    from gdnpass.models.hparams import check_meta
+
+    check_meta(graph.meta)
     out = {}
     for t in graph.leafs:
         if t.name in recorded and t.view_src is None:
             if t.type not in np_types:
                 raise GraphError(f"tensor {t.name!r}: recorded input bytes of type {t.type.label} cannot be read")
-            vals = np.frombuffer(base64.b64decode(recorded[t.name]), dtype=np_types[t.type])
+            try:
+                raw = base64.b64decode(recorded[t.name], validate=True)
+                vals = np.frombuffer(raw, dtype=np_types[t.type])
+            except (TypeError, ValueError) as e:  # (binascii.Error is a ValueError)
+                raise GraphError(f"meta.input_bytes[{t.name!r}]: not base64 {t.type.label} values ({e})") from None
             out[t.name] = vals.astype(np.float32 if t.type is DType.F16 else vals.dtype).tolist()
     return out
 
@@ -373,11 +390,15 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-def check_memory(graph: Graph, device: torch.device, available: int | None = None, shared: Iterable[str] = ()) -> None:
+def check_memory(graph: Graph, device: torch.device, available: int | None = None, shared: Iterable[str] = (),
+                 extra: dict[str, int] | None = None) -> None:
     """Refuse (:class:`ResourceError`, one line) a plan whose buffers exceed the memory available on ``device``,
-    naming the buffer sizes and the largest tensors. Buffers in ``shared`` exist already and are not counted."""
+    naming the buffer sizes and the largest tensors. Buffers in ``shared`` exist already and are not counted;
+    ``extra`` (what -> bytes) is memory the run needs besides the buffers (a check's snapshot of every buffer, the
+    temporary copies of a weight being loaded)."""
     shared = set(shared)
-    need = sum(_pad(s) for k, s in graph.buffers.items() if k not in shared)
+    extra = {k: v for k, v in (extra or {}).items() if v}
+    need = sum(_pad(s) for k, s in graph.buffers.items() if k not in shared) + sum(extra.values())
     have = available_bytes(device) if available is None else available
     if have is None or need <= have:
         return
@@ -386,6 +407,6 @@ def check_memory(graph: Graph, device: torch.device, available: int | None = Non
     where = "free GPU memory" if device.type == "cuda" else "available RAM"
     raise ResourceError(
         f"the memory plan needs {_size(need)} ("
-        + ", ".join(f"{k} {_size(v)}" for k, v in graph.buffers.items())
+        + ", ".join(f"{k} {_size(v)}" for k, v in [*graph.buffers.items(), *extra.items()])
         + f") but {where} on {device} is {_size(have)}; largest tensors: "
         + ", ".join(f"{t.name!r} {_size(t.nbytes)} ({t.buffer})" for t in big))

@@ -48,7 +48,9 @@ import networkx as nx
 from gdnpass.alloc import check_plan
 from gdnpass.ir import (BUFFER_ROLES, BUFFER_USAGES, DEFAULT_BUFFERS, GGML_MAX_DIMS, BufferSpec, DType, Flag, Graph,
                         GraphError, Op, Tensor, arena_buffer, buffer_spec)
+from gdnpass.models.hparams import check_meta
 from gdnpass.ops import validate_node
+from gdnpass.outputs import write_atomic
 
 FORMAT = "gdnpass-graph"
 VERSION = 2          # what save writes
@@ -196,8 +198,10 @@ def dumps(graph: Graph) -> str:
 
 
 def save(graph: Graph, path: PathLike) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(dumps(graph))
+    """Write ``graph`` to ``path``: the JSON text is made first (a graph JSON cannot hold is a GraphError before the
+    file is touched), then written under a temporary name and renamed into place (:func:`gdnpass.outputs.
+    write_atomic`), so an existing file is replaced whole or not at all."""
+    write_atomic(path, dumps(graph))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -440,6 +444,10 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
             _fail(source, f"unknown field {key!r}")
     if d["alignment"] < 0:
         _fail(source, f"field 'alignment' must be >= 0, got {d['alignment']}")
+    try:
+        check_meta(d["meta"])  # free-form, but for what execution reads
+    except GraphError as err:
+        _fail(source, f"field 'meta': {err}")
     buffers, specs, roles = _parse_buffers(d, source)
 
     # ---- tensors: fields first, then references (an entry may refer to a later one)

@@ -7,7 +7,12 @@ Pure Python: importing it loads neither torch nor Triton.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+from gdnpass.errors import KernelError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -35,3 +40,17 @@ def mat_vec_columns(w_batches: int, x_ne: Sequence[int]) -> int:
     single weight matrix (``w_batches`` 1); N1 per batch against a weight with batch dimensions (attention's KQ and
     KQV, whose batches run on a grid axis)."""
     return x_ne[1] if w_batches > 1 else x_ne[1] * x_ne[2] * x_ne[3]
+
+
+def check_row_ids(ids: torch.Tensor, n_rows: int, op: str = "GET_ROWS") -> None:
+    """Every row id of a GET_ROWS / SET_ROWS names a row of its source / destination (ggml asserts it): KernelError,
+    one line, otherwise. Skipped while a CUDA graph is being captured (no host sync there; the ids are only read at
+    replay)."""
+    import torch
+
+    if ids.numel() == 0 or ids.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    lo, hi = (int(v) for v in ids.aminmax())
+    if not (0 <= lo and hi < n_rows):
+        raise KernelError(f"{op}: row id {lo if lo < 0 else hi} is outside the "
+                          f"{'source' if op == 'GET_ROWS' else 'destination'}'s {n_rows} rows")

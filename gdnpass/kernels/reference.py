@@ -10,6 +10,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gdnpass.kernels.limits import check_row_ids
+
 F32 = torch.float32
 
 
@@ -28,6 +30,7 @@ def gdn_scale(S: int) -> float:
 
 def get_rows(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """GET_ROWS: ids I32 ne [n, e1, e2]; ``out[:, i, j, k] = a[:, ids[i, j, k], j, k]`` (f32 unless a is I32)."""
+    check_row_ids(ids, a.shape[2])  # (ggml asserts it; torch's indexing would raise IndexError, or wrap -1)
     e2, e1 = ids.shape[1], ids.shape[2]
     k = torch.arange(e2, device=a.device).view(-1, 1, 1)
     j = torch.arange(e1, device=a.device).view(1, -1, 1)
@@ -370,9 +373,7 @@ def set_rows(dst: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor) -> torch.
     i2 = torch.arange(n2, device=dst.device).view(1, -1)
     idx = ids[0].long()[i3 % ids.shape[1], i2 % ids.shape[2]]  # (n3, n2, n1): plane (i2, i3) reads ids[i3%, i2%]
     i3, i2 = i3[..., None], i2[..., None]
-    capturing = idx.is_cuda and torch.cuda.is_current_stream_capturing()  # (no host sync inside a CUDA graph)
-    if not capturing and bool(((idx < 0) | (idx >= dst.shape[2])).any()):
-        raise IndexError(f"SET_ROWS: row id out of [0, {dst.shape[2]})")
+    check_row_ids(idx, dst.shape[2], "SET_ROWS")
     out = dst.clone()
     out[i3, i2, idx] = rows.to(dst.dtype)
     return out

@@ -33,7 +33,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gdnpass.errors import KernelError
-from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS, mat_vec_columns
+from gdnpass.kernels.limits import CHAIN, MAT_VEC_COLS, check_row_ids, mat_vec_columns
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32, gdn_scale
 
@@ -392,14 +392,11 @@ _GET_ROWS_SRC = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf
 
 
 def _check_ids(ids: torch.Tensor, n_rows: int, op: str = "GET_ROWS") -> None:
-    """Every id names a row of the source, checked on the host before the launch. Not possible while a CUDA graph
-    is being captured (the ids are only read at replay): there the kernel's mask is the guard, and a row of an
-    out-of-range id is written 0xFFFFFFFF (NaN; -1 for i32 sources), never read from outside the source."""
-    if ids.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    lo, hi = (int(v) for v in ids.aminmax())
-    _require(0 <= lo and hi < n_rows, f"{op}: row id {lo if lo < 0 else hi} is outside the "
-                                      f"{'source' if op == 'GET_ROWS' else 'destination'}'s {n_rows} rows")
+    """Every id names a row of the source (:func:`limits.check_row_ids`, on the host before the launch). Not
+    possible while a CUDA graph is being captured (the ids are only read at replay): there the kernel's mask is the
+    guard, and a row of an out-of-range id is written 0xFFFFFFFF (NaN; -1 for i32 sources), never read from outside
+    the source."""
+    check_row_ids(ids, n_rows, op)
 
 
 def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:

@@ -8,9 +8,14 @@ known shapes, :class:`VerifyConfig` one speculative-verify ubatch (tokens, rollb
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Callable
 
 from gdnpass.ir import DType, GraphError
+
+MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS (llama-hparams.h): it asserts block_count <= this
+MAX_SEQS = 256    # llama.cpp's LLAMA_MAX_SEQ (llama-cparams.h): sequences, and so recurrent cells, of a context
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,59 @@ class ModelShape:
     def gdn_layers(self) -> list[int]:
         k = self.full_attention_interval
         return [i for i in range(self.n_layer) if (i + 1) % k != 0] if k > 0 else list(range(self.n_layer))
+
+    def problems(self, key: Callable[[str], str] = str) -> list[str]:
+        """What llama.cpp's qwen35 loader or graph, or gdnpass's builder, could not take in this shape, one phrase per
+        problem (empty: a buildable shape). ``key(field)`` names a field in the phrases (read_shape passes the GGUF
+        key: ``qwen35.attention.head_count_kv``). The one list of these rules: :meth:`check`, the GGUF writer's
+        ``check_shape`` and reader's ``read_shape`` and a graph file's recorded model all apply it."""
+        m, k = self, key
+        ints = [f.name for f in fields(self) if f.type in ("int", int)]
+        bad = [f"{k(f)} must be an integer, is {getattr(m, f)!r}" for f in ints
+               if not isinstance(getattr(m, f), int) or isinstance(getattr(m, f), bool)]
+        bad += [f"{k(f)} must be a number, is {getattr(m, f)!r}" for f in ("eps", "rope_freq_base")
+                if not isinstance(getattr(m, f), (int, float)) or isinstance(getattr(m, f), bool)]
+        secs = m.rope_dimension_sections
+        if not (isinstance(secs, (tuple, list)) and len(secs) == 4
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in secs)):
+            bad.append(f"{k('rope_dimension_sections')} must be 4 integers, is {secs!r}")
+        if bad:  # (the rules below do arithmetic on the values)
+            return bad
+        p = [f"{k(f)} must be >= 1, is {getattr(m, f)}" for f in (
+            "n_embd", "n_layer", "n_k_heads", "n_v_heads", "head_dim", "head_count", "head_count_kv", "key_length",
+            "value_length", "vocab_size", "context_length", "full_attention_interval") if getattr(m, f) < 1]
+        if m.n_layer > MAX_LAYERS:
+            p.append(f"{k('n_layer')} {m.n_layer} is more than llama.cpp's LLAMA_MAX_LAYERS ({MAX_LAYERS})")
+        if m.d_conv < 2:
+            p.append(f"{k('d_conv')} must be >= 2 (a convolution over past tokens), is {m.d_conv}")
+        if m.n_ff < 0:
+            p.append(f"{k('n_ff')} must be >= 0 (0: 3 * n_embd), is {m.n_ff}")
+        for f in ("eps", "rope_freq_base"):
+            if not (math.isfinite(getattr(m, f)) and getattr(m, f) > 0):
+                p.append(f"{k(f)} must be a finite number > 0, is {getattr(m, f)}")
+        if m.key_length != m.value_length:
+            p.append(f"{k('key_length')} {m.key_length} != {k('value_length')} {m.value_length} (llama.cpp asserts "
+                     "them equal)")
+        if m.head_count >= 1 and m.head_count_kv >= 1 and m.head_count % m.head_count_kv:
+            p.append(f"{k('head_count')} {m.head_count} is not a multiple of {k('head_count_kv')} "
+                     f"{m.head_count_kv}")
+        if m.n_k_heads >= 1 and m.n_v_heads % m.n_k_heads:
+            p.append(f"{k('n_v_heads')} {m.n_v_heads} is not a multiple of {k('n_k_heads')} {m.n_k_heads}")
+        r = m.rope_dimension_count
+        if r % 2 or not 0 < r <= m.key_length:
+            p.append(f"{k('rope_dimension_count')} {r} must be even and 1..{k('key_length')} {m.key_length}")
+        # qwen35 always ropes with interleaved M-RoPE (GGML_ROPE_TYPE_IMROPE), whose CPU kernel asserts a non-empty
+        # section among the first three; for text (all position components equal) the split changes nothing
+        if any(s < 0 for s in secs) or 2 * sum(secs) != r or not any(secs[:3]):
+            p.append(f"{k('rope_dimension_sections')} {list(secs)} must be 4 counts of rotary pairs summing to "
+                     f"{k('rope_dimension_count')}/2 = {r // 2}, one of the first three > 0")
+        return p
+
+    def check(self) -> None:
+        """Raise :class:`GraphError` (one line, every problem) unless the shape is buildable (:meth:`problems`)."""
+        p = self.problems()
+        if p:
+            raise GraphError(f"model {self.name!r}: {'; '.join(p)}")
 
     def first_layers(self, n: int) -> "ModelShape":
         """The model cut after its first ``n`` layers, in its own pattern: attention layers count (qwen3.5-9b's first
@@ -244,13 +302,18 @@ class VerifyConfig:
         m = get_model(self.model)
         _need(1 <= self.n_tokens <= MAX_UBATCH, "n_tokens", f"must be 1..{MAX_UBATCH}, is {self.n_tokens}")
         _need(0 <= self.n_rs_seq <= MAX_RS_SEQ, "n_rs_seq", f"must be 0..{MAX_RS_SEQ}, is {self.n_rs_seq}")
-        _need(self.n_seqs >= 1, "n_seqs", f"must be >= 1, is {self.n_seqs}")
+        m.check()
+        _need(1 <= self.n_seqs <= MAX_SEQS, "n_seqs", f"must be 1..{MAX_SEQS} (llama.cpp's LLAMA_MAX_SEQ), is "
+                                                       f"{self.n_seqs}")
         n_gdn = len(m.gdn_layers)
         _need(self.n_layers is None or 1 <= self.n_layers <= n_gdn, "n_layers",
               f"must be 1..{n_gdn} for {m.name}, is {self.n_layers}")
         _need(self.n_rs_extra >= 0, "n_rs_extra", f"must be >= 0, is {self.n_rs_extra}")
+        _need(self.kv_head >= 0, "kv_head", f"must be >= 0, is {self.kv_head}")
         _need(self.cells >= self.kv_head + self.n_seqs + self.n_rs_extra, "mem_size",
               f"{self.cells} cells cannot hold kv_head {self.kv_head} + {self.n_seqs + self.n_rs_extra} used cells")
+        _need(self.cells <= MAX_SEQS, "mem_size", f"{self.cells} recurrent cells: at most {MAX_SEQS} (one per "
+                                                  "sequence, llama.cpp's LLAMA_MAX_SEQ)")
         _need(-1 <= self.rs_z < self.cells, "rs_z", f"must be -1..{self.cells - 1}, is {self.rs_z}")
         _need(self.snapshot_layout in SNAPSHOT_LAYOUTS, "snapshot_layout",
               f"must be one of {', '.join(SNAPSHOT_LAYOUTS)}, is {self.snapshot_layout!r}")
@@ -323,3 +386,58 @@ def default_ids(cfg: VerifyConfig, read_plane: int = 0, src_cell: int | None = N
         raise GraphError(f"src_cell {base} is outside the {cfg.cells} cells")
     n_rs = cfg.n_seqs + cfg.n_rs_extra
     return [read_plane * cfg.cells + base + i for i in range(n_rs)]
+
+
+# ---- what a graph's meta records for execution (builder.verify_meta writes it; a graph file carries it) -----------
+def config_from_meta(meta: dict) -> VerifyConfig | None:
+    """The whole-forward :class:`VerifyConfig` a graph's meta records (``meta.config`` with ``whole`` true and its
+    ``meta.model``), checked as a built one is; None when the meta records none or not a whole forward (then only
+    ``meta.ids`` matters for execution). GraphError, one line naming the meta field, for anything else."""
+    c = meta.get("config")
+    if c is None:
+        return None
+    if not isinstance(c, dict):
+        raise GraphError(f"meta.config must be an object (a VerifyConfig), not {type(c).__name__}")
+    if c.get("whole") is not True:
+        return None
+    m = meta.get("model")
+    if not isinstance(m, dict):
+        raise GraphError("meta.model must be an object (the ModelShape of a whole forward's meta.config), not "
+                         f"{type(m).__name__}")
+    try:
+        secs = m.get("rope_dimension_sections")
+        shape = ModelShape(**{**m, **({"rope_dimension_sections": tuple(secs)} if isinstance(secs, list) else {})})
+        p = shape.problems(lambda f: f"meta.model.{f}")
+        if p:
+            raise GraphError("; ".join(p))
+        cfg = VerifyConfig(**{**c, "model": shape})
+        try:
+            cfg.check()
+        except GraphError as e:  # ("config field 'n_tokens': ...")
+            raise GraphError(f"meta.{e}") from None
+    except (TypeError, ValueError) as e:  # unknown or missing fields, values of the wrong type (GraphError: raised)
+        if isinstance(e, GraphError):
+            raise
+        raise GraphError(f"meta.config / meta.model do not make a VerifyConfig: {e}") from None
+    return cfg
+
+
+def ids_from_meta(meta: dict) -> list[int] | None:
+    """``meta.ids``, the ``rs_s_copy`` values a graph records (:func:`default_ids` for a built one): a list of ints,
+    or None when absent; GraphError otherwise."""
+    ids = meta.get("ids")
+    if ids is not None and not (isinstance(ids, list)
+                                and all(isinstance(x, int) and not isinstance(x, bool) for x in ids)):
+        raise GraphError(f"meta.ids must be a list of integers (rs_s_copy's row ids), is {ids!r}"[:200])
+    return ids
+
+
+def check_meta(meta: dict) -> None:
+    """The meta fields execution reads, checked as it reads them (a graph file's meta is otherwise free-form):
+    ``config``/``model`` (:func:`config_from_meta`), ``ids`` (:func:`ids_from_meta`) and ``input_bytes`` (a
+    capture's inputs: input name -> base64 text). GraphError, one line naming the field."""
+    config_from_meta(meta)
+    ids_from_meta(meta)
+    rec = meta.get("input_bytes")
+    if rec is not None and not (isinstance(rec, dict) and all(isinstance(v, str) for v in rec.values())):
+        raise GraphError("meta.input_bytes must be an object of input name -> base64 text")
