@@ -15,7 +15,7 @@ does itself, so that the ids are those of ``llama_tokenize``:
 
 :class:`StreamDecoder` turns ids into text as they come, holding back an incomplete UTF-8 sequence until it completes.
 Importing this module loads neither torch nor gdnpass's graph code (:meth:`Tokenizer.from_gguf` reads the header
-through :func:`gdnpass.models.gguf_write.open_reader`, which loads no torch either); see docs/gguf.md.
+through :func:`gdnpass.models.gguf_read.open_reader`, which loads no torch either); see docs/gguf.md.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ class Tokenizer:
     def from_gguf(cls, path: str | os.PathLike) -> "Tokenizer":
         """The tokenizer of the GGUF file at ``path``, from its header alone. On a 2-core machine: 0.02 s for a tiny
         file, 1.0 s for the writer's 248320 tokens, 3.1 s for 248k tokens and 248k merges (Qwen3.5's size)."""
-        from gdnpass.models.gguf_write import GgufError, open_reader
+        from gdnpass.models.gguf_read import GgufError, open_reader
 
         path = Path(path)
         try:

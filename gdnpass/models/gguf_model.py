@@ -17,7 +17,8 @@ from pathlib import Path
 
 from gdnpass.errors import GraphError
 from gdnpass.ir import DType, Graph
-from gdnpass.models.gguf_write import ARCH, GgufError, _gguf, open_reader, read_shape
+from gdnpass.models.gguf_read import GgufError, _gguf, _Header, open_reader
+from gdnpass.models.gguf_write import ARCH, check_tensors, header_shape
 from gdnpass.models.hparams import ModelShape, VerifyConfig
 
 # GGML types gdnpass holds as they are, and the quantized ones it dequantizes to f32 on load (gguf.quants does it)
@@ -67,6 +68,18 @@ class GgufModel:
         g.meta["gguf"] = {"file": str(self.path), "dequantized": self.dequantized}
         return g
 
+    def load_extra_bytes(self, graph: Graph) -> int:
+        """Memory :meth:`load_weights` holds besides the executor's buffers: one weight at a time, its copy out of
+        the file (f32 when dequantized, then converted to the buffer's type when that differs): the largest
+        such copy, for the executor's memory check (``Executor(..., extra=...)``)."""
+        most = 0
+        for t in graph.leafs:
+            if t.buffer == "weights" and t.view_src is None and t.name in self.types:
+                file_t = self.types[t.name]
+                held = t.nelements * (4 if file_t in DEQUANTIZED else _PLAIN[file_t].size)
+                most = max(most, held + (t.nbytes if _PLAIN.get(file_t, DType.F32) is not t.type else 0))
+        return most
+
     def load_weights(self, executor, graph: Graph) -> int:
         """Write every weight leaf of ``graph`` from the file into ``executor``'s buffers (dequantizing quantized
         ones); returns the bytes written."""
@@ -81,10 +94,10 @@ class GgufModel:
             if t.buffer != "weights" or t.view_src is not None:
                 continue
             src = by_name[t.name]
-            data = src.data
             if src.tensor_type.name in DEQUANTIZED:
-                data = gguf.quants.dequantize(data, src.tensor_type)
-            arr = np.array(data, copy=True)  # (the memmap is read-only; torch wants a writable array)
+                arr = gguf.quants.dequantize(src.data, src.tensor_type)  # (a new array)
+            else:
+                arr = np.array(src.data, copy=True)  # (the memmap is read-only; torch wants a writable array)
             if src.tensor_type.name == "BF16":  # numpy has no bfloat16: the file's uint16 words are the bits
                 value = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
             else:
@@ -99,18 +112,27 @@ class GgufModel:
 
 
 def open_model(path: str | os.PathLike) -> GgufModel:
-    """The model in a GGUF file, from its header and tensor index; GgufError naming what is wrong otherwise."""
+    """The model in a GGUF file, from its header and tensor index; GgufError naming what is wrong otherwise: the
+    metadata is validated as a whole (:func:`gdnpass.models.gguf_write.header_shape`) and every tensor's ``ne``
+    checked against the shape's (:func:`gdnpass.models.gguf_write.check_tensors`) before anything is built."""
     path = Path(path)
     reader = open_reader(path)
-    arch_field = reader.fields.get("general.architecture")
-    arch = arch_field.contents() if arch_field is not None else None
+    arch = _Header(reader, path).text("general.architecture")
     if arch in _REFUSED:
         raise GgufError(f"{path}: architecture {arch!r} is not built by gdnpass: it needs {_REFUSED[arch]}")
     if arch != ARCH:
         raise GgufError(f"{path}: architecture {arch!r}; gdnpass builds {ARCH!r} models")
-    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    shape, n_block = header_shape(reader, path)  # the metadata, validated as a whole
+    check_tensors(reader, shape, n_block, path)  # every tensor llama.cpp's shape, before anything is built
+    types = {t.name: t.tensor_type.name for t in reader.tensors if not _mtp(t.name, shape)}
     bad = sorted({v for v in types.values() if v not in _PLAIN and v not in DEQUANTIZED})
     if bad:
         raise GgufError(f"{path}: tensor types {', '.join(bad)} are not supported (gdnpass reads F32, F16, BF16 and "
                         f"dequantizes {', '.join(DEQUANTIZED)})")
-    return GgufModel(path, read_shape(path), types, sorted(n for n, t in types.items() if t in DEQUANTIZED))
+    return GgufModel(path, shape, types, sorted(n for n, t in types.items() if t in DEQUANTIZED))
+
+
+def _mtp(name: str, shape: ModelShape) -> bool:
+    """A tensor of an MTP block (past the trunk's layers): gdnpass neither builds nor reads them."""
+    parts = name.split(".")
+    return parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) >= shape.n_layer

@@ -34,25 +34,13 @@ import numpy as np
 
 from gdnpass import tokenizer as tok
 from gdnpass.errors import GdnpassError
-from gdnpass.models.hparams import ModelShape, get_model
+from gdnpass.models.gguf_read import GGML_MAX_DIMS, _INTS, GgufError, _gguf, _Header, open_reader  # noqa: F401 (re-exported)
+from gdnpass.models.hparams import MAX_LAYERS, ModelShape, get_model
 
 ARCH = "qwen35"
 WTYPES = ("f32", "f16", "bf16", "q8_0")
 Q8_0_BLOCK = (32, 34)  # Q8_0: 32 values per block of 34 bytes (an f16 scale, 32 int8)
 _CHUNK = 1 << 23  # elements generated and written at a time
-
-
-class GgufError(GdnpassError, ValueError):
-    """A GGUF file that cannot be written or read as asked: the path, the weight type, the shape, or the file's
-    architecture and keys. The message is one line naming the file (or field) at fault."""
-
-
-def _gguf():
-    try:
-        import gguf
-    except ImportError:  # pragma: no cover - depends on the environment
-        raise GgufError("writing or reading GGUF files needs the gguf package: pip install 'gdnpass[llama]'") from None
-    return gguf
 
 
 # ---- the metadata: ModelShape field (or property) <-> qwen35.* key -------------------------------------------------
@@ -88,29 +76,19 @@ def gguf_metadata(shape: ModelShape) -> dict[str, Any]:
             for key, attr, typ, _ in GGUF_KEYS}
 
 
+# GGUF key (without "qwen35.") of each ModelShape field, for messages about a file (GGUF_KEYS names some fields by
+# the properties that alias them: ffn_dim is n_ff, ssm_conv_kernel is d_conv, ...)
+_ALIASES = {"ffn_dim": "n_ff", "ssm_conv_kernel": "d_conv", "ssm_state_size": "head_dim",
+            "ssm_group_count": "n_k_heads", "ssm_time_step_rank": "n_v_heads"}
+FIELD_KEYS = {_ALIASES.get(attr, attr): f"{ARCH}.{key}" for key, attr, _, _ in GGUF_KEYS}
+
+
 def check_shape(shape: ModelShape) -> None:
-    """Raise :class:`GgufError` if llama.cpp's qwen35 loader or graph could not take ``shape``."""
-    m = shape
-    problems = []
-    if m.key_length != m.value_length:
-        problems.append(f"key_length {m.key_length} != value_length {m.value_length} (llama.cpp asserts them equal)")
-    if m.head_count < 1 or m.head_count_kv < 1 or m.head_count % m.head_count_kv:
-        problems.append(f"head_count {m.head_count} is not a positive multiple of head_count_kv {m.head_count_kv}")
-    if m.n_k_heads < 1 or m.n_v_heads % m.n_k_heads:
-        problems.append(f"n_v_heads {m.n_v_heads} is not a multiple of n_k_heads {m.n_k_heads}")
-    r = m.rope_dimension_count
-    if r % 2 or not 0 < r <= m.key_length:
-        problems.append(f"rope_dimension_count {r} must be even and 1..key_length {m.key_length}")
-    secs = tuple(m.rope_dimension_sections)
-    # qwen35 always ropes with interleaved M-RoPE (GGML_ROPE_TYPE_IMROPE), whose CPU kernel asserts a non-empty
-    # section among the first three; for text (all position components equal) the split changes nothing
-    if len(secs) != 4 or any(s < 0 for s in secs) or 2 * sum(secs) != r or not any(secs[:3]):
-        problems.append(f"rope_dimension_sections {list(secs)} must be 4 counts of rotary pairs summing to "
-                        f"rope_dimension_count/2 = {r // 2}, one of the first three > 0")
-    if m.vocab_size < 1 or m.n_layer < 1 or m.d_conv < 2 or m.full_attention_interval < 1:
-        problems.append("vocab_size, n_layer, full_attention_interval must be >= 1 and d_conv >= 2")
+    """Raise :class:`GgufError` if llama.cpp's qwen35 loader or graph could not take ``shape``
+    (:meth:`ModelShape.problems`, the one list of those rules)."""
+    problems = shape.problems()
     if problems:
-        raise GgufError(f"model {m.name!r} cannot be a qwen35 GGUF: {'; '.join(problems)}")
+        raise GgufError(f"model {shape.name!r} cannot be a qwen35 GGUF: {'; '.join(problems)}")
 
 
 # ---- the tokenizer: a small real byte-level BPE, Qwen's kind -------------------------------------------------------
@@ -318,6 +296,8 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
     """
     gguf = _gguf()
     shape = get_model(shape) if isinstance(shape, str) else shape
+    if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
+        raise GgufError(f"seed must be an integer >= 0 (numpy's SeedSequence takes no negative), is {seed!r}")
     ab_wtype = wtype if ab_wtype is None else ab_wtype
     for field, t in (("wtype", wtype), ("ab_wtype", ab_wtype)):
         if t not in WTYPES:
@@ -404,52 +384,8 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
 # ---- the reverse: a file's header -> ModelShape ----------------------------------------------------------------
 def _f32_value(x: float) -> float:
     """An f32 read back as the shortest decimal that rounds to it (1e-6, not 9.99999997e-07)."""
-    return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
-
-
-@lru_cache(maxsize=1)
-def _reader_class():
-    gguf = _gguf()
-    V = gguf.GGUFValueType
-
-    class HeaderReader(gguf.GGUFReader):
-        """``GGUFReader`` with arrays of strings or numbers read in one pass: the same fields, one part per value as
-        GGUFReader makes them, but without a numpy read per value (a 248k-token vocabulary: 1 s instead of 24 s)."""
-
-        def _get_field_parts(self, orig_offs, raw_type):
-            if raw_type != V.ARRAY or self.byte_order != "I" or sys.byteorder != "little":
-                return super()._get_field_parts(orig_offs, raw_type)
-            itype, n = struct.unpack_from("<IQ", self.data, orig_offs)
-            nptype = self.gguf_scalar_to_np.get(V(itype))
-            if n == 0 or (itype != V.STRING and nptype is None):  # (arrays of arrays: GGUFReader's way)
-                return super()._get_field_parts(orig_offs, raw_type)
-            plain = self.data.view(np.ndarray)
-            parts = [self._get(orig_offs, np.uint32), self._get(orig_offs + 4, np.uint64)]
-            offs = orig_offs + 12
-            if itype == V.STRING:
-                unpack = struct.Struct("<Q").unpack_from
-                for _ in range(n):
-                    (k,) = unpack(plain, offs)
-                    parts += (plain[offs:offs + 8].view(np.uint64), plain[offs + 8:offs + 8 + k])
-                    offs += 8 + k
-                return offs - orig_offs, parts, list(range(3, len(parts), 2)), [V.ARRAY, V.STRING]
-            size = np.dtype(nptype).itemsize
-            values = plain[offs:offs + n * size].view(nptype)
-            parts += (values[i:i + 1] for i in range(n))
-            return 12 + n * size, parts, list(range(2, len(parts))), [V.ARRAY, V(itype)]
-
-    return HeaderReader
-
-
-def open_reader(path: Path, mode: str = "r"):
-    """A ``gguf.GGUFReader`` of ``path`` (memory-mapped: the header and tensor index are read, no tensor data; long
-    arrays in bulk); GgufError, one line, when the file is missing or not GGUF."""
-    try:
-        return _reader_class()(path, mode)
-    except FileNotFoundError:
-        raise GgufError(f"{path}: no such file") from None
-    except (OSError, ValueError) as e:
-        raise GgufError(f"{path}: not a readable GGUF file ({e})") from None
+    with np.errstate(over="ignore"):
+        return float(np.format_float_positional(np.float32(x), unique=True, trim="-"))
 
 
 def read_shape(path: str | os.PathLike) -> ModelShape:
@@ -458,69 +394,109 @@ def read_shape(path: str | os.PathLike) -> ModelShape:
     Keys llama.cpp treats as optional get llama.cpp's defaults (head_count_kv = head_count, key/value length =
     n_embd / head_count, rope dims = key_length, rope base 1e4, full_attention_interval 4, vocab size = the number
     of tokens). ``n_layer`` is the trunk: block_count less any ``nextn_predict_layers`` (MTP) blocks. The name is
-    ``general.name`` (else the file's stem)."""
+    ``general.name`` (else the file's stem). The metadata is validated as a whole: every key of its type, counts
+    positive, block_count within llama.cpp's bound, the layer pattern, the head geometry and finite values
+    (:meth:`ModelShape.problems`); a GgufError names the file and the key."""
     path = Path(path)
-    r = open_reader(path)
-    fields = r.fields
+    return header_shape(open_reader(path), path)[0]
 
-    def get(key: str, default: Any = None) -> Any:
-        f = fields.get(key)
-        return default if f is None else f.contents()
 
-    arch = get("general.architecture")
+def header_shape(reader, path: Path) -> tuple[ModelShape, int]:
+    """(the shape, block_count) of an open reader's header: :func:`read_shape`'s work."""
+    h = _Header(reader, path)
+    arch = h.text("general.architecture")
     needed = [k for k, _, _, req in GGUF_KEYS if req]
     if arch != ARCH:
-        missing = [k for k in needed if f"{arch}.{k}" not in fields]
-        raise GgufError(f"{path}: architecture {arch!r}, not {ARCH!r}: read_shape reads qwen35 files only"
-                        + (f" (it lacks {', '.join(f'{arch}.{k}' for k in missing)})" if missing else ""))
-    missing = [f"{ARCH}.{k}" for k in needed if f"{ARCH}.{k}" not in fields]
+        missing = [k for k in needed if f"{arch}.{k}" not in h.fields]
+        h.fail(f"architecture {arch!r}, not {ARCH!r}: read_shape reads qwen35 files only"
+               + (f" (it lacks {', '.join(f'{arch}.{k}' for k in missing)})" if missing else ""))
+    missing = [f"{ARCH}.{k}" for k in needed if f"{ARCH}.{k}" not in h.fields]
     if missing:
-        raise GgufError(f"{path}: qwen35 file lacks {', '.join(missing)}")
-    kv = {k: get(f"{ARCH}.{k}") for k, _, _, _ in GGUF_KEYS}
-
-    def scalar(key: str) -> Any:
-        v = kv[key]
-        if isinstance(v, list):
-            vals = set(v)
-            if len(vals) != 1:
-                raise GgufError(f"{path}: {ARCH}.{key} differs per layer ({v}); a ModelShape has one value")
-            v = vals.pop()
-        return v
-
-    n_embd, n_head = int(scalar("embedding_length")), int(scalar("attention.head_count"))
-    key_len = int(kv["attention.key_length"] or n_embd // n_head)
-    val_len = int(kv["attention.value_length"] or n_embd // n_head)
-    n_tok = fields.get("tokenizer.ggml.tokens")
-    vocab = kv["vocab_size"] if kv["vocab_size"] is not None else (len(n_tok.data) if n_tok is not None else None)
+        h.fail(f"qwen35 file lacks {', '.join(missing)}")
+    K = f"{ARCH}."
+    n_block = h.count(K + "block_count")
+    if not 1 <= n_block <= MAX_LAYERS:
+        h.fail(f"{K}block_count must be 1..{MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS), is {n_block}")
+    n_mtp = h.count(K + "nextn_predict_layers", 0)
+    if n_mtp >= n_block:
+        h.fail(f"{K}nextn_predict_layers {n_mtp} leaves no trunk of {K}block_count {n_block} (gdnpass builds the "
+               "trunk)")
+    n_layer = n_block - n_mtp
+    n_embd = h.count(K + "embedding_length", per_layer=n_block)
+    n_head = h.count(K + "attention.head_count", per_layer=n_block)
+    default_len = n_embd // n_head if n_head else 0
+    key_len = h.count(K + "attention.key_length", default_len)
+    val_len = h.count(K + "attention.value_length", default_len)
+    n_ff = h.count(K + "feed_forward_length", per_layer=n_block)
+    if n_ff < 1:
+        h.fail(f"{K}feed_forward_length must be >= 1, is {n_ff}")
+    tokens = h.array("tokenizer.ggml.tokens", ("STRING",), "strings")
+    vocab = h.count(K + "vocab_size")
     if vocab is None:
-        raise GgufError(f"{path}: qwen35 file has neither {ARCH}.vocab_size nor tokenizer.ggml.tokens")
-    n_layer = int(scalar("block_count")) - int(get(f"{ARCH}.nextn_predict_layers", 0))
-    interval = int(kv["full_attention_interval"] if kv["full_attention_interval"] is not None else 4)
-    rec = get(f"{ARCH}.attention.recurrent_layers")
-    if rec is not None and [bool(x) for x in rec[:n_layer]] != [(i + 1) % interval != 0 for i in range(n_layer)]:
-        raise GgufError(f"{path}: {ARCH}.attention.recurrent_layers is not every-{interval}th-layer attention; "
-                        "a ModelShape cannot hold that pattern")
-    S, H_v = int(kv["ssm.state_size"]), int(kv["ssm.time_step_rank"])
-    if int(kv["ssm.inner_size"]) != S * H_v:
-        raise GgufError(f"{path}: {ARCH}.ssm.inner_size {kv['ssm.inner_size']} != state_size {S} * time_step_rank "
-                        f"{H_v} (a ModelShape derives it)")
-    secs = [int(x) for x in kv["rope.dimension_sections"]]
+        if tokens is None:
+            h.fail(f"qwen35 file has neither {K}vocab_size nor tokenizer.ggml.tokens")
+        vocab = len(tokens)
+    elif tokens is not None and len(tokens) != vocab:
+        h.fail(f"{K}vocab_size {vocab} != the {len(tokens)} tokens of tokenizer.ggml.tokens")
+    interval = h.count(K + "full_attention_interval", 4)
+    rec = h.array(K + "attention.recurrent_layers", ("BOOL",) + _INTS, "bools")
+    if rec is not None:
+        if len(rec) != n_block:
+            h.fail(f"{K}attention.recurrent_layers has {len(rec)} entries, block_count is {n_block}")
+        if interval < 1 or [bool(x) for x in rec[:n_layer]] != [(i + 1) % interval != 0 for i in range(n_layer)]:
+            h.fail(f"{K}attention.recurrent_layers is not every-{interval}th-layer attention; a ModelShape cannot "
+                   "hold that pattern")
+    S, H_v = h.count(K + "ssm.state_size"), h.count(K + "ssm.time_step_rank")
+    inner = h.count(K + "ssm.inner_size")
+    if inner != S * H_v:
+        h.fail(f"{K}ssm.inner_size {inner} != {K}ssm.state_size {S} * {K}ssm.time_step_rank {H_v} (a ModelShape "
+               "derives it)")
+    secs = h.array(K + "rope.dimension_sections", _INTS, "integers")
     if len(secs) != 4:
-        raise GgufError(f"{path}: {ARCH}.rope.dimension_sections has {len(secs)} entries, llama.cpp reads 4")
-    tensors = {t.name for t in r.tensors}
-    return ModelShape(
-        name=str(get("general.name", path.stem)),
-        n_embd=n_embd, n_layer=n_layer, n_k_heads=int(kv["ssm.group_count"]), n_v_heads=H_v, head_dim=S,
-        d_conv=int(kv["ssm.conv_kernel"]), n_ff=int(scalar("feed_forward_length")),
-        full_attention_interval=interval, eps=_f32_value(kv["attention.layer_norm_rms_epsilon"]),
-        vocab_size=int(vocab), context_length=int(kv["context_length"]), head_count=n_head,
-        head_count_kv=int(scalar("attention.head_count_kv")) if kv["attention.head_count_kv"] is not None else n_head,
+        h.fail(f"{K}rope.dimension_sections has {len(secs)} entries, llama.cpp reads 4")
+    shape = ModelShape(
+        name=h.text("general.name", path.stem),
+        n_embd=n_embd, n_layer=n_layer, n_k_heads=h.count(K + "ssm.group_count"), n_v_heads=H_v, head_dim=S,
+        d_conv=h.count(K + "ssm.conv_kernel"), n_ff=n_ff,
+        full_attention_interval=interval, eps=_f32_value(h.real(K + "attention.layer_norm_rms_epsilon")),
+        vocab_size=vocab, context_length=h.count(K + "context_length"), head_count=n_head,
+        head_count_kv=h.count(K + "attention.head_count_kv", n_head, per_layer=n_block),
         key_length=key_len, value_length=val_len,
-        rope_dimension_count=int(kv["rope.dimension_count"] if kv["rope.dimension_count"] is not None else key_len),
-        rope_dimension_sections=tuple(secs),  # type: ignore[arg-type]
-        rope_freq_base=_f32_value(kv["rope.freq_base"] if kv["rope.freq_base"] is not None else 10000.0),
-        tie_embeddings="output.weight" not in tensors,
+        rope_dimension_count=h.count(K + "rope.dimension_count", key_len),
+        rope_dimension_sections=tuple(int(x) for x in secs),  # type: ignore[arg-type]
+        rope_freq_base=_f32_value(h.real(K + "rope.freq_base", 10000.0)),
+        tie_embeddings="output.weight" not in {t.name for t in reader.tensors},
     )
+    problems = shape.problems(lambda f: FIELD_KEYS.get(f, f))
+    if problems:
+        h.fail("; ".join(problems))
+    return shape, n_block
+
+
+def check_tensors(reader, shape: ModelShape, n_block: int, path: Path) -> None:
+    """Every tensor of the file is one :func:`tensor_plan` lists for ``shape``, with llama.cpp's ``ne`` (what
+    ``create_tensor`` checks, and what the builder declares), and the plan's tensors are all there; tensors of
+    the MTP blocks (blk.N, N from the trunk's n_layer up to block_count) are not read. GgufError naming the first
+    tensor at fault."""
+    plan = {name: tuple(reversed(np_shape)) for name, np_shape, _ in tensor_plan(shape)}
+    mtp = tuple(f"blk.{i}." for i in range(shape.n_layer, n_block))
+    have = {}
+    for t in reader.tensors:
+        if t.name in plan:
+            have[t.name] = tuple(int(x) for x in t.shape)
+        elif not t.name.startswith(mtp):
+            raise GgufError(f"{path}: tensor {t.name!r} is not part of a qwen35 model of this header ({shape.n_layer} "
+                            f"layers{f', {n_block - shape.n_layer} MTP' if n_block > shape.n_layer else ''})")
+    missing = [n for n in plan if n not in have]
+    if missing:
+        raise GgufError(f"{path}: tensor {missing[0]!r} is missing" + (f" (+{len(missing) - 1} more)"
+                                                                       if len(missing) > 1 else ""))
+    for name, ne in have.items():
+        want = plan[name]
+        pad = lambda x: tuple(x) + (1,) * (GGML_MAX_DIMS - len(x))  # noqa: E731
+        if pad(ne) != pad(want):
+            raise GgufError(f"{path}: tensor {name!r} has ne {list(ne)}, the header makes it {list(want)}"
+                            + (" (transposed?)" if sorted(ne) == sorted(want) else ""))
 
 
 def explicit(shape: ModelShape) -> ModelShape:
@@ -546,8 +522,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         out = write_gguf(a.model, a.path, wtype=a.wtype, seed=a.seed, ab_wtype=a.ab_wtype, tokenizer=a.tokenizer)
     except GdnpassError as e:
-        print(f"error: {e}")
+        print(f"{p.prog}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (write_gguf removed its temporary file; an existing PATH is untouched)
+        print(f"{p.prog}: interrupted", file=sys.stderr)
+        return 130
     print(f"{out}: {out.stat().st_size / 2**20:.2f} MiB in {time.perf_counter() - t0:.2f} s")
     return 0
 
