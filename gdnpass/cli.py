@@ -11,7 +11,6 @@ code 2; a traceback means a bug in gdnpass. Heavy modules (torch, Triton) load o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Sequence
 
 from gdnpass.argtypes import alignment
 from gdnpass.errors import GdnpassError
+from gdnpass.outputs import json_text
 
 DESCRIPTION = ("A graph-rewrite fusion pass for the Gated-Delta-Net layers of Qwen3.5 / Qwen3-Next in a speculative "
                "verify step: build the graph llama.cpp builds, plan its memory as ggml's gallocr does, fuse the conv "
@@ -32,31 +32,53 @@ DEFAULT_LAYERS = 4
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+class _Given(argparse.Action):
+    """argparse's ``store`` (``store_const`` with ``nargs=0``) that also notes the option in ``namespace.given``, so
+    a command can refuse a flag its source ignores instead of dropping it without a word (:func:`given`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
+def given(a: argparse.Namespace) -> frozenset[str]:
+    """The dests of the graph and pass flags the command line gave (see :class:`_Given`)."""
+    return getattr(a, "given", frozenset())
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def _add_graph_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("graph (ignored with --graph)")
-    g.add_argument("--model", default="qwen3.5-9b", help="shape preset (default: %(default)s)")
-    g.add_argument("--tokens", type=int, default=8, help="tokens per sequence in the verify ubatch (default: 8)")
-    g.add_argument("--rs-seq", type=int, default=7, help="rollback snapshot planes n_rs_seq (default: 7)")
-    g.add_argument("--layers", type=int, default=None,
+    g = p.add_argument_group("graph (a flag here beside --graph is an error: the file holds the graph)")
+    g.add_argument("--model", action=_Given, default="qwen3.5-9b", help="shape preset (default: %(default)s)")
+    g.add_argument("--tokens", action=_Given, type=int, default=8,
+                   help="tokens per sequence in the verify ubatch (default: 8)")
+    g.add_argument("--rs-seq", action=_Given, type=int, default=7,
+                   help="rollback snapshot planes n_rs_seq (default: 7)")
+    g.add_argument("--layers", action=_Given, type=int, default=None,
                    help=f"GDN layers to build (default: {DEFAULT_LAYERS}, or all if the preset has fewer; 0 = all of "
                         "the preset's; qwen3.5-9b has 24: 10.2 GiB of buffers (9.8 GiB bf16 weights, 0.4 GiB caches), about "
                         "11.5 GB of RAM at peak, twice that with --check, which keeps a copy of every buffer). With "
                         "--gguf or --whole: the first N layers of the model's own pattern, and attention layers count "
                         "(qwen3.5-9b's first 4 are GDN 0, 1, 2 and attention 3), then the output norm and lm head "
                         "(default and 0: every layer)")
-    g.add_argument("--seqs", type=int, default=1, help="sequences in the ubatch (default: 1)")
-    g.add_argument("--dflash", action="store_true", help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
-    g.add_argument("--whole", action="store_true",
+    g.add_argument("--seqs", action=_Given, type=int, default=1,
+                   help="sequences in the ubatch (default: 1; at most 256, llama.cpp's LLAMA_MAX_SEQ)")
+    g.add_argument("--dflash", action=_Given, nargs=0, const=True, default=False,
+                   help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
+    g.add_argument("--whole", action=_Given, nargs=0, const=True, default=False,
                    help="the whole forward of the preset (token embedding, every layer incl. full attention, lm head) "
                         "instead of its first --layers GDN layers; --gguf implies it")
-    g.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
-                   help="type of the large projection weights (default: bf16)")
-    g.add_argument("--ab-wtype", default="f32", choices=["f32", "f16", "bf16"],
+    g.add_argument("--wtype", action=_Given, default="bf16", choices=["f32", "f16", "bf16"],
+                   help="type of the large projection weights (default: bf16; with --gguf the file's types)")
+    g.add_argument("--ab-wtype", action=_Given, default="f32", choices=["f32", "f16", "bf16"],
                    help="type of the alpha/beta weights (default: f32)")
-    g.add_argument("--snapshot-layout", default="rows", choices=["rows", "dedup", "dedup-t"],
+    g.add_argument("--snapshot-layout", action=_Given, default="rows", choices=["rows", "dedup", "dedup-t"],
                    help="conv snapshot planes 1..n_rs_seq: one cache row each, or windows of one shared row per cell, "
                         "channel-major or time-major (default: rows; see gdnpass.models.SNAPSHOT_LAYOUTS)")
-    g.add_argument("--qk-norm", default=None, choices=["l2", "rms"],
+    g.add_argument("--qk-norm", action=_Given, default=None, choices=["l2", "rms"],
                    help="q/k normalisation: L2_NORM (the seed's fork) or upstream llama.cpp's RMS_NORM + SCALE "
                         "(default: gdnpass.models.hparams.DEFAULT_QK_NORM)")
     p.add_argument("--graph", metavar="FILE", help="read a graph file (written by --save) instead of building one")
@@ -71,10 +93,12 @@ def _add_pass_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--between", default="narrow", choices=["narrow", "broad"],
                    help="nodes-in-between check of the conv chain: the seed's narrow rules or the older broad one "
                         "(default: narrow)")
-    g.add_argument("--alignment", type=alignment, default=128,
-                   help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda)")
+    g.add_argument("--alignment", action=_Given, type=alignment, default=128,
+                   help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda; a graph file with a "
+                        "plan keeps its own)")
     p.add_argument("--save", metavar="FILE", help="also write the graph (planned; fused when fusion is on) to FILE, "
-                   "for --graph")
+                   "for --graph: written whole (a temporary file renamed into place) once the command has "
+                   "succeeded, so a refused or interrupted run leaves an existing FILE as it was")
 
 
 def verify_config(a: argparse.Namespace):
@@ -100,12 +124,32 @@ def pass_options(a: argparse.Namespace, fusion: bool | None = None):
     return PassOptions(fusion=a.fuse if fusion is None else fusion, alignment=a.alignment, between=a.between)
 
 
+# graph flags a source does not read: every one with --graph (the file holds the graph), and with --gguf those the
+# file decides (its shape, its tensor types) or the whole forward does not take
+_GGUF_IGNORES = ("model", "wtype", "ab_wtype", "snapshot_layout", "dflash")
+
+
+def _refuse_ignored(a: argparse.Namespace) -> None:
+    """A flag the chosen source would ignore is an error naming it, not a silent no-op."""
+    if getattr(a, "graph", None) and getattr(a, "gguf", None):
+        raise GdnpassError("--graph and --gguf are two sources; pick one")
+    if getattr(a, "graph", None):
+        ignored = sorted(given(a) - {"alignment"})  # (--alignment: only a file with a plan ignores it; see _planned)
+        if ignored:
+            raise GdnpassError(f"{_flag(ignored[0])} does nothing with --graph {a.graph}: the file holds the graph "
+                               "(its model, tokens, layers, ...); drop the flag")
+    elif getattr(a, "gguf", None):
+        ignored = [d for d in _GGUF_IGNORES if d in given(a)]
+        if ignored:
+            raise GdnpassError(f"{_flag(ignored[0])} does nothing with --gguf {a.gguf}: the file decides the model "
+                               "and its tensor types (and builds the whole forward); drop the flag")
+
+
 def _model(a: argparse.Namespace):
-    """The --gguf model (header only), or None."""
+    """The --gguf model (header and tensor index, validated), or None."""
+    _refuse_ignored(a)
     if not getattr(a, "gguf", None):
         return None
-    if a.graph:
-        raise GdnpassError("--graph and --gguf are two sources; pick one")
     from gdnpass.models.gguf_model import open_model
 
     return open_model(a.gguf)
@@ -150,14 +194,33 @@ def _source(a: argparse.Namespace):
 
 
 def _planned(a: argparse.Namespace, fuse_now: bool = True, fusion: bool | None = None):
+    """The pipeline's result for the flags, and (with --save) the graph file's text, made now so that a graph JSON
+    cannot hold is refused before anything runs; :func:`_save` writes it once the command has succeeded."""
     from gdnpass import pipeline
 
     res = pipeline.run(_source(a), pass_options(a, fusion), fuse_now=fuse_now)
+    if a.graph and "alignment" in given(a) and res.graph.alignment != a.alignment:
+        raise GdnpassError(f"--alignment {a.alignment} does nothing with --graph {a.graph}: the file's plan is kept "
+                           f"(alignment {res.graph.alignment}); drop the flag")
+    res.saved = None
     if a.save:
-        from gdnpass.serialize import save
+        from gdnpass.outputs import check_writable
+        from gdnpass.serialize import dumps
 
-        save(res.graph, a.save)
+        check_writable(a.save, "--save")
+        try:
+            res.saved = dumps(res.graph)
+        except GdnpassError as e:
+            raise GdnpassError(f"--save {a.save}: {e}") from None
     return res
+
+
+def _save(a: argparse.Namespace, res) -> None:
+    """Write --save's graph file (its text from :func:`_planned`), whole or not at all."""
+    if a.save:
+        from gdnpass.outputs import write_atomic
+
+        write_atomic(a.save, res.saved)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -260,18 +323,22 @@ def cmd_run(a: argparse.Namespace) -> int:
     t_build = time.perf_counter() - t0
     graph = res.graph
     if a.check:
-        return _run_check(a, res, interpreted)
+        rc = _run_check(a, res, interpreted)
+        _save(a, res)  # (a check that found a difference ran to the end: its graph is worth keeping)
+        return rc
     if interpreted:
         _refuse_slow(a, interpreter_seconds(graph.nodes))
 
     report = res.report
     before = launches_of(res.before)
-    ex = Executor(graph, device=a.device, backend=a.backend)
+    model = _model(a)
+    ex = Executor(graph, device=a.device, backend=a.backend,
+                  extra={"loading a weight": model.load_extra_bytes(graph)} if model else None)
     t0 = time.perf_counter()
     with _progress(a, "fill", "GB", scale=1e-9) as p:
         ex.fill(seed=a.seed, progress=p)
-    if graph.meta.get("gguf"):  # the model's own weights over the seeded fill
-        _model(a).load_weights(ex, graph)
+    if model is not None:  # the model's own weights over the seeded fill
+        model.load_weights(ex, graph)
     t_fill = time.perf_counter() - t0
     t0 = time.perf_counter()
     with _progress(a, "execute") as p:
@@ -293,8 +360,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         "seconds": {"build_and_plan": round(t_build - report.seconds, 4), "fuse": round(report.seconds, 4),
                     "fill": round(t_fill, 4), "execute": round(t_exec, 4)},
     }
+    _save(a, res)
     if a.json:
-        print(json.dumps(summary, indent=2))
+        print(json_text(summary, indent=2))
         return 0
     mib = 1 << 20
     print(f"gdnpass run: {res.source}; on {ex.device}, backend {summary['backend']}")
@@ -338,9 +406,10 @@ def _run_check(a: argparse.Namespace, res, interpreted: bool = False) -> int:
     with _progress(a, "check") as p:
         model = _model(a)
         out = check_fusion(res.graph, device=a.device, backend=a.backend, seed=a.seed, between=a.between,
-                           progress=p, weights=(lambda ex: model.load_weights(ex, res.graph)) if model else None)
+                           progress=p, weights=(lambda ex: model.load_weights(ex, res.graph)) if model else None,
+                           extra={"loading a weight": model.load_extra_bytes(res.graph)} if model else None)
     if a.json:
-        print(json.dumps(out.to_json(), indent=2))
+        print(json_text(out.to_json(), indent=2))
     else:
         print(f"gdnpass run --check: {res.source}: {out.report.summary()}")
         for c in out.compared:
@@ -392,6 +461,7 @@ def cmd_dump(a: argparse.Namespace) -> int:
     if h and a.format == "text" and not a.render:
         dump.emit(f"{_nodes_line(res.before, res.graph.nodes)}: the {h} allocator hint{'s' if h != 1 else ''} "
                   "(keep-alive NONE nodes from the pass's prepare) launch nothing\n")
+    _save(a, res)
     return rc
 
 
@@ -422,21 +492,38 @@ def _add_capture_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
+# capture.Settings field -> the flag that sets it
+CAPTURE_FLAGS = {"n_tokens": "--tokens", "n_rs_seq": "--rs-seq", "n_ubatch": "--ubatch", "n_batch": "--batch",
+                 "n_ctx": "--ctx", "n_prompt": "--prompt", "flash_attn": "--flash-attn", "n_threads": "--threads"}
+
+
 def cmd_capture(a: argparse.Namespace) -> int:
     from gdnpass.frontends.llama import build, capture
-    from gdnpass.serialize import save
+    from gdnpass.models.gguf_model import open_model
+    from gdnpass.outputs import check_writable, write_atomic
+    from gdnpass.serialize import dumps
 
     settings = capture.Settings(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_ubatch=a.ubatch,
                                 n_batch=a.batch or max(2048, a.ubatch), n_ctx=a.ctx, n_prompt=a.prompt,
                                 flash_attn=a.flash_attn, n_threads=a.threads)
+    # everything a user can get wrong, before llama.cpp is built (a first build downloads and compiles for minutes)
+    settings.check(lambda field: CAPTURE_FLAGS[field])
+    shape = open_model(a.gguf).shape  # the header and every tensor, validated
+    if a.ctx > shape.context_length:
+        raise GdnpassError(f"--ctx {a.ctx}: more than the model's context_length {shape.context_length} ({a.gguf})")
+    outputs = [(a.output, "-o")] + ([(a.reserve, "--reserve")] if a.reserve else [])
+    for path, flag in outputs:
+        check_writable(path, flag)
+    if a.reserve and os.path.abspath(a.reserve) == os.path.abspath(a.output):
+        raise GdnpassError(f"--reserve {a.reserve} is -o's file too; give it another name")
     install = build.ensure(log=lambda line: print(f"gdnpass capture: {line}", file=sys.stderr))
     cap = capture.capture(a.gguf, settings, install=install)
-    save(cap.verify, a.output)
-    if a.reserve:
-        save(cap.reserve, a.reserve)
+    texts = [dumps(cap.verify)] + ([dumps(cap.reserve)] if a.reserve else [])  # (both made before either is written)
+    for (path, _), text in zip(outputs, texts):
+        write_atomic(path, text)
     summary = capture.summary(cap)
     if a.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary, indent=1))
     else:
         print(capture.summary_text(summary, a.output))
     return 0

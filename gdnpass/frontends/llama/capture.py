@@ -78,10 +78,12 @@ class Settings:
     record_memory: bool = False  # keep the compute and cache buffers' bytes as the verify graph starts (Capture.memory)
     record_nodes: bool = False   # keep every verify node's bytes just after it runs (Capture.node_data)
 
-    def check(self) -> None:
-        def need(ok: bool, flag: str, msg: str) -> None:
+    def check(self, name=None) -> None:
+        """GraphError, one line, for settings llama.cpp or the capture cannot take; ``name(field)`` names a field
+        in the message (``gdnpass capture`` passes its flags: ``--tokens``)."""
+        def need(ok: bool, field: str, msg: str) -> None:
             if not ok:
-                raise GraphError(f"capture setting {flag}: {msg}")
+                raise GraphError(f"capture setting {name(field) if name else field}: {msg}")
         need(1 <= self.n_tokens <= 64, "n_tokens", f"must be 1..64, is {self.n_tokens}")
         need(0 <= self.n_rs_seq <= 15, "n_rs_seq", f"must be 0..15, is {self.n_rs_seq}")
         need(self.n_ubatch >= self.n_tokens, "n_ubatch", f"must be at least n_tokens ({self.n_tokens})")
@@ -90,6 +92,7 @@ class Settings:
         need(self.n_ctx >= self.n_prompt + self.n_tokens, "n_ctx",
              f"{self.n_ctx} cannot hold {self.n_prompt} prompt + {self.n_tokens} verify tokens")
         need(self.flash_attn in ("auto", "on", "off"), "flash_attn", f"must be auto, on or off, is {self.flash_attn!r}")
+        need(self.n_threads >= 1, "n_threads", f"must be >= 1, is {self.n_threads}")
 
     def tokens(self, n_vocab_hint: int = 1 << 30) -> tuple[list[int], list[int]]:
         """Prompt and verify token ids (deterministic in ``seed``; the worker reduces them modulo the vocab)."""
