@@ -248,16 +248,18 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
             print(f"K={K}: step breakdown failed: {type(e).__name__}: {e}", flush=True)
     ok = not diffs and same
     if peer_runs:
-        ours = tok.decode(checked[True].tokens)
+        ours = tok.decode_bytes(checked[True].tokens)
         texts = [r.generated(a.prompt) for r in peer_runs]
-        match = [t.startswith(ours) for t in texts]
+        match = [t.startswith(ours) for t in texts]  # byte for byte, on gdnpass's N tokens
         case["llama_cpp"] = {
             "tokens_per_s": [round(r.tokens_per_second, 2) for r in peer_runs],
             "median_tokens_per_s": round(statistics.median(r.tokens_per_second for r in peer_runs), 2),
             "n_predict": peer_runs[0].n_predict, "n_drafted": peer_runs[0].n_drafted,
             "n_accept": peer_runs[0].n_accept, "accept_rate": round(peer_runs[0].accept_rate, 4),
-            "identical_text": all(match), "command": peer_runs[0].command, "log": peer_runs[0].log[-12:],
-            "text_ours": ours[:200], "text_theirs": texts[0][:200]}
+            "identical_text": all(match), "n_prompt": peer_runs[0].n_prompt, "command": peer_runs[0].command,
+            "log": peer_runs[0].log[-16:], "text_ours": ours[:200].decode(errors="replace"),
+            "text_theirs": texts[0][:200].decode(errors="replace")}
+        ok &= peer_runs[0].n_prompt == len(prompt)
         ok &= all(match)
         for on in (False, True):
             f = case["fusion_" + ("on" if on else "off")]
