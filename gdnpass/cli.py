@@ -615,7 +615,7 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog: str
     try:
         return a.func(a)
     except GdnpassError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(_one_line(f"{prog}: error: {e}"), file=sys.stderr)
         return 2
     except BrokenPipeError:  # `gdnpass ... | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the exit-time flush stays quiet
@@ -624,8 +624,13 @@ def _main(parser: argparse.ArgumentParser, argv: Sequence[str] | None, prog: str
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
-        print(f"{prog}: error: {e.filename or ''}: {e.strerror or e}", file=sys.stderr)
+        print(_one_line(f"{prog}: error: {e.filename or ''}: {e.strerror or e}"), file=sys.stderr)
         return 2
+
+
+def _one_line(msg: str) -> str:
+    """An error as one line, whatever it quotes (a file name with a newline in it, say)."""
+    return msg.replace("\r", "\\r").replace("\n", "\\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -325,6 +325,7 @@ def _parse_tensor(e: dict, i: int, where: str, roles: dict[str, str]) -> Tensor:
     params = e["op_params"]
     if not isinstance(params, dict):
         _fail(where, "field 'op_params' must be an object")
+    _check_depth(params, f"{where}: field 'op_params'")
     for key, (ok, what) in _PARAMS.get(op, {}).items():
         if key in params and not ok(params[key]):
             _fail(where, f"field 'op_params': {key!r} must be {what}, got {params[key]!r}")
@@ -344,6 +345,22 @@ def _parse_tensor(e: dict, i: int, where: str, roles: dict[str, str]) -> Tensor:
     return Tensor(name=e["name"], type=type_, ne=tuple(e["ne"]), nb=tuple(e["nb"]), op=op, op_params=params,
                   view_offs=e["view_offs"], flags=Flag(e["flags"]), buffer=e["buffer"], offset=e["offset"],
                   layer=e["layer"])
+
+
+MAX_DEPTH = 64  # free-form values (meta, op_params) nest at most this deep: copying or writing them again recurses
+
+
+def _check_depth(x: Any, where: str) -> None:
+    """A free-form JSON value nesting deeper than MAX_DEPTH is refused (walked without recursion)."""
+    stack = [(x, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            _fail(where, f"nests deeper than {MAX_DEPTH} levels")
+        if isinstance(v, dict):
+            stack += ((c, depth + 1) for c in v.values())
+        elif isinstance(v, list):
+            stack += ((c, depth + 1) for c in v)
 
 
 def _ref(x: Any, n: int, where: str, field: str) -> int:
@@ -444,6 +461,7 @@ def from_dict(d: Any, source: str = "<dict>") -> Graph:
             _fail(source, f"unknown field {key!r}")
     if d["alignment"] < 0:
         _fail(source, f"field 'alignment' must be >= 0, got {d['alignment']}")
+    _check_depth(d["meta"], f"{source}: field 'meta'")
     try:
         check_meta(d["meta"])  # free-form, but for what execution reads
     except GraphError as err:

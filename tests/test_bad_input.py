@@ -366,7 +366,7 @@ def test_capture_checks_its_flags_before_building_llama_cpp(capsys, base, tmp_pa
     refused(capsys, "capture", "--gguf", base, "-o", out, "--tokens", "0", says=("--tokens", "1..64"))
     refused(capsys, "capture", "--gguf", base, "-o", tmp_path / "no" / "v.json", says=("-o", "does not exist"))
     refused(capsys, "capture", "--gguf", base, "-o", tmp_path, says=("-o", "is a directory"))
-    refused(capsys, "capture", "--gguf", base, "-o", out, "--ctx", str(1 << 40), says=("--ctx", "context_length"))
+    refused(capsys, "capture", "--gguf", base, "-o", out, "--ctx", "100000", says=("--ctx", "context_length 4096"))
 
 
 @pytest.mark.parametrize("cut", [0, 3, 20, 100, 2000, -1])
@@ -418,6 +418,28 @@ def test_save_to_a_device_or_through_a_link(capsys, tmp_path):
     link.symlink_to(target.name)
     assert cli_run(capsys, "dump", *TINY, "--save", link)[0] == 0
     assert link.is_symlink() and serialize.load(target).nodes
+
+
+@pytest.mark.parametrize("where", ['"meta": {', '"op_params": {}'])
+def test_free_form_values_nesting_too_deep_are_refused(capsys, tmp_path, keep, where):
+    """(600 levels in meta loaded, then copying it overflowed Python's stack: a RecursionError traceback)"""
+    deep = "[" * 600 + "]" * 600
+    new = '"meta": {"deep": ' + deep + ", " if where.startswith('"meta"') else '"op_params": {"deep": ' + deep + "}"
+    g = with_text(graph_file(tmp_path), where, new)
+    refused(capsys, "run", "--graph", g, "--save", keep, "-q", says=("nests deeper than 64 levels",))
+    assert kept(keep)
+
+
+def test_an_error_quoting_a_newline_stays_one_line(capsys, tmp_path):
+    refused(capsys, "dump", "--gguf", tmp_path / "a\nb.gguf", says=("a\\nb.gguf: no such file",))
+
+
+def test_capture_settings_fit_llama_cpp_s_32_bits(capsys, base, tmp_path, monkeypatch):
+    from gdnpass.frontends.llama import build
+
+    monkeypatch.setattr(build, "ensure", lambda *a, **k: pytest.fail("built llama.cpp"))
+    refused(capsys, "capture", "--gguf", base, "-o", tmp_path / "v.json", "--ubatch", str(1 << 40),
+            says=("--ubatch", "below 2^31"))
 
 
 # not tried, read in the code -----------------------------------------------------------------------------------------
@@ -520,7 +542,7 @@ def test_fuzz_malformed_gguf_files(capsys, base, tmp_path):
 def broken_graph_file(draw):
     """(JSON text edit of a valid graph file, a description): meta that execution reads made wrong, numbers JSON
     cannot hold where saving meets them, or the text cut short."""
-    kind = draw(st.sampled_from(["ids", "config", "input_bytes", "inf", "cut"]))
+    kind = draw(st.sampled_from(["ids", "config", "input_bytes", "inf", "deep", "cut"]))
     if kind == "ids":
         v = draw(st.sampled_from([[99], [-1], [2], "0", [0.5], [True], {}, [None]]))
         return ("meta", {"ids": v}), f"meta.ids = {v!r}"
@@ -534,6 +556,9 @@ def broken_graph_file(draw):
         where, new = draw(st.sampled_from([('"meta": {', '"meta": {"z": -1e999, '),
                                            ('"op_params": {}', '"op_params": {"z": 1e999}')]))
         return ("text", (where, new)), f"an infinity in {where}"
+    if kind == "deep":
+        n = draw(st.integers(65, 900))
+        return ("meta", {"deep": json.loads("[" * n + "]" * n)}), f"meta nesting {n} deep"
     return ("cut", draw(st.floats(0.0, 0.999))), "cut"
 
 

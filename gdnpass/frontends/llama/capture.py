@@ -93,6 +93,8 @@ class Settings:
              f"{self.n_ctx} cannot hold {self.n_prompt} prompt + {self.n_tokens} verify tokens")
         need(self.flash_attn in ("auto", "on", "off"), "flash_attn", f"must be auto, on or off, is {self.flash_attn!r}")
         need(self.n_threads >= 1, "n_threads", f"must be >= 1, is {self.n_threads}")
+        for f in ("n_ctx", "n_ubatch", "n_batch", "n_threads"):  # (llama_context_params holds them in 32 bits)
+            need(getattr(self, f) < 2**31, f, f"must be below 2^31, is {getattr(self, f)}")
 
     def tokens(self, n_vocab_hint: int = 1 << 30) -> tuple[list[int], list[int]]:
         """Prompt and verify token ids (deterministic in ``seed``; the worker reduces them modulo the vocab)."""
