@@ -79,7 +79,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     p.add_argument("--backend", default=None, choices=["torch", "triton"],
                    help="kernel table (default: torch on cpu, triton on cuda)")
-    p.add_argument("--cuda-graphs", action="store_true", help="capture each graph once as a CUDA graph (cuda)")
+    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
+                   help="capture each graph once as a CUDA graph and replay it (default: on with --device cuda)")
     g.add_argument("--json", action="store_true", help="print the result as JSON")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     g.set_defaults(func=cmd_generate)
@@ -111,7 +112,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise GdnpassError(f"--draft-max must be >= 0, is {K}")
     base = dict(draft_max=K, n_rs_seq=a.rs_seq, n_ubatch=a.ubatch, n_ctx=a.ctx, flash_attn=a.flash_attn == "on",
                 device=a.device, backend=a.backend, alignment=a.alignment, between=a.between,
-                cuda_graphs=a.cuda_graphs)
+                cuda_graphs=a.device.startswith("cuda") if a.cuda_graphs is None else a.cuda_graphs)
     vocab = model.shape.vocab_size
     tok = _tokenizer(a, model)
     if a.prompt is not None and a.prompt_ids is not None:
@@ -172,7 +173,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         "settings": {"draft_max": K, "n_rs_seq": eng.n_rs, "n_ubatch": eng.s.ubatch, "n_ctx": eng.kv_size,
                      "flash_attn": a.flash_attn, "device": a.device,
                      "backend": a.backend or ("triton" if a.device.startswith("cuda") else "torch"),
-                     "cuda_graphs": a.cuda_graphs,
+                     "cuda_graphs": base["cuda_graphs"],
                      "drafter": {"ngram": {"size_n": ngram_n, "size_m": ngram_m}}.get(a.draft, a.draft)},
         "graphs": [{"n_t": s.n_t, "n_kv": s.n_kv, "n_outputs": s.n_out, "nodes": len(s.graph.nodes), "runs": s.runs,
                     "bound_to_reserve": not s.reallocated,
