@@ -145,7 +145,8 @@ def open_reader(path: Path, mode: str = "r"):
     except _Truncated as e:
         raise GgufError(f"{path}: truncated: {e}") from None
     except (OSError, ValueError, KeyError, IndexError, OverflowError, TypeError, struct.error) as e:
-        msg = (e.strerror if isinstance(e, OSError) else None) or str(e).strip("'\"") or type(e).__name__
+        msg = ((e.strerror if isinstance(e, OSError) else e.args[0] if isinstance(e, KeyError) and e.args else None)
+               or str(e) or type(e).__name__)
         raise GgufError(f"{path}: not a readable GGUF file ({msg})".replace("\n", " ")) from None
 
 
