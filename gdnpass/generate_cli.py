@@ -8,10 +8,10 @@ stays instant. Flags follow ``gdnpass run``: ``--gguf FILE`` or ``--model PRESET
 from __future__ import annotations
 
 import argparse
-import json
 
 from gdnpass.argtypes import alignment  # (gdnpass run's validator: the same one-line error for a bad value)
 from gdnpass.errors import GdnpassError
+from gdnpass.outputs import json_text
 
 DESCRIPTION = (
     "Generate N tokens with speculative decoding on a whole qwen35 model: prefill the prompt, then draft up to K "
@@ -190,7 +190,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                                "margins": list(vs_plain.margins) if vs_plain.index is not None else None,
                                "tolerance": vs_plain.tolerance, "ok": vs_plain.ok}
     if a.json:
-        print(json.dumps(summary, indent=1))
+        print(json_text(summary, indent=1))  # (valid JSON: a non-finite margin becomes a string)
     else:
         print(_text(summary, res, diffs, vs_plain))
     bad_check = diffs is not None and bool(diffs)
