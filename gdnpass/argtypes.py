@@ -1,5 +1,6 @@
-"""argparse value types shared by the ``gdnpass`` subcommands (``run``/``dump`` in :mod:`gdnpass.cli`, ``generate``
-in :mod:`gdnpass.generate_cli`): one validator per flag, so a bad value is the same one-line error everywhere."""
+"""argparse pieces shared by the ``gdnpass`` subcommands (``run``/``dump`` in :mod:`gdnpass.cli`, ``generate`` in
+:mod:`gdnpass.generate_cli`): one validator per flag, so a bad value is the same one-line error everywhere, and
+:class:`Given`, which notes the flags a command line gave."""
 
 from __future__ import annotations
 
@@ -17,3 +18,17 @@ def alignment(text: str) -> int:
     if v < 1 or v & (v - 1) or v > MAX_ALIGNMENT:
         raise argparse.ArgumentTypeError(f"--alignment must be a power of two, 1..{MAX_ALIGNMENT} (bytes), got {v}")
     return v
+
+
+class Given(argparse.Action):
+    """argparse's ``store`` (``store_const`` with ``nargs=0``) that also notes the option in ``namespace.given``, so
+    a command can refuse a flag its source ignores instead of dropping it without a word (:func:`given`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
+
+
+def given(a: argparse.Namespace) -> frozenset[str]:
+    """The dests of the flags noted by :class:`Given` that the command line gave."""
+    return getattr(a, "given", frozenset())

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Sequence
 
-from gdnpass.argtypes import alignment
+from gdnpass.argtypes import Given, alignment, given
 from gdnpass.errors import GdnpassError
 from gdnpass.outputs import json_text
 
@@ -32,53 +32,39 @@ DEFAULT_LAYERS = 4
 # ---------------------------------------------------------------------------------------------------------------------
 
 
-class _Given(argparse.Action):
-    """argparse's ``store`` (``store_const`` with ``nargs=0``) that also notes the option in ``namespace.given``, so
-    a command can refuse a flag its source ignores instead of dropping it without a word (:func:`given`)."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
-        namespace.given = getattr(namespace, "given", frozenset()) | {self.dest}
-
-
-def given(a: argparse.Namespace) -> frozenset[str]:
-    """The dests of the graph and pass flags the command line gave (see :class:`_Given`)."""
-    return getattr(a, "given", frozenset())
-
-
 def _flag(dest: str) -> str:
     return "--" + dest.replace("_", "-")
 
 
 def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("graph (a flag here beside --graph is an error: the file holds the graph)")
-    g.add_argument("--model", action=_Given, default="qwen3.5-9b", help="shape preset (default: %(default)s)")
-    g.add_argument("--tokens", action=_Given, type=int, default=8,
+    g.add_argument("--model", action=Given, default="qwen3.5-9b", help="shape preset (default: %(default)s)")
+    g.add_argument("--tokens", action=Given, type=int, default=8,
                    help="tokens per sequence in the verify ubatch (default: 8)")
-    g.add_argument("--rs-seq", action=_Given, type=int, default=7,
+    g.add_argument("--rs-seq", action=Given, type=int, default=7,
                    help="rollback snapshot planes n_rs_seq (default: 7)")
-    g.add_argument("--layers", action=_Given, type=int, default=None,
+    g.add_argument("--layers", action=Given, type=int, default=None,
                    help=f"GDN layers to build (default: {DEFAULT_LAYERS}, or all if the preset has fewer; 0 = all of "
                         "the preset's; qwen3.5-9b has 24: 10.2 GiB of buffers (9.8 GiB bf16 weights, 0.4 GiB caches), about "
                         "11.5 GB of RAM at peak, twice that with --check, which keeps a copy of every buffer). With "
                         "--gguf or --whole: the first N layers of the model's own pattern, and attention layers count "
                         "(qwen3.5-9b's first 4 are GDN 0, 1, 2 and attention 3), then the output norm and lm head "
                         "(default and 0: every layer)")
-    g.add_argument("--seqs", action=_Given, type=int, default=1,
+    g.add_argument("--seqs", action=Given, type=int, default=1,
                    help="sequences in the ubatch (default: 1; at most 256, llama.cpp's LLAMA_MAX_SEQ)")
-    g.add_argument("--dflash", action=_Given, nargs=0, const=True, default=False,
+    g.add_argument("--dflash", action=Given, nargs=0, const=True, default=False,
                    help="flag DFlash hidden-state taps OUTPUT (changes the plan)")
-    g.add_argument("--whole", action=_Given, nargs=0, const=True, default=False,
+    g.add_argument("--whole", action=Given, nargs=0, const=True, default=False,
                    help="the whole forward of the preset (token embedding, every layer incl. full attention, lm head) "
                         "instead of its first --layers GDN layers; --gguf implies it")
-    g.add_argument("--wtype", action=_Given, default="bf16", choices=["f32", "f16", "bf16"],
+    g.add_argument("--wtype", action=Given, default="bf16", choices=["f32", "f16", "bf16"],
                    help="type of the large projection weights (default: bf16; with --gguf the file's types)")
-    g.add_argument("--ab-wtype", action=_Given, default="f32", choices=["f32", "f16", "bf16"],
+    g.add_argument("--ab-wtype", action=Given, default="f32", choices=["f32", "f16", "bf16"],
                    help="type of the alpha/beta weights (default: f32)")
-    g.add_argument("--snapshot-layout", action=_Given, default="rows", choices=["rows", "dedup", "dedup-t"],
+    g.add_argument("--snapshot-layout", action=Given, default="rows", choices=["rows", "dedup", "dedup-t"],
                    help="conv snapshot planes 1..n_rs_seq: one cache row each, or windows of one shared row per cell, "
                         "channel-major or time-major (default: rows; see gdnpass.models.SNAPSHOT_LAYOUTS)")
-    g.add_argument("--qk-norm", action=_Given, default=None, choices=["l2", "rms"],
+    g.add_argument("--qk-norm", action=Given, default=None, choices=["l2", "rms"],
                    help="q/k normalisation: L2_NORM (the seed's fork) or upstream llama.cpp's RMS_NORM + SCALE "
                         "(default: gdnpass.models.hparams.DEFAULT_QK_NORM)")
     p.add_argument("--graph", metavar="FILE", help="read a graph file (written by --save) instead of building one")
@@ -93,7 +79,7 @@ def _add_pass_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--between", default="narrow", choices=["narrow", "broad"],
                    help="nodes-in-between check of the conv chain: the seed's narrow rules or the older broad one "
                         "(default: narrow)")
-    g.add_argument("--alignment", action=_Given, type=alignment, default=128,
+    g.add_argument("--alignment", action=Given, type=alignment, default=128,
                    help="arena alignment in bytes, a power of two (default: 128, as ggml-cuda; a graph file with a "
                         "plan keeps its own)")
     p.add_argument("--save", metavar="FILE", help="also write the graph (planned; fused when fusion is on) to FILE, "

@@ -383,7 +383,10 @@ class Engine:
             shared.pop("arena", None)
         if self._layout is not None and layout != self._layout:
             raise GraphError(f"graph n_t={n_t} n_kv={n_kv} lays out weights or caches unlike the first graph")
-        ex = Executor(g, device=self.s.device, backend=self.s.backend, buffers=shared or None)
+        loading = self._layout is None and self.model.gguf is not None and self.s.device == "cpu"
+        # (the weights are read one at a time through a host copy: on the CPU that copy shares the plan's memory)
+        extra = {"loading a weight": self.model.gguf.load_extra_bytes(g)} if loading else None
+        ex = Executor(g, device=self.s.device, backend=self.s.backend, buffers=shared or None, extra=extra)
         if self._layout is None:
             self._layout = layout
             self._init_memory(ex, g)

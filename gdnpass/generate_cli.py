@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from gdnpass.argtypes import alignment  # (gdnpass run's validator: the same one-line error for a bad value)
+from gdnpass.argtypes import Given, alignment, given  # (gdnpass run's: the same one-line errors)
 from gdnpass.errors import GdnpassError
 from gdnpass.outputs import json_text
 
@@ -35,11 +35,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        description=DESCRIPTION)
     m = g.add_argument_group("model")
     m.add_argument("--gguf", metavar="FILE", help="a qwen35 model file (weights loaded from it)")
-    m.add_argument("--model", default="tiny-qwen35",
+    m.add_argument("--model", action=Given, default="tiny-qwen35",
                    help="a shape preset with generated weights, when no --gguf (default: %(default)s)")
-    m.add_argument("--wtype", default="bf16", choices=["f32", "f16", "bf16"],
+    m.add_argument("--wtype", action=Given, default="bf16", choices=["f32", "f16", "bf16"],
                    help="preset weights' type (default: bf16)")
-    m.add_argument("--seed", type=int, default=0, help="seed of a preset's weights (default: 0)")
+    m.add_argument("--seed", action=Given, type=int, default=0, help="seed of a preset's weights (default: 0)")
     d = g.add_argument_group("generation")
     d.add_argument("--prompt", metavar="TEXT", default=None,
                    help="the prompt as text, tokenized with the model file's own tokenizer (tokenizer.ggml.*), as "
@@ -100,6 +100,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
                            "use --backend torch or --device cuda")
     if a.n_predict < 1:
         raise GdnpassError(f"-n must be >= 1, is {a.n_predict}")
+    preset_flags = sorted(given(a) & {"model", "wtype", "seed"})
+    if a.gguf and preset_flags:
+        raise GdnpassError(f"--{preset_flags[0]} does nothing with --gguf {a.gguf}: the file decides the model and its "
+                           "weights; drop the flag")
     from gdnpass import generate as gen
     from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
     from gdnpass.fusion import env_enabled

@@ -313,6 +313,10 @@ def test_cli_text_in_text_out(tmp_path, capsys):
         assert main(["generate", *args, "-n", "2", "-q"]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and ("--prompt" in err or "tokenizer" in err), err
+    # a preset's flags beside a model file do nothing: refused, naming the flag
+    assert main(["generate", "--gguf", str(path), "--wtype", "f32", "-n", "2", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--wtype does nothing with --gguf" in err
 
 
 def test_one_token_prompt_records_states(model):
