@@ -22,7 +22,7 @@ gguf = pytest.importorskip("gguf")
 
 from gdnpass.errors import GdnpassError  # noqa: E402
 from gdnpass.models import PRESETS, ModelShape, VerifyConfig, build_verify_graph  # noqa: E402
-from gdnpass.models.gguf_write import (WTYPES, GgufError, check_shape, explicit, gguf_metadata,  # noqa: E402
+from gdnpass.models.gguf_write import (WTYPES, GgufError, add_kv, check_shape, explicit, gguf_metadata,  # noqa: E402
                                        read_shape, tensor_plan, write_gguf)
 
 TINY = ["tiny-qwen35", "tiny-qwen35-b"]
@@ -87,12 +87,7 @@ def test_read_converter_style_header(tmp_path):
             continue
         if k == "qwen35.block_count":
             v += 1
-        if isinstance(v, list):
-            w.add_array(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        else:
-            w.add_uint32(k, v)
+        add_kv(w, k, v)
     w.add_uint32("qwen35.nextn_predict_layers", 1)
     w.add_array("qwen35.attention.recurrent_layers", [(i + 1) % 4 != 0 for i in range(shape.n_layer)] + [False])
     w.add_string("tokenizer.ggml.model", "gpt2")

@@ -56,19 +56,10 @@ ALL_TEXTS = TEXTS + random_texts(400)
 def vocab_file(path, meta: dict):
     """A GGUF holding qwen35 hparams and the tokenizer ``meta``, no tensors: enough for llama.cpp's vocab_only load."""
     w = gguf.GGUFWriter(path, "qwen35")
-    from gdnpass.models.gguf_write import gguf_metadata
+    from gdnpass.models.gguf_write import add_kv, gguf_metadata
 
     for k, v in {**gguf_metadata(SHAPE), **meta}.items():
-        if isinstance(v, bool):
-            w.add_bool(k, v)
-        elif isinstance(v, float):
-            w.add_float32(k, v)
-        elif isinstance(v, int):
-            w.add_uint32(k, v)
-        elif isinstance(v, str):
-            w.add_string(k, v)
-        else:
-            w.add_array(k, v)
+        add_kv(w, k, v)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()

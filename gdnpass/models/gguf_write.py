@@ -280,6 +280,21 @@ def _write_next(w, fout, ahead: deque, types: dict) -> None:
     w.write_padding(fout, _nbytes(int(np.prod(np_shape)), types.get(kind, "f32")))
 
 
+def add_kv(w, key: str, value: Any) -> None:
+    """Add one key/value to a ``gguf.GGUFWriter``, typed by its Python type: bool, float (f32), int (u32), str, or a
+    list (an array)."""
+    if isinstance(value, bool):
+        w.add_bool(key, value)
+    elif isinstance(value, float):
+        w.add_float32(key, value)
+    elif isinstance(value, int):
+        w.add_uint32(key, value)
+    elif isinstance(value, str):
+        w.add_string(key, value)
+    else:
+        w.add_array(key, value)
+
+
 def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str = "f32", seed: int = 0,
                ab_wtype: str | None = None, tokenizer: str = "bpe", workers: int = min(8, os.cpu_count() or 1)) -> Path:
     """Write ``shape`` (a :class:`ModelShape` or a preset name) as a qwen35 GGUF file at ``path`` and return the path.
@@ -328,14 +343,7 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
         v = getattr(shape, attr)
         adders[typ](f"{ARCH}.{key}", float(v) if typ == "f32" else v)
     for key, v in tok_kv.items():
-        if isinstance(v, bool):
-            w.add_bool(key, v)
-        elif isinstance(v, int):
-            w.add_uint32(key, v)
-        elif isinstance(v, str):
-            w.add_string(key, v)
-        else:
-            w.add_array(key, v)
+        add_kv(w, key, v)
 
     raw = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
            "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0}
