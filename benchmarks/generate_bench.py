@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
-from gdnpass.generate import Engine, Model, Settings, differences, generate
+from gdnpass.engine import Engine, Model, Settings
+from gdnpass.generate import differences, generate
 
 
 def gpu_ms(slot, reps: int = 20) -> float:

@@ -105,11 +105,12 @@ def cmd_generate(a: argparse.Namespace) -> int:
         raise GdnpassError(f"--{preset_flags[0]} does nothing with --gguf {a.gguf}: the file decides the model and its "
                            "weights; drop the flag")
     from gdnpass import generate as gen
+    from gdnpass.engine import Engine, Model, Settings
     from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
     from gdnpass.fusion import env_enabled
     from gdnpass.progress import step
 
-    model = gen.Model.from_gguf(a.gguf) if a.gguf else gen.Model.preset(a.model, wtype=a.wtype, seed=a.seed)
+    model = Model.from_gguf(a.gguf) if a.gguf else Model.preset(a.model, wtype=a.wtype, seed=a.seed)
     fusion = env_enabled() if a.fuse is None else a.fuse
     K = a.draft_max
     if K < 0:
@@ -134,7 +135,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     plain = None
     if compare_plain:
         with step("plain decode", "tokens", quiet=a.quiet) as prog:
-            plain = gen.generate(gen.Engine(model, gen.Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
+            plain = gen.generate(Engine(model, Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
                                                                    "cuda_graphs": False, "fusion": fusion})),
                                  prompt, NoDraft(), a.n_predict, eog=eog, progress=prog)
 
@@ -154,7 +155,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
     stream = tok is not None and not a.json and not a.check  # the text as it is accepted, on stdout
     results, engines = [], []
     for on in runs:
-        eng = gen.Engine(model, gen.Settings(**base, fusion=on))
+        eng = Engine(model, Settings(**base, fusion=on))
         label = f"generate (fusion {'on' if on else 'off'})" if a.check else "generate"
         on_tokens = None
         if stream:

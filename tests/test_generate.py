@@ -24,9 +24,9 @@ import torch
 
 from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, cycle_schedule, draft_budget, first_argmax,
                               ngram_defaults, ngram_simple_draft)
-from gdnpass.generate import (Engine, GreedyHead, Model, Planes, Settings, StalePlane, differences, divergence, generate,
-                              greedy_accept, n_kv_for, split_ubatches, state_difference)
+from gdnpass.engine import Engine, GreedyHead, Model, Planes, Settings, StalePlane, n_kv_for, split_ubatches
 from gdnpass.errors import GdnpassError
+from gdnpass.generate import differences, divergence, generate, greedy_accept, state_difference
 from gdnpass.generate_cli import SELF_TOLERANCE
 from gdnpass.models.gguf_write import write_gguf
 from gdnpass.models.hparams import PRESETS

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from gdnpass.drafters import Planted, cycle_schedule, first_argmax
-from gdnpass.generate import Engine, Model, Settings, differences, generate, split_ubatches
+from gdnpass.engine import Engine, Model, Settings, split_ubatches
+from gdnpass.generate import differences, generate
 from gdnpass.models.gguf_write import write_gguf
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ weights: K up to 15 rollback planes, a planted drafter whose drafts have random 
 n_t < 1 + n_rs_seq and planes >= n_t hold the clamped pre-state / stale ssm states; length 0: a one-token decode,
 after which ssm planes >= 1 are stale) and random acceptances (every r = n_t - 1 - accepted is read at some step).
 Every ubatch poisons all planes but the one it reads (NaN) and the freed KV cells, and checks with
-:class:`~gdnpass.generate.Planes` that the plane it reads holds the current history's state. Properties:
+:class:`~gdnpass.engine.Planes` that the plane it reads holds the current history's state. Properties:
 
 - the loop never reads a stale plane (no StalePlane, no NaN anywhere);
 - the tokens are plain greedy decode's (under the divergence rule) and the schedule was realised step for step;
@@ -22,7 +22,8 @@ import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from gdnpass.drafters import NoDraft, Planted, draft_budget
-from gdnpass.generate import Engine, Model, Settings, divergence, generate, state_difference
+from gdnpass.engine import Engine, Model, Settings
+from gdnpass.generate import divergence, generate, state_difference
 from gdnpass.generate_cli import SELF_TOLERANCE
 from gdnpass.models.hparams import PRESETS
 

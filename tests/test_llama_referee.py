@@ -382,7 +382,7 @@ def test_prompt_then_verify_in_our_executor_match_llama_cpp_s_logits(llama, type
     import numpy as np
     import torch
 
-    from gdnpass.generate import Engine, Model, Settings
+    from gdnpass.engine import Engine, Model, Settings
     from gdnpass.kernels.backends import GGML_CPU_BACKEND
 
     path = typed_files[wtype]
