@@ -377,7 +377,7 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, typed_files, wtype, rs, f
 def test_prompt_then_verify_in_our_executor_match_llama_cpp_s_logits(llama, typed_files, wtype, rs):
     """The whole step in our executor, from nothing but the file: the prompt decoded in llama.cpp's ubatches (its
     split, its n_rs_seq planes, the KV cache filled by our SET_ROWS), then the verify ubatch, by the generate loop's
-    engine (gdnpass.generate, the executor with GGML_CPU_BACKEND); its verify logits against llama.cpp's decode of
+    engine (gdnpass.engine, the executor with GGML_CPU_BACKEND); its verify logits against llama.cpp's decode of
     the same prompt and verify tokens, within LOGITS_TOL. (The test above starts from llama.cpp's recorded state.)"""
     import numpy as np
     import torch
