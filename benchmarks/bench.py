@@ -37,6 +37,7 @@ from gdnpass.fusion import fuse  # noqa: E402
 from gdnpass.pipeline import PassOptions  # noqa: E402
 from gdnpass.ir import Op, op_label, runs_kernel  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
+from gdnpass.models.fill import fill  # noqa: E402
 from gdnpass.runtime import Executor, launches, node_launches  # noqa: E402
 
 sys.path.insert(0, "benchmarks")
@@ -173,7 +174,7 @@ def bench_chain(T: int, rows: int, qk_norm: str = "rms") -> dict:
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, n_layers=1, share_weights=True, qk_norm=qk_norm)
     g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
     ex = Executor(g, device="cuda")
-    ex.fill(seed=1, ids=default_ids(cfg))
+    fill(ex, seed=1, ids=default_ids(cfg))
     ex.run()  # the chain's inputs as a forward leaves them: fill leaves intermediates NaN (slow division paths)
     il = cfg.layer_ids()[0]
     chain, ab, gdn = chain_nodes(g, il)
@@ -291,7 +292,7 @@ def forward_executor(cfg: VerifyConfig, fused: bool):
     res = pipeline.run(cfg, PassOptions(fusion=fused))
     g, report = res.graph, res.report
     ex = Executor(g, device="cuda")
-    ex.fill(seed=2, ids=default_ids(cfg))
+    fill(ex, seed=2, ids=default_ids(cfg))
     return g, ex, report
 
 

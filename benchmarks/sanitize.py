@@ -22,6 +22,7 @@ from gdnpass import pipeline  # noqa: E402
 from gdnpass.ir import Op  # noqa: E402
 from gdnpass.kernels import triton_ops as tri  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
+from gdnpass.models.fill import fill  # noqa: E402
 from gdnpass.pipeline import PassOptions  # noqa: E402
 from gdnpass.runtime import Executor, launches  # noqa: E402
 
@@ -31,7 +32,7 @@ from bench import MAT_SHAPES  # noqa: E402
 def run(cfg: VerifyConfig, fusion: bool) -> str:
     res = pipeline.run(cfg, PassOptions(fusion=fusion))
     ex = Executor(res.graph, device="cuda")
-    ex.fill(seed=0, ids=default_ids(cfg))
+    fill(ex, seed=0, ids=default_ids(cfg))
     ex.run()
     torch.cuda.synchronize()
     return res.report.summary() + f"; {sum(launches(res.graph).values())} launches"
@@ -41,7 +42,7 @@ for hints in (True, False):
     cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=1, share_weights=True, ffn=False)
     res = pipeline.run(cfg, PassOptions(fusion=True, hints=hints))
     ex = Executor(res.graph, device="cuda")
-    ex.fill(seed=0, ids=default_ids(cfg))
+    fill(ex, seed=0, ids=default_ids(cfg))
     ex.run()
     torch.cuda.synchronize()
     sep = [n.op_params.get("l2_separate") for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN]

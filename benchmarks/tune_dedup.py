@@ -26,6 +26,7 @@ sys.path.insert(0, "benchmarks")
 from bench import graph_time_us, node_runner  # noqa: E402
 
 from gdnpass import pipeline  # noqa: E402
+from gdnpass.models.fill import fill  # noqa: E402
 from gdnpass.pipeline import PassOptions  # noqa: E402
 from gdnpass.ir import Op  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
@@ -39,7 +40,7 @@ def fused_chain(model: str, T: int, n_rs: int, layout: str):
     cfg = VerifyConfig(model, T, n_rs, n_layers=1, share_weights=True, ffn=False, snapshot_layout=layout)
     g = pipeline.run(cfg, PassOptions(fusion=True)).graph
     ex = Executor(g, device="cuda" if GPU else "cpu", backend="triton")
-    ex.fill(seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))  # an accepted-token offset: plane 1 is read
+    fill(ex, seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))  # an accepted-token offset: plane 1 is read
     if GPU:  # timed on real intermediates: fill leaves them NaN, and NaN takes SiLU's slow division path
         ex.run()
     return ex, next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)

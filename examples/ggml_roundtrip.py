@@ -27,6 +27,7 @@ from gdnpass.frontends import ggml as fg
 from gdnpass.fusion import fuse
 from gdnpass.ir import Flag
 from gdnpass.models import SNAPSHOT_LAYOUTS, VerifyConfig, build_verify_graph
+from gdnpass.models.fill import fill
 from gdnpass.runtime import Executor
 
 
@@ -83,7 +84,7 @@ def main(argv=None) -> int:
 
         # 3. same data on both sides
         ex = Executor(graph)
-        ex.fill(seed=a.seed)
+        fill(ex, seed=a.seed)
         fg.push_leafs(ex, imp, s)
         start = ex.snapshot()
         if a.referee:

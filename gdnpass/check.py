@@ -15,6 +15,7 @@ import torch
 from gdnpass.fusion import FusionReport, fuse
 from gdnpass.ir import Graph, Op, Tensor, buffer_role
 from gdnpass.kernels.limits import runs_as_mat_vec
+from gdnpass.models.fill import fill
 from gdnpass.runtime import Executor
 
 
@@ -94,7 +95,7 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
     the memory that needs besides the buffers (counted with :func:`memory_needed` before anything is allocated)."""
     probes = watched(graph)
     ex = Executor(graph, device=device, backend=backend, extra={**(extra or {}), **memory_needed(graph, device)})
-    ex.fill(seed=seed, ids=ids)
+    fill(ex, seed=seed, ids=ids)
     if weights is not None:
         weights(ex)
     start = ex.snapshot()

@@ -302,6 +302,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     interpreted = a.device == "cpu" and a.backend == "triton"
     if interpreted:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' definition
+    from gdnpass.models.fill import fill
     from gdnpass.runtime import Executor, launches
 
     t0 = time.perf_counter()
@@ -322,7 +323,7 @@ def cmd_run(a: argparse.Namespace) -> int:
                   extra={"loading a weight": model.load_extra_bytes(graph)} if model else None)
     t0 = time.perf_counter()
     with _progress(a, "fill", "GB", scale=1e-9) as p:
-        ex.fill(seed=a.seed, progress=p)
+        fill(ex, seed=a.seed, progress=p)
     if model is not None:  # the model's own weights over the seeded fill
         model.load_weights(ex, graph)
     t_fill = time.perf_counter() - t0

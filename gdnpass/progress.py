@@ -3,7 +3,7 @@
 A step shows nothing for its first second (most runs are shorter). Then: a tqdm bar when stderr is a terminal,
 otherwise plain lines (no carriage returns) every few seconds and one when the step ends, so a log or a CI console
 stays readable. ``quiet`` shows nothing. A :class:`Step` is the ``progress(done, total)`` callback that
-``Executor.fill`` and ``Executor.run`` take; a count going back (``check`` runs the graph twice) starts a new pass.
+``models.fill.fill`` and ``Executor.run`` take; a count going back (``check`` runs the graph twice) starts a new pass.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from gdnpass.ir import DType, Flag, Graph, GraphError, Op  # noqa: E402
 from gdnpass.kernels.reference import f32  # noqa: E402
 from gdnpass.kernels import reference as ref  # noqa: E402
 from gdnpass.models import SNAPSHOT_LAYOUTS, VerifyConfig, build_conv_chain_graph, build_verify_graph  # noqa: E402
+from gdnpass.models.fill import fill  # noqa: E402
 from gdnpass.models.hparams import QK_NORMS, qk_rms_params  # noqa: E402
 from gdnpass.runtime import Executor  # noqa: E402
 
@@ -327,7 +328,7 @@ def test_every_layer_op_matches_ggml_node_by_node(qk_norm):
         g = imp.graph
         plan(g, s.alignment)
         ex = Executor(g)
-        ex.fill(seed=1)
+        fill(ex, seed=1)
         fg.push_leafs(ex, imp, s)
         seen = _check(s.referee(imp))
     assert seen >= {"GET_ROWS", "CONCAT", "CPY", "SCALE", "SSM_CONV", "UNARY(SILU)", "GATED_DELTA_NET",
@@ -469,7 +470,7 @@ def _run_both(s, imp, seed: int):
     g = imp.graph
     plan(g, s.alignment)
     ex = Executor(g)
-    ex.fill(seed=seed)
+    fill(ex, seed=seed)
     fg.push_leafs(ex, imp, s)
     start = ex.snapshot()
     s.compute()

@@ -14,6 +14,7 @@ gguf = pytest.importorskip("gguf")
 from gdnpass.frontends.compare import signature  # noqa: E402
 from gdnpass.ir import DType  # noqa: E402
 from gdnpass.models import VerifyConfig, build_verify_graph  # noqa: E402
+from gdnpass.models.fill import fill  # noqa: E402
 from gdnpass.models.gguf_model import open_model  # noqa: E402
 from gdnpass.models.gguf_write import GgufError, write_gguf  # noqa: E402
 from gdnpass.pipeline import PassOptions, run  # noqa: E402
@@ -46,7 +47,7 @@ def test_weights_load_byte_for_byte(bf16_file):
     m = open_model(bf16_file)
     res = run(m.build(m.config(n_tokens=2, n_rs_seq=1)), PassOptions(fusion=False))
     ex = Executor(res.graph)
-    ex.fill(seed=0)
+    fill(ex, seed=0)
     m.load_weights(ex, res.graph)
     by_name = {t.name: t for t in gguf.GGUFReader(bf16_file).tensors}
     for name in ("blk.0.attn_qkv.weight", "blk.0.ssm_a", "token_embd.weight"):
@@ -81,7 +82,7 @@ def test_quantized_weights_are_dequantized(tmp_path):
     t = next(x for x in res.graph.leafs if x.name == "blk.0.ffn_up.weight")
     assert t.type is DType.F32
     ex = Executor(res.graph)
-    ex.fill(seed=0)
+    fill(ex, seed=0)
     m.load_weights(ex, res.graph)
     q = next(x for x in gguf.GGUFReader(tmp_path / "q8.gguf").tensors if x.name == "blk.0.ffn_up.weight")
     want = torch.from_numpy(gguf.quants.dequantize(np.array(q.data), q.tensor_type).astype(np.float32))

@@ -29,6 +29,7 @@ from gdnpass.frontends.llama import build, capture as cap_mod
 from gdnpass.frontends.llama.worker import PINNED_TENSOR, Refused, check_layout
 from gdnpass.ir import Op
 from gdnpass.models import VerifyConfig, build_verify_graph, get_model
+from gdnpass.models.fill import fill
 from gdnpass.models.gguf_write import write_gguf
 
 SHAPES = ("tiny-qwen35", "tiny-qwen35-b")
@@ -285,7 +286,7 @@ def test_run_check_on_a_captured_graph(llama, gguf_files, tmp_path, capsys):
     tokens = np.frombuffer(base64.b64decode(rec["inp_tokens"]), dtype=np.int32).tolist()
     assert tokens == [x % c.n_vocab for x in cap_mod.Settings().tokens()[1][:T]]
     ex = Executor(c.verify)
-    ex.fill(seed=0)
+    fill(ex, seed=0)
     assert ex.read("inp_tokens").reshape(-1).tolist() == tokens  # the fill takes llama.cpp's inputs
     path = tmp_path / "captured.json"
     serialize.save(c.verify, path)
@@ -359,7 +360,7 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, typed_files, wtype, rs, f
     res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=False))
     assert {t.name for t in res.graph.leafs if t.name.startswith("cache_")} == set(cached)
     ex = Executor(res.graph, backend=GGML_CPU_BACKEND)
-    ex.fill(seed=0)
+    fill(ex, seed=0)
     start(ex, res.graph)
     ex.run()
     got = ex.read(res.graph.find("result_output")).reshape(want.shape)

@@ -37,6 +37,7 @@ from gdnpass.matchers.common import HAZARD, STRUCTURAL, Context, Rule, violation
 from gdnpass.matchers.conv_chain import ConvChain
 from gdnpass.matchers.mat_vec_pair import MatVecPair
 from gdnpass.models import ModelShape, VerifyConfig
+from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions, run
 from support.graphs import CHAIN_OPS, triton_for
 
@@ -693,7 +694,7 @@ def test_negative_control_forced_fusion_corrupts_bytes():
 
     def unfused(g):
         ex = Executor(g)
-        ex.fill(seed=5, ids=IDS)
+        fill(ex, seed=5, ids=IDS)
         return ex.run(probes=watched(g))
 
     t = Trip("between.writes-early-output", m_write_silu_between)

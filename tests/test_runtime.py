@@ -7,6 +7,7 @@ import torch
 from gdnpass.alloc import plan
 from gdnpass.ir import GraphError, arena_buffer
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
+from gdnpass.models.fill import fill
 from gdnpass.runtime import Executor, launches
 
 
@@ -14,7 +15,7 @@ def run_layer(cfg, ids=None, seed=3, inputs=None, probes=()):
     g = build_verify_graph(cfg)
     plan(g)
     ex = Executor(g)
-    ex.fill(seed=seed, ids=ids)
+    fill(ex, seed=seed, ids=ids)
     if inputs is not None:
         ex.view(g.find("inp_embd")).copy_(inputs)
     before = ex.snapshot()
@@ -172,7 +173,7 @@ def test_cuda_graph_capture_replays_the_same_bytes():
     g = build_verify_graph(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=2))
     plan(g)
     ex = Executor(g, device="cuda")
-    ex.fill(seed=1)
+    fill(ex, seed=1)
     start = ex.snapshot()
     ex.run()
     eager = ex.snapshot()
@@ -187,7 +188,7 @@ def _filled(cfg, seed=0):
     g = build_verify_graph(cfg)
     plan(g)
     ex = Executor(g)
-    ex.fill(seed=seed)
+    fill(ex, seed=seed)
     return g, ex
 
 
@@ -214,7 +215,7 @@ def test_fill_depends_on_seed_and_name_only():
 def test_big_leafs_fill_in_place_like_the_values():
     """The fast path (one block, broadcast into the view) gives exactly _init_values' values."""
     from gdnpass.ir import DType, Tensor
-    from gdnpass.runtime import _TILE, _init_into, _init_values
+    from gdnpass.models.fill import _TILE, _init_into, _init_values
 
     for dtype, tdt in ((DType.BF16, torch.bfloat16), (DType.F32, torch.float32)):
         ne1 = _TILE // 4096 + 3

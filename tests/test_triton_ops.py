@@ -32,6 +32,7 @@ from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_ops as tri
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels.fused import RECORDS
+from gdnpass.models.fill import fill
 from support.arena import DEVICE, Arena, node, rnd
 from support.compare import assert_bits
 from support.rope_cases import QWEN35_ROPE, ROPE_CASES
@@ -533,7 +534,7 @@ def test_whole_tiny_qwen35_attention_through_rope_and_set_rows_kernels(launches)
     for table in (TORCH_BACKEND, {**TORCH_BACKEND, Op.ROPE: TRITON_BACKEND[Op.ROPE],
                                   Op.SET_ROWS: TRITON_BACKEND[Op.SET_ROWS]}):
         ex = Executor(g, device=DEVICE, backend=table)
-        ex.fill(seed=3, ids=default_ids(cfg))
+        fill(ex, seed=3, ids=default_ids(cfg))
         ex.run()
         # every cache tensor (the K/V caches SET_ROWS wrote, the recurrent states) and the whole arena (fill poisons
         # it: its bytes are defined), which holds the logits; not the buffers' alignment gaps, never written

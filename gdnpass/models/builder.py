@@ -440,7 +440,7 @@ def build_conv_chain_only(f: Facade, cfg: VerifyConfig) -> VerifyBuilder:
 
 
 def verify_meta(cfg: VerifyConfig, builder: str = "verify") -> dict:
-    """The ``graph.meta`` of a verify graph (Executor.fill, reports and dumps read it)."""
+    """The ``graph.meta`` of a verify graph (models.fill, reports and dumps read it)."""
     taps = ([t + 1 for t in dflash_target_layers(cfg.shape.n_layer)] if cfg.whole else cfg.dflash_taps()) \
         if cfg.dflash else []
     return {"builder": builder, "config": asdict(cfg), "model": asdict(cfg.shape), "layers": cfg.layer_ids(),

@@ -130,5 +130,5 @@ def build_ggml_conv_chain(cfg: VerifyConfig, session: GgmlSession | None = None)
 
 
 def verify_meta(cfg: VerifyConfig) -> dict:
-    """The graph.meta gdnpass.models gives the same config (so Executor.fill and reports work on imports)."""
+    """The graph.meta gdnpass.models gives the same config (so models.fill and reports work on imports)."""
     return _verify_meta(cfg, builder="ggml-verify")
