@@ -1,27 +1,35 @@
 """The fused chain and the SiLU kernels of other git revisions next to the working tree's, in one process: each
-revision's ``gdnpass/kernels/triton_ops.py`` is loaded as a module of its own, every variant is timed in turn
-(rounds in the order A B .., then reversed, then again; medians of profiler kernel durations over CUDA-graph
-replays, bench.kernel_us), and every variant's output bytes are compared with the first's.
+revision's ``gdnpass`` package is loaded as a package of its own (a copy whose imports of ``gdnpass`` name the copy,
+so its kernels call its own helpers), every variant is timed in turn (rounds in the order A B .., then reversed, then
+again; medians of profiler kernel durations over CUDA-graph replays, bench.kernel_us), and every variant's output
+bytes are compared with the first's.
 
     python benchmarks/ab_kernels.py --base 2213063 [--base REV ..] [--tokens 1,4,8,16]
 
-``--base`` also takes a file (a ``triton_ops.py`` written out beforehand), for a machine whose copy of the tree has
-no git history, as the device host's: ``git show REV:gdnpass/kernels/triton_ops.py > .ab/REV.py`` here, then
-``--base .ab/REV.py`` there (with ``.ab`` carried).
+``--base`` also takes a folder holding a revision's ``gdnpass`` package, for a machine whose copy of the tree has no
+git history, as the device host's: ``mkdir -p .ab/REV && git archive REV gdnpass | tar -x -C .ab/REV`` here, then
+``--base .ab/REV`` there (with ``.ab`` carried).
 
-The working tree is the last column. A revision's module must take the same launch arguments as the working
-tree's (``gdn_conv_chain``, ``unary``, ``glu``).
+The working tree is the last column. The launchers compared (``gdn_conv_chain``, ``unary``, ``glu``) are looked up
+where a revision's layout keeps them (:data:`LAUNCHERS`: the kernel family modules, or an older revision's single
+``kernels/triton_ops.py``) and must take the working tree's arguments; a revision without them is refused in one
+line.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.util
+import io
+import re
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -30,33 +38,82 @@ sys.path.insert(0, "benchmarks")
 
 from bench import chain_bytes, chain_operands, copy_us, kernel_us  # noqa: E402
 
-from gdnpass.kernels import triton_ops  # noqa: E402
-
-SOURCE = "gdnpass/kernels/triton_ops.py"
 RMS = dict(norm="rms", qk_scale=128 ** -0.5)  # upstream's q/k form at S = 128
+# each launcher compared -> the modules of the package that may hold it, in order: the family modules (the layout
+# since issue 31), then the single kernels module of older revisions
+LAUNCHERS = {"gdn_conv_chain": ("kernels.triton_ssm", "kernels.triton_ops"),
+             "unary": ("kernels.triton_elementwise", "kernels.triton_ops"),
+             "glu": ("kernels.triton_elementwise", "kernels.triton_ops")}
 
 
-def revision_module(rev: str, folder: Path):
-    """triton_ops.py as of ``rev`` (a git revision, or a file holding it), imported as its own module (Triton keys
-    its compiles by source, so the two revisions' kernels stay apart)."""
-    if rev.endswith(".py"):
-        try:
-            text = Path(rev).read_text()
-        except OSError as e:
-            raise SystemExit(f"ab_kernels: --base {rev}: {e.strerror}")
-    else:
-        try:
-            text = subprocess.run(["git", "show", f"{rev}:{SOURCE}"], check=True, capture_output=True,
-                                  text=True).stdout
-        except (OSError, subprocess.CalledProcessError) as e:
-            raise SystemExit(f"ab_kernels: --base {rev}: {getattr(e, 'stderr', '').strip() or 'git show failed'}")
-    name = "triton_ops_" + "".join(c if c.isalnum() else "_" for c in Path(rev).stem)
-    path = folder / f"{name}.py"
-    path.write_text(text)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def launchers(package: str, folder: Path | None, base: str) -> SimpleNamespace:
+    """The launchers of ``package`` (an importable name; its source under ``folder``, None for the working tree's),
+    by :data:`LAUNCHERS`."""
+    found = {}
+    for name, places in LAUNCHERS.items():
+        for place in places:
+            if folder is not None and not (folder / (place.replace(".", "/") + ".py")).is_file():
+                continue
+            try:
+                module = importlib.import_module(f"{package}.{place}")
+            except ModuleNotFoundError as e:
+                if e.name == f"{package}.{place}":
+                    continue
+                raise SystemExit(f"ab_kernels: --base {base}: {package}.{place} does not load: {e}")
+            except Exception as e:  # noqa: BLE001 (whatever an old revision's module raises on import)
+                first = str(e).splitlines()[0] if str(e) else ""
+                raise SystemExit(f"ab_kernels: --base {base}: {place} does not load: {type(e).__name__}: {first}")
+            if callable(getattr(module, name, None)):
+                found[name] = getattr(module, name)
+                break
+        else:
+            raise SystemExit(f"ab_kernels: --base {base}: no {name} launcher in "
+                             f"{' or '.join(p.replace('.', '/') + '.py' for p in places)}: a revision this tool cannot "
+                             "compare")
+    return SimpleNamespace(**found)
+
+
+def _snapshot(rev: str, into: Path) -> Path:
+    """The ``gdnpass`` package of ``rev`` (a git revision, or a folder holding the package) under ``into``."""
+    if Path(rev).exists() or "/" in rev or rev.endswith(".py"):
+        package = Path(rev) / "gdnpass"
+        if not (package / "__init__.py").is_file():
+            raise SystemExit(f"ab_kernels: --base {rev}: not a folder holding a gdnpass package (make one with "
+                             "git archive REV gdnpass | tar -x -C FOLDER)")
+        return package
+    try:
+        data = subprocess.run(["git", "archive", "--format=tar", rev, "gdnpass"], check=True,
+                              capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        err = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()
+        raise SystemExit(f"ab_kernels: --base {rev}: {err[0] if err else 'git archive failed'}")
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        for member in tar.getmembers():
+            if member.isfile() and member.name.endswith(".py"):
+                (into / member.name).parent.mkdir(parents=True, exist_ok=True)
+                (into / member.name).write_bytes(tar.extractfile(member).read())
+    return into / "gdnpass"
+
+
+def revision_module(rev: str, folder: Path) -> SimpleNamespace:
+    """The launchers of revision ``rev`` (a git revision, or a folder holding its ``gdnpass`` package): its package
+    copied into ``folder`` under a name of its own, every ``import gdnpass...`` / ``from gdnpass... import`` of it
+    renamed to that name (Triton keys its compiles by source, so the revisions' kernels stay apart)."""
+    name = "ab_" + "".join(c if c.isalnum() else "_" for c in rev)
+    while name in sys.modules:
+        name += "_"
+    source = _snapshot(rev, folder / f"{name}_src")
+    target = folder / name
+    for path in sorted(source.rglob("*.py")):
+        out = target / path.relative_to(source)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(re.sub(r"(?m)^(\s*)(from|import)(\s+)gdnpass\b", rf"\1\2\3{name}", path.read_text()))
+    spec = importlib.util.spec_from_file_location(name, target / "__init__.py",
+                                                  submodule_search_locations=[str(target)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return launchers(name, target, rev)
 
 
 def compare(variants: dict, make) -> str:
@@ -87,7 +144,7 @@ def seeded(shape, seed: int, n: int = 1) -> list[torch.Tensor]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", action="append", required=True,
-                    help="a git revision, or a .py file of triton_ops, to compare (repeatable)")
+                    help="a git revision, or a folder holding its gdnpass package, to compare (repeatable)")
     ap.add_argument("--tokens", default="1,4,8,16", help="token counts of the chain rows (rows = tokens)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
@@ -95,7 +152,7 @@ def main() -> int:
     tokens = [int(t) for t in a.tokens.split(",")]
     with tempfile.TemporaryDirectory() as folder:
         variants = {rev: revision_module(rev, Path(folder)) for rev in a.base}
-        variants["tree"] = triton_ops
+        variants["tree"] = launchers("gdnpass", None, "tree")
         print(f"# {torch.cuda.get_device_name()}; profiler kernel us, medians of 3 rounds; bytes vs {a.base[0]}")
         print("what               | copy | " + " | ".join(variants) + " | bytes")
         for T in tokens:
