@@ -222,7 +222,7 @@ def rotation(nbytes: int) -> int:
 
 
 def bench_mat_vec(cols: list[int], ref: dict) -> list[dict]:
-    from gdnpass.kernels import triton_ops as tri
+    from gdnpass.kernels import triton_matvec as mv
 
     out = []
     for wt in (torch.float32, torch.bfloat16):
@@ -233,14 +233,14 @@ def bench_mat_vec(cols: list[int], ref: dict) -> list[dict]:
                 x = torch.randn(1, 1, n, K, device="cuda")
                 y = torch.empty(1, 1, n, M, device="cuda")
                 # the median launch over the copies (each read from memory)
-                us = statistics.median(kernel_us(lambda ws=ws: [tri.mul_mat_vec(v, x, y) for v in ws], reps=10)[1])
+                us = statistics.median(kernel_us(lambda ws=ws: [mv.mul_mat_vec(v, x, y) for v in ws], reps=10)[1])
                 nbytes = w.numel() * w.element_size() + x.numel() * 4 + y.numel() * 4
                 gbps = nbytes / (us * 1e3)
                 big = w.numel() * w.element_size() >= 8 << 20
                 target = nbytes / (0.8 * ref["copy_GBps"] * 1e3) if big else \
                     1.2 * (ref["empty_us"] + nbytes / (ref["copy_GBps"] * 1e3))
                 out.append(dict(wtype=str(wt).split(".")[-1], name=name, M=M, K=K, cols=n, us=us, GBps=gbps,
-                                target_us=target, met=us <= target, tile=tri.mat_vec_tile(M, n, K, tri.WTYPES[w.dtype])))
+                                target_us=target, met=us <= target, tile=mv.mat_vec_tile(M, n, K, mv.WTYPES[w.dtype])))
             del w, ws
     return out
 
@@ -269,7 +269,7 @@ def bench_dedup(cases) -> list[dict]:
 
 
 def bench_pair(cols: list[int]) -> list[dict]:
-    from gdnpass.kernels import triton_ops as tri
+    from gdnpass.kernels import triton_matvec as mv
 
     E, M = 4096, 32
     out = []
@@ -279,8 +279,8 @@ def bench_pair(cols: list[int]) -> list[dict]:
         for n in cols:
             x = torch.randn(1, 1, n, E, device="cuda")
             ya, yb = torch.empty(1, 1, n, M, device="cuda"), torch.empty(1, 1, n, M, device="cuda")
-            two = kernel_us(lambda: (tri.mul_mat_vec(wa, x, ya), tri.mul_mat_vec(wb, x, yb)))[0]
-            pair = kernel_us(lambda: tri.mul_mat_vec_pair(wa, wb, x, ya, yb))[0]
+            two = kernel_us(lambda: (mv.mul_mat_vec(wa, x, ya), mv.mul_mat_vec(wb, x, yb)))[0]
+            pair = kernel_us(lambda: mv.mul_mat_vec_pair(wa, wb, x, ya, yb))[0]
             out.append(dict(wtype=str(wt).split(".")[-1], cols=n, two=two, pair=pair, ratio=pair / two))
     return out
 

@@ -19,7 +19,7 @@ sys.path.insert(0, "benchmarks")
 
 from bench import bench_references, chain_operands, graph_time_us  # noqa: E402
 
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
 
 
 class Override:
@@ -41,14 +41,14 @@ class Override:
 
 def problem(T: int, rows: int):
     args = chain_operands(T, rows)["args"]
-    return lambda: tri.gdn_conv_chain(*args)
+    return lambda: ssm.gdn_conv_chain(*args)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--once", type=int, help="run T = rows = ONCE a few times and exit (for ncu)")
     a = ap.parse_args()
-    real = tri._gdn_conv_chain_kernel
+    real = ssm._gdn_conv_chain_kernel
     if a.once:
         fn = problem(a.once, a.once)
         for _ in range(5):
@@ -62,9 +62,9 @@ def main() -> int:
         fn = problem(T, T)
         times = []
         for over in variants.values():
-            tri._gdn_conv_chain_kernel = Override(real, **over) if over else real
+            ssm._gdn_conv_chain_kernel = Override(real, **over) if over else real
             times.append(f"{graph_time_us(fn):6.2f}")
-        tri._gdn_conv_chain_kernel = real
+        ssm._gdn_conv_chain_kernel = real
         print(f"{T:2d} {T:4d} | " + " | ".join(times), flush=True)
     return 0
 

@@ -1,4 +1,4 @@
-"""Each product's chosen tile (triton_ops.mat_vec_tile) launched twice, the first a warm-up, for ncu:
+"""Each product's chosen tile (triton_matvec.mat_vec_tile) launched twice, the first a warm-up, for ncu:
 
     ncu -k regex:_mul_mat_vec --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats \\
@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_matvec as mv  # noqa: E402
 from tune_matvec import DTYPES, _ints, _shapes, operands  # noqa: E402
 
 
@@ -32,9 +32,9 @@ def main() -> int:
         for N in a.cols:
             w, x, y = operands(a.wtype, M, K, N)
             for _ in range(2):
-                tri.mul_mat_vec(w, x, y)
+                mv.mul_mat_vec(w, x, y)
             torch.cuda.synchronize()
-            print(f"{a.wtype} {M}x{K} N={N}: {tri.mat_vec_tile(M, N, K, a.wtype)}", flush=True)
+            print(f"{a.wtype} {M}x{K} N={N}: {mv.mat_vec_tile(M, N, K, a.wtype)}", flush=True)
     return 0
 
 

@@ -20,7 +20,7 @@ sys.path.insert(0, "benchmarks")
 
 from gdnpass import pipeline  # noqa: E402
 from gdnpass.ir import Op  # noqa: E402
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_matvec as mv  # noqa: E402
 from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
 from gdnpass.models.fill import fill  # noqa: E402
 from gdnpass.pipeline import PassOptions  # noqa: E402
@@ -56,13 +56,13 @@ tiles = {}
 for (M, K) in MAT_SHAPES.values():
     for wt in (torch.float32, torch.bfloat16):
         for n in (1, 4, 8, 16):
-            tiles.setdefault(tri.mat_vec_tile(M, n, K, tri.WTYPES[wt]), (M, K, wt, n))
+            tiles.setdefault(mv.mat_vec_tile(M, n, K, mv.WTYPES[wt]), (M, K, wt, n))
 for tile, (M, K, wt, n) in tiles.items():
     w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
     x = torch.randn(1, 1, n, K, device="cuda")
     y = torch.empty(1, 1, n, M, device="cuda")
-    tri.mul_mat_vec(w, x, y)
+    mv.mul_mat_vec(w, x, y)
     torch.cuda.synchronize()
-    print(f"mat-vec {M}x{K} {tri.WTYPES[wt]} {n} columns: {tile}", flush=True)
+    print(f"mat-vec {M}x{K} {mv.WTYPES[wt]} {n} columns: {tile}", flush=True)
     del w
 print(f"done: {len(tiles)} mat-vec tiles")

@@ -15,20 +15,20 @@ sys.path.insert(0, "benchmarks")
 
 from bench import chain_bytes, chain_operands, copy_us, kernel_us  # noqa: E402
 
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
 
 WARPS = (2, 4, 8)
 RMS = dict(norm="rms", qk_scale=128 ** -0.5)  # upstream's q/k form at S = 128 (the eps of chain_operands)
 
 
 def main() -> int:
-    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default {tri.chain_warps(128)} warps")
+    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default {ssm.chain_warps(128)} warps")
     print("T rows | copy | " + " | ".join(f"{w} warps" for w in WARPS))
     for T in (1, 2, 4, 8, 16):
         ref, times = None, []
         for w in WARPS:
             ops = chain_operands(T, T, seed=T)  # the same starting bytes for every variant
-            run = lambda: tri.gdn_conv_chain(*ops["args"], num_warps=w, **RMS)  # noqa: E731
+            run = lambda: ssm.gdn_conv_chain(*ops["args"], num_warps=w, **RMS)  # noqa: E731
             run()
             got = [ops[name].clone() for name in ("out", "q", "k", "cache")]
             ref = ref or got

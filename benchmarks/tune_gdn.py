@@ -16,7 +16,7 @@ sys.path.insert(0, "benchmarks")
 
 from bench import kernel_us  # noqa: E402
 
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
 
 S, H_K, H_V = 128, 16, 32
 TILES = [(bv, w) for bv in (16, 32, 64) for w in (2, 4, 8)]
@@ -33,8 +33,8 @@ def operands(T: int, K: int):
 
 
 def main() -> int:
-    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default block_v {tri.GDN_BLOCK_V}, "
-          f"{tri.GDN_WARPS} warps, unrolled")
+    print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default block_v {ssm.GDN_BLOCK_V}, "
+          f"{ssm.GDN_WARPS} warps, unrolled")
     print("T | " + " | ".join(f"{bv}c x {w}w unrolled / looped" for bv, w in TILES))
     for T in (1, 4, 8, 16):
         *src, out = operands(T, T)
@@ -42,7 +42,7 @@ def main() -> int:
         for bv, w in TILES:
             us, got = [], []
             for unrolled in (True, False):
-                run = lambda: tri.gated_delta_net(*src, T, out, block_v=bv, num_warps=w, unrolled=unrolled)  # noqa: E731
+                run = lambda: ssm.gated_delta_net(*src, T, out, block_v=bv, num_warps=w, unrolled=unrolled)  # noqa: E731
                 run()
                 got.append(out.clone())
                 us.append(kernel_us(run)[0])

@@ -1,10 +1,10 @@
-"""Sweep the mat-vec tile (triton_ops.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
+"""Sweep the mat-vec tile (triton_matvec.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
 tile per (weight type, shape, columns) with its bandwidth next to the copy bandwidth measured in the same process.
 
     python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--pair]
                                      [--budget-s 420]
 
-This is how :func:`gdnpass.kernels.triton_ops.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
+This is how :func:`gdnpass.kernels.triton_matvec.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
 Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
 against cuBLAS's f32 product, captured as a CUDA graph of one launch per copy of the weights (enough copies that
 each launch reads its weights from memory, as in a forward: ``bench.rotation``), and then all candidates of a case
@@ -31,7 +31,7 @@ sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
 from bench import MAT_SHAPES, bench_references, rotation  # noqa: E402
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_matvec as mv  # noqa: E402
 
 SHAPES = [s for s in MAT_SHAPES.values() if 256 < s[0] < 100_000]  # qwen3.5-9b's, but the thin and the lm head
 COLS = (2, 4, 8, 16)
@@ -43,27 +43,27 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
         for bk, w in itertools.product((1024, 2048, 4096), (4, 8, 16)):
             if cols * bk <= 32768:
-                yield tri.MatVecTile(1, cols, bk, False, w)
+                yield mv.MatVecTile(1, cols, bk, False, w)
         for bm, bk, s in itertools.product((1, 2, 4, 8), (128, 256, 512), (4, 8, 16, 32)):
             if bm * cols * bk <= 16384 and s * bk <= K:
-                yield tri.MatVecTile(bm, cols, bk, False, 4, s)
+                yield mv.MatVecTile(bm, cols, bk, False, 4, s)
         if N >= 2:
             for bk, s in itertools.product((64, 128, 256), (1, 4, 8, 16, 32)):
                 if s * bk <= K:
-                    yield tri.MatVecTile(min(M, 64), 16, bk, True, 4, s)
+                    yield mv.MatVecTile(min(M, 64), 16, bk, True, 4, s)
         return
     # (Triton's pipeline depth, num_stages 2-6, was swept too on 2026-12-01 and never beat its default 3)
-    tiles = [tri.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((2, 4, 8), (256, 512))
+    tiles = [mv.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((2, 4, 8), (256, 512))
              if bm * cols * bk <= 8192]
     if M <= 1024:  # few rows: K in one or two long steps, as the thin tiles (on 2026-12-02 these won at one
         # column only: 2 rows, K steps of 2048)
-        tiles += [tri.MatVecTile(bm, cols, bk, False, 8) for bm, bk in itertools.product((1, 2), (1024, 2048, 4096))
+        tiles += [mv.MatVecTile(bm, cols, bk, False, 8) for bm, bk in itertools.product((1, 2), (1024, 2048, 4096))
                   if bm * cols * bk <= 32768]
     if N >= 2:
-        tiles += [tri.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in itertools.product((32, 64, 128), (64, 128),
+        tiles += [mv.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in itertools.product((32, 64, 128), (64, 128),
                                                                                           (4, 8))]
         if M >= 4096:  # wider row blocks or shorter K steps: more bytes per program in flight, or more steps
-            tiles += [tri.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in ((256, 64, 8), (256, 32, 8), (128, 32, 4),
+            tiles += [mv.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in ((256, 64, 8), (256, 32, 8), (128, 32, 4),
                                                                            (128, 32, 8), (256, 128, 8))]
     for t in tiles:
         yield t
@@ -91,7 +91,7 @@ def _shapes(text: str) -> list[tuple[int, int]]:
         raise argparse.ArgumentTypeError(f"expected ROWSxK[,ROWSxK...], e.g. 8192x4096, got {text!r}") from None
 
 
-DTYPES = {name: dtype for dtype, name in tri.WTYPES.items()}  # "bf16" -> torch.bfloat16, ...
+DTYPES = {name: dtype for dtype, name in mv.WTYPES.items()}  # "bf16" -> torch.bfloat16, ...
 
 
 def operands(wt: str, M: int, K: int, N: int, seed: int = 0):
@@ -117,7 +117,7 @@ def compile_case(case) -> int:
     refused = 0
     for t in tiles:
         try:
-            tri._mat_vecs(prods, x, t)
+            mv._mat_vecs(prods, x, t)
         except Exception:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
             refused += 1
     torch.cuda.synchronize()
@@ -138,12 +138,12 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
         for _, y in prods:
             y.fill_(float("nan"))  # an element the tile leaves unwritten fails the check below
         try:
-            tri._mat_vecs(prods, x, t)
+            mv._mat_vecs(prods, x, t)
         except Exception:  # noqa: BLE001
             continue
         err = max(((y[0, 0] - ref).abs().max() / ref.abs().max()).item() for (_, y), ref in zip(prods, refs))
         first = [y.clone() for _, y in prods]
-        tri._mat_vecs(prods, x, t)  # again: the slice order of a split-K tile must not vary
+        mv._mat_vecs(prods, x, t)  # again: the slice order of a split-K tile must not vary
         if not err <= TOLERANCE or not all(torch.equal(f.view(torch.int32), y.view(torch.int32))
                                            for f, (_, y) in zip(first, prods)):
             print(f"  {t}: WRONG or NOT DETERMINISTIC (rel err {err:.2e})", flush=True)
@@ -151,7 +151,7 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for ps in rotated:
-                tri._mat_vecs(ps, x, t)
+                mv._mat_vecs(ps, x, t)
         graphs.append(g)
         kept.append((t, err))
     torch.cuda.synchronize()
@@ -183,7 +183,7 @@ def main() -> int:
     t_end = time.time() + a.budget_s
     shapes, cols = a.shapes or SHAPES, a.cols or COLS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cases = [(wt, M, K, N, list(dict.fromkeys([tri.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms)])))
+    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms)])))
              for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
     start = time.time()
     # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process

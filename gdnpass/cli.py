@@ -221,7 +221,7 @@ def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: flo
     return step(label, unit, quiet=getattr(a, "quiet", False), scale=scale)
 
 
-# seconds per Triton program under TRITON_INTERPRET=1: (fixed, per loop step), steps as triton_ops.programs says
+# seconds per Triton program under TRITON_INTERPRET=1: (fixed, per loop step), steps as kernels.backends.programs says
 # (tokens for the convolutions and GDN, K blocks for the mat-vec). Measured on the project's 2-core CPU machine
 # (shared, so on the slow side) from single launches of the tiny-* models and direct launches of silu/mul_mat_vec:
 # silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec

@@ -16,7 +16,12 @@ from triton.compiler import ASTSource
 sys.path.insert(0, ".")
 
 from gdnpass.kernels import triton_attention as att  # noqa: E402
-from gdnpass.kernels import triton_ops as tri  # noqa: E402
+from gdnpass.kernels import triton_core as core  # noqa: E402
+from gdnpass.kernels import triton_elementwise as elt  # noqa: E402
+from gdnpass.kernels import triton_matvec as mv  # noqa: E402
+from gdnpass.kernels import triton_norms as norms  # noqa: E402
+from gdnpass.kernels import triton_rope as rope  # noqa: E402
+from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
 
 INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
 FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale",
@@ -26,7 +31,7 @@ FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "co
 SM90_SHARED = 232448  # bytes of shared memory one program may have on sm_90 (227 KiB): more compiles, fails at launch
 
 
-def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs: dict | None = None,
+def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs: dict | None = None,
                  options: dict | None = None):
     """One variant: pointers f32 (i32 for indices; ``ptrs`` overrides by name), ``eps``/``scale`` f32, other scalars
     i32; ``options`` adds launch options (num_stages) as the launcher passes them. Refuses a variant that needs more
@@ -40,7 +45,7 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs:
     sig = {n: kind(n) for n in kernel.arg_names}
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                       options={**tri.LAUNCH, "num_warps": num_warps, **(options or {})})
+                       options={**core.LAUNCH, "num_warps": num_warps, **(options or {})})
     if k.metadata.shared > SM90_SHARED:
         raise RuntimeError(f"{kernel.__name__} {constexprs}: {k.metadata.shared} bytes of shared memory, over sm_90's "
                            f"{SM90_SHARED}")
@@ -49,48 +54,48 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = tri.NUM_WARPS, ptrs:
 
 def variants():
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
-        yield tri._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=tri.CONV_BLOCK_C, N_T=n_t), tri.NUM_WARPS
-    for kind in tri.UNARY_KINDS:
-        yield tri._unary_kernel, dict(KIND=kind, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
-    yield tri._swiglu_kernel, dict(BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+        yield ssm._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=ssm.CONV_BLOCK_C, N_T=n_t), core.NUM_WARPS
+    for kind in elt.UNARY_KINDS:
+        yield elt._unary_kernel, dict(KIND=kind, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
+    yield elt._swiglu_kernel, dict(BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     for op in ("ADD", "MUL"):
-        yield tri._binary_kernel, dict(OP=op, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
-    # the data-movement kernels move bits: int views (see triton_ops._bits)
+        yield elt._binary_kernel, dict(OP=op, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
+    # the data-movement kernels move bits: int views (see triton_elementwise._bits)
     for dim in range(4):
-        yield (tri._concat_kernel, dict(DIM=dim, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS,
+        yield (elt._concat_kernel, dict(DIM=dim, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS,
                dict(a_ptr="*i32", b_ptr="*i32", y_ptr="*i32"))
     for mode, x, y in (("bits", "*i32", "*i32"), ("bits", "*i16", "*i16"), ("f16", "*fp32", "*i16"),
                        ("bf16", "*fp32", "*i16"), ("i32", "*fp32", "*i32")):
-        yield tri._cpy_kernel, dict(MODE=mode, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS, dict(x_ptr=x, y_ptr=y)
+        yield elt._cpy_kernel, dict(MODE=mode, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS, dict(x_ptr=x, y_ptr=y)
     for src, a in (("f32", "*i32"), ("i32", "*i32"), ("f16", "*fp16"), ("bf16", "*i16")):
-        yield (tri._get_rows_kernel, dict(SRC=src, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS,
+        yield (elt._get_rows_kernel, dict(SRC=src, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS,
                dict(a_ptr=a, ids_ptr="*i32", y_ptr="*i32"))
-    yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(128)), RMS=False), tri.NUM_WARPS
+    yield norms._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), norms.l2_tile(128)), RMS=False), core.NUM_WARPS
     for S in (32, 128):  # the q/k head sizes of the tiny and the real models
-        yield tri._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), tri.l2_tile(S)), RMS=True), tri.NUM_WARPS
+        yield norms._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), norms.l2_tile(S)), RMS=True), core.NUM_WARPS
     for has_bias in (False, True):
-        yield tri._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=tri.ELT_BLOCK), tri.NUM_WARPS
+        yield elt._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     # the mat-vec: the model's tiles, and split-K tiles of both forms (the split reads a workspace and its tickets;
     # an unsplit launch passes None for them)
-    split = [(tri.mat_vec_tile(4096, 4, 4096, "f32")._replace(split_k=4), "f32"),  # (an FMA tile, split)
-             (tri.mat_vec_tile(248320, 16, 4096, "bf16"), "bf16"),  # unsplit tensor-core tiles: the lm head's,
-             (tri.mat_vec_tile(12288, 16, 4096, "f32"), "f32")]      # f32's from 12288 rows
-    for t, wt in [*((tri.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
+    split = [(mv.mat_vec_tile(4096, 4, 4096, "f32")._replace(split_k=4), "f32"),  # (an FMA tile, split)
+             (mv.mat_vec_tile(248320, 16, 4096, "bf16"), "bf16"),  # unsplit tensor-core tiles: the lm head's,
+             (mv.mat_vec_tile(12288, 16, 4096, "f32"), "f32")]      # f32's from 12288 rows
+    for t, wt in [*((mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
                     itertools.product(((32, 8), (1024, 1), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k)
-        yield (tri._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
+        yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
-        yield tri._gdn_kernel, dict(S=128, BLOCK_V=tri.GDN_BLOCK_V, N_T=n_t), tri.GDN_WARPS
+        yield ssm._gdn_kernel, dict(S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
-        yield (tri._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,
-                                      S3=0, HAS_FF=ff, YARN=yarn, BLOCK_R=tri.ROPE_ROWS, HALF_B=32, BLOCK_D=256),
-               tri.NUM_WARPS, dict(y_ptr=y))
+        yield (rope._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,
+                                       S3=0, HAS_FF=ff, YARN=yarn, BLOCK_R=rope.ROPE_ROWS, HALF_B=32, BLOCK_D=256),
+               core.NUM_WARPS, dict(y_ptr=y))
     # SET_ROWS: f32 rows into the F16 KV cache at i64 cells (as bits), and f32 into f32 at i32 ids
     for mode, ids, y in (("f16", "*i64", "*i16"), ("bits", "*i32", "*i32")):
-        yield (tri._set_rows_kernel, dict(MODE=mode, BLOCK=256), tri.NUM_WARPS,
+        yield (elt._set_rows_kernel, dict(MODE=mode, BLOCK=256), core.NUM_WARPS,
                dict(r_ptr="*fp32" if mode == "f16" else "*i32", ids_ptr=ids, y_ptr=y))
     # attention: qwen3.5's heads (256, f16 KV cache) and narrower ones with every option; SOFT_MAX's tiles
     for D, kv, on in ((256, "*fp16", False), (128, "*bf16", True), (64, "*fp32", True), (512, "*fp16", False)):
@@ -101,13 +106,13 @@ def variants():
     for ne0, mask, on in ((256, "*fp16", False), (4096, "*fp32", True), (48, "*fp16", True)):
         block_r, block_c = att.soft_max_tile(ne0)
         yield (att._soft_max_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, BLOCK_R=block_r, BLOCK_C=block_c),
-               tri.NUM_WARPS, dict(mask_ptr=mask))
+               core.NUM_WARPS, dict(mask_ptr=mask))
     # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
     for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
                                         (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):
         columns = tuple(max(0, n_t - s) for s in range(rows - 1, -1, -1))
-        shape, warps = tri.chain_launch(n_t, 128)
-        yield tri._gdn_conv_chain_kernel, dict(
+        shape, warps = ssm.chain_launch(n_t, 128)
+        yield ssm._gdn_conv_chain_kernel, dict(
             D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole, RMS=rms,
             **shape), warps
 
@@ -125,7 +130,7 @@ def main() -> int:
     if sys.argv[1:] == ["--negative-control"]:  # the check must be able to fail: a kernel the compiler refuses, and
         # flash attention's f32-K/V tile with 3 pipeline stages (the launcher gives it 1), over the shared memory
         block_n, warps, _ = att.fa_tile(128, 128, 4)
-        bad = [(_retyped_in_if, {}, tri.NUM_WARPS),
+        bad = [(_retyped_in_if, {}, core.NUM_WARPS),
                (att._flash_attn_kernel, dict(HAS_MASK=True, HAS_SINKS=False, ALIBI=False, SOFTCAP=False,
                                              BLOCK_M=att.FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=128, BLOCK_DV=128),
                 warps, dict(k_ptr="*fp32", v_ptr="*fp32", mask_ptr="*fp16"), dict(num_stages=3))]

@@ -1,5 +1,5 @@
 """Test setup. Without a CUDA GPU the Triton kernels run in the Triton interpreter, which must be switched on before
-any ``@triton.jit`` kernel is defined, so this comes before anything imports gdnpass.kernels.triton_ops."""
+any ``@triton.jit`` kernel is defined, so this comes before anything imports gdnpass.kernels' Triton modules."""
 
 import os
 

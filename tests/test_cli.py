@@ -86,18 +86,19 @@ def test_programs_follow_the_launch_blocks():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     from gdnpass import pipeline
     from gdnpass.ir import Op
-    from gdnpass.kernels import triton_ops
+    from gdnpass.kernels import triton_elementwise
+    from gdnpass.kernels.backends import programs
     from gdnpass.models import VerifyConfig
 
     g = pipeline.run(VerifyConfig("tiny-dc4-h64", 8, 7, n_layers=1), pipeline.PassOptions(fusion=True)).graph
     seen = {}
     for n in g.nodes:
-        for kernel, count, steps in triton_ops.programs(n):
+        for kernel, count, steps in programs(n):
             assert count >= 1 and steps >= 1
             seen.setdefault(n.op, []).append((kernel, count, steps))
     assert {Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.GATED_DELTA_NET, Op.UNARY} <= set(seen)
     silu = next(n for n in g.nodes if n.op is Op.UNARY and n.op_params["kind"] == "SILU")
-    assert triton_ops.programs(silu) == [("silu", -(-silu.nelements // triton_ops.ELT_BLOCK), 1)]
+    assert programs(silu) == [("silu", -(-silu.nelements // triton_elementwise.ELT_BLOCK), 1)]
     assert 0 < cli.interpreter_seconds(g.nodes) < cli.SLOW_LIMIT_S
 
 

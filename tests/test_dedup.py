@@ -112,16 +112,16 @@ def test_tile_vs_per_window_vs_reference(layout, S, H_k, H_v, dc, n_t, n_rs, rea
 def test_tile_arguments():
     """The launch the tile path gets: exactly the written columns (first 0, T + dc - 2 of them) and the shared row's
     strides; without a tile zeros (TILE_N = 0: no stores); a "tile" whose windows are not one shared row is refused."""
-    from gdnpass.kernels import triton_ops as tri
+    from gdnpass.kernels import triton_ssm as ssm
 
     c = chain(*SHAPES[0], 8, 8, "dedup", 1)
     wins = [r.view(c["C"], c["dc"] - 1) for r in c["rows"]]
-    args, first, n = tri._tile_args(c["cache_r"], wins, c["params"]["columns"], c["tile"], c["dc"])
+    args, first, n = ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], c["tile"], c["dc"])
     assert (first, n) == (0, 10) and args[1:] == (1, c["W"])  # columns 0..9 (T + dc - 2 = 10), step 1, channel W
-    assert tri._tile_args(c["cache_r"], wins, c["params"]["columns"], None, c["dc"]) == ((0, 0, 0), 0, 0)
+    assert ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], None, c["dc"]) == ((0, 0, 0), 0, 0)
     bad = {**c["tile"], "windows": [0, 1, 8]}  # plane 0's row is no window of the shared row
     with pytest.raises(KernelError, match="shared row"):
-        tri._tile_args(c["cache_r"], wins, c["params"]["columns"], bad, c["dc"])
+        ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], bad, c["dc"])
 
 
 # ---- graph level ----------------------------------------------------------------------------------------------------

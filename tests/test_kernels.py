@@ -14,7 +14,10 @@ from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels import reference as ref
-from gdnpass.kernels import triton_ops as tri
+from gdnpass.kernels import triton_elementwise as elt
+from gdnpass.kernels import triton_matvec as mv
+from gdnpass.kernels import triton_norms as norms
+from gdnpass.kernels import triton_ssm as ssm
 from support.compare import assert_bits, assert_same_bytes
 from support.arena import DEVICE, Arena, assert_close, node, rnd
 
@@ -40,7 +43,7 @@ def test_ssm_conv(d_conv, C, n_t, n_s, block_c):
     sx = a.put(rnd(1, n_s, C, d_conv - 1 + n_t))
     c = a.put(rnd(1, 1, C, d_conv))
     y = a.view((1, n_s, n_t, C))
-    a.run(lambda: tri.ssm_conv(sx, c, y, block_c=block_c), y)
+    a.run(lambda: ssm.ssm_conv(sx, c, y, block_c=block_c), y)
     assert_close(y, ref.ssm_conv(sx, c))
     if INTERPRETED:  # no FMA contraction there: taps in order, mul then add, is bit-exact
         assert torch.equal(y, ref.ssm_conv(sx, c))
@@ -60,7 +63,7 @@ def test_silu_strided():
     a = Arena()
     x = a.put(rnd(2, 3, 5, 300), row_stride=320)  # rows with gaps
     y = a.view((2, 3, 5, 300))
-    a.run(lambda: tri.silu(x, y), y)
+    a.run(lambda: elt.silu(x, y), y)
     assert_close(y, ref.silu(x))
 
 
@@ -68,7 +71,7 @@ def test_silu_in_place():
     a = Arena()
     x = a.put(rnd(1, 2, 7, 256) * 4)
     want = ref.silu(x)
-    a.run(lambda: tri.silu(x, x), x)
+    a.run(lambda: elt.silu(x, x), x)
     assert_close(x, want)
 
 
@@ -87,7 +90,7 @@ def test_l2_norm_on_conv_views(S, H_k, H_v, n_t, n_s, strided_out):
     for off in (0, S * H_k):  # q, then k
         x = flat[off:].as_strided((n_s, n_t, H_k, S), (n_t * C, C, S, 1))
         y = a.view((n_s, n_t, H_k, S), row_stride=S + 8 if strided_out else None)
-        a.run(lambda: tri.l2_norm(x, 1e-6, y), y)
+        a.run(lambda: norms.l2_norm(x, 1e-6, y), y)
         assert_close(y, ref.l2_norm(x, 1e-6))
 
 
@@ -120,7 +123,7 @@ def test_rms_norm_on_conv_views(S, H_k, H_v, n_t, n_s, strided_out):
     for off in (0, S * H_k):  # q, then k
         x = flat[off:].as_strided((n_s, n_t, H_k, S), (n_t * C, C, S, 1))
         y = a.view((n_s, n_t, H_k, S), row_stride=S + 8 if strided_out else None)
-        a.run(lambda: tri.rms_norm(x, eps, y), y)
+        a.run(lambda: norms.rms_norm(x, eps, y), y)
         assert_close(y, ref.rms_norm(x, eps), rtol=2 ** -20)
 
 
@@ -133,7 +136,7 @@ def test_rms_norm_exact_when_the_sum_is_exact():
     for ne0 in (100, 32):
         x = a.put(torch.randint(-50, 51, (2, 3, 5, ne0), device=DEVICE).float())
         y = a.view(tuple(x.shape))
-        a.run(lambda: tri.rms_norm(x, 3.125e-8, y), y)
+        a.run(lambda: norms.rms_norm(x, 3.125e-8, y), y)
         assert torch.equal(y, ref.rms_norm(x, 3.125e-8))
 
 
@@ -141,7 +144,7 @@ def test_rms_norm_in_place():
     a = Arena()
     x = a.put(rnd(1, 2, 7, 64))
     want = ref.rms_norm(x.clone(), 1e-6)
-    a.run(lambda: tri.rms_norm(x, 1e-6, x), x)
+    a.run(lambda: norms.rms_norm(x, 1e-6, x), x)
     assert_close(x, want, rtol=2 ** -20)
 
 
@@ -166,7 +169,7 @@ def test_scale_strided_and_in_place(s, b):
     x = a.put(rnd(2, 3, 5, 300) * 3, row_stride=320)  # rows with gaps
     x[0, 0, 0, :3] = torch.tensor([-0.0, float("nan"), -1.0])
     y = a.view((2, 3, 5, 300))
-    a.run(lambda: tri.scale(x, s, b, y), y)
+    a.run(lambda: elt.scale(x, s, b, y), y)
     want = ref.scale(x, s, b)
     if b == 0.0 or s == 0.5 or not INTERPRETED:
         assert torch.equal(y.isnan(), want.isnan()) and torch.equal(y[~y.isnan()], want[~want.isnan()])
@@ -177,7 +180,7 @@ def test_scale_strided_and_in_place(s, b):
         bound = 2 ** -23 * (x[ok].abs() * abs(s) + abs(b))
         assert ((y[ok] - want[ok]).abs() <= bound).all()
     view = x[..., 1:, :]  # in place on a view, as build_rs zeroes a cache row
-    a.run(lambda: tri.scale(view, 0.0, 0.0, view), view)
+    a.run(lambda: elt.scale(view, 0.0, 0.0, view), view)
     assert (view[~view.isnan()] == 0).all()
 
 
@@ -193,14 +196,14 @@ def test_mul_mat_vec(wtype, cols):
     n1, n2, n3 = cols
     x = a.put(rnd(n3, n2, n1, K), row_stride=K + 24)  # activation columns with gaps
     y = a.view((n3, n2, n1, M))
-    a.run(lambda: tri.mul_mat_vec(w, x, y), y)
+    a.run(lambda: mv.mul_mat_vec(w, x, y), y)
     assert_close(y, ref.mul_mat(w, x))
 
 
 @pytest.mark.parametrize("what, kv_type, tile", [
     ("KQ f16", torch.float16, None), ("KQV f32", torch.float32, None),
-    ("KQ f16, 2 slices", torch.float16, tri.MatVecTile(4, 4, 16, False, 4, 2)),
-    ("KQV bf16, tensor cores", torch.bfloat16, tri.MatVecTile(16, 16, 16, True, 4, 1)),
+    ("KQ f16, 2 slices", torch.float16, mv.MatVecTile(4, 4, 16, False, 4, 2)),
+    ("KQV bf16, tensor cores", torch.bfloat16, mv.MatVecTile(16, 16, 16, True, 4, 1)),
 ])
 def test_mul_mat_vec_batched_as_attention(what, kv_type, tile):
     """Attention's batched MUL_MATs as llama.cpp builds them without flash attention: KQ = K·Q, K a permuted view of
@@ -221,13 +224,13 @@ def test_mul_mat_vec_batched_as_attention(what, kv_type, tile):
         x = a.put(rnd(1, 4, n_t, n_kv))                              # (1, H, n_t, n_kv), softmax(KQ)
         M, K = D, n_kv
     y = a.view((x.shape[0], x.shape[1], n_t, M))
-    a.run(lambda: tri._mat_vecs([(w, y)], x, tile), y)
+    a.run(lambda: mv._mat_vecs([(w, y)], x, tile), y)
     assert_close(y, ref.mul_mat(w, x))
     assert not y.isnan().any()
     if tile is not None and tile.split_k > 1:
-        assert not tri._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+        assert not mv._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
     with pytest.raises(KernelError, match="do not broadcast"):  # 2 KV heads cannot serve 3 query heads
-        tri.mul_mat_vec(w, x[:, :3], y[:, :3])
+        mv.mul_mat_vec(w, x[:, :3], y[:, :3])
 
 
 @pytest.mark.parametrize("wtype", [torch.float32, torch.float16, torch.bfloat16])
@@ -236,15 +239,15 @@ def test_mul_mat_vec_tensor_core_form(wtype):
     weights times the activations as three bf16 terms (in the interpreter the same split on f32 operands). Its sums
     are not f32 rounding: within 1e-4 of the reference; the pair (one launch, one tile) is byte-identical to the two
     single products. Run at a small M with the real model's tile (the interpreter pays per program)."""
-    tile = tri.mat_vec_tile(4096, 9, 4096, tri.WTYPES[wtype])
+    tile = mv.mat_vec_tile(4096, 9, 4096, mv.WTYPES[wtype])
     assert tile.dot
     M, K, n = 100, 200, 9  # rows not a multiple of the row tile, K not of the K step, columns not of the tile's
     a = Arena(1 << 24)
     w, w2 = (a.put(rnd(1, 1, M, K).to(wtype)) for _ in range(2))
     x = a.put(rnd(1, 1, n, K))
     y, y2, p, p2 = (a.view((1, 1, n, M)) for _ in range(4))
-    a.run(lambda: (tri._mat_vecs([(w, y)], x, tile), tri._mat_vecs([(w2, y2)], x, tile),
-                   tri._mat_vecs([(w, p), (w2, p2)], x, tile)), y, y2, p, p2)
+    a.run(lambda: (mv._mat_vecs([(w, y)], x, tile), mv._mat_vecs([(w2, y2)], x, tile),
+                   mv._mat_vecs([(w, p), (w2, p2)], x, tile)), y, y2, p, p2)
     assert_close(y, ref.mul_mat(w, x), rtol=1e-4)
     assert_bits(p, y, "pair, first product")
     assert_bits(p2, y2, "pair, second product")
@@ -252,15 +255,15 @@ def test_mul_mat_vec_tensor_core_form(wtype):
 
 # small tiles of both forms: a few row blocks (the last one partial) of a product whose K (not a multiple of a
 # slice) spans several steps per slice
-SPLIT_FORMS = {"dot": (tri.MatVecTile(32, 16, 32, True, 4), 100, 300, 9),
-               "fma": (tri.MatVecTile(8, 4, 32, False, 4), 36, 300, 3),
-               "fma-empty-slice": (tri.MatVecTile(8, 4, 32, False, 4), 36, 80, 3)}  # 4 slices of 32: 32, 32, 16, 0
+SPLIT_FORMS = {"dot": (mv.MatVecTile(32, 16, 32, True, 4), 100, 300, 9),
+               "fma": (mv.MatVecTile(8, 4, 32, False, 4), 36, 300, 3),
+               "fma-empty-slice": (mv.MatVecTile(8, 4, 32, False, 4), 36, 80, 3)}  # 4 slices of 32: 32, 32, 16, 0
 SPLIT_CASES = [(f, w, s) for f in ("dot", "fma") for w in (torch.float32, torch.bfloat16) for s in (2, 4)]
 SPLIT_CASES.append(("fma-empty-slice", torch.float32, 4))
 
 
 @pytest.mark.parametrize("form,wtype,split_k", SPLIT_CASES,
-                         ids=[f"{f}-{tri.WTYPES[w]}-split{s}" for f, w, s in SPLIT_CASES])
+                         ids=[f"{f}-{mv.WTYPES[w]}-split{s}" for f, w, s in SPLIT_CASES])
 def test_mul_mat_vec_split_k(form, wtype, split_k):
     """Split-K (MatVecTile.split_k): each row block's K slices summed by as many programs into the workspace, the
     last ticket's program adding them in slice order. Accurate (against f64: 1e-4 in the tensor-core form, as above;
@@ -272,14 +275,14 @@ def test_mul_mat_vec_split_k(form, wtype, split_k):
     w, w2 = (a.put(rnd(1, 1, M, K).to(wtype)) for _ in range(2))
     x = a.put(rnd(1, 1, n, K), row_stride=K + 24)  # activation columns with gaps
     y, again, y2, p, p2 = (a.view((1, 1, n, M)) for _ in range(5))
-    a.run(lambda: (tri._mat_vecs([(w, y)], x, tile), tri._mat_vecs([(w, again)], x, tile),
-                   tri._mat_vecs([(w2, y2)], x, tile), tri._mat_vecs([(w, p), (w2, p2)], x, tile)), y, again, y2, p, p2)
+    a.run(lambda: (mv._mat_vecs([(w, y)], x, tile), mv._mat_vecs([(w, again)], x, tile),
+                   mv._mat_vecs([(w2, y2)], x, tile), mv._mat_vecs([(w, p), (w2, p2)], x, tile)), y, again, y2, p, p2)
     for got, v in ((y, w), (y2, w2)):
         assert_close(got, (x.double() @ v.double().transpose(-1, -2)).float(), rtol=1e-4 if tile.dot else 1e-5)
     assert_same_bytes(again, y, "second run")
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
-    _, tickets = tri._SPLIT_WORKSPACE[w.device]
+    _, tickets = mv._SPLIT_WORKSPACE[w.device]
     assert not tickets.any(), "tickets left non-zero"
 
 
@@ -291,29 +294,29 @@ def test_gpu_mul_mat_vec_split_k_is_deterministic(wtype, n, split_k):
     shape's split launch (its model tile, split) gives one set of bytes over 20 eager launches and 20 CUDA-graph
     replays, the pair the single products', within tolerance of f64, tickets zero after."""
     M, K = 4096, 4096
-    tile = tri.mat_vec_tile(M, n, K, tri.WTYPES[wtype])._replace(split_k=split_k)
+    tile = mv.mat_vec_tile(M, n, K, mv.WTYPES[wtype])._replace(split_k=split_k)
     w, w2 = ((torch.randn(1, 1, M, K, device="cuda") / 64).to(wtype) for _ in range(2))
     x = torch.randn(1, 1, n, K, device="cuda")
     y, y2, p, p2 = (torch.full((1, 1, n, M), float("nan"), device="cuda") for _ in range(4))
-    tri._mat_vecs([(w, y)], x, tile)
-    tri._mat_vecs([(w2, y2)], x, tile)
-    tri._mat_vecs([(w, p), (w2, p2)], x, tile)
+    mv._mat_vecs([(w, y)], x, tile)
+    mv._mat_vecs([(w2, y2)], x, tile)
+    mv._mat_vecs([(w, p), (w2, p2)], x, tile)
     assert_close(y, (x.double() @ w.double().transpose(-1, -2)).float(), rtol=1e-4 if tile.dot else 1e-5)
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
     again = torch.empty_like(y)
     for _ in range(20):
         again.fill_(float("nan"))
-        tri._mat_vecs([(w, again)], x, tile)
+        mv._mat_vecs([(w, again)], x, tile)
         assert_same_bytes(again, y, "eager run")
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        tri._mat_vecs([(w, again)], x, tile)
+        mv._mat_vecs([(w, again)], x, tile)
     for _ in range(20):
         again.fill_(float("nan"))
         g.replay()
         assert_same_bytes(again, y, "graph replay")
-    assert not tri._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+    assert not mv._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
 
 
 def test_mul_mat_vec_split_k_refusals(monkeypatch):
@@ -322,10 +325,10 @@ def test_mul_mat_vec_split_k_refusals(monkeypatch):
     a = Arena()
     w, x, y = a.put(rnd(1, 1, 8, 64)), a.put(rnd(1, 1, 1, 64)), a.view((1, 1, 1, 8))
     with pytest.raises(KernelError, match="split_k 3"):
-        tri._mat_vecs([(w, y)], x, tri.MatVecTile(8, 1, 32, False, 4, split_k=3))
+        mv._mat_vecs([(w, y)], x, mv.MatVecTile(8, 1, 32, False, 4, split_k=3))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(KernelError, match="CUDA-graph capture"):
-        tri._split_workspace(torch.device("cuda", 0), 1 << 40, 1)
+        mv._split_workspace(torch.device("cuda", 0), 1 << 40, 1)
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------
@@ -363,12 +366,12 @@ def test_gated_delta_net(S, H_k, H_v, n_t, n_s, K, per_row_gate):
     src = gdn_inputs(a, S, H_k, H_v, n_t, n_s, per_row_gate)
     out = a.view((1, 1, n_t * n_s + K * S * n_s, S * H_v))
     want = ref.gated_delta_net(*src, K, out=out)
-    a.run(lambda: tri.gated_delta_net(*src, K, out), out)  # the default tile (GDN_BLOCK_V columns per program)
+    a.run(lambda: ssm.gated_delta_net(*src, K, out), out)  # the default tile (GDN_BLOCK_V columns per program)
     n_written = n_t * n_s + min(n_t, K) * S * n_s  # rows: scores, then the slots < n_t
     assert_close(out[..., :n_written, :], want[..., :n_written, :])
     assert out[..., n_written:, :].isnan().all(), "slots >= n_t must keep the old bytes"
     looped = a.view(tuple(out.shape))  # the token loop kept, as for a prompt: the same bytes
-    a.run(lambda: tri.gated_delta_net(*src, K, looped, unrolled=False), looped)
+    a.run(lambda: ssm.gated_delta_net(*src, K, looped, unrolled=False), looped)
     assert_same_bytes(looped[..., :n_written, :], out[..., :n_written, :], "the looped GDN")
     assert looped[..., n_written:, :].isnan().all(), "the looped GDN: slots >= n_t must keep the old bytes"
 
@@ -381,7 +384,7 @@ def test_gated_delta_net_refuses_an_output_over_its_state():
     out = a.view((1, 1, 2 + 32, 32))  # two score rows, then one slot
     in_out = out.reshape(-1)[-state.numel():].view(state.shape).copy_(state)  # the state in the slot's memory
     with pytest.raises(KernelError, match="GATED_DELTA_NET: the output overlaps an input"):
-        tri.gated_delta_net(q, k, v, g, beta, in_out, 1, out)
+        ssm.gated_delta_net(q, k, v, g, beta, in_out, 1, out)
 
 
 def gdn_f64(q, k, v, g, beta, state, K):

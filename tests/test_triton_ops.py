@@ -29,7 +29,12 @@ import triton.language as tl
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op
 from gdnpass.kernels import reference as ref
-from gdnpass.kernels import triton_ops as tri
+from gdnpass.kernels import triton_core as core
+from gdnpass.kernels import triton_elementwise as elt
+from gdnpass.kernels import triton_matvec as mv
+from gdnpass.kernels import triton_norms as norms
+from gdnpass.kernels import triton_rope as rope
+from gdnpass.kernels import triton_ssm as ssm
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels.fused import RECORDS
 from gdnpass.models.fill import fill
@@ -73,9 +78,10 @@ class _Counted:
 def launches(monkeypatch) -> list:
     """The names of the Triton kernels launched during the test, in order."""
     log: list = []
-    for name, k in vars(tri).items():
-        if name.startswith("_") and name.endswith("_kernel"):
-            monkeypatch.setattr(tri, name, _Counted(k, name, log))
+    for module in (elt, norms, mv, ssm, rope):
+        for name, k in vars(module).items():
+            if name.startswith("_") and name.endswith("_kernel"):
+                monkeypatch.setattr(module, name, _Counted(k, name, log))
     return log
 
 
@@ -135,7 +141,7 @@ def test_get_rows(dtype):
     src = put_values(a, (2, 5, 3, 40), dtype).transpose(1, 2)  # ne [40, 5 rows, 3, 2], rows not adjacent
     ids = ids_of(a, [0, 4, 4, 1, 2, 3] * 12, (1, 2, 3, 12))[..., ::3]
     out = view(a, (2, 3, 4, 40), I32 if dtype == I32 else F32, row_stride=44)
-    a.run(lambda: tri.get_rows(src, ids, out), out)
+    a.run(lambda: elt.get_rows(src, ids, out), out)
     assert_bits(out, ref.get_rows(src, ids), f"GET_ROWS {dtype}")
 
 
@@ -147,7 +153,7 @@ def test_get_rows_nan_rows_of_every_f16_pattern():
                 .reshape(1, 1, 64, 1024))
     ids = ids_of(a, list(range(63, -1, -1)), (1, 1, 1, 64))
     out = a.view((1, 1, 64, 1024))
-    a.run(lambda: tri.get_rows(src, ids, out), out)
+    a.run(lambda: elt.get_rows(src, ids, out), out)
     assert_bits(out, ref.get_rows(src, ids), "GET_ROWS f16 patterns")
 
 
@@ -158,7 +164,7 @@ def test_get_rows_refuses_an_id_outside_the_rows_before_launch(bad, launches):
     ids = ids_of(a, [0, bad, 2], (1, 1, 1, 3))
     out = a.view((1, 1, 3, 8))
     with pytest.raises(KernelError, match=f"row id {bad} is outside the source's 5 rows"):
-        a.run(lambda: tri.get_rows(src, ids, out))  # nothing written
+        a.run(lambda: elt.get_rows(src, ids, out))  # nothing written
     assert launches == []
 
 
@@ -179,7 +185,7 @@ def test_concat(dim, dtype):
     y = put_values(a, tuple(shape_b), dtype, row_stride=shape_b[3] + 3)
     want = ref.concat(x, y, dim)
     out = a.view(tuple(want.shape), dtype, row_stride=want.shape[3] + 1)
-    a.run(lambda: tri.concat(x, y, dim, out), out)
+    a.run(lambda: elt.concat(x, y, dim, out), out)
     assert_bits(out, want, f"CONCAT dim {dim}")
 
 
@@ -212,7 +218,7 @@ def test_cpy(src_t, dst_t):
     src = base.transpose(-1, -2)  # (1, 2, 6, 8), strided
     dst = view(a, (2, 3, 8, 4), dst_t)[:, :, ::2, :]  # (2, 3, 4, 4): 96 elements, every other row
     want = ref.cpy(src, dst)
-    a.run(lambda: tri.cpy(src, dst), dst)
+    a.run(lambda: elt.cpy(src, dst), dst)
     assert_bits(dst, want, f"CPY {src_t} -> {dst_t}")
 
 
@@ -235,7 +241,7 @@ def test_cpy_snapshot_window_into_a_cache_row():
     conv_input = a.put(rnd(1, 1, 32, 3 + 4))
     window = conv_input[..., 2:2 + 3]
     row = a.view((1, 1, 1, 3 * 32))
-    a.run(lambda: tri.cpy(window, row), row)
+    a.run(lambda: elt.cpy(window, row), row)
     assert_bits(row, ref.cpy(window, row), "snapshot CPY")
 
 
@@ -271,7 +277,7 @@ def test_binary_in_place(onto):
     x, y = put_values(a, (1, 2, 3, 50)), put_values(a, (1, 2, 3, 50), nan=False)
     want = ref.add(x, y)
     out = x if onto == "a" else y
-    a.run(lambda: tri.add(x, y, out), out)
+    a.run(lambda: elt.add(x, y, out), out)
     assert_bits(out, want, f"ADD in place on {onto}")
 
 
@@ -283,7 +289,7 @@ def test_binary_refuses_partial_overlap(launches):
     flat = x.reshape(-1)
     shifted = flat[1:].as_strided((1, 1, 3, 8), (24, 24, 8, 1))
     with pytest.raises(KernelError, match="overlaps an input"):
-        tri.add(x[..., :3, :], x[..., :3, :], shifted)
+        elt.add(x[..., :3, :], x[..., :3, :], shifted)
     assert launches == []
 
 
@@ -294,7 +300,7 @@ def test_binary_refuses_partial_overlap(launches):
 def kernel_exp(monkeypatch):
     """In the interpreter, the reference computed with the kernels' exp and log (numpy's): the bytes must then be
     identical. Compiled, the reference as it is (the kernels call CUDA's expf/logf, as torch does)."""
-    if not tri.INTERPRETED:
+    if not core.INTERPRETED:
         return
 
     def numpy_fn(fn):
@@ -307,7 +313,7 @@ def kernel_exp(monkeypatch):
     monkeypatch.setattr(torch, "log", numpy_fn(np.log))
 
 
-@pytest.mark.parametrize("kind", tri.UNARY_KINDS)
+@pytest.mark.parametrize("kind", elt.UNARY_KINDS)
 def test_unary(kind, kernel_exp):
     """Each kind on edge values (softplus' x > 20 branch on both sides of 20, exp overflow and underflow, NaNs),
     strided in and out, and in place."""
@@ -317,7 +323,7 @@ def test_unary(kind, kernel_exp):
     want = ref.UNARY[kind](x)
     a.run(lambda: TRITON_BACKEND[Op.UNARY](node(Op.UNARY, kind=kind), [x], out), out)
     assert_bits(out, want, kind)
-    a.run(lambda: tri.unary(kind, x, x), x)  # in place (the graph's SOFTPLUS and SILU are)
+    a.run(lambda: elt.unary(kind, x, x), x)  # in place (the graph's SOFTPLUS and SILU are)
     assert_bits(x, want, f"{kind} in place")
 
 
@@ -336,7 +342,7 @@ def test_glu_swiglu(form, kernel_exp):
     assert_bits(out, want, f"SWIGLU {form}")
 
 
-@pytest.mark.skipif(not tri.INTERPRETED, reason="the interpreter's numpy exp; compiled, the gpu tests compare")
+@pytest.mark.skipif(not core.INTERPRETED, reason="the interpreter's numpy exp; compiled, the gpu tests compare")
 @pytest.mark.parametrize("kind,ulps", [("EXP", 2), ("SILU", 4), ("SIGMOID", 4)])
 def test_unary_in_the_interpreter_is_off_torch_by_numpys_exp_only(kind, ulps):
     """What the byte-for-byte tests cannot give on the CPU, stated instead of tolerated: against torch's own CPU exp
@@ -345,7 +351,7 @@ def test_unary_in_the_interpreter_is_off_torch_by_numpys_exp_only(kind, ulps):
     to within a few ulps of 1 (x around -16), one ulp of exp moves that rounding and log's result by up to 100%."""
     x = edge_values(2000)[40:].reshape(1, 1, 49, 40) * 3  # finite normals
     out = torch.empty_like(x)
-    tri.unary(kind, x, out)
+    elt.unary(kind, x, out)
     d = (out.view(I32).long() - ref.UNARY[kind](x).view(I32).long()).abs()
     assert int(d.max()) <= ulps
 
@@ -364,7 +370,7 @@ ONE_LAUNCH = {  # op -> (node params, sources) on tiny shapes
     "SCALE": ({"s": 0.5, "b": 0.0}, lambda a: [a.put(rnd(1, 1, 4, 8))], (1, 1, 4, 8)),
     "RMS_NORM": ({"eps": 1e-6}, lambda a: [a.put(rnd(1, 1, 4, 32))], (1, 1, 4, 32)),
     "L2_NORM": ({"eps": 1e-6}, lambda a: [a.put(rnd(1, 1, 4, 32))], (1, 1, 4, 32)),
-    **{f"UNARY({k})": ({"kind": k}, lambda a: [a.put(rnd(1, 1, 4, 8))], (1, 1, 4, 8)) for k in tri.UNARY_KINDS},
+    **{f"UNARY({k})": ({"kind": k}, lambda a: [a.put(rnd(1, 1, 4, 8))], (1, 1, 4, 8)) for k in elt.UNARY_KINDS},
     "SET_ROWS": ({}, lambda a: [a.put(rnd(1, 2, 3, 8)), ids_of(a, [4, 0, 2], (1, 1, 1, 3)),
                                 a.put(rnd(1, 2, 6, 8).to(F16))], (1, 2, 6, 8)),
     "ROPE": (dict(QWEN35_ROPE, n_dims=8, mode=40, sections=(2, 1, 1, 0), n_offs=0),
@@ -400,14 +406,14 @@ def test_triton_backend_has_no_torch_fallback(monkeypatch, launches):
 
 
 EMPTY = {  # a launcher call on zero-size tensors (views of a real buffer: an empty view still has an address)
-    "get_rows": lambda a, v: (tri.get_rows, a.put(rnd(1, 1, 4, 8)), view(a, (1, 1, 1, 0), I32), v((1, 1, 0, 8))),
-    "get_rows-ne0": lambda a, v: (tri.get_rows, v((1, 1, 4, 0)), ids_of(a, [9, 9], (1, 1, 1, 2)), v((1, 1, 2, 0))),
-    "concat": lambda a, v: (tri.concat, v((1, 0, 2, 8)), v((1, 0, 3, 8)), 1, v((1, 0, 5, 8))),
-    "cpy": lambda a, v: (tri.cpy, v((1, 1, 0, 8)), a.view((1, 1, 8, 0), F16)),
-    "add": lambda a, v: (tri.add, v((1, 1, 0, 8)), v((1, 1, 0, 8)), v((1, 1, 0, 8))),
-    "mul": lambda a, v: (tri.mul, v((1, 1, 0, 8)), a.put(rnd(1, 1, 1, 8)), v((1, 1, 0, 8))),
-    "unary": lambda a, v: (tri.unary, "SOFTPLUS", v((1, 1, 0, 8)), v((1, 1, 0, 8))),
-    "glu": lambda a, v: (tri.glu, "SWIGLU", v((1, 1, 0, 16)), None, False, v((1, 1, 0, 8))),
+    "get_rows": lambda a, v: (elt.get_rows, a.put(rnd(1, 1, 4, 8)), view(a, (1, 1, 1, 0), I32), v((1, 1, 0, 8))),
+    "get_rows-ne0": lambda a, v: (elt.get_rows, v((1, 1, 4, 0)), ids_of(a, [9, 9], (1, 1, 1, 2)), v((1, 1, 2, 0))),
+    "concat": lambda a, v: (elt.concat, v((1, 0, 2, 8)), v((1, 0, 3, 8)), 1, v((1, 0, 5, 8))),
+    "cpy": lambda a, v: (elt.cpy, v((1, 1, 0, 8)), a.view((1, 1, 8, 0), F16)),
+    "add": lambda a, v: (elt.add, v((1, 1, 0, 8)), v((1, 1, 0, 8)), v((1, 1, 0, 8))),
+    "mul": lambda a, v: (elt.mul, v((1, 1, 0, 8)), a.put(rnd(1, 1, 1, 8)), v((1, 1, 0, 8))),
+    "unary": lambda a, v: (elt.unary, "SOFTPLUS", v((1, 1, 0, 8)), v((1, 1, 0, 8))),
+    "glu": lambda a, v: (elt.glu, "SWIGLU", v((1, 1, 0, 16)), None, False, v((1, 1, 0, 8))),
 }
 
 
@@ -425,15 +431,16 @@ def test_programs_of_the_new_kernels():
     """programs(node): one program per ELT_BLOCK output elements for each of these ops (the interpreter's cost
     model, gdnpass.cli.INTERPRETER_S, has an entry for each name)."""
     from gdnpass import cli, pipeline
+    from gdnpass.kernels.backends import programs
     from gdnpass.models import VerifyConfig
 
     g = pipeline.run(VerifyConfig("tiny-qwen35", 4, 3, n_layers=1), pipeline.PassOptions(fusion=False)).graph
     seen = set()
     for n in g.nodes:
-        for kernel, count, steps in tri.programs(n):
+        for kernel, count, steps in programs(n):
             assert kernel.rstrip("0123456789") in cli.INTERPRETER_S
             if n.op in (Op.GET_ROWS, Op.CONCAT, Op.CPY, Op.ADD, Op.MUL, Op.GLU, Op.UNARY):
-                assert (count, steps) == (-(-n.nelements // tri.ELT_BLOCK), 1)
+                assert (count, steps) == (-(-n.nelements // elt.ELT_BLOCK), 1)
                 seen.add(kernel)
     assert seen == {"get_rows", "concat", "cpy", "add", "mul", "swiglu", "silu", "sigmoid", "softplus"}
 
@@ -471,7 +478,7 @@ def test_rope(case, dtype):
     ff = a.put(torch.rand(1, 1, 1, n_dims // 2, device=DEVICE) + 0.5) if "yarn" in name else None
     out = a.view((1, T, H, hd), dtype)
     kw = dict(prm, n_dims=n_dims, mode=mode, sections=sections)
-    a.run(lambda: tri.rope(x, ids, ff, out, **kw), out)
+    a.run(lambda: rope.rope(x, ids, ff, out, **kw), out)
     assert_bits(out, ref.rope(x, ids, ff, **kw), f"ROPE {name}")
 
 
@@ -489,11 +496,11 @@ def test_set_rows(dtype, id_type, planes):
     ids = put(a, vals.to(id_type))
     dst = a.put(rnd(3, 2, 10, 40).to(dtype))
     want = ref.set_rows(dst.clone(), rows, ids)
-    a.run(lambda: tri.set_rows(rows, ids, dst), dst)
+    a.run(lambda: elt.set_rows(rows, ids, dst), dst)
     assert_bits(dst, want, f"SET_ROWS f32 -> {dtype}")
     bad = put(a, torch.tensor([[[[0, 10, 1, 2]]]], device=DEVICE, dtype=id_type))
     with pytest.raises(KernelError, match="SET_ROWS: row id 10 is outside the destination's 10 rows"):
-        tri.set_rows(rows, bad, dst)
+        elt.set_rows(rows, bad, dst)
 
 
 # ---- graph level: fused vs unfused ----------------------------------------------------------------------------------
@@ -569,18 +576,18 @@ def _patterns(step: int) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("kind", tri.UNARY_KINDS)
+@pytest.mark.parametrize("kind", elt.UNARY_KINDS)
 def test_gpu_unary_matches_torch_on_2_24_patterns(kind):
     x = _patterns(251)
     out = torch.empty_like(x)
-    tri.unary(kind, x, out)
+    elt.unary(kind, x, out)
     assert_bits(out, ref.UNARY[kind](x), kind)
 
 
 @triton.jit
 def _silu_unrolled_kernel(x_ptr, y_ptr, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + i, tri.silu_f32_unrolled(tl.load(x_ptr + i)))
+    tl.store(y_ptr + i, core.silu_f32_unrolled(tl.load(x_ptr + i)))
 
 
 @pytest.mark.gpu
@@ -600,17 +607,17 @@ def test_gpu_swiglu_and_conversions_match_torch():
     x = _patterns(509)
     up = x.flip(-1).contiguous()
     out = torch.empty_like(x)
-    tri.glu("SWIGLU", x, up, False, out)
+    elt.glu("SWIGLU", x, up, False, out)
     assert_bits(out, ref.swiglu(x, up), "SWIGLU")
     for dtype in (F16, BF16, I32):
         dst = torch.empty(x.shape, dtype=dtype, device="cuda")
-        tri.cpy(x, dst)
+        elt.cpy(x, dst)
         assert_bits(dst, ref.cpy(x, dst), f"CPY f32 -> {dtype}")
     for dtype in (F16, BF16):
         src = torch.arange(-2**15, 2**15, dtype=I32, device="cuda").to(torch.int16).view(dtype).reshape(1, 1, 64, 1024)
         ids = torch.arange(64, dtype=I32, device="cuda").reshape(1, 1, 1, 64)
         out = torch.empty(1, 1, 64, 1024, device="cuda")
-        tri.get_rows(src, ids, out)
+        elt.get_rows(src, ids, out)
         assert_bits(out, ref.get_rows(src, ids), f"GET_ROWS {dtype}")
 
 

@@ -1,7 +1,12 @@
 """Kernels: the semantic spec and the implementations.
 
 - :mod:`~gdnpass.kernels.reference`: the torch reference of every op (the semantic spec);
-- :mod:`~gdnpass.kernels.triton_ops`: the Triton kernels and their launchers;
+- :mod:`~gdnpass.kernels.triton_core`: the exactness core of the Triton kernels, the ``@triton.jit`` helpers that fused
+  and unfused kernels share and the launch conventions;
+- the Triton kernels and their launchers, by family: :mod:`~gdnpass.kernels.triton_elementwise` (data movement and
+  elementwise ops), :mod:`~gdnpass.kernels.triton_norms`, :mod:`~gdnpass.kernels.triton_matvec` (the mat-vec and its
+  pair), :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET, the fused conv chain),
+  :mod:`~gdnpass.kernels.triton_rope`, :mod:`~gdnpass.kernels.triton_attention`;
 - :mod:`~gdnpass.kernels.fused`: one record per fused op (inputs, parameters, launches, adapters, scope);
 - :mod:`~gdnpass.kernels.limits`: what the kernels can do (read by the matchers);
 - :mod:`~gdnpass.kernels.backends`: the op -> adapter tables the executor runs.

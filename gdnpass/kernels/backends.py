@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from gdnpass.errors import KernelError
-from gdnpass.ir import DType, Op, Unary
+from gdnpass.ir import DType, Op, Unary, runs_kernel
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.fused import RECORDS, Adapter
 from gdnpass.kernels.limits import mat_vec_columns, runs_as_mat_vec
@@ -108,19 +108,46 @@ GGML_CPU_BACKEND: dict[Op, Adapter] = {
 }
 
 
-def _tri():
-    from gdnpass.kernels import triton_ops  # lazy: needs triton, and TRITON_INTERPRET must be set before it loads
+# the Triton kernel modules, by family; lazy: they need triton, and TRITON_INTERPRET must be set before they load
 
-    return triton_ops
+
+def _tri_elt():
+    from gdnpass.kernels import triton_elementwise
+
+    return triton_elementwise
+
+
+def _tri_norms():
+    from gdnpass.kernels import triton_norms
+
+    return triton_norms
+
+
+def _tri_matvec():
+    from gdnpass.kernels import triton_matvec
+
+    return triton_matvec
+
+
+def _tri_ssm():
+    from gdnpass.kernels import triton_ssm
+
+    return triton_ssm
+
+
+def _tri_rope():
+    from gdnpass.kernels import triton_rope
+
+    return triton_rope
 
 
 def _tri_unary(node, views, out):
-    _tri().unary(Unary(node.op_params["kind"]).value, views[0], out)
+    _tri_elt().unary(Unary(node.op_params["kind"]).value, views[0], out)
 
 
 def _tri_glu(node, views, out):
     p = node.op_params
-    _tri().glu(p["kind"], views[0], views[1] if len(views) > 1 else None, bool(p.get("swapped")), out)
+    _tri_elt().glu(p["kind"], views[0], views[1] if len(views) > 1 else None, bool(p.get("swapped")), out)
 
 
 def _tri_mul_mat(node, views, out):
@@ -128,13 +155,13 @@ def _tri_mul_mat(node, views, out):
     prompt's ubatch)."""
     w, x = views
     if runs_as_mat_vec(w.shape[2], mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])):
-        _tri().mul_mat_vec(w, x, out)
+        _tri_matvec().mul_mat_vec(w, x, out)
     else:
         TORCH_BACKEND[Op.MUL_MAT](node, views, out)
 
 
 def _tri_attn():
-    from gdnpass.kernels import triton_attention  # lazy, as _tri
+    from gdnpass.kernels import triton_attention
 
     return triton_attention
 
@@ -170,43 +197,54 @@ def _tri_set_rows(node, views, out):
     rows, ids, dst = views
     if out.data_ptr() != dst.data_ptr() or out.shape != dst.shape or out.stride() != dst.stride():
         raise KernelError(f"node {node.name!r}: SET_ROWS is planned in place (a view of its destination)")
-    _tri().set_rows(rows, ids, out)
+    _tri_elt().set_rows(rows, ids, out)
 
 
 TRITON_BACKEND: dict[Op, Adapter] = {
     **TORCH_BACKEND,
     # one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul)
-    Op.GET_ROWS: lambda node, views, out: _tri().get_rows(views[0], views[1], out),
-    Op.CONCAT: lambda node, views, out: _tri().concat(views[0], views[1], int(node.op_params["dim"]), out),
-    Op.CPY: lambda node, views, out: _tri().cpy(views[0], out),  # views[1] is the destination, out its view
-    Op.CONT: lambda node, views, out: _tri().cpy(views[0], out),
-    Op.ADD: lambda node, views, out: _tri().add(views[0], views[1], out),
-    Op.MUL: lambda node, views, out: _tri().mul(views[0], views[1], out),
+    Op.GET_ROWS: lambda node, views, out: _tri_elt().get_rows(views[0], views[1], out),
+    Op.CONCAT: lambda node, views, out: _tri_elt().concat(views[0], views[1], int(node.op_params["dim"]), out),
+    Op.CPY: lambda node, views, out: _tri_elt().cpy(views[0], out),  # views[1] is the destination, out its view
+    Op.CONT: lambda node, views, out: _tri_elt().cpy(views[0], out),
+    Op.ADD: lambda node, views, out: _tri_elt().add(views[0], views[1], out),
+    Op.MUL: lambda node, views, out: _tri_elt().mul(views[0], views[1], out),
     Op.GLU: _tri_glu,
-    Op.SSM_CONV: lambda node, views, out: _tri().ssm_conv(views[0], views[1], out),
+    Op.SSM_CONV: lambda node, views, out: _tri_ssm().ssm_conv(views[0], views[1], out),
     Op.UNARY: _tri_unary,
-    Op.L2_NORM: lambda node, views, out: _tri().l2_norm(views[0], float(node.op_params["eps"]), out),
-    Op.RMS_NORM: lambda node, views, out: _tri().rms_norm(views[0], float(node.op_params["eps"]), out),
-    Op.SCALE: lambda node, views, out: _tri().scale(views[0], float(node.op_params["s"]),
-                                                    float(node.op_params.get("b", 0.0)), out),
+    Op.L2_NORM: lambda node, views, out: _tri_norms().l2_norm(views[0], float(node.op_params["eps"]), out),
+    Op.RMS_NORM: lambda node, views, out: _tri_norms().rms_norm(views[0], float(node.op_params["eps"]), out),
+    Op.SCALE: lambda node, views, out: _tri_elt().scale(views[0], float(node.op_params["s"]),
+                                                        float(node.op_params.get("b", 0.0)), out),
     Op.MUL_MAT: _tri_mul_mat,
-    Op.GATED_DELTA_NET: lambda node, views, out: _tri().gated_delta_net(*views, int(node.op_params["K"]), out),
+    Op.GATED_DELTA_NET: lambda node, views, out: _tri_ssm().gated_delta_net(*views, int(node.op_params["K"]), out),
     Op.SET_ROWS: _tri_set_rows,
-    Op.ROPE: lambda node, views, out: _tri().rope(views[0], views[1], views[2] if len(views) > 2 else None, out,
-                                                  **_rope_params(node)),
+    Op.ROPE: lambda node, views, out: _tri_rope().rope(views[0], views[1], views[2] if len(views) > 2 else None, out,
+                                                       **_rope_params(node)),
     Op.SOFT_MAX: _tri_soft_max,
     Op.FLASH_ATTN_EXT: _tri_flash_attn_ext,
     **{op: r.triton for op, r in RECORDS.items()},
 }
 
 def programs(node) -> list[tuple[str, int, int]]:
-    """The Triton programs one execution of ``node`` launches under :data:`TRITON_BACKEND`: ``[(kernel, programs,
-    steps)]`` from :mod:`.triton_ops` or, for FLASH_ATTN_EXT and SOFT_MAX, :mod:`.triton_attention` (the
-    interpreter's cost estimate reads them)."""
-    from gdnpass.kernels import triton_attention, triton_ops
+    """The Triton programs one execution of graph node ``node`` (a :class:`gdnpass.ir.Tensor`) launches under
+    :data:`TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs, steps)]``, ``steps`` being each
+    program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for mat_vec; KV blocks for flash_attn,
+    column blocks per pass for soft_max; 1 otherwise), as the family module of its op counts them (each one's
+    ``programs``). Empty for nodes that run on torch (MUL_MATs of over 16 columns) or launch nothing. Pure: reads
+    shapes only (the interpreter's cost estimate reads them)."""
+    from gdnpass.kernels import (triton_attention, triton_elementwise, triton_matvec, triton_norms, triton_rope,
+                                 triton_ssm)
 
-    return triton_attention.programs(node) if node.op in (Op.FLASH_ATTN_EXT, Op.SOFT_MAX) else \
-        triton_ops.programs(node)
+    if node.op in (Op.FLASH_ATTN_EXT, Op.SOFT_MAX):
+        return triton_attention.programs(node)
+    if not runs_kernel(node):
+        return []
+    for family in (triton_elementwise, triton_norms, triton_matvec, triton_ssm, triton_rope):
+        found = family.programs(node)
+        if found:
+            return found
+    return []
 
 
 __all__ = ["Adapter", "GGML_CPU_BACKEND", "TORCH_BACKEND", "TRITON_BACKEND", "programs"]

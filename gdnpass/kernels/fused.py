@@ -148,10 +148,10 @@ def _chain_torch(node: Tensor, views: list, out) -> None:
 
 
 def _chain_triton(node: Tensor, views: list, out) -> None:
-    from gdnpass.kernels import triton_ops
+    from gdnpass.kernels import triton_ssm
 
     p = node.op_params
-    triton_ops.gdn_conv_chain(*_chain_args(node, views), out, views[4], views[5], bool(p.get("l2_separate")),
+    triton_ssm.gdn_conv_chain(*_chain_args(node, views), out, views[4], views[5], bool(p.get("l2_separate")),
                               p.get("tile"), **_norm(p))
 
 
@@ -203,10 +203,10 @@ def _pair_torch(node: Tensor, views: list, out) -> None:
 
 
 def _pair_triton(node: Tensor, views: list, out) -> None:
-    from gdnpass.kernels import triton_ops
+    from gdnpass.kernels import triton_matvec
 
     w_a, x, w_b, out_b = views
-    triton_ops.mul_mat_vec_pair(w_a, w_b, x, out, out_b)
+    triton_matvec.mul_mat_vec_pair(w_a, w_b, x, out, out_b)
 
 
 MAT_VEC_PAIR = FusedOp(

@@ -2,7 +2,7 @@
 
 Their specs and torch references are :func:`gdnpass.kernels.reference.flash_attn_ext` (the f32 semantics,
 ``cpu=False``) and :func:`gdnpass.kernels.reference.soft_max`; tests/test_triton_attention.py compares each kernel
-with its reference. Conventions as :mod:`gdnpass.kernels.triton_ops` (whose helpers and launch options these kernels
+with its reference. Conventions as :mod:`gdnpass.kernels.triton_core` (whose helpers and launch options these kernels
 share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed in ggml order, no FMA contraction
 (``LAUNCH``), offsets in int64 (a KV cache view spans more than 2^31 elements at long contexts).
 
@@ -27,7 +27,7 @@ from triton.language.extra import libdevice
 
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_ops import INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32
+from gdnpass.kernels.triton_core import INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32
 
 FA_BLOCK_M = 16     # query rows per program: the smallest tl.dot tile, and a whole verify (n_q <= 16) in one block
 FA_MAX_D = 512      # head sizes up to this have a kernel (next power of two): wider tiles overflow shared memory
@@ -331,7 +331,7 @@ def soft_max(x: torch.Tensor, mask: torch.Tensor | None, sinks: torch.Tensor | N
 
 
 def programs(node) -> list[tuple[str, int, int]]:
-    """:func:`gdnpass.kernels.triton_ops.programs` for the two attention ops: ``[(kernel, programs, steps)]`` of one
+    """:func:`gdnpass.kernels.backends.programs` for the two attention ops: ``[(kernel, programs, steps)]`` of one
     execution of graph node ``node`` under TRITON_BACKEND (steps: KV blocks per program for flash attention, column
     blocks per pass for soft_max). Pure: reads shapes only."""
     from gdnpass.ir import Op

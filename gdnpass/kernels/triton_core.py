@@ -1,0 +1,215 @@
+"""The exactness core of the Triton kernels: the ``@triton.jit`` helpers and launch conventions shared by the kernel
+families, so that a fused kernel and the unfused kernels it stands for write identical bytes.
+
+The kernels run the ops the executor runs, one launch per graph node (as ggml-cuda), each writing straight into a
+(possibly strided) output view. They live by family: :mod:`~gdnpass.kernels.triton_elementwise` (the data movement,
+GET_ROWS, CONCAT, CPY/CONT and SET_ROWS, and the elementwise ops, ADD, MUL, UNARY, GLU and SCALE),
+:mod:`~gdnpass.kernels.triton_norms` (L2_NORM, RMS_NORM), :mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT of 1-16
+columns, the mat-vec pair), :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET and the fused
+GDN_CONV_CHAIN), :mod:`~gdnpass.kernels.triton_rope` (ROPE) and :mod:`~gdnpass.kernels.triton_attention` (SOFT_MAX,
+FLASH_ATTN_EXT). MUL_MATs of more than 16 columns stay on torch (its matmul). Each family module holds its kernels,
+their launchers and its ``programs`` (the launch sizes :func:`gdnpass.kernels.backends.programs` reports).
+
+Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided
+windows into one uint8 buffer viewed as float32. Strides are passed in elements, in ggml order (s0 = stride of ne0).
+
+The ``@triton.jit`` helpers here are the arithmetic more than one kernel does: :func:`silu_f32` (UNARY SILU, SWIGLU)
+and :func:`silu_f32_unrolled` (the fused chain; the same bits), :func:`sum_sq_rows` under :func:`l2_scale_rows` and
+:func:`rms_scale_rows` (L2_NORM, RMS_NORM and the fused chain's q/k), :func:`conv_dot` (SSM_CONV and the fused chain),
+exp, log, cos and sin as torch computes them (:func:`exp_f32`, :func:`log_f32`, :func:`cos_sin_f64`), the row
+addressing :func:`_row_offset`; and the launch conventions every launcher follows (:data:`LAUNCH`, :func:`_require`,
+:func:`_strides`, :func:`_alias_ok`). A fused kernel calls the same helpers so its results are byte-identical to the
+unfused kernels'; a helper only one family uses stays in its family's module. Two things would otherwise let the
+bytes depend on the kernel: FMA contraction (whether ``a*b + c`` rounds once or twice depends on what the compiler
+sees around it), switched off for every launch (:data:`LAUNCH`), and ``tl.sum``, whose order follows the register
+layout the compiler picks per kernel: the L2 sum is a fixed pairwise tree instead (:func:`sum_sq_rows`), and the
+mat-vec pair runs the very kernel of the single mat-vec. Against the torch reference, the elementwise kernels write
+its expressions operation for operation, with IEEE division (``tl.math.div_rn``; ``/`` is approximate compiled) and
+CUDA's own expf/logf (:func:`exp_f32`, :func:`log_f32`): compiled, their bytes are the reference's on CUDA; the
+data-movement kernels move bits (or convert as torch converts), so theirs are everywhere.
+
+Every kernel loads all inputs of the elements it owns before storing them, so an output may alias its input element
+for element (SiLU in place); the launchers refuse any other overlap of an output with an input (:func:`_alias_ok`).
+Token counts stay runtime values, loop bounds or the mask of a fixed tile (no recompile per n_t), except in the fused
+chain, where they are constants of the node (see :func:`gdnpass.kernels.triton_ssm.gdn_conv_chain`), and in SSM_CONV
+and GATED_DELTA_NET up to MAX_UNROLLED_T tokens (a verify's loop unrolled: one compile per n_t); channels go on the
+grid.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from gdnpass.errors import KernelError
+
+NUM_WARPS = 4       # every launch but the mat-vec, the fused chain, GATED_DELTA_NET and flash attention (their own);
+                    # a fused kernel reusing a reduction helper must launch with the same
+
+# read when this module loads, as @triton.jit reads it: the interpreter runs every kernel defined below
+INTERPRETED = bool(triton.knobs.runtime.interpret)
+
+# every launch: no FMA contraction, so each operation rounds as written, whichever kernel it is in
+LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False)
+
+
+# ---- launch conventions ---------------------------------------------------------------------------------------------
+
+
+def _require(cond: bool, msg: str) -> None:
+    """A launcher's memory-safety check: raised, never ``assert`` (which ``python -O`` strips)."""
+    if not cond:
+        raise KernelError(msg)
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """Element strides in ggml order (s0, s1, s2, s3) of a 4-D (ne3, ne2, ne1, ne0) view."""
+    _require(t.dim() == 4, f"expected a 4-D (ne3, ne2, ne1, ne0) view, got shape {tuple(t.shape)}")
+    return t.stride()[::-1]
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The byte addresses [lo, hi) a non-empty view may touch."""
+    lo = t.data_ptr()
+    return lo, lo + (1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _alias_ok(op: str, out: torch.Tensor, *srcs: torch.Tensor, same_ok: bool = True) -> None:
+    """``out`` shares memory with an input only as the very same view (element i is read before element i is
+    written, in one program; not even that unless ``same_ok``), never otherwise: one program could read what another
+    has already written, where the torch reference reads everything first."""
+    lo, hi = _extent(out)
+    for s in srcs:
+        s_lo, s_hi = _extent(s)
+        if s_lo < hi and lo < s_hi:
+            _require(same_ok and s.data_ptr() == out.data_ptr() and s.shape == out.shape
+                     and s.stride() == out.stride() and s.element_size() == out.element_size(),
+                     f"{op}: the output overlaps an input other than element for element")
+
+
+# ---- shared helpers -------------------------------------------------------------------------------------------------
+
+
+# exp and log of f32 as torch computes them on the device the kernels run on. Compiled (CUDA): libdevice's __nv_expf
+# and __nv_logf, CUDA's expf and logf, which torch's exp and log call: bit-identical to torch.exp / torch.log on all
+# 2^32 f32 inputs (H200, torch 2.11+cu130, triton 3.6), where tl.exp (ex2.approx of x·log2 e) differs on 129 M of them.
+# The interpreter has no libdevice: numpy's exp and log there, which are not torch's CPU functions (Sleef), so on the
+# CPU these two differ from the reference in the last bits. (Division likewise: Triton's ``/`` on f32 is the
+# approximate div.full.f32, 516 M inputs of x / (1 + x) off torch's IEEE quotient: the kernels divide with
+# tl.math.div_rn.)
+if INTERPRETED:
+    @triton.jit
+    def exp_f32(x):
+        return tl.exp(x)
+
+    @triton.jit
+    def log_f32(x):
+        return tl.log(x)
+
+    @triton.jit
+    def cos_sin_f64(x):
+        return tl.cos(x), tl.sin(x)
+else:
+    @triton.jit
+    def exp_f32(x):
+        return libdevice.exp(x)
+
+    @triton.jit
+    def log_f32(x):
+        return libdevice.log(x)
+
+    @triton.jit
+    def cos_sin_f64(x):  # CUDA's cos and sin of double, which torch's call
+        return libdevice.cos(x), libdevice.sin(x)
+
+
+if INTERPRETED:
+    @triton.jit
+    def silu_quotient(x, y):
+        return tl.math.div_rn(x, y)
+else:
+    @triton.jit
+    def silu_quotient(x, y):
+        """x / y rounded to nearest even, as div_rn, for SiLU's operands (y = 1 + exp(-x)), without its branch.
+
+        div_rn compiles to a fast path (reciprocal, one Newton step, quotient, residual, correction) and a branch
+        to a slow subroutine for operands out of the fast path's range. The branch ends a basic block, so the
+        compiler cannot interleave the fast paths of independent quotients: the fused chain's tokens then run one
+        after another (H200 profile, docs/performance.md). Here the fast path runs for every element, and SiLU's
+        operands out of its range are mapped into it or replaced, with every test on x or y (known before the
+        reciprocal, off its dependency chain):
+        x < -80 (y > 5e34; 1/y is subnormal from y = 2^126, which rcp flushes): x and y scaled by 2^-8, which
+        leaves the quotient exact; x = +-0 or +inf: x itself (the residual is +0 or NaN there); y = inf (exp(-x)
+        overflowed): x * 0, as x / inf. Bit-identical to div_rn on all 2^32 x (test_gpu_silu_unrolled_on_all_f32).
+        """
+        s = tl.where(x < -80.0, 0.00390625, 1.0)  # 2^-8
+        keep = (x == 0.0) | (x == float("inf")) | (y == float("inf"))
+        kept = tl.where(y == float("inf"), x * 0.0, x)
+        xs, ys = x * s, y * s
+        r0 = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [ys], dtype=tl.float32,
+                                       is_pure=True, pack=1)
+        r = tl.fma(r0, tl.fma(-ys, r0, 1.0), r0)
+        q0 = xs * r
+        return tl.where(keep, kept, tl.fma(r, tl.fma(-ys, q0, xs), q0))
+
+
+@triton.jit
+def silu_f32(x):
+    """SiLU of each element, div_rn's quotient. (silu_quotient's bits too, but slower in the elementwise kernels:
+    there the branch keeps a thread's loads issued together, H200, docs/performance.md.)"""
+    return tl.math.div_rn(x, 1.0 + exp_f32(-x))
+
+
+@triton.jit
+def silu_f32_unrolled(x):
+    """silu_f32, for a thread that computes many independent SiLUs (the fused chain's tokens): the same bits, its
+    quotients free to interleave."""
+    return silu_quotient(x, 1.0 + exp_f32(-x))
+
+
+@triton.constexpr_function
+def log2(n):
+    return n.bit_length() - 1
+
+
+@triton.jit
+def sum_sq_rows(x):
+    """Σx² of each row of x [BLOCK_R, BLOCK_D] (BLOCK_D a power of two) as a fixed tree: adjacent pairs, level by
+    level. Each level adds given element pairs, so the bits do not depend on the layout (unlike tl.sum's order)."""
+    s = x * x
+    for _ in tl.static_range(log2(s.shape[1])):
+        a, b = tl.split(tl.reshape(s, [s.shape[0], s.shape[1] // 2, 2]))
+        s = a + b
+    return tl.reshape(s, [s.shape[0]])
+
+
+@triton.jit
+def l2_scale_rows(x, eps):
+    """x: [BLOCK_R, BLOCK_D] rows (masked lanes 0) -> x * rsqrt(max(Σx², eps²)) per row (ggml-cuda's form)."""
+    return x * tl.math.rsqrt(tl.maximum(sum_sq_rows(x), eps * eps))[:, None]
+
+
+@triton.jit
+def rms_scale_rows(x, n, eps):
+    """x: [BLOCK_R, BLOCK_D] rows of ``n`` elements (masked lanes 0) -> rsqrt(Σx² / n + eps) * x per row: ggml-cuda's
+    rms_norm_f32 (mean = Σ / ncols in f32, rsqrtf(mean + eps), scale * x), Σ the same fixed tree as L2_NORM's."""
+    mean = tl.math.div_rn(sum_sq_rows(x), n * 1.0)  # IEEE, as the reference's (``/`` is approximate compiled)
+    return tl.math.rsqrt(mean + eps)[:, None] * x
+
+
+@triton.jit
+def conv_dot(win, w):
+    """Causal depthwise conv of one token: Σ_j win[j]·w[j], taps in order from 0.0 (win, w: tuples of D_CONV
+    tensors, the window's columns and the tap weights). SSM_CONV and the fused chain both call it."""
+    acc = tl.zeros(win[0].shape, tl.float32)
+    for j in tl.static_range(len(w)):
+        acc += win[j] * w[j]
+    return acc
+
+
+@triton.jit
+def _row_offset(r, ne1, ne2, s1, s2, s3):
+    """Element offset of flat row index r = i1 + ne1*(i2 + ne2*i3)."""
+    return (r % ne1) * s1 + (r // ne1 % ne2) * s2 + (r // (ne1 * ne2)) * s3

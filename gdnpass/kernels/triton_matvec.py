@@ -1,0 +1,344 @@
+"""Triton kernels of MUL_MAT for 1-16 columns (the mat-vec: every such MUL_MAT, attention's batched KQ / KQV too) and
+of MUL_MAT_VEC_PAIR, which is the same kernel with a second product on the grid, so each product of a pair is
+byte-identical to its single mat-vec. A tile per shape and weight type (:func:`mat_vec_tile`): CUDA-core FMAs for few
+columns, tensor cores at f32-level accuracy for many, K split across programs where the row blocks alone leave SMs
+idle (:class:`MatVecTile`). Conventions: :mod:`gdnpass.kernels.triton_core`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
+from gdnpass.kernels.triton_core import INTERPRETED, LAUNCH, _require, _row_offset, _strides
+
+# bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
+NATIVE_BF16 = tl.constexpr(not INTERPRETED)
+
+
+# ---- the sum: two forms ---------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _round_bf16(x):
+    """f32 -> the nearest bf16 value (ties to even), still f32: integer arithmetic, the same in the interpreter."""
+    b = x.to(tl.uint32, bitcast=True)
+    b = (b + 0x7FFF + ((b >> 16) & 1)) & 0xFFFF0000
+    return b.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot_bf16_terms(w, x, acc):
+    """acc + w·x for bf16 ``w`` and f32 ``x``: x as three bf16 terms, head + middle + tail (each residual exact in
+    f32; together 24 significant bits), each bf16 x bf16 product exact, summed on the tensor cores in f32. The
+    interpreter runs the same split with f32 operands (its bf16 arithmetic is broken)."""
+    hi = _round_bf16(x)
+    r = x - hi
+    mid = _round_bf16(r)
+    lo = _round_bf16(r - mid)
+    if NATIVE_BF16:
+        acc = tl.dot(w, lo.to(tl.bfloat16), acc)
+        acc = tl.dot(w, mid.to(tl.bfloat16), acc)
+        acc = tl.dot(w, hi.to(tl.bfloat16), acc)
+    else:
+        wf = w.to(tl.float32)
+        acc = tl.dot(wf, lo, acc, input_precision="ieee")
+        acc = tl.dot(wf, mid, acc, input_precision="ieee")
+        acc = tl.dot(wf, hi, acc, input_precision="ieee")
+    return acc
+
+
+@triton.jit
+def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
+                DOT: tl.constexpr):
+    """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
+    element offset), in f32. Returns [BLOCK_M, COLS].
+
+    Two forms of the same sum, picked per shape by :func:`mat_vec_tile` (so a product's bytes depend only on its
+    shape and type). ``DOT`` off: a [BLOCK_M, COLS, BLOCK_K] accumulator of explicit FMAs (``tl.fma``: one rounding
+    whatever the compiler flags) and one ``tl.sum`` over K at the end, on the CUDA cores. On: a ``tl.dot`` of the
+    [BLOCK_M, BLOCK_K] weight tile with the [BLOCK_K, COLS] activations per K step on the tensor cores, accumulated
+    in place, at f32-level accuracy (not f32 rounding): bf16 weights as they are, times the activations as three
+    bf16 terms (:func:`_dot_bf16_terms`); other weights in 3xTF32 (each f32 operand split into a TF32 head and tail,
+    the tail x tail term dropped). For many columns, where CUDA-core arithmetic would bound the time.
+
+    A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
+    the slice's first element and ``K`` its length: the same code on fewer steps."""
+    ks = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
+    if DOT:
+        acc = tl.zeros([rows.shape[0], x_cols.shape[0]], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            kmask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0)
+            xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
+            if w_ptr.dtype.element_ty == tl.bfloat16:
+                acc = _dot_bf16_terms(w, xt, acc)
+            else:
+                acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="tf32x3")
+    else:
+        acc3 = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            kmask = kk < K
+            # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
+            acc3 = tl.fma(w[:, None, :], x[None, :, :], acc3)
+        acc = tl.sum(acc3, axis=2)
+    return acc
+
+
+# ---- MUL_MAT (mat-vec) ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3):
+    y = y_ptr + _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
+    tl.store(y, acc, mask=row_mask[:, None] & col_mask[None, :])
+
+
+@triton.jit
+def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s,
+             COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr):
+    """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
+    (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
+    :class:`MatVecTile`)."""
+    cols = tl.arange(0, COLS)
+    col_mask = cols < N
+    x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
+    if SPLIT_K == 1:
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, DOT)
+        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
+    else:
+        # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
+        k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
+        k0 = s * k_len
+        acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, col_mask, tl.minimum(k_len, K - k0),
+                          BLOCK_K, DOT)
+        PART: tl.constexpr = rows.shape[0] * COLS
+        # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
+        part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
+        tl.store(part + s * PART, acc)
+        # Triton's scalar atomic is one thread's: a CTA barrier first, so the release covers every thread's stores
+        # (it broadcasts the ticket through shared memory behind a barrier, so every thread's loads follow the acquire)
+        tl.debug_barrier()
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == SPLIT_K - 1:
+            # the slices in their order, whichever program finishes last: the bytes do not depend on the schedule.
+            # .cg: read at L2, never a line this SM's L1 kept from an earlier launch
+            total = tl.load(part, cache_modifier=".cg")
+            for j in tl.static_range(1, SPLIT_K):
+                total += tl.load(part + j * PART, cache_modifier=".cg")
+            _store_y(y_ptr, total, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
+            tl.store(cnt_ptr + tile, 0)  # zero for the next launch (and the next CUDA-graph replay)
+
+
+@triton.jit
+def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
+                        w_s1,                  # w, w2 [K, M], contiguous rows
+                        x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
+                        y_s0, y_s1, y_s2, y_s3,
+                        ws_ptr, cnt_ptr,       # split-K partials (f32) and tickets (i32); None when SPLIT_K == 1
+                        b2, r2, r3,            # batches (grid axis 2: x's ne2 * ne3, 1 unbatched): ne2, broadcasts
+                        w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
+                        BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
+                        SPLIT_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_mask = rows < M
+    # grid axis 1: product-major, then K slice (size 1, or 2 for a pair, when SPLIT_K == 1)
+    product, s = tl.program_id(1) // SPLIT_K, tl.program_id(1) % SPLIT_K
+    # grid axis 2: the batch (i2, i3) of a batched MUL_MAT, whose weight matrix is (i2 // r2, i3 // r3) as ggml's
+    batch = tl.program_id(2)
+    i2, i3 = batch % b2, batch // b2
+    w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
+    x_ptr += i2.to(tl.int64) * x_b2 + i3.to(tl.int64) * x_b3
+    y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
+    # (batch, product, row block): its workspace slot and ticket
+    tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
+    if product == 0:
+        _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
+    else:  # the pair's second product
+        _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
+
+
+class MatVecTile(NamedTuple):
+    """One mat-vec launch shape: BLOCK_M weight rows per program, COLS (the padded column count, a constexpr: one
+    compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps, and
+    ``split_k``, the K slices per row block.
+
+    split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
+    (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
+    S equal K slices (whole BLOCK_K steps, :func:`matvec_cols` over the sub-range) into an f32 workspace slot, then
+    drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the last ticket, whichever
+    it is, adds the S partials in the fixed order 0..S-1 in f32, stores y and zeroes the counter. One launch, and
+    bytes that depend on (shape, type, tile) only: run to run, and a pair's product against its single mat-vec. The
+    workspace (:func:`_split_workspace`) is shared by all launches on a device, so they must run on one stream in
+    order, as the executor's do."""
+
+    block_m: int
+    cols: int
+    block_k: int
+    dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
+    warps: int
+    split_k: int = 1
+
+
+def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
+    """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16") weights: a function of the
+    shape and type alone, so both products of a pair (one launch, one tile) are byte-identical to their single
+    mat-vecs.
+
+    Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
+    outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
+    per program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and
+    f16) the FMA form reads at memory speed with 4-8 rows per program (one column of up to 1024 rows only with two
+    rows and K steps of 2048, as the thin products); beyond, the FMA form is bound by its arithmetic and the
+    tensor-core form wins (from 1024 rows; below, the FMA form throughout), in K steps of 64 (128 for bf16 below
+    4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it splits K (:func:`_split`: a few hundred
+    programs) below the lm head for bf16 and up to 8192 rows for f32. f16 weights take f32's tiles (not timed
+    apart). With fusion on, FFN gate / up and attention k / v run only as pairs (twice the programs of one
+    product): their bf16 tiles, and the f32 tile of k / v, were timed as pairs."""
+    cols = triton.next_power_of_2(N)
+    if M <= 256:
+        if cols >= 8:
+            return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
+        return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
+    if wtype == "bf16":
+        if cols >= 4 and M > 65536:  # the lm head fills the GPU unsplit
+            return MatVecTile(128, 16, 64, True, 4)
+        # FFN gate / up (12288), qkv and attention q+gate (8192), z / ssm_out / attention o / FFN down (4096)
+        if cols >= 4 and M >= 4096:
+            return MatVecTile(128, 16, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
+        if cols >= 4 and M >= 1024:  # attention k / v
+            return MatVecTile(128, 16, 128, True, 8, _split(K, 128, 8))
+    elif cols >= 8 and M >= 8192:
+        return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 1 if M > 8192 else 2))
+    elif cols >= 8 and M >= 1024:  # (attention k / v, 1024 rows: 8 slices, timed as the pair)
+        return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 8))
+    small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
+    if small and cols == 1:  # one column of few rows: the thin products' shape, two rows and K in long steps
+        return MatVecTile(2, 1, min(triton.next_power_of_2(K), 2048), False, 8)
+    return MatVecTile(4 if small else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
+
+
+def _split(K: int, block_k: int, want: int) -> int:
+    """K slices of a row block: ``want`` (a power of two), but never more slices than K steps (the launcher
+    requires a power of two)."""
+    return min(want, 1 << max(triton.cdiv(K, block_k).bit_length() - 1, 0))  # (K = 0: one empty slice, y = 0)
+
+
+WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+# The split-K workspace of each device: (partials f32, tickets i32). The tickets are zeroed once, here; every launch
+# leaves them zero again. Shared by all launches on the device, so it assumes they run on one stream in order (the
+# executor's case). Grown (never shrunk) when a launch needs more; an outgrown pair stays alive in _RETIRED, since a
+# captured CUDA graph keeps its addresses. Growing allocates, which CUDA-graph capture forbids: the first launch of
+# a shape must come before capture (the executor warms up first).
+_SPLIT_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def _split_workspace(device: torch.device, partials: int, tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ws = _SPLIT_WORKSPACE.get(device)
+    if ws is not None and ws[0].numel() >= partials and ws[1].numel() >= tickets:
+        return ws
+    _require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
+             f"mul_mat_vec: the split-K workspace would grow (to {partials} partials) inside CUDA-graph capture; "
+             "launch the graph's mat-vecs once before capturing it")
+    _require(partials < 2 ** 31, f"mul_mat_vec: a split-K workspace of {partials} partials overflows i32 offsets")
+    if ws is not None:
+        _RETIRED.append(ws)
+        partials, tickets = max(partials, 2 * ws[0].numel()), max(tickets, 2 * ws[1].numel())
+    ws = (torch.empty(partials, dtype=torch.float32, device=device),
+          torch.zeros(tickets, dtype=torch.int32, device=device))
+    _SPLIT_WORKSPACE[device] = ws
+    return ws
+
+
+def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None:
+    """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
+    kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
+    A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
+    each against the weight matrix ggml's broadcast gives it. ``tile``: a benchmark's override of
+    :func:`mat_vec_tile`."""
+    (w, out), (w2, out2) = products[0], products[-1]
+    M, K = w.shape[-2], w.shape[-1]
+    batched = w.shape[0] * w.shape[1] > 1
+    N = mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])
+    for v, y in products:
+        _require(v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride(),
+                 "the products of a pair need weights and outputs of one shape, type and layout")
+    _require(w.stride(-1) == 1 and (batched or w.numel() == M * K),
+             "mul_mat_vec needs weight matrices with contiguous rows")
+    _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
+    _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
+             f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
+    _require(w.dtype in WTYPES and x.dtype == torch.float32, f"mul_mat_vec of {w.dtype} weights and {x.dtype} columns")
+    _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
+    _require(x.shape[3] == K and out.shape[3] == M and (out.shape[:3] == x.shape[:3] if batched else
+                                                           out.numel() == M * N),
+             f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
+    t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
+    _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
+    blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
+    ws = cnt = None
+    if t.split_k > 1:
+        tiles = blocks * len(products) * batches
+        ws, cnt = _split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles)
+    xs, ys = _strides(x), _strides(out)
+    if batched:  # columns are x's ne1 alone; ne2 / ne3 are the batches
+        cols_x, cols_y = (N, 1, xs[1], 0, 0), (ys[0], ys[1], 0, 0)
+        batch = (x.shape[1], x.shape[1] // w.shape[1], x.shape[0] // w.shape[0], w.stride(1), w.stride(0),
+                 xs[2], xs[3], ys[2], ys[3])
+    else:
+        cols_x, cols_y = (x.shape[2], x.shape[1], xs[1], xs[2], xs[3]), ys
+        batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
+    _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
+        w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
+        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
+        **{**LAUNCH, "num_warps": t.warps})
+
+
+def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
+    """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
+    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns, out f32 ne [M, N1, N2, N3]; or batched, as attention's
+    KQ and KQV: w ne [K, M, W2, W3] (any batch strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and
+    W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
+    _mat_vecs([(w, out)], x)
+
+
+def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor,
+                     out_b: torch.Tensor) -> None:
+    """MUL_MAT_VEC_PAIR: out_a = w_a·x and out_b = w_b·x (same weight shape, type and strides; outputs of one layout)
+    in one launch of the mul_mat_vec kernel, so each product is byte-identical to mul_mat_vec of its weight alone."""
+    _mat_vecs([(w_a, out_a), (w_b, out_b)], x)
+
+
+# ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
+
+
+def programs(node) -> list[tuple[str, int, int]]:
+    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT and MUL_MAT_VEC_PAIR (steps: K blocks per program);
+    empty for other ops and for MUL_MATs of over 16 columns (torch's matmul). Pure: reads shapes only."""
+    from gdnpass.ir import Op
+
+    op = node.op
+    if op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
+        w, x = node.src[0], node.src[1]
+        batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
+        K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+        if not runs_as_mat_vec(M, N):
+            return []  # torch's matmul
+        t = mat_vec_tile(M, N, K, w.type.value[0])
+        return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
+                 triton.cdiv(K, t.block_k * t.split_k))]
+    return []

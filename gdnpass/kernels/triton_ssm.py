@@ -1,0 +1,370 @@
+"""Triton kernels of the GDN layer's recurrent ops: SSM_CONV, GATED_DELTA_NET and the fused GDN_CONV_CHAIN
+(GET_ROWS -> CONCAT -> snapshot CPYs -> SSM_CONV -> SILU -> q/k normalisation in one launch). The chain computes
+with the unfused kernels' helpers (:func:`~gdnpass.kernels.triton_core.conv_dot`, SiLU, the L2 / RMS row scales of
+:mod:`gdnpass.kernels.triton_core`) and, with ``l2_separate``, launches the unfused norm kernels themselves, so its
+bytes are the unfused chain's. Conventions: :mod:`gdnpass.kernels.triton_core`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdnpass.kernels.limits import CHAIN
+from gdnpass.kernels.reference import f32, gdn_scale
+from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, conv_dot, l2_scale_rows,
+                                         rms_scale_rows, silu_f32_unrolled)
+from gdnpass.kernels.triton_elementwise import scale
+from gdnpass.kernels.triton_norms import l2_norm, l2_tile, rms_norm
+
+CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
+MAX_UNROLLED_T = 16  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
+GDN_BLOCK_V = 16    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V]), in GDN_WARPS warps
+GDN_WARPS = 8       # (H200, S 128: 16 columns x 8 warps beat 32 x 4 at 1-16 tokens, docs/performance.md)
+
+
+# ---- SSM_CONV -------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _ssm_conv_kernel(sx_ptr, c_ptr, y_ptr, C, n_t,
+                     sx_s0, sx_s1, sx_s2,  # sx [dc-1+n_t, C, n_s]
+                     c_s0, c_s1,           # c  [dc, C]
+                     y_s0, y_s1, y_s2,     # y  [C, n_t, n_s]
+                     D_CONV: tl.constexpr, BLOCK_C: tl.constexpr, N_T: tl.constexpr):
+    seq = tl.program_id(0)
+    ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
+    mask = ch < C
+    s_ptrs = sx_ptr + seq * sx_s2 + ch * sx_s1
+    y_ptrs = y_ptr + seq * y_s2 + ch * y_s0
+    w = ()
+    for j in tl.static_range(D_CONV):
+        w = w + (tl.load(c_ptr + ch * c_s1 + j * c_s0, mask=mask, other=0.0),)
+    if N_T > 0:  # a verify's few tokens, unrolled: every window column loaded once, all loads in one round trip
+        cols = ()
+        for i in tl.static_range(D_CONV - 1 + N_T):
+            cols = cols + (tl.load(s_ptrs + i * sx_s0, mask=mask, other=0.0),)
+        for t in tl.static_range(N_T):
+            win = ()
+            for j in tl.static_range(D_CONV):
+                win = win + (cols[t + j],)
+            tl.store(y_ptrs + t * y_s1, conv_dot(win, w), mask=mask)
+    else:  # a prompt's many tokens
+        for t in range(n_t):
+            win = ()
+            for j in tl.static_range(D_CONV):
+                win = win + (tl.load(s_ptrs + (t + j) * sx_s0, mask=mask, other=0.0),)
+            tl.store(y_ptrs + t * y_s1, conv_dot(win, w), mask=mask)
+
+
+def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int = CONV_BLOCK_C) -> None:
+    """SSM_CONV into ``out`` (ne [C, n_t, n_s]); sx ne [dc-1+n_t, C, n_s], c ne [dc, C], all f32. Up to
+    MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t); the same taps in the same order
+    either way (conv_dot), so the bytes do not depend on it."""
+    n_s, n_t, C = out.shape[1], out.shape[2], out.shape[3]
+    d_conv = c.shape[-1]
+    if out.numel() == 0:
+        return
+    sx_s, c_s, y_s = _strides(sx), _strides(c), _strides(out)
+    _ssm_conv_kernel[(n_s, triton.cdiv(C, block_c))](
+        sx, c, out, C, n_t, sx_s[0], sx_s[1], sx_s[2], c_s[0], c_s[1], y_s[0], y_s[1], y_s[2],
+        D_CONV=d_conv, BLOCK_C=block_c, N_T=n_t if n_t <= MAX_UNROLLED_T else 0, **LAUNCH)
+
+
+# ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask, strides):
+    """Token t's q, k (as a column), v, decay and beta for head h."""
+    qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3 = strides
+    qk = seq * qk_s3 + t * qk_s2 + (h % H_k) * qk_s1
+    q = tl.load(q_ptr + qk + i)
+    kk = tl.load(k_ptr + qk + i)[:, None]
+    v = tl.load(v_ptr + seq * v_s3 + t * v_s2 + h * v_s1 + col, mask=cmask, other=0.0)
+    gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0))
+    beta = tl.load(b_ptr + seq * b_s3 + t * b_s2 + h * b_s1)
+    return q, kk, v, gate, beta
+
+
+@triton.jit
+def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, cmask, slot, K):
+    """One token of the recurrence on a [S, BLOCK_V] state slice: stores its scores and, into snapshot ``slot``
+    (slot 0 = the state after the last token; slots >= K are not written), the new slice; returns the slice."""
+    st = st * gate[:, None]
+    delta = (v - tl.sum(st * kk, axis=0)) * beta
+    st = st + kk * delta[None, :]
+    tl.store(o_ptrs, tl.sum(st * q[:, None], axis=0) * scale, mask=cmask)
+    tl.store(snap_ptrs, st, mask=cmask[None, :] & (slot < K))
+    return st
+
+
+@triton.jit
+def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
+                n_t, n_s, H_v, H_k, K, scale,
+                qk_s1, qk_s2, qk_s3,        # q, k [S, H_k, n_t, n_s], contiguous rows, same strides
+                v_s1, v_s2, v_s3,           # v    [S, H_v, n_t, n_s], contiguous rows
+                g_s0, g_s1, g_s2, g_s3,     # g    [1 or S, H_v, n_t, n_s]; g_s0 = 0 for one gate per head
+                b_s1, b_s2, b_s3,           # beta [1, H_v, n_t, n_s]
+                st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]
+                S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr):
+    cb, h, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i = tl.arange(0, S)                               # key index: tile rows
+    col = cb * BLOCK_V + tl.arange(0, BLOCK_V)        # value index: tile columns
+    cmask = col < S
+    tile = col[None, :] * st_s1 + i[:, None]          # state-layout offsets of the [S, BLOCK_V] slice
+    st = tl.load(s_ptr + seq * st_s3 + h * st_s2 + tile, mask=cmask[None, :], other=0.0)
+    n_scores = S * H_v * n_t * n_s
+    slot_size = S * S * H_v * n_s
+    snap_ptrs = o_ptr + n_scores + (seq * H_v + h) * S * S + tile
+    o_ptrs = o_ptr + (seq * n_t * H_v + h) * S + col
+    strides = (qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3)
+    if N_T > 0:  # a verify's few tokens, unrolled: every token's inputs loaded before the first store (a load
+        # after a store that may alias it waits for it: one memory round trip per token otherwise)
+        qs, ks, vs, gates, betas = (), (), (), (), ()
+        for t in tl.static_range(N_T):
+            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
+                                               strides)
+            qs, ks, vs, gates, betas = qs + (q,), ks + (kk,), vs + (v,), gates + (gate,), betas + (beta,)
+        for t in tl.static_range(N_T):
+            slot = N_T - 1 - t
+            st = _gdn_step(st, qs[t], ks[t], vs[t], gates[t], betas[t], scale, o_ptrs + t * H_v * S,
+                           snap_ptrs + slot * slot_size, cmask, slot, K)
+    else:  # a prompt's many tokens
+        for t in range(n_t):
+            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
+                                               strides)
+            slot = n_t - 1 - t
+            st = _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs + t * H_v * S, snap_ptrs + slot * slot_size,
+                           cmask, slot, K)
+
+
+def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
+                    num_warps: int = GDN_WARPS, unrolled: bool = True) -> None:
+    """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
+    One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers. Up to
+    MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t; ``unrolled=False`` keeps the loop): the
+    same steps in the same order either way, so the bytes do not depend on it."""
+    n_s, n_t, H_v, S = v.shape
+    _require(S & (S - 1) == 0, f"head size {S} must be a power of two")
+    _require(out.is_contiguous(), "the GDN output must be contiguous")
+    qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
+    _require(qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous")
+    _alias_ok("GATED_DELTA_NET", out, q, k, v, g, beta, state, same_ok=False)  # (another program reads them all)
+    g_s0 = gs[0] if g.shape[3] == S else 0
+    block_v = min(block_v, S)
+    _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
+        q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
+        qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
+        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0,
+        **{**LAUNCH, "num_warps": num_warps})
+
+
+# ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
+                           n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
+                           st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
+                           x_s0, x_s1,      # x [n_t, C] (the projection, transposed)
+                           w_s0, w_s1,      # w [dc, C]
+                           y_s0, y_s1,      # y [C, n_t] (the SiLU output)
+                           qk_s1, qk_s2,    # q, k [S, H_k, n_t]: contiguous rows, same strides
+                           tile_off, tile_sc, tile_sch,  # the shared row (TILE_N > 0)
+                           D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, COLUMNS: tl.constexpr,
+                           TILE_C0: tl.constexpr, TILE_N: tl.constexpr, WHOLE_ROWS: tl.constexpr,
+                           L2_ROWS: tl.constexpr, RMS: tl.constexpr):
+    # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
+    # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
+    head = tl.program_id(0)
+    i = tl.arange(0, S)
+    ch = head * S + i
+
+    # Every read first: the writes below may land on what was read, within this program's channels (a snapshot
+    # row on the gathered row, the SiLU output on token columns of the projection).
+    w = ()
+    for j in tl.static_range(D_CONV):
+        w = w + (tl.load(w_ptr + ch * w_s1 + j * w_s0),)
+    st = st_ptr + tl.load(ids_ptr).to(tl.int64) * st_s1 + ch * (D_CONV - 1)
+    cat = ()
+    for c in tl.static_range(D_CONV - 1):
+        cat = cat + (tl.load(st + c),)
+    for t in tl.static_range(N_T):
+        cat = cat + (tl.load(x_ptr + t * x_s0 + ch * x_s1),)
+    # per-window destinations (table rows [offset, channel stride, step stride]); loaded now: a load after the
+    # stores below would wait for them (it may alias them), one more round trip on the critical path
+    offsets = ()
+    for r in tl.static_range(len(COLUMNS)):
+        offsets = offsets + (tl.load(table_ptr + r),)
+    ys = ()
+    for t in tl.static_range(N_T):
+        win = ()
+        for j in tl.static_range(D_CONV):
+            win = win + (cat[t + j],)
+        ys = ys + (silu_f32_unrolled(conv_dot(win, w)),)
+    tl.debug_barrier()  # every thread's reads happen before any thread's writes
+
+    for t in tl.static_range(N_T):
+        tl.store(y_ptr + ch * y_s0 + t * y_s1, ys[t])
+    for r in tl.static_range(len(COLUMNS)):  # window r = CONCAT columns COLUMNS[r] .. +dc-2
+        if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
+            dst, s_step = st_ptr + offsets[r] + ch * (D_CONV - 1), 1
+        else:
+            dst = st_ptr + offsets[r] + ch * tl.load(table_ptr + n_rows + r)
+            s_step = tl.load(table_ptr + 2 * n_rows + r)
+        for s in tl.static_range(D_CONV - 1):
+            tl.store(dst + s * s_step, cat[COLUMNS[r] + s])
+    # the shared row of overlapping windows (matcher rule 5b): columns TILE_C0 .. +TILE_N-1, each stored once
+    for c in tl.static_range(TILE_N):
+        tl.store(st_ptr + tile_off + ch * tile_sch + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c])
+
+    if head < n_l2:  # a q or a k head
+        # The L2 tree sums a row within a thread; the rows are spread one channel per thread here. Read them back
+        # from y (this program's writes, visible to it after a barrier) as a [tokens, S] tile instead: its loads
+        # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread.
+        tl.debug_barrier()
+        tok = tl.arange(0, L2_ROWS)[:, None]
+        mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
+        y = tl.load(y_ptr + (head * S + i[None, :]) * y_s0 + tok * y_s1, mask=mask, other=0.0)
+        o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
+        if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
+            qk = rms_scale_rows(y, head_n, eps) * scale
+        else:
+            qk = l2_scale_rows(y, eps)
+        tl.store(o_ptr + tok * qk_s2 + i[None, :], qk, mask=mask)
+
+
+def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
+    """Element offset of view ``v`` from ``states`` (both views of the cache buffer)."""
+    _require(v.untyped_storage().data_ptr() == states.untyped_storage().data_ptr(),
+             "destinations must be cache views")
+    return v.storage_offset() - states.storage_offset()
+
+
+_chain_tables: dict[tuple, torch.Tensor] = {}
+
+
+def _chain_table(states: torch.Tensor, wins: list[torch.Tensor]) -> torch.Tensor:
+    """int32 [offsets from ``states``, channel strides, step strides] of the per-window destinations, on the
+    device, built once per distinct table: a later run (or its CUDA-graph capture) then does no host->device copy."""
+    vals = ([_offset(states, v) for v in wins] + [v.stride(0) for v in wins] + [v.stride(1) for v in wins]) or [0]
+    _require(all(-2**31 <= v < 2**31 for v in vals), "cache offsets must fit in int32")
+    key = (states.device, *vals)
+    table = _chain_tables.get(key)
+    if table is None:
+        table = _chain_tables[key] = torch.tensor(vals, dtype=torch.int32, device=states.device)
+    return table
+
+
+def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
+    """The kernel's shared-row arguments (offset of CONCAT column 0 from ``states``, step stride, channel stride),
+    its first column and its column count; zeros without a tile."""
+    if not tile:
+        return (0, 0, 0), 0, 0
+    idx = tile["windows"]
+    s_ch, s_col = wins[idx[0]].stride()
+    off = _offset(states, wins[idx[0]]) - columns[idx[0]] * s_col
+    first, n = tile["first"], tile["n_cols"]
+    # rule 5b, re-checked on the real views: every window is columns column .. +dc-2 of the one shared row
+    _require(all(wins[j].stride() == (s_ch, s_col) and _offset(states, wins[j]) == off + columns[j] * s_col
+               and first <= columns[j] <= first + n - (d_conv - 1) for j in idx), "windows are not one shared row")
+    return (off, s_col, s_ch), first, n
+
+
+def chain_warps(S: int) -> int:
+    """Warps of the fused chain: one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and
+    beat spreading a long verify's tokens over more warps, docs/performance.md)."""
+    return min(max(S // 32, 1), 8)
+
+
+def chain_launch(n_t: int, S: int, num_warps: int | None = None) -> tuple[dict, int]:
+    """The fused chain's launch shape for n_t tokens and heads of S channels: (its L2_ROWS constexpr, num_warps);
+    ``num_warps`` overrides chain_warps (a benchmark's variants)."""
+    num_warps = num_warps or chain_warps(S)
+    return dict(L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
+
+
+def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
+                   tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
+                   qk_scale: float = 1.0) -> None:
+    """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
+    five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
+    (RMS_NORM(eps) then SCALE(qk_scale), upstream's form), computed by the same helpers as the unfused kernels.
+
+    states torch (1,1,R,(dc-1)*C), ids int32 (1 element), x (1,1,C,n_t) any strides, w (1,1,C,dc); rows: the
+    destinations, views into the storage of ``states`` of C*(dc-1) elements that view as [C, dc-1] (channel, step):
+    a whole cache row (1,1,1,(dc-1)*C) or a window (1,1,C,dc-1) of any strides; row r gets window columns
+    columns[r] .. columns[r]+dc-2. ``tile`` (the node's op_params["tile"], matcher rule 5b): the rows
+    tile["windows"] are windows of one shared row, written once column by column (tile["first"] ..
+    +tile["n_cols"]-1); the other rows (or all, without it) are written window by window.
+    Writes out (1,1,n_t,C), q_out and k_out (1,n_t,H_k,S).
+
+    The token count, the window columns and the tile's columns are compile-time constants (they are static
+    properties of the graph node): one compile per (n_t, columns) of a model, e.g. 16 for llama.cpp's verify step
+    at 1..16 tokens. In exchange every register index is static (H200, T=8: 3.6 -> 2.3 us, docs/performance.md).
+
+    One program per head of S channels reads all its inputs, then writes, so within its channels anything may alias:
+    a row the gathered row, ``out`` the projection (same layout, shifted by whole tokens). Across programs nothing
+    may: q_out and k_out (written by the q/k head programs) must not overlap the projection unless ``l2_separate``,
+    where a second launch (the L2_NORM kernel) computes them from ``out`` once the first has read the projection.
+    """
+    n_t, C, d_conv = x.shape[3], x.shape[2], w.shape[3]
+    H_k, S = q_out.shape[2], q_out.shape[3]
+    _require(norm in ("l2", "rms"), f"q/k norm {norm!r} is not l2 or rms")
+    _require(S & (S - 1) == 0 and C % S == 0 and C >= 2 * H_k * S,
+             f"head size {S} must be a power of two dividing {C}")
+    _require(1 <= n_t <= CHAIN.max_tokens, f"1..{CHAIN.max_tokens} tokens")
+    _require(1 <= len(rows) == len(columns) <= CHAIN.max_rows, f"1..{CHAIN.max_rows} snapshot rows")
+    _require(all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t")
+    _require(states.stride(3) == 1, "cache rows must be contiguous")
+    wins = [row.view(C, d_conv - 1) for row in rows]
+    qs, xs, ws, ys = _strides(q_out), _strides(x), _strides(w), _strides(out)
+    _require(qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1,
+             "q and k share strides; q, k, out rows contiguous")
+    tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
+    per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
+    shape, num_warps = chain_launch(n_t, S, num_warps)
+    _gdn_conv_chain_kernel[(C // S,)](
+        states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]),
+        len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), f32(qk_scale), S, states.stride(2),
+        xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
+        D_CONV=d_conv, S=S, N_T=n_t, COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
+        WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per), RMS=norm == "rms", **shape,
+        **{**LAUNCH, "num_warps": num_warps})
+    if l2_separate:
+        heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
+        for part, dst in ((heads[:, :, :H_k], q_out), (heads[:, :, H_k:2 * H_k], k_out)):
+            if norm == "rms":
+                rms_norm(part, eps, dst)
+                scale(dst, qk_scale, 0.0, dst)
+            else:
+                l2_norm(part, eps, dst)
+
+
+# ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
+
+
+def programs(node) -> list[tuple[str, int, int]]:
+    """:func:`gdnpass.kernels.backends.programs` for SSM_CONV, GATED_DELTA_NET and GDN_CONV_CHAIN (steps: tokens;
+    the chain's ``l2_separate`` adds the L2_NORM launches); empty for other ops. Pure: reads shapes only."""
+    from gdnpass.ir import Op
+
+    op, ne = node.op, node.ne
+    if op is Op.SSM_CONV:
+        C, n_t, n_s = ne[0], ne[1], ne[2]
+        return [(f"ssm_conv{node.src[1].ne[0]}", n_s * triton.cdiv(C, CONV_BLOCK_C), n_t)]
+    if op is Op.GATED_DELTA_NET:
+        v = node.src[2]  # ne [S, H_v, n_t, n_s]
+        S, H_v, n_t, n_s = v.ne
+        return [("gdn", triton.cdiv(S, min(GDN_BLOCK_V, S)) * H_v * n_s, n_t)]
+    if op is Op.GDN_CONV_CHAIN:
+        p = node.op_params
+        C, n_t, S = node.ne[0], int(p["n_tokens"]), int(p["head_dim"])
+        out = [(f"chain{p['d_conv']}", C // S, n_t)]
+        if p.get("l2_separate"):
+            block_r, _ = l2_tile(S)
+            out.append(("l2_norm", 2 * triton.cdiv(n_t * int(p["n_k_heads"]), block_r), 1))
+        return out
+    return []
