@@ -1,17 +1,22 @@
 """Compile every Triton kernel for sm_90 (the H200) ahead of time, without a GPU: the interpreter accepts programs
 the compiler rejects (e.g. a variable re-typed inside an ``if``), so CI compiles them too. Run by
 tests/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds interpreter objects).
+Every kernel of the package's modules (the ``_*_kernel`` functions, found there: :func:`launched_kernels`) must have
+a variant below, or the run fails before compiling.
 
     python tests/compile_sm90.py     # prints one line per compiled variant, exits 1 on the first failure
 """
 
+import importlib
 import itertools
+import pkgutil
 import sys
 
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
+from triton.runtime.jit import KernelInterface
 
 sys.path.insert(0, ".")
 
@@ -117,6 +122,27 @@ def variants():
             **shape), warps
 
 
+def launched_kernels() -> dict[str, KernelInterface]:
+    """Every kernel the launchers of gdnpass.kernels launch, by ``module.name``: the ``@triton.jit`` functions named
+    ``_*_kernel`` defined in the package's modules (the helpers they call compile inside them), found by import."""
+    import gdnpass.kernels as package
+
+    found = {}
+    for info in pkgutil.iter_modules(package.__path__):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if (isinstance(value, KernelInterface) and name.startswith("_") and name.endswith("_kernel")
+                    and value.fn.__module__ == module.__name__):
+                found[f"{info.name}.{name}"] = value
+    return found
+
+
+def uncovered(todo) -> list[str]:
+    """The launched kernels no variant of ``todo`` compiles."""
+    compiled = [kernel for kernel, *_ in todo]
+    return sorted(name for name, k in launched_kernels().items() if not any(k is c for c in compiled))
+
+
 @triton.jit
 def _retyped_in_if(x_ptr, n):
     """Runs under the interpreter, is refused by the compiler: ``t`` is a constexpr before the ``if``, a tensor in it."""
@@ -141,8 +167,17 @@ def main() -> int:
                 print(f"refused as expected: {kernel.__name__}: {type(e).__name__}")
                 continue
             return 1
+        # and a kernel left out of the variants is named
+        missing = uncovered([v for v in variants() if v[0] is not ssm._ssm_conv_kernel])
+        if missing != ["triton_ssm._ssm_conv_kernel"]:
+            return 1
+        print(f"refused as expected: {missing[0]}: no variant")
         return 0
     todo = list(variants())
+    missing = uncovered(todo)
+    if missing:
+        raise SystemExit(f"kernels without a variant to compile: {', '.join(missing)}")
+    print(f"{len(launched_kernels())} kernels found in gdnpass.kernels, each with a variant", flush=True)
     for kernel, constexprs, num_warps, *ptrs in todo:
         missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in constexprs]
         if missing:  # a constexpr left out compiles as a plain argument: the check would test another kernel
