@@ -1,5 +1,6 @@
 """The shape of the code itself: no import circles, one error base class, one record per fused op (and the loader
-checks fused nodes against it), launchers that raise instead of assert, a pipeline that builds no torch."""
+checks fused nodes against it), launchers that raise instead of assert, Triton kernel families that share their
+``@triton.jit`` helpers only through the exactness core, a pipeline that builds no torch."""
 
 from __future__ import annotations
 
@@ -103,6 +104,59 @@ def test_launcher_checks_raise_kernel_errors_not_asserts():
     assert len(TRITON_MODULES) >= 7  # the core, the families, attention
     for path in TRITON_MODULES:
         assert not [n for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.Assert)], path.name
+
+
+# ---- the Triton kernel families ------------------------------------------------------------------------------------
+
+
+def _jit_functions(tree: ast.Module) -> set[str]:
+    """The ``@triton.jit`` functions a module defines (at top level, or in an ``if`` choosing a variant)."""
+    defs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)]
+    return {d.name for d in defs if any(ast.unparse(x).startswith("triton.jit") for x in d.decorator_list)}
+
+
+def kernel_family_problems(modules: dict[str, str]) -> list[str]:
+    """What breaks the kernels' layering in ``modules`` (name -> source of gdnpass/kernels/triton_*.py): a family
+    module's ``@triton.jit`` helper imported by another (what two kernels must compute alike lives in triton_core,
+    the exactness core), a jit function defined twice, triton_core importing a family."""
+    trees = {name: ast.parse(src) for name, src in modules.items()}
+    jit = {name: _jit_functions(tree) for name, tree in trees.items()}
+    problems = []
+    for name, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gdnpass.kernels.triton_")):
+                continue
+            source = node.module.rpartition(".")[2]
+            if name == "triton_core":
+                problems.append(f"triton_core imports {source}: the core imports no kernel family")
+            shared = sorted({a.name for a in node.names} & jit.get(source, set()))
+            if source != "triton_core" and shared:
+                problems.append(f"{name} imports the jit helpers {shared} from {source}, not from triton_core")
+    defined: dict[str, str] = {}
+    for name, names in jit.items():
+        for fn in sorted(names):
+            if fn in defined:
+                problems.append(f"{fn} is defined in {defined[fn]} and in {name}")
+            defined.setdefault(fn, name)
+    return problems
+
+
+def test_kernel_families_share_jit_helpers_only_through_the_core():
+    modules = {p.stem: p.read_text() for p in TRITON_MODULES}
+    assert {"triton_core", "triton_elementwise", "triton_ssm", "triton_attention"} <= set(modules)
+    assert kernel_family_problems(modules) == []
+
+
+def test_the_family_check_can_fail():
+    core = "import triton\n@triton.jit\ndef silu_f32(x):\n    return x\n"
+    family = "import triton\n@triton.jit\ndef conv_dot(w):\n    return w\n"
+    assert kernel_family_problems({
+        "triton_core": core + "from gdnpass.kernels.triton_a import launcher\n",
+        "triton_a": family,
+        "triton_b": family + "from gdnpass.kernels.triton_a import conv_dot\n",
+    }) == ["triton_core imports triton_a: the core imports no kernel family",
+           "triton_b imports the jit helpers ['conv_dot'] from triton_a, not from triton_core",
+           "conv_dot is defined in triton_a and in triton_b"]
 
 
 # ---- the fused-op records ------------------------------------------------------------------------------------------
