@@ -1,0 +1,157 @@
+"""The verify forward on the GPU, fusion off vs on: kernels and kernel time per forward (each profiled kernel lined
+up with its node, so the alpha/beta and FFN products and the per-GDN-layer chain table can be read off), the weight
+bytes one forward reads, the GPU time of the captured CUDA graph (ABBA medians); and the pass's own CPU time."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from gdnpass import pipeline
+from gdnpass.bench import upstream
+from gdnpass.bench.timing import kernel_us, node_runner
+from gdnpass.fusion import fuse
+from gdnpass.ir import Op, op_label, runs_kernel
+from gdnpass.models import VerifyConfig, default_ids
+from gdnpass.models.fill import fill
+from gdnpass.pipeline import PassOptions
+from gdnpass.runtime import Executor, launches, node_launches
+
+
+def forward_executor(cfg: VerifyConfig, fused: bool):
+    res = pipeline.run(cfg, PassOptions(fusion=fused))
+    g, report = res.graph, res.report
+    ex = Executor(g, device="cuda")
+    fill(ex, seed=2, ids=default_ids(cfg))
+    return g, ex, report
+
+
+def product_kind(n) -> str | None:
+    """'alpha/beta' or 'ffn' for the products the forward table reports alone."""
+    names = [n.src[0].name, n.src[2].name] if n.op is Op.MUL_MAT_VEC_PAIR else \
+        [n.src[0].name] if n.op is Op.MUL_MAT else []  # (a pair's sources: w_a, x, w_b, out_b)
+    if any("ssm_alpha" in m or "ssm_beta" in m for m in names):
+        return "alpha/beta"
+    if any(".ffn_" in m for m in names):
+        return "ffn"
+    return None
+
+
+def forward_kernels(g, ex: Executor) -> dict:
+    """Kernels per forward and their summed duration, the same for the alpha/beta and FFN products, and the
+    per-GDN-layer chain table (upstream.chain_table, the classification upstream's kernels get): the profiled
+    kernels are the nodes' launches in order (runtime.launches), so each duration has its node."""
+    total, ks = kernel_us(ex.run, reps=3)
+    nodes = [n for n in g.nodes for _ in range(node_launches(n))]
+    if len(nodes) != len(ks):  # a node on a torch composite launches more than one kernel: count them
+        nodes = measured_launches(g, ex)
+    res = dict(kernels=len(ks), kernel_us=total)
+    if len(nodes) == len(ks):
+        for kind in ("alpha/beta", "ffn"):
+            d = [t for n, t in zip(nodes, ks) if product_kind(n) == kind]
+            res[kind] = dict(kernels=len(d), kernel_us=sum(d))
+        res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
+        res["by_op"] = upstream.kernel_totals(list(zip(nodes, ks)), group=kernel_group)
+    return res
+
+
+def kernel_group(n) -> str:
+    """A kernel's group in the by-op line: its op as reports name it, a product with its weights' names, the layer
+    cut ("MUL_MAT ffn_down", "MUL_MAT_VEC_PAIR ssm_alpha+ssm_beta")."""
+    if n.op not in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
+        return op_label(n)
+    ws = [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]]  # (a pair's: w_a, x, w_b, out_b)
+    # "blk.3.ffn_down.weight" -> "ffn_down", "output.weight" (the lm head) -> "output"
+    return f"{n.op.value} " + "+".join(w.base.name.removesuffix(".weight").split(".")[-1] for w in ws)
+
+
+def measured_launches(g, ex: Executor) -> list:
+    """The nodes' launches in order as the profiler counts them: each node run alone (as a CUDA graph), once per
+    distinct (op, shapes, types, parameters); for forwards where runtime.node_launches is not exact."""
+    counts: dict[str, int] = {}
+    out = []
+    for n in g.nodes:
+        if not runs_kernel(n):
+            continue
+        key = repr((n.op, n.ne, n.type, sorted(n.op_params.items(), key=str),
+                    [(s.ne, s.type, s.nb) if s is not None else None for s in n.src]))
+        if key not in counts:
+            counts[key] = len(kernel_us(node_runner(ex, n), reps=1)[1])
+        out += [n] * counts[key]
+    return out
+
+
+_NODE_CLASSES = {Op.GDN_CONV_CHAIN: "FUSED", Op.MUL_MAT_VEC_PAIR: "PAIR", Op.GATED_DELTA_NET: "GDN"}
+
+
+def node_class(n) -> str:
+    """A node's class for upstream.chain_table (its op, with the fused ops and SILU named as there)."""
+    if n.op is Op.UNARY and n.op_params.get("kind") == "SILU":
+        return "SILU"
+    return _NODE_CLASSES.get(n.op, n.op.name)
+
+
+def weight_bytes_read(g) -> int:
+    """Bytes of the weights one forward reads: every weights-buffer leaf whole, but the rows GET_ROWS gathers of a
+    leaf only GET_ROWS reads (the token embedding)."""
+    readers: dict[int, list] = {}
+    for n in g.nodes:
+        for s in n.src:
+            if s is not None and s.base.buffer == "weights":
+                readers.setdefault(s.base.uid, []).append((n, s.base))
+    total = 0
+    for uses in readers.values():
+        base = uses[0][1]
+        if all(n.op is Op.GET_ROWS for n, _ in uses):
+            total += sum(n.ne[1] * n.ne[2] * n.ne[3] for n, _ in uses) * base.nb[1]
+        else:
+            total += base.nbytes
+    return total
+
+
+def bench_forward(T: int, rows: int, rounds: int, whole: bool = False) -> dict:
+    """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
+    its own bf16 weights (token embedding, attention layers, lm head), after upstream's prompt (n_past
+    upstream.N_PROMPT)."""
+    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
+                       n_past=upstream.N_PROMPT if whole else 0)
+    res = {}
+    runs = {}
+    for name, fused in (("off", False), ("on", True)):
+        g, ex, report = forward_executor(cfg, fused)
+        res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **forward_kernels(g, ex),
+                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g))
+        ex.capture()
+        runs[name] = ex
+    times = {"off": [], "on": []}
+
+    def replay_ms(ex):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        ex.run()
+        b.record()
+        b.synchronize()
+        return a.elapsed_time(b)
+
+    for r in range(rounds):
+        for name in ("off", "on", "on", "off"):  # ABBA
+            times[name].append(statistics.median(replay_ms(runs[name]) for _ in range(10)))
+    for name in times:
+        res[name]["us_per_forward"] = statistics.median(times[name]) * 1e3
+    res["T"], res["rows"], res["gdn_layers"] = T, rows, len(cfg.shape.gdn_layers)
+    return res
+
+
+def bench_pass(n=10) -> dict:
+    """The pass on the CPU: fuse() on the 24-layer graph (DFlash taps), ``n`` times; median and min ms."""
+    times = []
+    for _ in range(n):
+        cfg = VerifyConfig("qwen3.5-9b", 8, 7, dflash=True)
+        g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
+        t0 = time.perf_counter()
+        fuse(g, enabled=True)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return dict(median_ms=statistics.median(times), min_ms=min(times), nodes=len(g.nodes))
+

@@ -1,0 +1,77 @@
+"""The device session's steps and their runner (benchmarks/device_session.py): each part of the session is a list of
+commands, the benchmark scripts run by path from the repository root (with ``PYTHONPATH=.`` there, as the session
+itself), each with a time limit that fits one 10-minute device call; :func:`run_step` runs one in its own process
+group, tees its output to ``DIR/<step>.log`` and stops the whole group when it runs out of time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PY = sys.executable
+
+
+def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
+    """(name, command, seconds allowed) of one part; the limits add up to under 9 minutes."""
+    if part == 1:
+        return [
+            ("whole-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream",
+                                *(["--source", source] if source else []), "--json", str(out / "whole-upstream.json")],
+             400),
+            ("tune-matvec", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16,f32", "--shapes", "1024x4096",
+                             "--cols", "1,4,8,16", "--budget-s", "100"], 130),
+        ]
+    if part == 3:
+        return [
+            # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
+            ("sweep", [PY, "benchmarks/warm_compile.py", "--hints", "both"], 300),
+            ("gpu-tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-k", "not sweep_gpu_all_800", "tests/"], 120),
+        ]
+    sanitizer = "compute-sanitizer"
+    return [
+        ("bench-kernels", [PY, "benchmarks/bench.py", "--quick", "--only", "ops,matvec,chain,dedup,pair,whole",
+                           "--json", str(out / "bench-kernels.json")], 150),  # (measured 74 s with whole: ours only)
+        ("memcheck", [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 40),
+        # (racecheck: 0 hazards in ~70 s on 2026-12-01 night; 2026-12-02, out of time at 80 s: its child ran to 120)
+        ("racecheck", [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 180),
+        ("kernel-tests", [PY, "-m", "pytest", "-q", "-x", "tests/test_kernels.py", "tests/test_triton_ops.py",
+                          "tests/test_triton_attention.py"], 160),
+    ]
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:  # the whole group ended between the limit and the timer's cancel
+        pass
+
+
+def run_step(name: str, cmd: list[str], limit: float, out: Path) -> tuple[str, int | None, float, str]:
+    """One step: (name, exit status or None when it ran out of time, seconds, its last line that says something)."""
+    t0 = time.perf_counter()
+    lines: list[str] = []
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+    except FileNotFoundError as e:
+        return name, 127, 0.0, f"cannot start: {e}"
+    # the step's whole process group: compute-sanitizer's or a pool's children would otherwise run on, holding the
+    # output pipe open (a step that hangs silently is stopped too)
+    timer = threading.Timer(limit, _kill_group, (proc.pid,))
+    timer.start()
+    with open(out / f"{name}.log", "w") as log:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            print(line, end="", flush=True)
+            log.write(line)
+            lines.append(line.rstrip())
+    rc = proc.wait()
+    timer.cancel()
+    secs = time.perf_counter() - t0
+    said = next((x for x in reversed(lines) if x.strip() and not x.startswith(" ")), "")
+    return name, None if secs >= limit else rc, secs, said[:100]
+

@@ -1,0 +1,77 @@
+"""How the benchmarks time kernels: profiler kernel durations of a call captured as a CUDA graph and replayed (the
+seed's and upstream's method: no launch gaps), or CUDA events around replays of a graph of repeated calls; and one
+node of an executor as a callable to time."""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+
+from gdnpass.runtime import Executor
+
+REPS_IN_GRAPH = 20
+
+
+def graph_time_us(fn, reps_in_graph=REPS_IN_GRAPH, replays=30) -> float:
+    """Median GPU time of one ``fn()`` call: a CUDA graph of ``reps_in_graph`` calls, replayed, timed with events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()  # warm up (compiles Triton kernels outside the capture)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps_in_graph):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / reps_in_graph)
+    return statistics.median(times)
+
+
+def kernel_us(fn, reps: int = 20) -> tuple[float, list[float]]:
+    """Profiler kernel durations of one ``fn()`` call, captured as a CUDA graph and replayed (so host-side checks,
+    e.g. GET_ROWS's id check, which is skipped under capture, launch nothing): (median over ``reps`` replays of the
+    summed kernel time, the median duration of each of its kernels in launch order), in µs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()  # warm up: compiles outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    per = len(ks) // reps
+    if per == 0 or len(ks) % reps:
+        raise RuntimeError(f"{len(ks)} kernels over {reps} replays: not one fixed launch sequence")
+    calls = [ks[i * per:(i + 1) * per] for i in range(reps)]
+    return statistics.median(sum(c) for c in calls), [statistics.median(c[j] for c in calls) for j in range(per)]
+
+
+def node_runner(ex: Executor, n):
+    """Node ``n`` of ``ex``'s graph as a call of its kernel on the executor's views (what the timings above take)."""
+    fn = ex.kernels[n.op]
+    srcs = [ex.view(s) if s is not None else None for s in [*n.src, *n.outs]]
+    out = ex.view(n)
+    return lambda: fn(n, srcs, out)
