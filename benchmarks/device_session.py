@@ -15,81 +15,17 @@ Part 3: the 800-case exactness sweep in both hint modes, in parallel (``warm_com
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
 bench's numbers to ``DIR/<step>.json``. Run it from the repository root with ``PYTHONPATH=.``; carry ``.llama-src``
-(``gdnpass llama-build --pack .llama-src``) and the gguf wheel for part 1 (docs/performance.md).
+(``gdnpass llama-build --pack .llama-src``) and the gguf wheel for part 1 (docs/performance.md). The steps and their
+runner are gdnpass.bench.session's.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
-PY = sys.executable
-
-
-def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
-    """(name, command, seconds allowed) of one part; the limits add up to under 9 minutes."""
-    if part == 1:
-        return [
-            ("whole-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream",
-                                *(["--source", source] if source else []), "--json", str(out / "whole-upstream.json")],
-             400),
-            ("tune-matvec", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16,f32", "--shapes", "1024x4096",
-                             "--cols", "1,4,8,16", "--budget-s", "100"], 130),
-        ]
-    if part == 3:
-        return [
-            # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
-            ("sweep", [PY, "benchmarks/warm_compile.py", "--hints", "both"], 300),
-            ("gpu-tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-k", "not sweep_gpu_all_800", "tests/"], 120),
-        ]
-    sanitizer = "compute-sanitizer"
-    return [
-        ("bench-kernels", [PY, "benchmarks/bench.py", "--quick", "--only", "ops,matvec,chain,dedup,pair,whole",
-                           "--json", str(out / "bench-kernels.json")], 150),  # (measured 74 s with whole: ours only)
-        ("memcheck", [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 40),
-        # (racecheck: 0 hazards in ~70 s on 2026-12-01 night; 2026-12-02, out of time at 80 s: its child ran to 120)
-        ("racecheck", [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 180),
-        ("kernel-tests", [PY, "-m", "pytest", "-q", "-x", "tests/test_kernels.py", "tests/test_triton_ops.py",
-                          "tests/test_triton_attention.py"], 160),
-    ]
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:  # the whole group ended between the limit and the timer's cancel
-        pass
-
-
-def run(name: str, cmd: list[str], limit: float, out: Path) -> tuple[str, int | None, float, str]:
-    """One step: (name, exit status or None when it ran out of time, seconds, its last line that says something)."""
-    t0 = time.perf_counter()
-    lines: list[str] = []
-    try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
-    except FileNotFoundError as e:
-        return name, 127, 0.0, f"cannot start: {e}"
-    # the step's whole process group: compute-sanitizer's or a pool's children would otherwise run on, holding the
-    # output pipe open (a step that hangs silently is stopped too)
-    timer = threading.Timer(limit, _kill_group, (proc.pid,))
-    timer.start()
-    with open(out / f"{name}.log", "w") as log:
-        for line in proc.stdout:  # type: ignore[union-attr]
-            print(line, end="", flush=True)
-            log.write(line)
-            lines.append(line.rstrip())
-    rc = proc.wait()
-    timer.cancel()
-    secs = time.perf_counter() - t0
-    said = next((x for x in reversed(lines) if x.strip() and not x.startswith(" ")), "")
-    return name, None if secs >= limit else rc, secs, said[:100]
+from gdnpass.bench.session import run_step, steps
 
 
 def main() -> int:
@@ -100,7 +36,7 @@ def main() -> int:
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = [run(name, cmd, limit, out) for name, cmd, limit in steps(a.part, a.source, out)]
+    results = [run_step(name, cmd, limit, out) for name, cmd, limit in steps(a.part, a.source, out)]
     print(f"\n## device session, part {a.part}")
     print("step | status | seconds | last line")
     for name, rc, secs, said in results:

@@ -9,17 +9,14 @@ only places time. (The snapshot rows cannot be left out this way any more: their
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 import triton
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from bench import bench_references, chain_operands, graph_time_us  # noqa: E402
-
-from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
+from gdnpass.bench.chain import chain_operands
+from gdnpass.bench.floors import bench_references
+from gdnpass.bench.timing import graph_time_us
+from gdnpass.kernels import triton_ssm as ssm
 
 
 class Override:

@@ -11,22 +11,18 @@ profiles every launch: read every second one. ``--launch-skip 1 --launch-count 1
 from __future__ import annotations
 
 import argparse
-import sys
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from gdnpass.kernels import triton_matvec as mv  # noqa: E402
-from tune_matvec import DTYPES, _ints, _shapes, operands  # noqa: E402
+from gdnpass.bench.matvec import DTYPES, column_counts, operands, shape_list
+from gdnpass.kernels import triton_matvec as mv
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--wtype", default="bf16", choices=sorted(DTYPES))
-    p.add_argument("--shapes", type=_shapes, required=True, help="rows x K list, e.g. 12288x4096,248320x4096")
-    p.add_argument("--cols", type=_ints, default=[4], help="column counts 1..16 (default 4)")
+    p.add_argument("--shapes", type=shape_list, required=True, help="rows x K list, e.g. 12288x4096,248320x4096")
+    p.add_argument("--cols", type=column_counts, default=[4], help="column counts 1..16 (default 4)")
     a = p.parse_args()
     for (M, K) in a.shapes:
         for N in a.cols:

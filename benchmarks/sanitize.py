@@ -11,22 +11,18 @@
    take at 1, 4, 8 and 16 columns, f32 and bf16 weights.
 """
 
-import sys
+import argparse
 
 import torch
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from gdnpass import pipeline  # noqa: E402
-from gdnpass.ir import Op  # noqa: E402
-from gdnpass.kernels import triton_matvec as mv  # noqa: E402
-from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
-from gdnpass.models.fill import fill  # noqa: E402
-from gdnpass.pipeline import PassOptions  # noqa: E402
-from gdnpass.runtime import Executor, launches  # noqa: E402
-
-from bench import MAT_SHAPES  # noqa: E402
+from gdnpass import pipeline
+from gdnpass.bench.matvec import MAT_SHAPES
+from gdnpass.ir import Op
+from gdnpass.kernels import triton_matvec as mv
+from gdnpass.models import VerifyConfig, default_ids
+from gdnpass.models.fill import fill
+from gdnpass.pipeline import PassOptions
+from gdnpass.runtime import Executor, launches
 
 
 def run(cfg: VerifyConfig, fusion: bool) -> str:
@@ -38,31 +34,38 @@ def run(cfg: VerifyConfig, fusion: bool) -> str:
     return res.report.summary() + f"; {sum(launches(res.graph).values())} launches"
 
 
-for hints in (True, False):
-    cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=1, share_weights=True, ffn=False)
-    res = pipeline.run(cfg, PassOptions(fusion=True, hints=hints))
-    ex = Executor(res.graph, device="cuda")
-    fill(ex, seed=0, ids=default_ids(cfg))
-    ex.run()
-    torch.cuda.synchronize()
-    sep = [n.op_params.get("l2_separate") for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN]
-    print(f"chain, hints={hints}: {res.report.summary()}; l2_separate={sep}", flush=True)
+def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    for hints in (True, False):
+        cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=1, share_weights=True, ffn=False)
+        res = pipeline.run(cfg, PassOptions(fusion=True, hints=hints))
+        ex = Executor(res.graph, device="cuda")
+        fill(ex, seed=0, ids=default_ids(cfg))
+        ex.run()
+        torch.cuda.synchronize()
+        sep = [n.op_params.get("l2_separate") for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN]
+        print(f"chain, hints={hints}: {res.report.summary()}; l2_separate={sep}", flush=True)
 
-for flash, fusion in ((True, False), (True, True), (False, True)):
-    print(f"tiny-qwen35 whole, flash_attn={flash}, fusion={fusion}: "
-          + run(VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8), fusion), flush=True)
+    for flash, fusion in ((True, False), (True, True), (False, True)):
+        print(f"tiny-qwen35 whole, flash_attn={flash}, fusion={fusion}: "
+              + run(VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8), fusion), flush=True)
 
-tiles = {}
-for (M, K) in MAT_SHAPES.values():
-    for wt in (torch.float32, torch.bfloat16):
-        for n in (1, 4, 8, 16):
-            tiles.setdefault(mv.mat_vec_tile(M, n, K, mv.WTYPES[wt]), (M, K, wt, n))
-for tile, (M, K, wt, n) in tiles.items():
-    w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
-    x = torch.randn(1, 1, n, K, device="cuda")
-    y = torch.empty(1, 1, n, M, device="cuda")
-    mv.mul_mat_vec(w, x, y)
-    torch.cuda.synchronize()
-    print(f"mat-vec {M}x{K} {mv.WTYPES[wt]} {n} columns: {tile}", flush=True)
-    del w
-print(f"done: {len(tiles)} mat-vec tiles")
+    tiles = {}
+    for (M, K) in MAT_SHAPES.values():
+        for wt in (torch.float32, torch.bfloat16):
+            for n in (1, 4, 8, 16):
+                tiles.setdefault(mv.mat_vec_tile(M, n, K, mv.WTYPES[wt]), (M, K, wt, n))
+    for tile, (M, K, wt, n) in tiles.items():
+        w = (torch.randn(1, 1, M, K, device="cuda") / 64).to(wt)
+        x = torch.randn(1, 1, n, K, device="cuda")
+        y = torch.empty(1, 1, n, M, device="cuda")
+        mv.mul_mat_vec(w, x, y)
+        torch.cuda.synchronize()
+        print(f"mat-vec {M}x{K} {mv.WTYPES[wt]} {n} columns: {tile}", flush=True)
+        del w
+    print(f"done: {len(tiles)} mat-vec tiles")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,27 +1,26 @@
 """Launch variants of the fused conv chain (warps per head) at qwen3.5-9b size, timed side by side next to one copy
 kernel moving the chain's bytes; every variant's output checked byte-identical to the first variant's. Method:
-profiler kernel durations of CUDA-graph replays (bench.kernel_us), medians.
+profiler kernel durations of CUDA-graph replays (gdnpass.bench.timing.kernel_us), medians.
 
     python benchmarks/tune_chain.py
 """
 
-import sys
+import argparse
 
 import torch
 import triton
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from bench import chain_bytes, chain_operands, copy_us, kernel_us  # noqa: E402
-
-from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
+from gdnpass.bench.chain import chain_bytes, chain_operands
+from gdnpass.bench.floors import copy_us
+from gdnpass.bench.timing import kernel_us
+from gdnpass.kernels import triton_ssm as ssm
 
 WARPS = (2, 4, 8)
 RMS = dict(norm="rms", qk_scale=128 ** -0.5)  # upstream's q/k form at S = 128 (the eps of chain_operands)
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default {ssm.chain_warps(128)} warps")
     print("T rows | copy | " + " | ".join(f"{w} warps" for w in WARPS))
     for T in (1, 2, 4, 8, 16):

@@ -20,30 +20,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from bench import graph_time_us, node_runner  # noqa: E402
-
-from gdnpass import pipeline  # noqa: E402
-from gdnpass.models.fill import fill  # noqa: E402
-from gdnpass.pipeline import PassOptions  # noqa: E402
-from gdnpass.ir import Op  # noqa: E402
-from gdnpass.models import VerifyConfig, default_ids  # noqa: E402
-from gdnpass.runtime import Executor  # noqa: E402
+from gdnpass.bench.chain import fused_chain  # noqa: E402  (after TRITON_INTERPRET: it defines Triton kernels)
+from gdnpass.bench.timing import graph_time_us, node_runner  # noqa: E402
 
 GPU = torch.cuda.is_available()
 CASES = [(1, 0), (1, 1), (8, 7), (8, 8), (16, 15)]  # (T, n_rs_seq): rows = T, and rows = T + 1 (the whole shared row)
-
-
-def fused_chain(model: str, T: int, n_rs: int, layout: str):
-    cfg = VerifyConfig(model, T, n_rs, n_layers=1, share_weights=True, ffn=False, snapshot_layout=layout)
-    g = pipeline.run(cfg, PassOptions(fusion=True)).graph
-    ex = Executor(g, device="cuda" if GPU else "cpu", backend="triton")
-    fill(ex, seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))  # an accepted-token offset: plane 1 is read
-    if GPU:  # timed on real intermediates: fill leaves them NaN, and NaN takes SiLU's slow division path
-        ex.run()
-    return ex, next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)
 
 
 def without_tile(n):

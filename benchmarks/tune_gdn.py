@@ -1,22 +1,18 @@
 """Launch variants of the GATED_DELTA_NET kernel (value columns per program x warps, the token loop unrolled or
 kept) at qwen3.5-9b size (S 128, 16 k heads, 32 v heads, one sequence, K = T snapshot slots), timed side by side;
 the unrolled and the looped form of each tile checked byte-identical. Method: profiler kernel durations of
-CUDA-graph replays (bench.kernel_us), medians.
+CUDA-graph replays (gdnpass.bench.timing.kernel_us), medians.
 
     python benchmarks/tune_gdn.py
 """
 
-import sys
+import argparse
 
 import torch
 import triton
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from bench import kernel_us  # noqa: E402
-
-from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
+from gdnpass.bench.timing import kernel_us
+from gdnpass.kernels import triton_ssm as ssm
 
 S, H_K, H_V = 128, 16, 32
 TILES = [(bv, w) for bv in (16, 32, 64) for w in (2, 4, 8)]
@@ -33,6 +29,7 @@ def operands(T: int, K: int):
 
 
 def main() -> int:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     print(f"# {torch.cuda.get_device_name()}, triton {triton.__version__}; default block_v {ssm.GDN_BLOCK_V}, "
           f"{ssm.GDN_WARPS} warps, unrolled")
     print("T | " + " | ".join(f"{bv}c x {w}w unrolled / looped" for bv, w in TILES))

@@ -7,8 +7,9 @@ tile per (weight type, shape, columns) with its bandwidth next to the copy bandw
 This is how :func:`gdnpass.kernels.triton_matvec.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
 Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
 against cuBLAS's f32 product, captured as a CUDA graph of one launch per copy of the weights (enough copies that
-each launch reads its weights from memory, as in a forward: ``bench.rotation``), and then all candidates of a case
-are replayed under one torch.profiler session: medians of the profiler's kernel durations, as ``bench.kernel_us``.
+each launch reads its weights from memory, as in a forward: ``gdnpass.bench.matvec.rotation``), and then all
+candidates of a case are replayed under one torch.profiler session: medians of the profiler's kernel durations, as
+``gdnpass.bench.timing.kernel_us``.
 ``--pair`` times MUL_MAT_VEC_PAIR's launch (two weights of the shape, one x) instead: with fusion on, FFN gate/up
 and attention k/v only ever run as pairs, and a pair has twice the programs of its products.
 """
@@ -20,18 +21,15 @@ import itertools
 import json
 import multiprocessing as mp
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 import triton
 
-sys.path.insert(0, ".")
-sys.path.insert(0, "benchmarks")
-
-from bench import MAT_SHAPES, bench_references, rotation  # noqa: E402
-from gdnpass.kernels import triton_matvec as mv  # noqa: E402
+from gdnpass.bench.floors import bench_references
+from gdnpass.bench.matvec import DTYPES, MAT_SHAPES, column_counts, operands, rotation, shape_list
+from gdnpass.kernels import triton_matvec as mv
 
 SHAPES = [s for s in MAT_SHAPES.values() if 256 < s[0] < 100_000]  # qwen3.5-9b's, but the thin and the lm head
 COLS = (2, 4, 8, 16)
@@ -74,33 +72,6 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
                     yield t._replace(split_k=s)
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        v = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not all(1 <= x <= 16 for x in v):
-        raise argparse.ArgumentTypeError(f"column counts are 1..16, got {text!r}")
-    return v
-
-
-def _shapes(text: str) -> list[tuple[int, int]]:
-    try:
-        return [(int(m), int(k)) for m, k in (s.split("x") for s in text.split(","))]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ROWSxK[,ROWSxK...], e.g. 8192x4096, got {text!r}") from None
-
-
-DTYPES = {name: dtype for dtype, name in mv.WTYPES.items()}  # "bf16" -> torch.bfloat16, ...
-
-
-def operands(wt: str, M: int, K: int, N: int, seed: int = 0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    w = (torch.randn(1, 1, M, K, device="cuda", generator=g) / 64).to(DTYPES[wt])
-    x = torch.randn(1, 1, N, K, device="cuda", generator=g)
-    return w, x, torch.empty(1, 1, N, M, device="cuda")
-
-
 def products(wt: str, M: int, K: int, N: int, pair: bool):
     """[(w, y)] or a pair's [(w, y), (w2, y2)] (two weights: one would be half read from L2), and x."""
     w, x, y = operands(wt, M, K, N)
@@ -130,7 +101,7 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
 
     prods, x = products(wt, M, K, N, pair)
     refs = [x[0, 0] @ w[0, 0].float().t() for w, _ in prods]
-    # the launches a replay makes: one per copy of the weights, so each reads its weights from memory (bench.rotation)
+    # the launches a replay makes: one per copy of the weights, so each reads its weights from memory (matvec.rotation)
     n_copies = rotation(sum(w.numel() * w.element_size() for w, _ in prods))
     rotated = [prods] + [[(w.clone(), y) for w, y in prods] for _ in range(n_copies - 1)]
     graphs, kept = [], []
@@ -171,8 +142,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=420.0)
     p.add_argument("--wtypes", default="bf16", help="comma-separated weight types: bf16, f16, f32 (default bf16)")
-    p.add_argument("--shapes", type=_shapes, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
-    p.add_argument("--cols", type=_ints, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
+    p.add_argument("--shapes", type=shape_list, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
+    p.add_argument("--cols", type=column_counts, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
     p.add_argument("--procs", type=int, default=16, help="compile worker processes")
     p.add_argument("--pair", action="store_true", help="time the pair's launch (two weights of each shape)")
     p.add_argument("--json", help="write every tile's time to this file (not only each case's best three)")

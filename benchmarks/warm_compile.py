@@ -9,10 +9,7 @@ compiles, one after another in a single pytest process (over 250 s per hint mode
 
 import argparse
 import multiprocessing as mp
-import sys
 import time
-
-sys.path.insert(0, ".")
 
 MODES = {"both": (True, False), "on": (True,), "off": (False,)}
 

@@ -1,5 +1,6 @@
-"""The benchmark tools' CPU-checkable parts: bench.py's floor kernels (in the Triton interpreter, against torch) and
-ab_kernels.py's loading of another revision's kernels (its package, as a package of its own)."""
+"""The benchmark harness's CPU-checkable parts: the floor kernels of bench.py's chain table (gdnpass.bench.floors, in
+the Triton interpreter, against torch) and ab_kernels.py's loading of another revision's kernels (its package, as a
+package of its own: gdnpass.bench.revisions)."""
 
 import subprocess
 import sys
@@ -7,23 +8,21 @@ import sys
 import pytest
 import torch
 
-sys.path.insert(0, "benchmarks")
-import ab_kernels  # noqa: E402
-import bench  # noqa: E402
+from gdnpass.bench import floors, revisions
 
 
 @pytest.mark.parametrize("gather,norm", [(False, False), (True, False), (True, True)])
 def test_floor_kernels_do_what_their_floor_claims(gather, norm, device):
     # a floor kernel that skipped its dependent load or its sum would time less than the work it stands for
     off = 16 if gather else 0
-    src = torch.randn(2 * bench.FLOOR_BLOCK + 40 + 16, device=device)
-    dst = torch.full((2 * bench.FLOOR_BLOCK + 40,), float("nan"), device=device)  # two whole blocks, a masked one
-    bench.floor_copy(src, dst, torch.tensor([off], device=device), gather, norm)
+    src = torch.randn(2 * floors.FLOOR_BLOCK + 40 + 16, device=device)
+    dst = torch.full((2 * floors.FLOOR_BLOCK + 40,), float("nan"), device=device)  # two whole blocks, a masked one
+    floors.floor_copy(src, dst, torch.tensor([off], device=device), gather, norm)
     want = src[off:off + dst.numel()]
     if not norm:
         assert torch.equal(dst, want)
         return
-    blocks = want.split(bench.FLOOR_BLOCK)
+    blocks = want.split(floors.FLOOR_BLOCK)
     ref = torch.cat([b.double() / (b.double().square().sum() + 1e-6).sqrt() for b in blocks])
     torch.testing.assert_close(dst.double(), ref, rtol=1e-5, atol=0)  # (f32 sums in another order)
 
@@ -36,11 +35,11 @@ def _archive(rev: str, folder) -> None:
 
 
 def test_ab_kernels_loads_a_revision_or_a_snapshot_as_its_own_package(tmp_path):
-    head = ab_kernels.revision_module("HEAD", tmp_path)
+    head = revisions.revision_module("HEAD", tmp_path)
     _archive("HEAD", tmp_path / "saved")
-    saved = ab_kernels.revision_module(str(tmp_path / "saved"), tmp_path)
-    tree = ab_kernels.launchers("gdnpass", None, "tree")
-    for name in ab_kernels.LAUNCHERS:
+    saved = revisions.revision_module(str(tmp_path / "saved"), tmp_path)
+    tree = revisions.launchers("gdnpass", None, "tree")
+    for name in revisions.LAUNCHERS:
         fns = [getattr(v, name) for v in (head, saved, tree)]
         assert all(callable(f) for f in fns)
         modules = [f.__module__ for f in fns]
@@ -61,7 +60,7 @@ def test_ab_kernels_loads_the_single_module_of_older_revisions(tmp_path):
     (old / "kernels" / "triton_ops.py").write_text(
         "from gdnpass.kernels.helpers import TAG\n\n\n"
         "def gdn_conv_chain(*a, **k):\n    return TAG\n\n\nunary = glu = gdn_conv_chain\n")
-    v = ab_kernels.revision_module(str(tmp_path / "old"), tmp_path)
+    v = revisions.revision_module(str(tmp_path / "old"), tmp_path)
     assert v.gdn_conv_chain() == v.unary() == v.glu() == "old"
     assert v.glu.__module__.endswith(".kernels.triton_ops") and not v.glu.__module__.startswith("gdnpass")
 
@@ -71,7 +70,7 @@ def test_ab_kernels_names_a_base_it_cannot_read(tmp_path):
                        (str(tmp_path / "old_layout_file.py"), "not a folder holding a gdnpass package"),
                        ("no-such-revision", "")):
         with pytest.raises(SystemExit, match=f"ab_kernels: --base {base}: {says}") as e:
-            ab_kernels.revision_module(base, tmp_path)
+            revisions.revision_module(base, tmp_path)
         assert "\n" not in str(e.value)
 
 
@@ -83,5 +82,5 @@ def test_ab_kernels_names_a_revision_without_the_kernels(tmp_path):
     base = str(tmp_path / "first")
     with pytest.raises(SystemExit, match=f"ab_kernels: --base {base}: no gdn_conv_chain launcher in "
                                          "kernels/triton_ssm.py or kernels/triton_ops.py") as e:
-        ab_kernels.revision_module(base, tmp_path)
+        revisions.revision_module(base, tmp_path)
     assert "\n" not in str(e.value)

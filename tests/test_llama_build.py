@@ -1,17 +1,15 @@
 """The llama.cpp build's variants and packed sources (gdnpass.frontends.llama.build), the worker's ``time`` mode
-(upstream's verify decode timed on its own) and benchmarks/upstream.py's readers of ncu output and kernel streams.
-The CUDA variant itself builds only where nvcc and CUDA's libraries are (the GPU host: docs/performance.md)."""
+(upstream's verify decode timed on its own) and gdnpass.bench.upstream's readers of ncu output and kernel streams
+(benchmarks/upstream.py's). The CUDA variant itself builds only where nvcc and CUDA's libraries are (the GPU host:
+docs/performance.md)."""
 
 import json
-import sys
 
 import pytest
 
+from gdnpass.bench import upstream
 from gdnpass.errors import LlamaError
 from gdnpass.frontends.llama import build, capture
-
-sys.path.insert(0, "benchmarks")
-import upstream  # noqa: E402
 
 
 def test_packed_source_keeps_what_a_build_needs():
