@@ -4,7 +4,9 @@ tests/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @trito
 Every kernel of the package's modules (the ``_*_kernel`` functions, found there: :func:`launched_kernels`) must have
 a variant below, or the run fails before compiling.
 
-    python tests/compile_sm90.py     # prints one line per compiled variant, exits 1 on the first failure
+    PYTHONPATH=. python tests/compile_sm90.py     # one line per compiled variant, exit 1 on the first failure
+
+(``PYTHONPATH=.``, or gdnpass installed: ``pip install -e .``.)
 """
 
 import importlib
@@ -18,15 +20,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import KernelInterface
 
-sys.path.insert(0, ".")
-
-from gdnpass.kernels import triton_attention as att  # noqa: E402
-from gdnpass.kernels import triton_core as core  # noqa: E402
-from gdnpass.kernels import triton_elementwise as elt  # noqa: E402
-from gdnpass.kernels import triton_matvec as mv  # noqa: E402
-from gdnpass.kernels import triton_norms as norms  # noqa: E402
-from gdnpass.kernels import triton_rope as rope  # noqa: E402
-from gdnpass.kernels import triton_ssm as ssm  # noqa: E402
+from gdnpass.kernels import triton_attention as att
+from gdnpass.kernels import triton_core as core
+from gdnpass.kernels import triton_elementwise as elt
+from gdnpass.kernels import triton_matvec as mv
+from gdnpass.kernels import triton_norms as norms
+from gdnpass.kernels import triton_rope as rope
+from gdnpass.kernels import triton_ssm as ssm
 
 INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
 FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale",
