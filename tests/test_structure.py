@@ -1,10 +1,13 @@
 """The shape of the code itself: no import circles, one error base class, one record per fused op (and the loader
 checks fused nodes against it), launchers that raise instead of assert, Triton kernel families that share their
-``@triton.jit`` helpers only through the exactness core, a pipeline that builds no torch."""
+``@triton.jit`` helpers only through the exactness core, a pipeline that builds no torch; benchmark scripts that are
+command lines over the harness (gdnpass.bench), imported by nothing, with no sys.path changes."""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -20,6 +23,7 @@ from gdnpass.models import VerifyConfig
 from gdnpass.pipeline import PassOptions, run
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "gdnpass"
+ROOT = PACKAGE.parent
 
 
 # ---- imports --------------------------------------------------------------------------------------------------------
@@ -56,9 +60,14 @@ def import_graph(root: pathlib.Path = PACKAGE) -> nx.DiGraph:
 
 def test_no_module_imports_one_that_imports_it_back():
     g = import_graph()
-    assert len(g) > 20  # the scan found the package
+    assert len(g) > 20 and "gdnpass.bench.timing" in g  # the scan found the package, the benchmark harness too
     cycles = list(nx.simple_cycles(g))
     assert not cycles, f"import circles: {cycles}"
+
+
+def test_the_product_does_not_import_the_benchmark_harness():
+    g = import_graph()
+    assert [(a, b) for a, b in g.edges if b.startswith("gdnpass.bench") and not a.startswith("gdnpass.bench")] == []
 
 
 def test_the_cycle_check_can_fail(tmp_path):
@@ -78,6 +87,86 @@ def test_building_planning_fusing_and_dumping_need_no_torch():
             "r = pipeline.run(VerifyConfig('tiny-dc4-h64', 4, 3, n_layers=1), pipeline.PassOptions(fusion=True))\n"
             "assert r.report.applied\n"
             "serialize.dumps(r.graph)\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+# ---- the benchmark scripts ----------------------------------------------------------------------------------------
+
+
+def script_problems(files: dict[str, str]) -> list[str]:
+    """What breaks the benchmarks' layering in ``files`` (a repository path -> its source; the scripts are
+    ``benchmarks/*.py``): a file that imports a benchmark script (by its name, which the script's folder on sys.path
+    makes importable, or as ``benchmarks.NAME``; what scripts share lives in gdnpass.bench), a file that reads or
+    changes ``sys.path`` (the scripts and tests run with gdnpass importable: ``PYTHONPATH=.`` or installed)."""
+    scripts = {pathlib.PurePosixPath(f).stem for f in files if f.startswith("benchmarks/") and f.endswith(".py")}
+    problems = []
+    for where, src in sorted(files.items()):
+        for node in ast.walk(ast.parse(src)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            for name in names:
+                top, _, rest = name.partition(".")
+                if top in scripts or top == "benchmarks":
+                    problems.append(f"{where} imports the benchmark script {rest if top == 'benchmarks' else top}")
+            if isinstance(node, ast.Attribute) and node.attr == "path" and ast.unparse(node.value) == "sys":
+                problems.append(f"{where}:{node.lineno} touches sys.path")
+    return sorted(problems)
+
+
+def _sources(*folders: str) -> dict[str, str]:
+    return {p.relative_to(ROOT).as_posix(): p.read_text() for f in folders for p in sorted((ROOT / f).rglob("*.py"))}
+
+
+def test_benchmark_scripts_are_imported_by_nothing_and_leave_sys_path_alone():
+    files = _sources("gdnpass", "benchmarks", "tests", "examples")
+    assert {"benchmarks/bench.py", "benchmarks/tune_dedup.py", "benchmarks/upstream.py", "tests/compile_sm90.py",
+            "gdnpass/bench/chain.py"} <= set(files)
+    assert script_problems(files) == []
+
+
+def test_the_script_rules_can_fail():
+    assert script_problems({
+        "benchmarks/bench.py": "import sys\nsys.path.insert(0, 'benchmarks')\ndef f():\n    from tune_dedup import g\n",
+        "benchmarks/tune_dedup.py": "from bench import node_runner\n",  # the old circle, bench <-> tune_dedup
+        "benchmarks/upstream.py": "from gdnpass.bench.upstream import measure\n",  # a script as it should be
+        "gdnpass/bench/chain.py": "from gdnpass.bench.timing import kernel_us\nimport upstream\n",
+        "tests/test_x.py": "import benchmarks.tune_dedup\nimport sys\nprint(sys.path)\n",
+    }) == ["benchmarks/bench.py imports the benchmark script tune_dedup",
+           "benchmarks/bench.py:2 touches sys.path",
+           "benchmarks/tune_dedup.py imports the benchmark script bench",
+           "gdnpass/bench/chain.py imports the benchmark script upstream",
+           "tests/test_x.py imports the benchmark script tune_dedup",
+           "tests/test_x.py:3 touches sys.path"]
+
+
+def test_every_name_a_benchmark_script_imports_from_gdnpass_exists():
+    """The scripts need a GPU to run, so a name moved or renamed in gdnpass would go unnoticed here: each script's
+    ``from gdnpass... import NAME`` must find NAME (an attribute, or a submodule)."""
+    missing, checked = [], 0
+    for path in sorted((ROOT / "benchmarks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                pairs = [(a.name, None) for a in node.names if a.name.split(".")[0] == "gdnpass"]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "gdnpass":
+                pairs = [(node.module, a.name) for a in node.names]
+            else:
+                continue
+            for module, name in pairs:
+                checked += 1
+                found = importlib.import_module(module)
+                if name is not None and not hasattr(found, name) and \
+                        importlib.util.find_spec(f"{module}.{name}") is None:
+                    missing.append(f"{path.name}: {module}.{name}")
+    assert checked > 30 and missing == []
+
+
+def test_the_harness_reads_ncu_and_runs_steps_without_torch():
+    """gdnpass.bench.upstream shares no process with torch (ggml-cuda runs there), and the device session's runner
+    starts its steps without loading it."""
+    code = ("import sys\n"
+            "from gdnpass.bench import session, upstream\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
