@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 import torch
 
 from gdnpass.fusion import FusionReport, fuse
-from gdnpass.ir import Graph, Op, Tensor, buffer_role
-from gdnpass.kernels.limits import runs_as_mat_vec
+from gdnpass.ir import Graph, Tensor, buffer_role
 from gdnpass.models.fill import fill
+from gdnpass.patterns import watched as pattern_watches
 from gdnpass.runtime import Executor
 
 
@@ -49,18 +49,23 @@ class CheckResult:
 
 
 def watched(graph: Graph) -> list[Tensor]:
-    """What the fused graph must reproduce: every SiLU, q/k-norm and mat-vec output of a fusable pattern, and the
-    layer outputs."""
+    """What the fused graph must reproduce: every output a registered pattern's record asks to compare (its
+    ``watch``: the chain's SiLU and q/k norms, the mat-vec products, ...), and the layer outputs."""
+    return [n for n in graph.nodes if pattern_watches(n) or n.name.startswith("l_out")]
+
+
+def unwatched(graph: Graph, report: FusionReport, probes: list[Tensor]) -> list[str]:
+    """What the fused nodes of ``report`` write that the check would not compare (neither a probe nor in a cache),
+    as sentences naming the pattern: its record's ``watch`` misses an output. (Empty for every registered pattern;
+    the check refuses to pass without comparing what fusion changed.)"""
+    seen = {t.uid for t in probes}
+    pattern = {a.node: a.pattern for a in report.applied}
     out = []
     for n in graph.nodes:
-        if n.op is Op.UNARY and n.src[0].op is Op.SSM_CONV:
-            out.append(n)
-        elif n.op is Op.L2_NORM or n.op is Op.SCALE and n.src[0].op is Op.RMS_NORM:  # the q/k norms, either form
-            out.append(n)
-        elif n.op is Op.MUL_MAT and runs_as_mat_vec(n.ne[0], n.ne[1] * n.ne[2] * n.ne[3]):
-            out.append(n)
-        elif n.name.startswith("l_out"):
-            out.append(n)
+        if n.name in pattern and n.op.is_fused:
+            for t in [n.view_src, *n.outs]:
+                if t.uid not in seen and not (t.base.buffer and buffer_role(graph, t.base.buffer) == "cache"):
+                    out.append(f"{pattern[n.name]}: {n.name!r} writes {t.name!r}, which its record's watch misses")
     return out
 
 
@@ -102,6 +107,9 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
     unfused = ex.run_probed(probes, progress=progress)
     caches = [(t, ex.read(t)) for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"]
     report = fuse(graph, enabled=True, between=between, force=force, patterns=patterns)
+    missed = unwatched(graph, report, probes)
+    if missed:  # a pattern's bug: the check would pass without comparing what the rewrite changed
+        raise RuntimeError("check_fusion would not compare what fusion writes: " + "; ".join(missed[:3]))
     ex.restore(start)
     del start
     fused = ex.run_probed(probes, progress=progress)

@@ -226,8 +226,9 @@ def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: flo
 # (shared, so on the slow side) from single launches of the tiny-* models and direct launches of silu/mul_mat_vec:
 # silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec
 # ~22 ms at 1 K block and ~35 ms at 4.
+# (a fused kernel's own entries are its record's, gdnpass.patterns.interpreter_s)
 INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032, 0.0), "rms_norm": (0.032, 0.0),
-                 "ssm_conv": (0.026, 0.012), "chain": (0.026, 0.010), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005),
+                 "ssm_conv": (0.026, 0.012), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005),
                  # the elementwise and data-movement kernels (one program per 1024 elements; measured as silu's)
                  "sigmoid": (0.026, 0.0), "softplus": (0.026, 0.0), "exp": (0.026, 0.0), "add": (0.026, 0.0),
                  "mul": (0.026, 0.0), "swiglu": (0.045, 0.0), "concat": (0.036, 0.0), "cpy": (0.03, 0.0),
@@ -243,17 +244,26 @@ SMALL_GRAPH = ("--model", "tiny-dc4-h64", "--layers", "1")
 
 def interpreter_seconds(nodes) -> float:
     """Estimated seconds of one execution of ``nodes`` on Triton's interpreter, from the programs each launch runs
-    (:func:`gdnpass.kernels.backends.programs`). Needs TRITON_INTERPRET set (it imports the kernels)."""
+    (:func:`gdnpass.kernels.backends.programs`; a kernel name ending in a number, ``chain4``, scales its per-step
+    cost by that many taps / 4). Needs TRITON_INTERPRET set (it imports the kernels)."""
     from gdnpass.kernels.backends import programs
 
+    table = interpreter_table()
     total = 0.0
     for n in nodes:
         for kernel, count, steps in programs(n):
             name = kernel.rstrip("0123456789")
             taps = int(kernel[len(name):] or 4)
-            fixed, per_step = INTERPRETER_S[name]
-            total += count * (fixed + per_step * steps * (taps / 4 if name in ("ssm_conv", "chain") else 1))
+            fixed, per_step = table[name]
+            total += count * (fixed + per_step * steps * taps / 4)
     return total
+
+
+def interpreter_table() -> dict[str, tuple[float, float]]:
+    """:data:`INTERPRETER_S` and the registered fused kernels' own entries (their records')."""
+    from gdnpass.patterns import interpreter_s
+
+    return {**INTERPRETER_S, **interpreter_s()}
 
 
 def _refuse_slow(a: argparse.Namespace, seconds: float, check: bool = False) -> None:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from gdnpass import ir
 from gdnpass.fusion import Applied, FusionReport
 from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
-from gdnpass.kernels.fused import RECORDS
-from gdnpass.matchers.common import Refusal, fmt_range
+from gdnpass.patterns import RECORDS
+from gdnpass.patterns.common import Refusal, fmt_range
 from gdnpass.ops import ROPE_MODES
 from gdnpass.outputs import atomic_path, check_writable, json_safe
 from gdnpass.serialize import buffers_dict
@@ -140,14 +140,21 @@ def user_counts(nodes: list[Tensor]) -> dict[int, int]:
 
 
 def count_launches(nodes: list[Tensor]) -> tuple[int, int]:
-    """(kernel launches, how many GDN_CONV_CHAIN nodes run with l2_separate).
+    """(kernel launches, how many fused nodes run a multi-launch variant: a GDN_CONV_CHAIN with l2_separate).
 
-    An l2_separate chain writes its normalised q/k over the projection it reads, so it costs more launches: the
-    fused kernel, then the unfused q/k norm kernels once every program has read the projection (its record counts
-    them: 3 in the L2 form, 5 in the RMS form)."""
+    A fused node's record counts its launches, and names the variant that costs more (``extra_launches``): an
+    l2_separate chain writes its normalised q/k over the projection it reads, so it runs the fused kernel, then the
+    unfused q/k norm kernels once every program has read the projection (3 launches in the L2 form, 5 in the RMS
+    form)."""
     launches = sum(RECORDS[n.op].launches(n) if n.op.is_fused else 1 for n in nodes if runs_kernel(n))
-    separate = sum(1 for n in nodes if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate"))
+    separate = sum(1 for n in nodes if _extra(n))
     return launches, separate
+
+
+def _extra(t: Tensor | None) -> tuple[str, str] | None:
+    """(flag, what the later launches run) of a fused node in its record's multi-launch variant, else None."""
+    extra = RECORDS[t.op].extra_launches if t is not None and t.op.is_fused else None
+    return extra if extra and t.op_params.get(extra[0]) else None
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -280,8 +287,8 @@ def format_rows(rows: list[Row], users: dict[int, int], headings: dict[int, str]
         out.append(line(cells))
         names = replaced(r.t)
         if show_replaced and names:
-            k = RECORDS[r.t.op].launches(r.t)
-            extra = f", {k} launches: fused kernel + {k - 1} q/k norm" if r.t.op_params.get("l2_separate") else ""
+            k, more = RECORDS[r.t.op].launches(r.t), _extra(r.t)
+            extra = f", {k} launches: fused kernel + {k - 1} {more[1]}" if more else ""
             out.append(f"{'':{widths[0] + widths[1] + 4}}^ replaces {len(names)} nodes{extra}: {', '.join(names)}")
     return out
 
@@ -330,15 +337,10 @@ def format_explain(cands: list[Candidate], d: Dump) -> list[str]:
     return out
 
 
-QK_FORMS = {"rms": "RMS_NORM + SCALE (upstream)", "l2": "L2_NORM"}
-
-
 def _variant(t: Tensor | None) -> str:
-    """The kernel variant of a fused node worth a reader's eye: the chain's q/k form, its later-launch fallback."""
-    if t is None or t.op is not Op.GDN_CONV_CHAIN:
-        return ""
-    p = t.op_params
-    return f" [q/k {QK_FORMS[p.get('norm', 'l2')]}{', l2_separate' if p.get('l2_separate') else ''}]"
+    """The kernel variant of a fused node worth a reader's eye, as its record says (the chain's q/k form, its
+    later-launch fallback)."""
+    return RECORDS[t.op].variant(t) if t is not None and t.op.is_fused else ""
 
 
 def _some(names: list[str], limit: int = 4) -> str:
@@ -358,11 +360,13 @@ def format_buffers(g: Graph) -> str:
 
 def format_summary(d: Dump) -> list[str]:
     n_before, n_after = len(d.before), len(d.graph.nodes)
-    (l_before, _), (l_after, separate) = count_launches(d.before), count_launches(d.graph.nodes)
-    per = sorted({RECORDS[n.op].launches(n) for n in d.graph.nodes
-                  if n.op is Op.GDN_CONV_CHAIN and n.op_params.get("l2_separate")})
-    note = (f" (incl. {separate} GDN_CONV_CHAIN with l2_separate: {'/'.join(map(str, per))} launches each, the "
-            "fused kernel then the q/k norm kernels)" if separate else "")
+    (l_before, _), (l_after, _) = count_launches(d.before), count_launches(d.graph.nodes)
+    multi: dict[tuple, list[int]] = {}
+    for n in d.graph.nodes:
+        if _extra(n):
+            multi.setdefault((n.op.value, *_extra(n)), []).append(RECORDS[n.op].launches(n))
+    note = "".join(f" (incl. {len(ks)} {op} with {flag}: {'/'.join(map(str, sorted(set(ks))))} launches each, the "
+                   f"fused kernel then the {what} kernels)" for (op, flag, what), ks in multi.items())
     lines = [f"nodes {n_before} -> {n_after}, leafs {len(d.graph.leafs)}",
              f"launches {l_before} -> {l_after}{note}", format_buffers(d.graph)]
     if not d.report.enabled:

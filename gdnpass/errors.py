@@ -1,7 +1,7 @@
 """gdnpass's errors: one base class, so a front end can catch everything a user can cause in one place.
 
 Each message is one line naming the file, flag, tensor or field at fault. Declining a fusion is not an error (it is
-a :class:`gdnpass.matchers.common.Refusal` value); an exception that is not a :class:`GdnpassError` is a bug.
+a :class:`gdnpass.patterns.common.Refusal` value); an exception that is not a :class:`GdnpassError` is a bug.
 """
 
 from __future__ import annotations

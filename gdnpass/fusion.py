@@ -1,10 +1,11 @@
 """The fusion pass: run the matchers on a planned graph, apply the legal rewrites, report everything.
 
-Enabled by ``GDN_FUSION=1`` (unset or ``0`` leaves the graph unchanged); ``fuse(graph, enabled=True|False)`` forces
-it either way. The pipeline is build -> ``prepare`` (reorder for fusion, as ggml-cuda's graph_optimize) -> plan ->
-``fuse``. Fusion is decided on the *unfused* plan, as ggml-cuda decides it: a fused node keeps the memory the
-plan gave to the tensors it writes. Matches of one pattern are all decided on the same graph state, then applied
-(they never share a node); patterns run in order, so a later pattern sees the earlier rewrites.
+The patterns and their order come from the registry (:mod:`gdnpass.patterns`). Enabled by ``GDN_FUSION=1`` (unset or
+``0`` leaves the graph unchanged); ``fuse(graph, enabled=True|False)`` forces it either way. The pipeline is build ->
+``prepare`` (reorder for fusion, as ggml-cuda's graph_optimize) -> plan -> ``fuse``. Fusion is decided on the *unfused*
+plan, as ggml-cuda decides it: a fused node keeps the memory the plan gave to the tensors it writes. Matches of one
+pattern are all decided on the same graph state, then applied (they never share a node); patterns run in order, so a
+later pattern sees the earlier rewrites.
 """
 
 from __future__ import annotations
@@ -14,14 +15,13 @@ import time
 from dataclasses import dataclass, field
 
 from gdnpass.ir import Graph, GraphError, arena_buffer
-from gdnpass.matchers.common import Context, Refusal, decide, fmt_range
-from gdnpass.matchers.conv_chain import ConvChain
-from gdnpass.matchers.mat_vec_pair import MatVecPair
+from gdnpass.patterns import matchers
+from gdnpass.patterns.common import Context, Refusal, decide, fmt_range
 
 ENV = "GDN_FUSION"
 
-# the default pattern set: a plain list, composable with +
-PATTERNS: list = [ConvChain(), MatVecPair()]
+# the default pattern set, the registry's in its order: a plain list, composable with +
+PATTERNS: list = matchers()
 
 
 def prepare(graph: Graph, enabled: bool | None = None, patterns: list | None = None) -> int:

@@ -76,9 +76,8 @@ class Op(enum.Enum):
     GATED_DELTA_NET = "GATED_DELTA_NET"
     # an op gdnpass does not model (imported from ggml): kept with its shape and strides, never fused or executed
     OPAQUE = "OPAQUE"
-    # fused nodes created by gdnpass.fusion (never by a builder); what each one is: gdnpass.kernels.fused
-    GDN_CONV_CHAIN = "GDN_CONV_CHAIN"
-    MUL_MAT_VEC_PAIR = "MUL_MAT_VEC_PAIR"
+    # The fused ops (GDN_CONV_CHAIN, MUL_MAT_VEC_PAIR, ...) are members too, added by :func:`fused_op` when their
+    # pattern's folder is imported (gdnpass.patterns, the registry): adding a pattern touches no IR file.
 
     @property
     def is_fused(self) -> bool:
@@ -146,9 +145,30 @@ class Flag(enum.IntFlag):
     COMPUTE = 16
 
 
-# The ops the fusion pass creates. A fused node is a view of its primary output (as a CPY is a view of its destination)
-# and lists the other tensors it writes in ``outs``.
-FUSED_OPS = frozenset({Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR})
+# The ops the fusion pass creates, one per registered pattern (filled by :func:`fused_op`). A fused node is a view of
+# its primary output (as a CPY is a view of its destination) and lists the other tensors it writes in ``outs``.
+FUSED_OPS: set[Op] = set()
+
+
+def fused_op(name: str) -> Op:
+    """The :class:`Op` member of the fused op ``name``, added on first call (a pattern's record declares its op with
+    it; ``Op.NAME``, ``Op("NAME")`` and ``Op["NAME"]`` then find it like any member). Idempotent; a base op's name is
+    refused."""
+    member = Op._value2member_map_.get(name)
+    if member is not None:
+        if member not in FUSED_OPS:
+            raise GraphError(f"{name} is a base op, not a fused op")
+        return member
+    if not name.isidentifier() or not name.isupper():
+        raise GraphError(f"fused op name {name!r} must be an upper-case identifier, as ggml names ops")
+    member = object.__new__(Op)
+    member._name_, member._value_ = name, name
+    Op._member_map_[name] = member
+    Op._value2member_map_[name] = member
+    Op._member_names_.append(name)
+    type.__setattr__(Op, name, member)
+    FUSED_OPS.add(member)
+    return member
 
 # Ops that create no data (ggml_cuda_is_view_or_noop, minus the "empty" case handled by Tensor.is_empty).
 VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE})
@@ -319,6 +339,43 @@ def ranges_overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
     return a[0] == b[0] and a[1] < b[2] and b[1] < a[2] and a[1] < a[2] and b[1] < b[2]
 
 
+def keep_alive(name: str, *ts: Tensor) -> Tensor:
+    """An allocator hint (ggml-backend's dependency node): an empty NONE node whose sources stay allocated until it.
+
+    Placed in the node list after the last node that needs ``ts`` intact; it computes nothing. (A pattern's
+    ``prepare`` adds them; :mod:`gdnpass.ops` re-exports it with the other constructors.)"""
+    base = ts[0].base
+    return Tensor(name=name, type=base.type, ne=(0, 1, 1, 1), nb=contiguous_strides(base.type, (0, 1, 1, 1)),
+                  op=Op.NONE, op_params={"hint": "keep-alive"}, src=list(ts), view_src=base, view_offs=0,
+                  layer=ts[0].layer)
+
+
+class Uses:
+    """The one use index: ggml's use counts (one use per (node, src slot), ggml_visit_parents_graph) and the users
+    of every tensor (the nodes reading it through a src slot, in execution order, each once), from one pass over a
+    node list. :meth:`Graph.use_counts`, :meth:`Graph.users` and the matchers' :class:`gdnpass.patterns.common.Context`
+    read it."""
+
+    def __init__(self, nodes: Iterable[Tensor]) -> None:
+        self.counts: dict[int, int] = {}
+        self._users: dict[int, list[Tensor]] = {}
+        for n in nodes:
+            seen = set()
+            for s in n.src:
+                if s is None:
+                    continue
+                self.counts[s.uid] = self.counts.get(s.uid, 0) + 1
+                if s.uid not in seen:
+                    seen.add(s.uid)
+                    self._users.setdefault(s.uid, []).append(n)
+
+    def count(self, t: Tensor) -> int:
+        return self.counts.get(t.uid, 0)
+
+    def users(self, t: Tensor) -> list[Tensor]:
+        return self._users.get(t.uid, [])
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Graph
 # ---------------------------------------------------------------------------------------------------------------------
@@ -376,16 +433,11 @@ class Graph:
 
     def use_counts(self) -> dict[int, int]:
         """ggml's use counts: one use per (node, src slot), counted once per node (ggml_visit_parents_graph)."""
-        counts: dict[int, int] = {}
-        for n in self.nodes:
-            for s in n.src:
-                if s is not None:
-                    counts[s.uid] = counts.get(s.uid, 0) + 1
-        return counts
+        return Uses(self.nodes).counts
 
     def users(self, t: Tensor) -> list[Tensor]:
         """Nodes that read ``t`` through a src slot, in execution order (a node reading it twice appears once)."""
-        return [n for n in self.nodes if any(s is t for s in n.src)]
+        return Uses(self.nodes).users(t)
 
     def dag(self) -> nx.DiGraph:
         """src -> node edges, keyed by uid, with the tensor in attribute ``t`` and the node index in ``pos``."""

@@ -24,8 +24,9 @@ from gdnpass.ir import (
     Unary,
     contiguous_strides,
     is_contiguous_n,
+    keep_alive,  # noqa: F401 (an allocator hint, constructed with the others: ops.keep_alive)
 )
-from gdnpass.kernels.fused import record
+from gdnpass.patterns import record_of
 
 NE = tuple[int, int, int, int]
 
@@ -383,7 +384,7 @@ def _rule_gdn(n: Tensor) -> Shape:
 def _rule_kept(n: Tensor) -> Shape:
     """Fused and opaque nodes keep the layout they were given; a fused node's record checks what it carries."""
     if n.op.is_fused:
-        record(n.op).validate(n)
+        record_of(n.op).validate(n)
     return Shape(n.type, n.ne, n.nb, n.view_src, n.view_offs)
 
 
@@ -410,10 +411,8 @@ _RULES: dict[Op, Callable[[Tensor], Shape]] = {
     Op.GLU: _rule_glu,
     Op.SSM_CONV: _rule_ssm_conv,
     Op.GATED_DELTA_NET: _rule_gdn,
-    Op.GDN_CONV_CHAIN: _rule_kept,
-    Op.MUL_MAT_VEC_PAIR: _rule_kept,
     Op.OPAQUE: _rule_kept,
-}
+}  # (and every fused op: _rule_kept, its record's checks)
 
 
 def validate_node(n: Tensor) -> None:
@@ -422,7 +421,7 @@ def validate_node(n: Tensor) -> None:
         _req(bool(n.op_params.get("hint")) and n.is_empty and n.view_src is not None and len(n.src) >= 1, n,
              "op NONE in the node list must be an empty allocator hint viewing its first source")
         return
-    rule = _RULES.get(n.op)
+    rule = _rule_kept if n.op.is_fused else _RULES.get(n.op)
     if rule is None:
         raise GraphError(f"node {n.name!r}: op {n.op.value} is not modelled")
     want = rule(n)
@@ -669,16 +668,6 @@ def cb(t: Tensor, name: str, il: int) -> Tensor:
     t.name = f"{name}-{il}" if il >= 0 else name
     t.layer = il
     return t
-
-
-def keep_alive(name: str, *ts: Tensor) -> Tensor:
-    """An allocator hint (ggml-backend's dependency node): an empty NONE node whose sources stay allocated until it.
-
-    Placed in the node list after the last node that needs ``ts`` intact; it computes nothing."""
-    base = ts[0].base
-    return Tensor(name=name, type=base.type, ne=(0, 1, 1, 1), nb=contiguous_strides(base.type, (0, 1, 1, 1)),
-                  op=Op.NONE, op_params={"hint": "keep-alive"}, src=list(ts), view_src=base, view_offs=0,
-                  layer=ts[0].layer)
 
 
 def set_output(t: Tensor) -> Tensor:

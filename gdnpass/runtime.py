@@ -16,7 +16,7 @@ import torch
 
 from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Tensor, arena_buffer, inputs, op_label, runs_kernel
-from gdnpass.kernels.fused import RECORDS
+from gdnpass.patterns import RECORDS
 
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
                 DType.I64: torch.int64}

@@ -14,7 +14,7 @@ import itertools
 from gdnpass import pipeline
 from gdnpass.check import CheckResult, check_fusion
 from gdnpass.ir import Graph
-from gdnpass.matchers.conv_chain import ConvChain
+from gdnpass.patterns.conv_chain import ConvChain
 from gdnpass.models import QK_NORMS, VerifyConfig, default_ids
 
 CHAIN = [ConvChain()]

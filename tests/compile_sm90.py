@@ -92,7 +92,7 @@ def variants():
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
-        yield ssm._gdn_kernel, dict(S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
+        yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
         yield (rope._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,

@@ -357,6 +357,8 @@ GDN_CASES = [  # S, H_k, H_v, n_t, n_s, K, per_row_gate
     (32, 1, 2, 16, 1, 3, True),
     (128, 1, 1, 4, 1, 2, False),
     (64, 2, 4, 1, 2, 4, True),    # one-token decode with K snapshots
+    (80, 1, 1, 4, 1, 2, False),   # a head size llama.cpp accepts that is no power of two: rows past 80 masked
+    (80, 1, 2, 3, 1, 2, True),
 ]
 
 

@@ -8,7 +8,7 @@ from gdnpass.alloc import plan
 from gdnpass.check import check_fusion
 from gdnpass.fusion import fuse, prepare
 from gdnpass.ir import Op
-from gdnpass.matchers.mat_vec_pair import MatVecPair
+from gdnpass.patterns.mat_vec_pair import MatVecPair
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 from support.graphs import triton_for
 

@@ -7,10 +7,10 @@
   elementwise ops), :mod:`~gdnpass.kernels.triton_norms`, :mod:`~gdnpass.kernels.triton_matvec` (the mat-vec and its
   pair), :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET, the fused conv chain),
   :mod:`~gdnpass.kernels.triton_rope`, :mod:`~gdnpass.kernels.triton_attention`;
-- :mod:`~gdnpass.kernels.fused`: one record per fused op (inputs, parameters, launches, adapters, scope);
-- :mod:`~gdnpass.kernels.limits`: what the kernels can do (read by the matchers);
+- :mod:`~gdnpass.kernels.limits`: what the kernels can do (read by the patterns' matchers and records);
 - :mod:`~gdnpass.kernels.backends`: the op -> adapter tables the executor runs.
 
-This package module imports nothing: ``limits`` and ``fused`` load without torch or Triton, so a graph can be built,
-planned, fused and dumped without either.
+The fused ops' records, with their adapters, live with their patterns (:mod:`gdnpass.patterns`; ``kernels.fused``
+only re-exports them). This package module imports nothing: ``limits`` loads without torch or Triton, so a graph can
+be built, planned, fused and dumped without either.
 """

@@ -3,7 +3,7 @@
 ``views[i]`` is a 4-D torch view (ne3, ne2, ne1, ne0) of ``node.src[i]`` (then of ``node.outs``) in its real memory
 and ``out`` the view of the node's own memory (for CPY: the destination). An adapter computes from ``views`` and
 writes ``out``; since ``out`` may alias an input, every result is computed in full before it is written. Views and
-no-ops are the executor's job. Fused ops come from their records (:mod:`gdnpass.kernels.fused`).
+no-ops are the executor's job. Fused ops come from their records (the registry, :mod:`gdnpass.patterns`).
 
 :data:`TORCH_BACKEND` runs :mod:`gdnpass.kernels.reference`; :data:`TRITON_BACKEND` swaps in the Triton kernels where
 they apply. Triton is imported on the first Triton call, so the torch backend works without it (and the interpreter
@@ -19,8 +19,9 @@ import torch
 from gdnpass.errors import KernelError
 from gdnpass.ir import DType, Op, Unary, runs_kernel
 from gdnpass.kernels import reference as ref
-from gdnpass.kernels.fused import RECORDS, Adapter
 from gdnpass.kernels.limits import mat_vec_columns, runs_as_mat_vec
+from gdnpass.patterns import RECORDS
+from gdnpass.patterns.record import Adapter
 
 # op -> fn(node, out, *src) returning the whole result (``out`` only tells CPY its type and GDN its old bytes)
 _REFERENCE: dict[Op, Callable] = {
@@ -231,8 +232,8 @@ def programs(node) -> list[tuple[str, int, int]]:
     :data:`TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs, steps)]``, ``steps`` being each
     program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for mat_vec; KV blocks for flash_attn,
     column blocks per pass for soft_max; 1 otherwise), as the family module of its op counts them (each one's
-    ``programs``). Empty for nodes that run on torch (MUL_MATs of over 16 columns) or launch nothing. Pure: reads
-    shapes only (the interpreter's cost estimate reads them)."""
+    ``programs``; a fused node's: its record's). Empty for nodes that run on torch (MUL_MATs of over 16 columns) or
+    launch nothing. Pure: reads shapes only (the interpreter's cost estimate reads them)."""
     from gdnpass.kernels import (triton_attention, triton_elementwise, triton_matvec, triton_norms, triton_rope,
                                  triton_ssm)
 
@@ -240,6 +241,8 @@ def programs(node) -> list[tuple[str, int, int]]:
         return triton_attention.programs(node)
     if not runs_kernel(node):
         return []
+    if node.op.is_fused:
+        return RECORDS[node.op].programs(node)
     for family in (triton_elementwise, triton_norms, triton_matvec, triton_ssm, triton_rope):
         found = family.programs(node)
         if found:

@@ -1,5 +1,5 @@
 """What the kernels can do, declared once: the launchers enforce these limits and the matchers read them (through
-the fused-op records of :mod:`gdnpass.kernels.fused`), so a pattern never fuses what its kernel cannot run.
+the fused-op records of :mod:`gdnpass.patterns`), so a pattern never fuses what its kernel cannot run.
 
 Pure Python: importing it loads neither torch nor Triton.
 """
@@ -22,6 +22,19 @@ class ChainScope:
     max_tokens: int = 16          # registers per thread: d_conv-1+n_t window columns and n_t outputs
     max_rows: int = 16            # snapshot destinations of one node
     d_conv: tuple[int, ...] = (3, 4, 5)
+
+    @staticmethod
+    def heads(S: int, H_k: int, C: int) -> str | None:
+        """Why q and k heads of S channels (H_k of each, in C channels) are outside the kernel, or None. It runs one
+        program of S threads per head (``tl.arange(0, S)``, C / S programs), so S is a power of two dividing C;
+        llama.cpp accepts any head size (80, say), the fused kernel does not."""
+        if S < 1 or S & (S - 1):
+            return f"head size {S} is not a power of two"
+        if C % S:
+            return f"head size {S} does not divide C = {C}"
+        if H_k < 1 or 2 * S * H_k > C:
+            return f"{H_k} q and {H_k} k heads of {S} do not fit in C = {C}"
+        return None
 
 
 CHAIN = ChainScope()

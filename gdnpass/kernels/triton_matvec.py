@@ -326,19 +326,22 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
 # ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
 
 
+def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
+    """The mat-vec's programs for weight ``w`` and activation ``x`` (graph tensors), ``products`` weights of that
+    shape in one launch (the pair's 2); empty for a product of over 16 columns (torch's matmul)."""
+    batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
+    K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+    if not runs_as_mat_vec(M, N):
+        return []  # torch's matmul
+    t = mat_vec_tile(M, N, K, w.type.value[0])
+    return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
+             triton.cdiv(K, t.block_k * t.split_k))]
+
+
 def programs(node) -> list[tuple[str, int, int]]:
-    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT and MUL_MAT_VEC_PAIR (steps: K blocks per program);
-    empty for other ops and for MUL_MATs of over 16 columns (torch's matmul). Pure: reads shapes only."""
+    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program); empty for other ops and
+    for MUL_MATs of over 16 columns (the pair's are its record's: gdnpass.patterns.mat_vec_pair). Pure: reads
+    shapes only."""
     from gdnpass.ir import Op
 
-    op = node.op
-    if op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
-        w, x = node.src[0], node.src[1]
-        batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
-        K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
-        if not runs_as_mat_vec(M, N):
-            return []  # torch's matmul
-        t = mat_vec_tile(M, N, K, w.type.value[0])
-        return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * (2 if op is Op.MUL_MAT_VEC_PAIR else 1),
-                 triton.cdiv(K, t.block_k * t.split_k))]
-    return []
+    return mat_vec_programs(node.src[0], node.src[1]) if node.op is Op.MUL_MAT else []

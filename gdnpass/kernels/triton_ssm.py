@@ -16,7 +16,7 @@ from gdnpass.kernels.reference import f32, gdn_scale
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, conv_dot, l2_scale_rows,
                                          rms_scale_rows, silu_f32_unrolled)
 from gdnpass.kernels.triton_elementwise import scale
-from gdnpass.kernels.triton_norms import l2_norm, l2_tile, rms_norm
+from gdnpass.kernels.triton_norms import l2_norm, rms_norm
 
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
 MAX_UNROLLED_T = 16  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
@@ -76,27 +76,28 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int 
 
 
 @triton.jit
-def _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask, strides):
-    """Token t's q, k (as a column), v, decay and beta for head h."""
+def _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, imask, col, cmask, strides):
+    """Token t's q, k (as a column), v, decay and beta for head h (key rows past the head size: zeros)."""
     qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3 = strides
     qk = seq * qk_s3 + t * qk_s2 + (h % H_k) * qk_s1
-    q = tl.load(q_ptr + qk + i)
-    kk = tl.load(k_ptr + qk + i)[:, None]
+    q = tl.load(q_ptr + qk + i, mask=imask, other=0.0)
+    kk = tl.load(k_ptr + qk + i, mask=imask, other=0.0)[:, None]
     v = tl.load(v_ptr + seq * v_s3 + t * v_s2 + h * v_s1 + col, mask=cmask, other=0.0)
-    gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0))
+    gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0, mask=imask, other=0.0))
     beta = tl.load(b_ptr + seq * b_s3 + t * b_s2 + h * b_s1)
     return q, kk, v, gate, beta
 
 
 @triton.jit
-def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, cmask, slot, K):
-    """One token of the recurrence on a [S, BLOCK_V] state slice: stores its scores and, into snapshot ``slot``
-    (slot 0 = the state after the last token; slots >= K are not written), the new slice; returns the slice."""
+def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, smask, cmask, slot, K):
+    """One token of the recurrence on a [BLOCK_S, BLOCK_V] state slice (rows past the head size stay zero): stores
+    its scores and, into snapshot ``slot`` (slot 0 = the state after the last token; slots >= K are not written),
+    the new slice; returns the slice."""
     st = st * gate[:, None]
     delta = (v - tl.sum(st * kk, axis=0)) * beta
     st = st + kk * delta[None, :]
     tl.store(o_ptrs, tl.sum(st * q[:, None], axis=0) * scale, mask=cmask)
-    tl.store(snap_ptrs, st, mask=cmask[None, :] & (slot < K))
+    tl.store(snap_ptrs, st, mask=smask & (slot < K))
     return st
 
 
@@ -108,13 +109,17 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
                 g_s0, g_s1, g_s2, g_s3,     # g    [1 or S, H_v, n_t, n_s]; g_s0 = 0 for one gate per head
                 b_s1, b_s2, b_s3,           # beta [1, H_v, n_t, n_s]
                 st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]
-                S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr):
+                S: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr):
+    # BLOCK_S: the head size S rounded up to a power of two (tl.arange's), the rows past S masked: any head size
+    # llama.cpp accepts runs (80, say); for a power of two the masks are all true and the code is the unmasked one
     cb, h, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i = tl.arange(0, S)                               # key index: tile rows
+    i = tl.arange(0, BLOCK_S)                         # key index: tile rows
+    imask = i < S
     col = cb * BLOCK_V + tl.arange(0, BLOCK_V)        # value index: tile columns
     cmask = col < S
-    tile = col[None, :] * st_s1 + i[:, None]          # state-layout offsets of the [S, BLOCK_V] slice
-    st = tl.load(s_ptr + seq * st_s3 + h * st_s2 + tile, mask=cmask[None, :], other=0.0)
+    smask = imask[:, None] & cmask[None, :]
+    tile = col[None, :] * st_s1 + i[:, None]          # state-layout offsets of the [BLOCK_S, BLOCK_V] slice
+    st = tl.load(s_ptr + seq * st_s3 + h * st_s2 + tile, mask=smask, other=0.0)
     n_scores = S * H_v * n_t * n_s
     slot_size = S * S * H_v * n_s
     snap_ptrs = o_ptr + n_scores + (seq * H_v + h) * S * S + tile
@@ -124,40 +129,41 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
         # after a store that may alias it waits for it: one memory round trip per token otherwise)
         qs, ks, vs, gates, betas = (), (), (), (), ()
         for t in tl.static_range(N_T):
-            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
-                                               strides)
+            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, imask, col,
+                                               cmask, strides)
             qs, ks, vs, gates, betas = qs + (q,), ks + (kk,), vs + (v,), gates + (gate,), betas + (beta,)
         for t in tl.static_range(N_T):
             slot = N_T - 1 - t
             st = _gdn_step(st, qs[t], ks[t], vs[t], gates[t], betas[t], scale, o_ptrs + t * H_v * S,
-                           snap_ptrs + slot * slot_size, cmask, slot, K)
+                           snap_ptrs + slot * slot_size, smask, cmask, slot, K)
     else:  # a prompt's many tokens
         for t in range(n_t):
-            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, col, cmask,
-                                               strides)
+            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, imask, col,
+                                               cmask, strides)
             slot = n_t - 1 - t
             st = _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs + t * H_v * S, snap_ptrs + slot * slot_size,
-                           cmask, slot, K)
+                           smask, cmask, slot, K)
 
 
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
                     num_warps: int = GDN_WARPS, unrolled: bool = True) -> None:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
-    One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers. Up to
+    One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers; any head
+    size S runs (a tile of the next power of two, the rows past S masked; llama.cpp accepts 80, say). Up to
     MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t; ``unrolled=False`` keeps the loop): the
     same steps in the same order either way, so the bytes do not depend on it."""
     n_s, n_t, H_v, S = v.shape
-    _require(S & (S - 1) == 0, f"head size {S} must be a power of two")
     _require(out.is_contiguous(), "the GDN output must be contiguous")
     qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
     _require(qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous")
     _alias_ok("GATED_DELTA_NET", out, q, k, v, g, beta, state, same_ok=False)  # (another program reads them all)
     g_s0 = gs[0] if g.shape[3] == S else 0
-    block_v = min(block_v, S)
+    block_v = min(block_v, triton.next_power_of_2(S))
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
         q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
         qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
-        ss[1], ss[2], ss[3], S=S, BLOCK_V=block_v, N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0,
+        ss[1], ss[2], ss[3], S=S, BLOCK_S=triton.next_power_of_2(S), BLOCK_V=block_v,
+        N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0,
         **{**LAUNCH, "num_warps": num_warps})
 
 
@@ -313,8 +319,8 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     n_t, C, d_conv = x.shape[3], x.shape[2], w.shape[3]
     H_k, S = q_out.shape[2], q_out.shape[3]
     _require(norm in ("l2", "rms"), f"q/k norm {norm!r} is not l2 or rms")
-    _require(S & (S - 1) == 0 and C % S == 0 and C >= 2 * H_k * S,
-             f"head size {S} must be a power of two dividing {C}")
+    heads = CHAIN.heads(S, H_k, C)
+    _require(heads is None, f"{heads}")
     _require(1 <= n_t <= CHAIN.max_tokens, f"1..{CHAIN.max_tokens} tokens")
     _require(1 <= len(rows) == len(columns) <= CHAIN.max_rows, f"1..{CHAIN.max_rows} snapshot rows")
     _require(all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t")
@@ -347,8 +353,8 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
 
 
 def programs(node) -> list[tuple[str, int, int]]:
-    """:func:`gdnpass.kernels.backends.programs` for SSM_CONV, GATED_DELTA_NET and GDN_CONV_CHAIN (steps: tokens;
-    the chain's ``l2_separate`` adds the L2_NORM launches); empty for other ops. Pure: reads shapes only."""
+    """:func:`gdnpass.kernels.backends.programs` for SSM_CONV and GATED_DELTA_NET (steps: tokens); empty for other
+    ops (the fused GDN_CONV_CHAIN's are its record's: gdnpass.patterns.conv_chain). Pure: reads shapes only."""
     from gdnpass.ir import Op
 
     op, ne = node.op, node.ne
@@ -358,13 +364,5 @@ def programs(node) -> list[tuple[str, int, int]]:
     if op is Op.GATED_DELTA_NET:
         v = node.src[2]  # ne [S, H_v, n_t, n_s]
         S, H_v, n_t, n_s = v.ne
-        return [("gdn", triton.cdiv(S, min(GDN_BLOCK_V, S)) * H_v * n_s, n_t)]
-    if op is Op.GDN_CONV_CHAIN:
-        p = node.op_params
-        C, n_t, S = node.ne[0], int(p["n_tokens"]), int(p["head_dim"])
-        out = [(f"chain{p['d_conv']}", C // S, n_t)]
-        if p.get("l2_separate"):
-            block_r, _ = l2_tile(S)
-            out.append(("l2_norm", 2 * triton.cdiv(n_t * int(p["n_k_heads"]), block_r), 1))
-        return out
+        return [("gdn", triton.cdiv(S, min(GDN_BLOCK_V, triton.next_power_of_2(S))) * H_v * n_s, n_t)]
     return []

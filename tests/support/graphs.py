@@ -4,7 +4,7 @@
 from gdnpass.alloc import plan
 from gdnpass.ir import Op
 from gdnpass.kernels import backends
-from gdnpass.matchers.conv_chain import ConvChain
+from gdnpass.patterns.conv_chain import ConvChain
 from gdnpass.models import VerifyConfig, build_verify_graph
 
 CHAIN = [ConvChain()]  # the conv-chain pattern alone

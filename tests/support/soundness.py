@@ -19,8 +19,8 @@ from gdnpass import fusion, models, ops
 from gdnpass.alloc import plan
 from gdnpass.check import CheckResult, check_fusion
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, inputs, outputs, ranges_overlap, runs_kernel
-from gdnpass.matchers.common import Refusal, Rule
-from gdnpass.matchers.mat_vec_pair import MatVecPair
+from gdnpass.patterns.common import Refusal, Rule
+from gdnpass.patterns.mat_vec_pair import MatVecPair
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 
 PRESETS = ["tiny-dc3-h32", "tiny-dc4-h64", "tiny-dc5-h128", "tiny-dc4-h32"]
@@ -474,14 +474,14 @@ class Tracked:
         return self.pattern.capture(graph, candidate, ctx)
 
     def rules(self, ctx) -> tuple:
-        return tuple(Rule(r.name, r.kind, self._recording(r)) for r in self.pattern.rules(ctx))
+        return tuple(Rule(r.name, r.kind, self._recording(r), r.names) for r in self.pattern.rules(ctx))
 
     def _recording(self, r: Rule):
         def check(c, ctx):
             why = r.check(c, ctx)
             if why is not None:
-                self.decisions.setdefault(self._key, Refusal(self.name, r.name, why.node, why.reason, c.layer,
-                                                             why.ranges))
+                self.decisions.setdefault(self._key, Refusal(self.name, why.rule or r.name, why.node, why.reason,
+                                                             c.layer, why.ranges))
             return why
 
         return check

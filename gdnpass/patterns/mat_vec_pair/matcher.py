@@ -13,10 +13,14 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     products.
  4. [pair.flags] B is not an INPUT/OUTPUT tensor (OUTPUT may be read by the host at any point).
  5. [pair.alias] B's product overlaps nothing the pair reads (x, the weights) nor A's product.
- 6. Nodes in between (every node after A and before B), on byte ranges of the plan:
+ 6. Nodes in between (``patterns.common.between``: every kernel node after A and before B), on byte ranges of the
+    plan:
     - [between.writes-destination] none may write A's or B's product;
     - [between.writes-input] none may write x or B's weight;
     - [between.reads-destination-early] none may read B's product (it now holds B's value early).
+
+No use confinement: the rewrite removes only A and B, and the fused node writes both (``patterns.common.confined``
+has no interior node to check).
 
 ``prepare`` is the graph-optimize step that runs before planning (as ggml-cuda's graph_optimize reorders nodes so
 that fusable ones are adjacent): it moves B to just after A when B's inputs are ready there, which leaves no node
@@ -28,27 +32,36 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, runs_kernel
-from gdnpass.kernels.fused import MAT_VEC_PAIR
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor
 from gdnpass.kernels.limits import MAT_VEC_COLS
-from gdnpass.matchers.common import HAZARD, Context, Match, Why, collision, first_collision, rule
+from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, first_collision,
+                                     rule)
+from gdnpass.patterns.mat_vec_pair.record import RECORD
 
 NAME = "mul_mat_vec_pair"
-runs_as_mat_vec = MAT_VEC_PAIR.scope  # the kernel's limits
+runs_as_mat_vec = RECORD.scope  # the kernel's limits
 
 
 @dataclass
-class PairCapture:
+class PairCapture(Capture):
     a: Tensor
     b: Tensor
 
+    # ---- what the rewrite does (patterns.common.Capture) -----------------------------------------------------------
     @property
     def anchor(self) -> Tensor:
         return self.a
 
-    @property
-    def layer(self) -> int | None:
-        return self.a.layer
+    def removed(self) -> list[Tensor]:
+        return [self.a, self.b]
+
+    def written(self) -> list[Tensor]:
+        """A's product (the fused node's primary output), then B's."""
+        return [self.a, self.b]
+
+    def span(self, ctx: Context) -> tuple[int, int, int]:
+        """A .. B; the fused node runs at A."""
+        return ctx.pos[self.a.uid], ctx.pos[self.a.uid], ctx.pos[self.b.uid]
 
     @property
     def w_a(self) -> Tensor:
@@ -102,26 +115,15 @@ def _alias(c: PairCapture, ctx):
         return collision(c.b, f"{c.b.name!r} overlaps {hit[3].name!r}", hit)
 
 
-def _between_rule(name: str, kind: str, what: str, theirs):
-    """No node after A and before B may read or write (``kind`` 'r' / 'w') the byte ranges ``theirs(capture)``."""
-
-    @rule(name, HAZARD)
-    def check(c: PairCapture, ctx):
-        targets = ctx.ranges(theirs(c))
-        for n in ctx.graph.nodes[ctx.pos[c.a.uid] + 1: ctx.pos[c.b.uid]]:
-            if runs_kernel(n):
-                hit = first_collision(ctx.node_writes(n) if kind == "w" else ctx.node_reads(n), targets)
-                if hit:
-                    return collision(n, f"{n.name!r} {what} ({hit[3].name!r}) between the pair", hit)
-
-    return check
-
+_PAIR = "{node} %s ({hit}) between the pair"
 
 RULES = (
     _same_src1, _types, _n_cols, _flags, _alias,
-    _between_rule("between.writes-destination", "w", "writes a product", lambda c: [c.a, c.b]),
-    _between_rule("between.writes-input", "w", "writes an input of the pair", lambda c: [c.x, c.w_b]),
-    _between_rule("between.reads-destination-early", "r", "reads the second product early", lambda c: [c.b]),
+    between("between.writes-destination", Clause("after", "w", lambda c: [c.a, c.b], _PAIR % "writes a product")),
+    between("between.writes-input", Clause("after", "w", lambda c: [c.x, c.w_b],
+                                           _PAIR % "writes an input of the pair")),
+    between("between.reads-destination-early", Clause("after", "r", lambda c: [c.b],
+                                                      _PAIR % "reads the second product early")),
 )
 
 
@@ -166,17 +168,15 @@ class MatVecPair:
     def capture(self, graph: Graph, pair: tuple[Tensor, Tensor], ctx: Context) -> PairCapture:
         return PairCapture(*pair)
 
-    def removed(self, c: PairCapture) -> list[Tensor]:
-        return [c.a, c.b]
-
     def plan(self, c: PairCapture, ctx: Context) -> None:
         return None  # one variant: the mat-vec kernel with a second program row
 
     def rewrite(self, graph: Graph, m: Match) -> Tensor:
         """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
         c = m.capture
+        primary, *outs = c.written()
         il = m.layer if m.layer is not None else -1
         stem = lambda w: w.name.split(".")[-2] if w.name.startswith("blk.") else w.name  # blk.N.ssm_alpha.weight
-        return Tensor(name=f"mul_mat_vec_pair({stem(c.w_a)}+{stem(c.w_b)})-{il}", type=DType.F32, ne=c.a.ne,
-                      nb=c.a.nb, op=Op.MUL_MAT_VEC_PAIR, op_params={"replaced": [c.a.name, c.b.name]},
-                      src=[c.w_a, c.x, c.w_b], outs=[c.b], view_src=c.a, view_offs=0, layer=m.layer)
+        return Tensor(name=f"mul_mat_vec_pair({stem(c.w_a)}+{stem(c.w_b)})-{il}", type=DType.F32, ne=primary.ne,
+                      nb=primary.nb, op=RECORD.op, op_params={"replaced": [c.a.name, c.b.name]},
+                      src=[c.w_a, c.x, c.w_b], outs=outs, view_src=primary, view_offs=0, layer=m.layer)

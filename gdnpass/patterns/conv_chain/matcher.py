@@ -10,7 +10,7 @@ The fused node runs at the CONCAT position (seed 000): it gathers the state row 
 reads the projection there (as CONCAT did), and writes the snapshot rows, the SiLU output and the normalised q/k
 there (earlier than the CPYs, SILU and norms did). The rules below protect exactly those moves.
 
-Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-9, hazards 10-11):
+Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-8, hazards 9-10):
  1. [structure.concat] the CONCAT is along dim 0.
     [structure.state] its first source is RESHAPE(GET_ROWS(RESHAPE or VIEW at offset 0 of a cache, ids)).
     [structure.projection] its second source is the TRANSPOSE of a contiguous [C, n_t] projection.
@@ -30,10 +30,12 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     base + (c + w)*nb0 + ch*nb1, a function of the concat column, so overlapping CPYs write the same value to the
     same address, and the kernel writes the row once, as one tile (op_params["tile"]). When it fails, overlapping
     destinations are refused by rule 5; windows that share no column keep the per-window path.
- 6. [concat.user-count] the CONCAT has exactly n_cpy + 1 uses and is not OUTPUT.
- 7. [get-rows.user-count] the gathered state (GET_ROWS and its RESHAPE) feeds only the CONCAT and is not OUTPUT.
- 8. [ssm-conv.user-count] the SSM_CONV's only use is a SILU and it is not OUTPUT.
- 9. The q/k normalisation, in the form of the q heads' norm (the other form's rules hold trivially):
+ 6. Use confinement, the generic rule (``patterns.common.confined``, ggml_can_fuse_subgraph): every node the rewrite
+    removes and the fused node does not write is read only inside the chain and is not OUTPUT; the refusal names its
+    role: [concat.user-count] the CONCAT; [get-rows.user-count] the gathered state (GET_ROWS and its RESHAPE);
+    [ssm-conv.user-count] the SSM_CONV (its one user the SILU); [cpy.user-count] the snapshot CPYs. (The windows,
+    the q/k views and the RMS form's RMS_NORMs are pinned by rules 3 and 7, as part of the chain's shape.)
+ 7. The q/k normalisation, in the form of the q heads' norm (the other form's rules hold trivially):
     [l2.head-geometry] L2 form: L2_NORM(q) and L2_NORM(k) read views of the SiLU output with the head geometry:
     ne [S, H_k, n_t, 1], nb [4, 4S, 4C, 4C*n_t], offsets 0 and 4*S*H_k (2*S*H_k <= C), one use each, the same eps,
     contiguous outputs.
@@ -41,14 +43,17 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     [rms.norm-use] each RMS_NORM's only use is a SCALE, and it is not OUTPUT (the fused kernel never writes it).
     [rms.scale-bias] each SCALE has bias 0 and a contiguous output.
     [rms.same-params] q and k use the same eps and the same scale (they become parameters of the fused node).
-10. [alias.output-overlaps-input] the bytes the fused kernel writes overlap none it reads, except the aliasings it
+ 8. [scope.head-dim] the head size S is in the kernel's scope: a power of two dividing C (one program of S threads
+    per head, ``tl.arange(0, S)``; ``CHAIN.heads``). llama.cpp accepts any S (head size 80, say): such a chain
+    stays unfused.
+ 9. [alias.output-overlaps-input] the bytes the fused kernel writes overlap none it reads, except the aliasings it
     is built for (each program reads all tokens of its channels before writing them): the SiLU output over the
     projection with the same layout and an offset that is a whole number of token rows (so every element lands on
     one of its own channel), and snapshot rows that may be the gathered row. L2 outputs on the projection are
     accepted too, but then written by a second launch of the node (``l2_separate``), once the first has read
     every projection element: within one launch that would be a race between programs.
-11. Nodes in between: every node inside the chain's span (GET_ROWS .. last L2_NORM) that is not part of the chain
-    (nor the projection's producer). Decided on byte ranges of the plan, not tensor identity:
+10. Nodes in between (``patterns.common.between``): every kernel node inside the chain's span (GET_ROWS .. last q/k
+    output) that the rewrite keeps (nor the projection's producer). Decided on byte ranges of the plan:
     [between.writes-cache] none may write the cache (before the fused position: the gathered row is runtime
     data; after it: the snapshot rows);
     [between.writes-ids] none before the fused position may write the ids;
@@ -67,13 +72,13 @@ import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from gdnpass import ops
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, ranges_overlap, runs_kernel
-from gdnpass.kernels.fused import CONV_CHAIN
-from gdnpass.matchers.common import HAZARD, Context, Match, Why, collision, first_collision, rule
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, keep_alive, ranges_overlap
+from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
+                                     first_collision, rule)
+from gdnpass.patterns.conv_chain.record import RECORD
 
 NAME = "gdn_conv_chain"
-SCOPE = CONV_CHAIN.scope  # the kernel's limits
+SCOPE = RECORD.scope  # the kernel's limits
 
 
 def _one_to_one(nb0: int, n0: int, nb1: int, n1: int) -> bool:
@@ -128,29 +133,51 @@ class Norm:
 
 
 @dataclass
-class ChainCapture:
+class ChainCapture(Capture):
     """The named nodes of one candidate chain; fields a malformed candidate lacks are None (the rules say why)."""
+
+    ROLES = (("concat", ("concat",)), ("get-rows", ("get_rows", "state_r")), ("ssm-conv", ("ssm_conv",)),
+             ("cpy", ("cpys",)))
+    SHAPED = (("the windows: each read by exactly one CPY", "cpy-run.view-of-concat"),
+              ("the q/k views: one use each", "l2.head-geometry, rms.head-geometry"),
+              ("the RMS form's RMS_NORMs: one SCALE use", "rms.norm-use"))
 
     concat: Tensor
     state_r: Tensor                       # CONCAT's first source
     projection_t: Tensor                  # CONCAT's second source
     ssm_conv: Tensor
     get_rows: Tensor | None = None        # RESHAPE(GET_ROWS(states, ids)) = state_r
-    silu: Tensor | None = None            # the SSM_CONV's sole user, when it has exactly one
+    silu: Tensor | None = None            # the SSM_CONV's SILU user (rule 6: its only user)
     windows: list[Tensor] = field(default_factory=list)   # VIEW users of the CONCAT, in node order
     window_users: list[list[Tensor]] = field(default_factory=list)  # each window's users
     q: "Norm | None" = None                # the q heads' normalisation (at view offset 0)
     k: "Norm | None" = None                # the k heads' (right after the q heads)
-    between: "list[Between] | None" = None  # the nodes in between, once a hazard rule asked
 
-    # ---- derived ---------------------------------------------------------------------------------------------------
+    # ---- what the rewrite does (patterns.common.Capture) -----------------------------------------------------------
     @property
     def anchor(self) -> Tensor:
         return self.concat
 
-    @property
-    def layer(self) -> int | None:
-        return self.concat.layer
+    def removed(self) -> list[Tensor]:
+        return self.chain
+
+    def written(self) -> list[Tensor]:
+        """The SiLU output (the fused node's primary output), the normalised q and k, the snapshot destinations."""
+        return [self.silu, *(n.out for n in (self.q, self.k) if n is not None), *self.dsts]
+
+    def shaped(self) -> list[Tensor]:
+        norms = [n for n in (self.q, self.k) if n is not None]
+        return [*self.windows, *(n.view for n in norms), *(n.first for n in norms if n.form == "rms")]
+
+    def span(self, ctx: Context) -> tuple[int, int, int]:
+        """GET_ROWS .. the last q/k output; the fused node runs at the CONCAT."""
+        pos = ctx.pos
+        return pos[self.get_rows.uid], pos[self.concat.uid], max(pos[self.q.out.uid], pos[self.k.out.uid])
+
+    def between_skip(self) -> list[Tensor]:
+        return [self.projection.base]  # the projection's producer
+
+    # ---- derived ---------------------------------------------------------------------------------------------------
 
     @property
     def states(self) -> Tensor:
@@ -213,8 +240,10 @@ class ChainCapture:
 
     @cached_property
     def chain(self) -> list[Tensor]:
-        return [self.get_rows, self.state_r, self.concat, *self.windows, *self.cpys, *self.dsts, self.ssm_conv,
-                self.silu, *self.q.nodes, *self.k.nodes]
+        """The nodes the fused node replaces (the parts a malformed candidate lacks left out: rules 6-7 run on it)."""
+        norms = [t for n in (self.q, self.k) if n is not None for t in n.nodes]
+        return [t for t in (self.get_rows, self.state_r, self.concat, *self.windows, *self.cpys, *self.dsts,
+                            self.ssm_conv, self.silu, *norms) if t is not None]
 
 
 @dataclass(frozen=True)
@@ -223,33 +252,6 @@ class ChainPlan:
 
     l2_separate: bool
     tile: dict | None
-
-
-def _span(c: ChainCapture, ctx: Context) -> tuple[int, int, int]:
-    """(first, fused position, last) node index of the chain."""
-    pos = ctx.pos
-    return pos[c.get_rows.uid], pos[c.concat.uid], max(pos[c.q.out.uid], pos[c.k.out.uid])
-
-
-@dataclass(frozen=True)
-class Between:
-    """A kernel node inside the chain's span that is not part of it, with the byte ranges it reads and writes."""
-
-    node: Tensor
-    after: bool   # after the fused position (the CONCAT's)
-    reads: list
-    writes: list
-
-
-def _between(c: ChainCapture, ctx: Context) -> list[Between]:
-    """The nodes in between (computed once per candidate: every between-rule scans them)."""
-    if c.between is None:
-        start, at, end = _span(c, ctx)
-        skip = {t.uid for t in c.chain} | {c.projection.base.uid}
-        c.between = [Between(n, i > at, ctx.node_reads(n), ctx.node_writes(n))
-                     for i, n in enumerate(ctx.graph.nodes[start:end + 1], start)
-                     if n.uid not in skip and runs_kernel(n)]
-    return c.between
 
 
 # ---- 1-2. structure and scope ---------------------------------------------------------------------------------------
@@ -355,27 +357,10 @@ def _row_twice(c: ChainCapture, ctx):
                        (spans[j], spans[i]))
 
 
-# ---- 6-9. use confinement and the q/k norms -------------------------------------------------------------------------
+# ---- 6-8. use confinement, the q/k norms, the head size ------------------------------------------------------------
 
 
-@rule("concat.user-count")
-def _concat_uses(c: ChainCapture, ctx):
-    if ctx.uses(c.concat) != len(c.cpys) + 1 or c.concat.flags & Flag.OUTPUT:
-        return Why(c.concat, f"CONCAT has {ctx.uses(c.concat)} uses, expected {len(c.cpys) + 1} (the CPYs + "
-                             "SSM_CONV), or is OUTPUT")
-
-
-@rule("get-rows.user-count")
-def _get_rows_uses(c: ChainCapture, ctx):
-    for t in (c.get_rows, c.state_r):
-        if ctx.uses(t) != 1 or t.flags & Flag.OUTPUT:
-            return Why(t, "the gathered state has users outside the chain or is OUTPUT")
-
-
-@rule("ssm-conv.user-count")
-def _ssm_conv_uses(c: ChainCapture, ctx):
-    if c.silu is None or ctx.uses(c.ssm_conv) != 1 or c.ssm_conv.flags & Flag.OUTPUT:
-        return Why(c.ssm_conv, "SSM_CONV's only user is not a SILU, or it is OUTPUT")
+_confined = confined(ChainCapture)
 
 
 def _head_views(c: ChainCapture) -> Why | None:
@@ -395,7 +380,7 @@ def _l2_geometry(c: ChainCapture, ctx):
     if c.q is not None and c.q.form == "rms":
         return None
     if c.q is None or c.k is None or c.k.form != "l2":
-        return Why(c.silu, "no L2_NORM(q) at offset 0 and L2_NORM(k) after the q heads "
+        return Why(c.silu or c.ssm_conv, "no L2_NORM(q) at offset 0 and L2_NORM(k) after the q heads "
                            "(nor RMS_NORM + SCALE of them)")
     why = _head_views(c)
     if why:
@@ -439,12 +424,19 @@ def _rms_same_params(c: ChainCapture, ctx):
         return Why(k.first, "q and k differ in eps or scale")
 
 
+@rule("scope.head-dim")
+def _head_dim(c: ChainCapture, ctx):
+    why = SCOPE.heads(c.q.view.ne[0], c.q.view.ne[1], c.C)
+    if why:
+        return Why(c.q.first, f"{why}: outside the fused kernel's scope")
+
+
 STRUCTURE = (_concat_dim, _state, _projection, _n_seqs, _n_tokens, _n_rows, _d_conv, _types, _weight,
-             _views_of_concat, _whole_rows, _row_twice, _concat_uses, _get_rows_uses, _ssm_conv_uses,
-             _l2_geometry, _rms_geometry, _rms_norm_use, _rms_scale_bias, _rms_same_params)
+             _views_of_concat, _whole_rows, _row_twice, _confined,
+             _l2_geometry, _rms_geometry, _rms_norm_use, _rms_scale_bias, _rms_same_params, _head_dim)
 
 
-# ---- 10. what the kernel writes vs what it reads --------------------------------------------------------------------
+# ---- 9. what the kernel writes vs what it reads --------------------------------------------------------------------
 
 
 def _q_k_on_projection(c: ChainCapture, ctx: Context) -> bool:
@@ -472,57 +464,28 @@ def _alias(c: ChainCapture, ctx):
         return collision(hit[1], f"{hit[1].name!r} overlaps the cache", hit)
 
 
-# ---- 11. nodes in between -------------------------------------------------------------------------------------------
+# ---- 10. nodes in between ------------------------------------------------------------------------------------------
 
-
-def _between_rule(name: str, after: bool, kind: str, what: str, theirs):
-    """A narrow between-rule: no in-between node on one side of the fused position may read or write (``kind``
-    'r' / 'w') the byte ranges ``theirs(capture)``."""
-
-    @rule(name, HAZARD)
-    def check(c: ChainCapture, ctx):
-        targets = ctx.ranges(theirs(c))
-        for b in _between(c, ctx):
-            if b.after is after:
-                hit = first_collision(b.writes if kind == "w" else b.reads, targets)
-                if hit:
-                    n = b.node
-                    return collision(n, f"{n.name!r} {what} ({hit[3].name!r}) between the chain's nodes", hit)
-
-    return check
-
-
-@rule("between.writes-cache", HAZARD)
-def _writes_cache(c: ChainCapture, ctx):
-    before, after = ctx.ranges([c.cache]), ctx.ranges(c.dsts)
-    for b in _between(c, ctx):
-        hit = first_collision(b.writes, after if b.after else before)
-        if hit:
-            what = "writes a snapshot row" if b.after else "writes the cache"
-            return collision(b.node, f"{b.node.name!r} {what} ({hit[3].name!r}) between the chain's nodes", hit)
-
+_CHAIN = "{node} %s ({hit}) between the chain's nodes"
 
 NARROW = (
-    _writes_cache,
-    _between_rule("between.writes-ids", False, "w", "writes the ids the gather reads", lambda c: [c.ids]),
-    _between_rule("between.writes-weights", True, "w", "writes the conv weight", lambda c: [c.weight]),
-    _between_rule("between.writes-early-output", True, "w", "writes an early output", lambda c: c.early),
-    _between_rule("between.reads-early-output", True, "r", "reads an early output", lambda c: c.early),
-    _between_rule("between.reads-cache", True, "r", "reads a snapshot row", lambda c: c.dsts),
+    between("between.writes-cache", Clause("before", "w", lambda c: [c.cache], _CHAIN % "writes the cache"),
+            Clause("after", "w", lambda c: c.dsts, _CHAIN % "writes a snapshot row")),
+    between("between.writes-ids", Clause("before", "w", lambda c: [c.ids], _CHAIN % "writes the ids the gather reads")),
+    between("between.writes-weights", Clause("after", "w", lambda c: [c.weight], _CHAIN % "writes the conv weight")),
+    between("between.writes-early-output", Clause("after", "w", lambda c: c.early, _CHAIN % "writes an early output")),
+    between("between.reads-early-output", Clause("after", "r", lambda c: c.early, _CHAIN % "reads an early output")),
+    between("between.reads-cache", Clause("after", "r", lambda c: c.dsts, _CHAIN % "reads a snapshot row")),
 )
 
+_TOUCHES = "{node} touches {hit}, a buffer of the chain"
 
-@rule("between.touches-chain-buffer", HAZARD)
-def _touches_chain_buffer(c: ChainCapture, ctx):
-    owned = ctx.ranges([c.get_rows, c.concat, c.projection.base, c.ssm_conv, *c.early, c.cache, *c.dsts])
-    read_only = ctx.ranges([c.ids, c.weight])  # shared read-only inputs: reading them is no hazard
-    for b in _between(c, ctx):
-        hit = first_collision(b.writes + b.reads, owned) or first_collision(b.writes, read_only)
-        if hit:
-            return collision(b.node, f"{b.node.name!r} touches {hit[3].name!r}, a buffer of the chain", hit)
-
-
-BROAD = (_touches_chain_buffer,)
+BROAD = (
+    between("between.touches-chain-buffer",
+            Clause("both", "rw", lambda c: [c.get_rows, c.concat, c.projection.base, c.ssm_conv, *c.early, c.cache,
+                                            *c.dsts], _TOUCHES),
+            Clause("both", "w", lambda c: [c.ids, c.weight], _TOUCHES)),  # shared read-only inputs: reads are safe
+)
 
 
 class ConvChain:
@@ -539,22 +502,20 @@ class ConvChain:
         """Before planning: keep each chain's projection allocated until its last q/k norm (an allocator hint, as
         ggml-cuda's graph_optimize adds for its fusions). Otherwise gallocr may place the L2 outputs on the dead
         projection, which the fused kernel (running at the CONCAT) still reads: a race between its programs, which
-        forces the node to write them in a second launch (``l2_separate``)."""
-        added = 0
+        forces the node to write them in a second launch (``l2_separate``). The chains are found by
+        :meth:`capture`, as the pass finds them."""
+        ctx = Context(graph)
+        hints = []
         for concat in self.candidates(graph):
-            xt = concat.src[1]
-            conv = next(n for n in graph.nodes if n.op is Op.SSM_CONV and n.src[0] is concat)
-            silus = [n for n in graph.nodes if n.op is Op.UNARY and n.src[0] is conv]
-            norms = [n for n in graph.nodes if n.op in (Op.L2_NORM, Op.RMS_NORM) and silus
-                     and n.src[0].view_src is silus[0]]
-            norms += [n for n in graph.nodes if n.op is Op.SCALE and n.src[0] in norms]  # the RMS form's SCALEs
-            if xt.op is not Op.TRANSPOSE or not norms:
-                continue
+            c = self.capture(graph, concat, ctx)
+            norms = [t for n in (c.q, c.k) if n is not None for t in n.nodes[1:] if t is not None] if c else []
+            if norms and c.projection_t.op is Op.TRANSPOSE:
+                hints.append((norms, c))
+        for norms, c in hints:
             last = max(graph.index(n) for n in norms)
-            il = concat.layer if concat.layer is not None else -1
-            graph.nodes.insert(last + 1, ops.keep_alive(f"keep_projection-{il}", xt.src[0].base))
-            added += 1
-        return added
+            il = c.layer if c.layer is not None else -1
+            graph.nodes.insert(last + 1, keep_alive(f"keep_projection-{il}", c.projection.base))
+        return len(hints)
 
     def capture(self, graph: Graph, concat: Tensor, ctx: Context) -> ChainCapture | None:
         """The chain's named nodes, as found; the rules decide whether they are the pattern."""
@@ -564,9 +525,8 @@ class ConvChain:
             return None
         state_r, xt = concat.src
         gr = state_r.src[0] if state_r.op is Op.RESHAPE and state_r.src[0].op is Op.GET_ROWS else None
-        silus = ctx.users(conv)
-        silu = silus[0] if (len(silus) == 1 and silus[0].op is Op.UNARY
-                            and silus[0].op_params.get("kind") == Unary.SILU.value) else None
+        silu = next((u for u in ctx.users(conv) if u.op is Op.UNARY and u.src[0] is conv
+                     and u.op_params.get("kind") == Unary.SILU.value), None)
         windows = [u for u in users if u.op is Op.VIEW]
         c = ChainCapture(concat, state_r, xt, conv, gr, silu, windows, [ctx.users(w) for w in windows])
         if silu is not None:
@@ -582,25 +542,22 @@ class ConvChain:
                 c.k = norms.get(4 * c.q.view.ne[0] * c.q.view.ne[1])
         return c
 
-    def removed(self, c: ChainCapture) -> list[Tensor]:
-        return c.chain
-
     def plan(self, c: ChainCapture, ctx: Context) -> ChainPlan:
         return ChainPlan(l2_separate=_q_k_on_projection(c, ctx), tile=c.tile)
 
     def rewrite(self, graph: Graph, m: Match) -> Tensor:
         """The fused node for ``m`` (the pass puts it in place of ``m.removed``)."""
         c, p = m.capture, m.plan
+        primary, *outs = c.written()
         il = m.layer if m.layer is not None else -1
         q = c.q.view
         norm = {"norm": c.q.form, "eps": c.q.first.op_params["eps"]}
         if c.q.form == "rms":
             norm["scale"] = c.q.scale.op_params["s"]
         return Tensor(
-            name=f"gdn_conv_chain-{il}", type=DType.F32, ne=c.silu.ne, nb=c.silu.nb, op=Op.GDN_CONV_CHAIN,
+            name=f"gdn_conv_chain-{il}", type=DType.F32, ne=primary.ne, nb=primary.nb, op=RECORD.op,
             op_params={"d_conv": c.d_conv, "n_tokens": c.n_tokens, "columns": c.columns, **norm,
                        "head_dim": q.ne[0], "n_k_heads": q.ne[1],
                        "l2_separate": p.l2_separate, **({"tile": p.tile} if p.tile else {}),
                        "replaced": [t.name for t in m.removed]},
-            src=[c.states, c.ids, c.projection_t, c.weight], outs=[c.q.out, c.k.out, *c.dsts],
-            view_src=c.silu, view_offs=0, layer=m.layer)
+            src=[c.states, c.ids, c.projection_t, c.weight], outs=outs, view_src=primary, view_offs=0, layer=m.layer)

@@ -1,0 +1,66 @@
+"""The fusion patterns, one folder each, and the registry everything else reads.
+
+    gdnpass/patterns/
+      common.py        the matcher vocabulary: rules, Capture, the generic confinement and between-rules, Context
+      record.py        the record of a fused op (FusedOp) and its parameter types
+      pattern.py       a registry entry (Pattern) and what a complete one has
+      conv_chain/      GET_ROWS -> CONCAT -> CPYs -> SSM_CONV -> SILU -> q/k norm  => GDN_CONV_CHAIN
+      mat_vec_pair/    MUL_MAT + MUL_MAT sharing x                                  => MUL_MAT_VEC_PAIR
+
+:data:`REGISTRY` lists the patterns in pass order. Who reads it: the pass (:mod:`gdnpass.fusion`: ``PATTERNS``, the
+order of ``prepare`` and ``fuse``), the IR's fused op list (each record declares its op, ``ir.fused_op``), the shape
+rules and the graph-file loader (:mod:`gdnpass.ops`: the record checks a fused node), the backends (the adapters),
+the executor and ``gdnpass dump`` (launches, the variant note), the cost estimate
+(:func:`gdnpass.kernels.backends.programs`, :func:`interpreter_s`) and ``run --check`` (:func:`watched`). Adding a
+pattern is a folder and one line here (see docs/patterns.md).
+
+A Triton kernel stays in its kernel family module (gdnpass/kernels/triton_*.py) when it shares that family's
+helpers or launchers, the exactness core's rule; a pattern whose kernel shares nothing keeps it in its folder. The
+record names it either way (:attr:`Pattern.kernel`).
+"""
+
+from __future__ import annotations
+
+from gdnpass.errors import GraphError
+from gdnpass.ir import Op, Tensor
+from gdnpass.patterns import conv_chain, mat_vec_pair
+from gdnpass.patterns.pattern import Pattern
+from gdnpass.patterns.record import FusedOp
+
+REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN)  # the pass order
+
+RECORDS: dict[Op, FusedOp] = {p.record.op: p.record for p in REGISTRY}
+
+
+def matchers() -> list:
+    """Fresh matchers of every registered pattern, in pass order (``fusion.PATTERNS``)."""
+    return [p.matcher() for p in REGISTRY]
+
+
+def by_name(name: str) -> Pattern:
+    for p in REGISTRY:
+        if p.name == name:
+            return p
+    raise GraphError(f"no pattern named {name!r} (registered: {', '.join(p.name for p in REGISTRY)})")
+
+
+def record_of(op: Op) -> FusedOp:
+    """The record of fused op ``op``; GraphError for any other op."""
+    try:
+        return RECORDS[op]
+    except KeyError:
+        raise GraphError(f"op {op.value} is not a fused op") from None
+
+
+def watched(n: Tensor) -> bool:
+    """Whether ``run --check`` compares unfused node ``n``'s output: some pattern's record asks for it."""
+    return any(p.record.watch(n) for p in REGISTRY)
+
+
+def interpreter_s() -> dict[str, tuple[float, float]]:
+    """The registered fused kernels' seconds per program under Triton's interpreter, by kernel name."""
+    return {k: v for p in REGISTRY for k, v in p.record.interpreter_s.items()}
+
+
+__all__ = ["REGISTRY", "RECORDS", "FusedOp", "Pattern", "by_name", "interpreter_s", "matchers", "record_of",
+           "watched"]

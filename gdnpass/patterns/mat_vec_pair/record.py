@@ -1,0 +1,73 @@
+"""MUL_MAT_VEC_PAIR's record: what the fused node carries and writes, its launches, adapters, scope and cost.
+
+The kernel is :func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair`, the single mat-vec's own kernel with a second
+product on the grid (so each product is byte-identical to its single mat-vec): it stays in the mat-vec family. Pure
+Python: the adapters and :func:`programs` import torch and Triton when called.
+"""
+
+from __future__ import annotations
+
+from gdnpass.ir import Op, Tensor, fused_op
+from gdnpass.kernels import limits
+from gdnpass.patterns.record import REPLACED, FusedOp, need
+
+OP = fused_op("MUL_MAT_VEC_PAIR")
+KERNEL = "gdnpass.kernels.triton_matvec.mul_mat_vec_pair"
+
+
+def _check(n: Tensor) -> None:
+    w_a, x, w_b = n.src
+    need(len(n.outs) == 1, n, f"outs must hold the second product, has {len(n.outs)}")
+    b = n.outs[0]
+    need(w_a.type is w_b.type and w_a.ne == w_b.ne, n, f"weights {w_a.name!r} and {w_b.name!r} differ in type/shape")
+    want = (w_a.ne[1], x.ne[1], x.ne[2], x.ne[3])
+    need(w_a.ne[0] == x.ne[0] and n.ne == want and b.ne == want and b.nb == n.nb, n,
+         f"products {n.ne} / {b.ne} are not [{want}] of one layout")
+    cols = x.ne[1] * x.ne[2] * x.ne[3]
+    need(w_a.ne[2] * w_a.ne[3] == 1 and limits.runs_as_mat_vec(w_a.ne[1], cols), n,
+         f"{cols} columns of a {w_a.ne[:2]} weight: not a single-matrix mat-vec")
+
+
+def _torch(node: Tensor, views: list, out) -> None:
+    from gdnpass.kernels import reference as ref
+
+    w_a, x, w_b, out_b = views
+    a, b = ref.mul_mat(w_a, x), ref.mul_mat(w_b, x)
+    out.copy_(a)
+    out_b.copy_(b)
+
+
+def _triton(node: Tensor, views: list, out) -> None:
+    from gdnpass.kernels import triton_matvec
+
+    w_a, x, w_b, out_b = views
+    triton_matvec.mul_mat_vec_pair(w_a, w_b, x, out, out_b)
+
+
+def programs(node: Tensor) -> list[tuple[str, int, int]]:
+    """The mat-vec's programs for two products of the weights' shape (steps: K blocks per program)."""
+    from gdnpass.kernels import triton_matvec
+
+    return triton_matvec.mat_vec_programs(node.src[0], node.src[1], products=2)
+
+
+def watch(n: Tensor) -> bool:
+    """What ``run --check`` compares for the pair: every MUL_MAT the mat-vec runs (a pair's product is one)."""
+    return n.op is Op.MUL_MAT and limits.runs_as_mat_vec(n.ne[0], n.ne[1] * n.ne[2] * n.ne[3])
+
+
+RECORD = FusedOp(
+    op=OP,
+    src=("w_a", "x", "w_b"),
+    outs="the second product",
+    params={"replaced": REPLACED},
+    check=_check,
+    launches=lambda n: 1,
+    torch=_torch,
+    triton=_triton,
+    scope=limits.runs_as_mat_vec,
+    doc="two thin MUL_MATs sharing their input, in one mat-vec launch",
+    programs=programs,
+    interpreter_s={},  # the mat-vec's own ("mat_vec": gdnpass.cli.INTERPRETER_S)
+    watch=watch,
+)

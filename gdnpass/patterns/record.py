@@ -1,0 +1,91 @@
+"""The record of a fused op: everything gdnpass knows about a fused node, declared by its pattern's folder.
+
+A record says which tensors the node reads (``src``, in order) and which it writes besides itself (``outs``), which
+parameters it carries and how they must agree with those tensors, how many kernel launches it costs, how it runs
+(the torch reference adapter and the Triton adapter), the scope of its kernel (read by its matcher), the Triton
+programs one execution launches (the interpreter's cost estimate), which unfused nodes ``run --check`` must compare,
+and what ``gdnpass dump`` says about its variant. The graph-file loader, the shape rules, the executor, the launch
+counts, the check, the cost estimate and ``gdnpass dump`` all ask the record, through the registry
+(:mod:`gdnpass.patterns`).
+
+Adapters have the executor's signature ``fn(node, views, out)``: ``views`` are the torch views of ``node.src`` then
+``node.outs``, ``out`` the view of the node's own (primary output) memory. They import torch and Triton only when a
+graph runs: building, planning and fusing a graph need neither.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gdnpass.errors import GraphError
+from gdnpass.ir import Op, Tensor
+
+Adapter = Callable[[Tensor, list, Any], None]
+Programs = Callable[[Tensor], list[tuple[str, int, int]]]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One op_params key: a predicate on its value and how to say what it must be."""
+
+    ok: Callable[[Any], bool]
+    what: str
+    optional: bool = False
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+INT = Param(_is_int, "an int")
+NUM = Param(lambda x: (_is_int(x) or isinstance(x, float)) and math.isfinite(x) and x >= 0, "a finite number >= 0")
+BOOL = Param(lambda x: isinstance(x, bool), "a bool")
+NAMES = Param(lambda x: isinstance(x, list) and all(isinstance(s, str) for s in x), "a list of names")
+INTS = Param(lambda x: isinstance(x, list) and all(_is_int(v) for v in x), "a list of ints")
+REPLACED = Param(NAMES.ok, NAMES.what, optional=True)  # every fused node: the names of the nodes it replaced
+
+
+@dataclass(frozen=True)
+class FusedOp:
+    op: Op
+    src: tuple[str, ...]                 # what each src slot holds
+    outs: str                            # what ``outs`` holds: the bytes it writes besides its primary output
+    params: dict[str, Param]
+    check: Callable[[Tensor], None]      # params vs the node's tensors; raises GraphError
+    launches: Callable[[Tensor], int]    # kernel launches of one execution
+    torch: Adapter
+    triton: Adapter
+    scope: Any = None                    # the kernel's limits (what its matcher asks)
+    doc: str = ""
+    programs: Programs | None = None     # the Triton programs of one execution: [(kernel, programs, steps)]
+    interpreter_s: dict[str, tuple[float, float]] = field(default_factory=dict)  # its own kernels' seconds per
+    #                                      program under TRITON_INTERPRET: (fixed, per step), as gdnpass.cli counts
+    watch: Callable[[Tensor], bool] | None = None  # an unfused node whose output ``run --check`` must compare
+    variant: Callable[[Tensor], str] = lambda n: ""  # dump: the kernel variant of a fused node worth a reader's eye
+    extra_launches: tuple[str, str] | None = None  # (op_params flag, what the launches after the first run) when a
+    #                                                flagged node launches more than once, as dump explains it
+
+    def validate(self, n: Tensor) -> None:
+        """Everything a fused node must carry, so that a damaged or hand-edited graph file never reaches a kernel
+        (its legality was decided by its matcher; this checks only that it is well formed)."""
+        where = f"node {n.name!r} ({n.op.value})"
+        if len(n.src) != len(self.src) or any(s is None for s in n.src):
+            raise GraphError(f"{where}: needs {len(self.src)} sources ({', '.join(self.src)}), has {len(n.src)}")
+        if n.view_src is None or n.view_src.view_src is not None or n.view_offs != 0:
+            raise GraphError(f"{where}: must be a view of its primary output (offset 0)")
+        for key, p in self.params.items():
+            if key not in n.op_params:
+                if p.optional:
+                    continue
+                raise GraphError(f"{where}: op_params lacks {key!r}")
+            if not p.ok(n.op_params[key]):
+                raise GraphError(f"{where}: op_params {key!r} must be {p.what}, got {n.op_params[key]!r}")
+        self.check(n)
+
+
+def need(cond: bool, n: Tensor, msg: str) -> None:
+    """A record's check: GraphError naming the node unless ``cond``."""
+    if not cond:
+        raise GraphError(f"node {n.name!r} ({n.op.value}): {msg}")
