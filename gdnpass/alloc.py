@@ -7,8 +7,9 @@ What it reproduces, because fusion legality is decided on exactly this plan:
 - sizes rounded up to the alignment;
 - liveness from ``n_children`` (src slots) and ``n_views`` (view nodes on a base): a tensor is freed when both reach
   zero, a view's release is a release of its base; OUTPUT tensors are never freed; external memory is never freed;
-- in-place reuse only for the ops ggml allows (:data:`gdnpass.ir.INPLACE_OPS`): the node takes its parent's block when
-  the parent is arena-owned, not OUTPUT, has the same layout and this node is its only consumer;
+- in-place reuse only for the ops ggml allows (:data:`gdnpass.opspec.INPLACE_OPS`: each op spec's ``can_inplace``,
+  and an OPAQUE node's ``can_inplace``): the node takes its parent's block when the parent is arena-owned, not
+  OUTPUT, has the same layout and this node is its only consumer;
 - NONE nodes in the node list are allocator hints (ggml-backend's dependency nodes): their sources count as
   children, so a hint keeps tensors alive up to its position, and the hint itself is never allocated.
 
@@ -26,8 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gdnpass.ir import (INPLACE_OPS, Flag, Graph, GraphError, Op, Tensor, arena_buffer, byte_range, inputs,
-                        same_layout, written)
+from gdnpass.ir import Flag, Graph, GraphError, Op, Tensor, arena_buffer, byte_range, inputs, same_layout, written
+from gdnpass.opspec import INPLACE_OPS
 
 DEFAULT_ALIGNMENT = 128  # ggml-cuda's buffer alignment; ggml's CPU buffers use 32 (TENSOR_ALIGNMENT)
 MAX_ALIGNMENT = 4096     # a page: more than any ggml backend asks (CPU 32, CUDA 128, Vulkan's offset alignment)

@@ -27,7 +27,7 @@ from gdnpass.fusion import Applied, FusionReport
 from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
 from gdnpass.patterns import RECORDS
 from gdnpass.patterns.common import Refusal, fmt_range
-from gdnpass.ops import ROPE_MODES
+from gdnpass.opspec import ROPE_MODES
 from gdnpass.outputs import atomic_path, check_writable, json_safe
 from gdnpass.serialize import buffers_dict
 

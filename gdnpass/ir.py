@@ -173,9 +173,6 @@ def fused_op(name: str) -> Op:
 # Ops that create no data (ggml_cuda_is_view_or_noop, minus the "empty" case handled by Tensor.is_empty).
 VIEW_OPS = frozenset({Op.NONE, Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE})
 
-# ggml_op_can_inplace (ggml-alloc.c of the pinned llama.cpp), restricted to the ops this IR models.
-INPLACE_OPS = frozenset({Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.RMS_NORM, Op.ROPE, Op.SOFT_MAX})
-
 # What a buffer holds. weights: the model (ggml usage WEIGHTS); cache: state kept across graph runs (KV cache,
 # recurrent states); input: graph inputs only, set before each run; compute: the buffer a gallocr-style planner
 # lays computed tensors out in (llama.cpp's compute buffer, which also holds the graph inputs; gdnpass's arena).
