@@ -50,6 +50,7 @@ from gdnpass.ir import (BUFFER_ROLES, BUFFER_USAGES, DEFAULT_BUFFERS, GGML_MAX_D
                         GraphError, Op, Tensor, arena_buffer, buffer_spec)
 from gdnpass.models.hparams import check_meta
 from gdnpass.ops import validate_node
+from gdnpass.opspec import INT4, SPECS
 from gdnpass.outputs import write_atomic
 
 FORMAT = "gdnpass-graph"
@@ -218,43 +219,15 @@ def _is_int(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)  # JSON true is not 1
 
 
-def _is_num(x: Any) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
-
-
 def _int_list(x: Any, n: int, ok: Callable[[int], bool]) -> bool:
     return isinstance(x, list) and len(x) == n and all(_is_int(v) and ok(v) for v in x)
 
 
-# op_params keys whose type the shape rules rely on (a wrong type would crash int()/float() inside ops).
-# Keys not listed are free-form: fused nodes carry their own.
-_P_INT = (_is_int, "an int")
-_P_NUM = (_is_num, "a finite number")
-_P_BOOL = (lambda x: isinstance(x, bool), "a bool")
-_P_STR = (lambda x: isinstance(x, str), "a string")
-_P_INT4 = (lambda x: _int_list(x, 4, lambda v: True), "a list of 4 ints")
-_PARAMS: dict[Op, dict[str, tuple[Callable[[Any], bool], str]]] = {
-    Op.VIEW: {"offset": _P_INT},
-    Op.TRANSPOSE: {"axes": _P_INT4},
-    Op.PERMUTE: {"axes": _P_INT4},
-    Op.CONCAT: {"dim": _P_INT},
-    Op.SCALE: {"s": _P_NUM, "b": _P_NUM, "inplace": _P_BOOL},
-    Op.ADD: {"inplace": _P_BOOL},
-    Op.MUL: {"inplace": _P_BOOL},
-    Op.UNARY: {"kind": _P_STR, "inplace": _P_BOOL},
-    Op.GLU: {"kind": _P_STR, "swapped": _P_BOOL, "alpha": _P_NUM, "limit": _P_NUM},
-    Op.RMS_NORM: {"eps": _P_NUM, "inplace": _P_BOOL},
-    Op.L2_NORM: {"eps": _P_NUM, "inplace": _P_BOOL},
-    Op.MUL_MAT: {"prec": _P_STR},
-    Op.SOFT_MAX: {"scale": _P_NUM, "max_bias": _P_NUM, "inplace": _P_BOOL},
-    Op.ROPE: {**{k: _P_INT for k in ("n_dims", "mode", "n_ctx_orig", "n_offs")},
-              **{k: _P_NUM for k in ("freq_base", "freq_scale", "ext_factor", "attn_factor", "beta_fast", "beta_slow")},
-              "sections": _P_INT4, "inplace": _P_BOOL},
-    Op.FLASH_ATTN_EXT: {"scale": _P_NUM, "max_bias": _P_NUM, "logit_softcap": _P_NUM, "prec": _P_STR,
-                        "n_kv_max": _P_INT},
-    Op.GATED_DELTA_NET: {"K": _P_INT},
-}
-_TUPLES = {Op.PERMUTE: "axes", Op.TRANSPOSE: "axes", Op.ROPE: "sections"}  # ops builds these as tuples
+def _param_types(op: Op) -> dict:
+    """The op_params keys whose type the shape rules rely on (a wrong type would crash int()/float() inside ops): a
+    base op's spec's. Keys not listed are free-form; a fused node's record checks its own (ops.validate_node)."""
+    spec = SPECS.get(op)
+    return {} if spec is None else spec.types
 
 
 def _parse_buffers(d: dict, source: str) -> tuple[dict[str, int], dict[str, BufferSpec], dict[str, str]]:
@@ -326,12 +299,14 @@ def _parse_tensor(e: dict, i: int, where: str, roles: dict[str, str]) -> Tensor:
     if not isinstance(params, dict):
         _fail(where, "field 'op_params' must be an object")
     _check_depth(params, f"{where}: field 'op_params'")
-    for key, (ok, what) in _PARAMS.get(op, {}).items():
-        if key in params and not ok(params[key]):
-            _fail(where, f"field 'op_params': {key!r} must be {what}, got {params[key]!r}")
+    types = _param_types(op)
+    for key, p in types.items():
+        if key in params and not p.ok(params[key]):
+            _fail(where, f"field 'op_params': {key!r} must be {p.what}, got {params[key]!r}")
     params = copy.deepcopy(params)  # the Graph must not alias the caller's dict
-    if op in _TUPLES and _TUPLES[op] in params:
-        params[_TUPLES[op]] = tuple(params[_TUPLES[op]])  # JSON only has lists
+    for key, p in types.items():
+        if p is INT4 and key in params:
+            params[key] = tuple(params[key])  # JSON only has lists; ops builds these as tuples
     if not (_is_int(e["view_offs"]) and e["view_offs"] >= 0):
         _fail(where, "field 'view_offs' must be a non-negative int")
     if not (_is_int(e["flags"]) and e["flags"] >= 0 and e["flags"] & ~_ALL_FLAGS == 0):

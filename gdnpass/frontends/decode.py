@@ -2,10 +2,10 @@
 every front end (the ggml-python importer, the llama.cpp capture).
 
 A front end reads a ``ggml_tensor``'s op (as ``ggml_op_name`` spells it) and its int32 ``op_params`` words, and
-:func:`ir_op` names them (the keys are :mod:`gdnpass.ops`'s). The word layouts below are ggml.c's at the pinned
-llama.cpp commit (0c1e57098bba43ac29e6e3b677cdceebdd22334f). ggml 0.15.3 (ggml-python 0.0.45) lays out the ops
-its importer meets the same way; a caller that can ask its library for a unary or GLU kind's name passes it, else
-word 0 is read in the pinned commit's numbering.
+:func:`ir_op` names them. The word layouts are the op specs' (:mod:`gdnpass.opspec`: each parameter's first word
+and its type's encoding), ggml.c's at the pinned llama.cpp commit (0c1e57098bba43ac29e6e3b677cdceebdd22334f).
+ggml 0.15.3 (ggml-python 0.0.45) lays out the ops its importer meets the same way; a caller that can ask its
+library for a unary or GLU kind's name passes it, else word 0 is read in the pinned commit's numbering.
 
 A node is decoded only if its layout accounts for every non-zero word: a parameter gdnpass does not model (a
 MUL_MAT hint, ROPE's legacy n_past, a XIELU's coefficients) keeps the node OPAQUE, with its raw words, rather than
@@ -15,9 +15,9 @@ being dropped. Floats are f32 bit patterns; ints are signed.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
 from gdnpass.ir import Glu, Op, Prec, Unary
+from gdnpass.opspec import GGML_INPLACE_OPS, SPECS, WORDS, Arg
 
 # ggml's own numbering (enum ggml_unary_op, ggml_glu_op, ggml_prec), used when the caller has no name for a kind
 UNARY_OPS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GELU", "GELU_QUICK", "SILU", "HARDSWISH",
@@ -25,59 +25,9 @@ UNARY_OPS = ("ABS", "SGN", "NEG", "STEP", "TANH", "ELU", "RELU", "SIGMOID", "GEL
 GLU_OPS = ("REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK", "SWIGLU_CLAMP")
 PRECS = {0: Prec.UNDEFINED, 10: Prec.F32, 15: Prec.BF16, 20: Prec.F16, 30: Prec.Q8, 40: Prec.Q4}
 
-# ggml_op_can_inplace (ggml-alloc.c): the ops gallocr may place over a dying parent. (ggml 0.15.3's list lacks
-# CLAMP, but its CLAMP is always a view of its source, so this list serves both.)
-GGML_INPLACE_OPS = frozenset({"FILL", "SCALE", "DIAG_MASK_ZERO", "DIAG_MASK_INF", "ADD", "ADD_ID", "ADD1", "SUB", "MUL",
-                              "DIV", "SQR", "SQRT", "LOG", "UNARY", "ROPE", "ROPE_BACK", "SILU_BACK", "RMS_NORM",
-                              "RMS_NORM_BACK", "CLAMP", "SOFT_MAX", "SOFT_MAX_BACK"})
-
-
-@dataclass(frozen=True)
-class _Field:
-    word: int
-    key: str
-    kind: str               # i32 | f32 | bool | size (2 words) | i32x4 (4 words) | prec
-    optional: bool = False  # left out of op_params when its words are 0 (ggml's "not set")
-
-    @property
-    def width(self) -> int:
-        return {"size": 2, "i32x4": 4}.get(self.kind, 1)
-
-
-def _fields(*specs) -> tuple[_Field, ...]:
-    return tuple(_Field(*s) for s in specs)
-
-
-# op -> where ggml.c puts each parameter (kind words, UNARY's and GLU's, are decoded apart)
-_LAYOUTS: dict[Op, tuple[_Field, ...]] = {
-    Op.VIEW: _fields((0, "offset", "size")),                                # ggml_view_impl: a size_t
-    Op.PERMUTE: _fields((0, "axes", "i32x4")),
-    Op.CONCAT: _fields((0, "dim", "i32")),
-    Op.SCALE: _fields((0, "s", "f32"), (1, "b", "f32")),
-    Op.RMS_NORM: _fields((0, "eps", "f32")),
-    Op.L2_NORM: _fields((0, "eps", "f32")),
-    Op.MUL_MAT: _fields((0, "prec", "prec", True)),                         # ggml_prec_set_acc
-    Op.GATED_DELTA_NET: _fields((0, "K", "i32")),
-    Op.SOFT_MAX: _fields((0, "scale", "f32"), (1, "max_bias", "f32")),
-    # ggml_rope_impl: words 0 (n_past) and 3 (n_ctx) are legacy zeros; 15 is ggml_rope_set_offset's
-    Op.ROPE: _fields((1, "n_dims", "i32"), (2, "mode", "i32"), (4, "n_ctx_orig", "i32"), (5, "freq_base", "f32"),
-                     (6, "freq_scale", "f32"), (7, "ext_factor", "f32"), (8, "attn_factor", "f32"),
-                     (9, "beta_fast", "f32"), (10, "beta_slow", "f32"), (11, "sections", "i32x4"),
-                     (15, "n_offs", "i32")),
-    Op.FLASH_ATTN_EXT: _fields((0, "scale", "f32"), (1, "max_bias", "f32"), (2, "logit_softcap", "f32"),
-                               (3, "prec", "prec"), (4, "n_kv_max", "i32")),
-}
-_GLU_FIELDS = _fields((1, "swapped", "bool"))
-_GLU_EXTRA = {Glu.SWIGLU_OAI: _fields((2, "alpha", "f32"), (3, "limit", "f32")),
-              Glu.SWIGLU_CLAMP: _fields((3, "limit", "f32"))}
-
-# ggml ops that are exactly one of ours (same name, same semantics); NONE is a leaf (or a dependency hint node)
-_EXACT_OPS = {op.value: op for op in (Op.VIEW, Op.RESHAPE, Op.TRANSPOSE, Op.PERMUTE, Op.CONT, Op.CPY, Op.GET_ROWS,
-                                      Op.SET_ROWS, Op.CONCAT, Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.GLU,
-                                      Op.RMS_NORM, Op.L2_NORM, Op.MUL_MAT, Op.SOFT_MAX, Op.ROPE, Op.FLASH_ATTN_EXT,
-                                      Op.SSM_CONV, Op.GATED_DELTA_NET)}
-# ops whose in-place variant (a view of src[0]) is recorded as "inplace"; SCALE always says which it is
-_INPLACE_KEY = frozenset({Op.UNARY, Op.RMS_NORM, Op.L2_NORM, Op.ADD, Op.MUL, Op.ROPE, Op.SOFT_MAX})
+# ggml ops that are exactly one of ours (same name, same semantics): every base op's spec; NONE is a leaf (or a
+# dependency hint node)
+_EXACT_OPS = {op.value: op for op in SPECS}
 
 
 def _u32(w: int) -> int:
@@ -92,18 +42,23 @@ def _f32(w: int) -> float:
     return struct.unpack("<f", struct.pack("<I", _u32(w)))[0]
 
 
-def _value(f: _Field, words: list[int]):
-    """The field's value, or None when it cannot be named (a prec ggml does not define)."""
-    w = words[f.word: f.word + f.width]
-    if f.kind == "i32":
+def _width(a: Arg) -> int:
+    return WORDS.get(a.type.ggml, 1)
+
+
+def _value(a: Arg, words: list[int]):
+    """The parameter's value from its words (its type's ggml encoding), or None when it cannot be named (a prec ggml
+    does not define)."""
+    kind, w = a.type.ggml, words[a.word: a.word + _width(a)]
+    if kind == "i32":
         return _i32(w[0])
-    if f.kind == "f32":
+    if kind == "f32":
         return _f32(w[0])
-    if f.kind == "bool":
+    if kind == "bool":
         return _i32(w[0]) != 0
-    if f.kind == "size":
+    if kind == "size":
         return _u32(w[0]) | (_u32(w[1]) << 32)
-    if f.kind == "i32x4":
+    if kind == "i32x4":
         return tuple(_i32(x) for x in w)
     prec = PRECS.get(_i32(w[0]))
     return None if prec is None else prec.value
@@ -146,39 +101,39 @@ def ir_op(op_name: str, words: list[int], *, unary_name: str | None = None, glu_
     if op is None:
         return _opaque(op_name, words)
 
+    spec = SPECS[op]
     params: dict = {}
-    fields = _LAYOUTS.get(op, ())
-    explained = set()
+    kind = None
     if op is Op.UNARY:
         kind = _kind(unary_name, padded[0], UNARY_OPS)
         if kind not in {u.value for u in Unary}:
             return _opaque(f"UNARY({kind})", words)
-        params["kind"], explained = kind, {0}
     elif op is Op.GLU:
         kind = _kind(glu_name, padded[0], GLU_OPS)
         if kind not in {g.value for g in Glu}:
             return _opaque(f"GLU({kind})", words)
-        params["kind"], explained = kind, {0}
-        fields = _GLU_FIELDS + _GLU_EXTRA.get(Glu(kind), ())
     elif op is Op.TRANSPOSE:
         params["axes"] = (1, 0, 2, 3)  # ggml stores none; gdnpass.ops.transpose records the swap
 
-    for f in fields:
-        span = range(f.word, f.word + f.width)
+    explained = set()
+    for a in spec.words(kind):  # the spec's layout: each parameter's first word, its type's encoding
+        span = range(a.word, a.word + _width(a))
         explained.update(span)
-        if f.optional and not any(padded[i] for i in span):
+        if a.key == "kind":  # UNARY's and GLU's word 0, named above
+            params["kind"] = kind
             continue
-        value = _value(f, padded)
+        if a.sparse and not any(padded[i] for i in span):
+            continue
+        value = _value(a, padded)
         if value is None:
-            return _opaque(op_name, words, f"op_params word {f.word} ({f.key}) = {padded[f.word]} is not a "
-                                           f"{f.kind} ggml defines")
-        params[f.key] = value
+            return _opaque(op_name, words, f"op_params word {a.word} ({a.key}) = {padded[a.word]} is not a "
+                                           f"{a.type.ggml} ggml defines")
+        params[a.key] = value
     stray = [i for i, w in enumerate(padded) if w and i not in explained]
     if stray:
         return _opaque(op_name, words, f"op_params word {stray[0]} = {padded[stray[0]]} is not modelled")
 
-    if op is Op.SCALE:
+    flag = next((a for a in spec.args if a.key == "inplace"), None)  # the *_inplace variant, a view of src[0]
+    if flag is not None and (inplace or not flag.sparse):
         params["inplace"] = inplace
-    elif op in _INPLACE_KEY and inplace:
-        params["inplace"] = True
     return op, params

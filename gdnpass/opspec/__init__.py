@@ -64,7 +64,8 @@ _SPECS = (
     _spec(Op.UNARY, (Arg("kind", STR, 0), INPLACE), s.rule_unary_src, "elementwise",
           doc="kind: enum ggml_unary_op in word 0"),
     _spec(Op.GLU, (Arg("kind", STR, 0, True), Arg("swapped", BOOL, 1, True),
-                   Arg("alpha", NUM, 2, kinds=("SWIGLU_OAI",)), Arg("limit", NUM, 3, kinds=("SWIGLU_OAI", "SWIGLU_CLAMP"))),
+                   Arg("alpha", NUM, 2, kinds=("SWIGLU_OAI",)),
+                   Arg("limit", NUM, 3, kinds=("SWIGLU_OAI", "SWIGLU_CLAMP"))),
           s.rule_glu, "elementwise", doc="kind: enum ggml_glu_op in word 0"),
     # norms (kernels/triton_norms.py)
     _spec(Op.RMS_NORM, (Arg("eps", NUM, 0), INPLACE), s.rule_unary_src, "norms"),

@@ -61,7 +61,7 @@ def fa_params(n) -> tuple[float, float, float]:
     return float(p["scale"]), float(p["max_bias"]), float(p["logit_softcap"])
 
 
-# ---- the torch reference (kernels/reference.py): fn(node, out, *src) -> result ----------------------------------------
+# ---- the torch reference (kernels/reference.py): fn(node, out, *src) -> result -------------------------------------
 
 def _rms_norm_cpu(n, out, x):
     import torch
@@ -94,7 +94,8 @@ TORCH: dict[Op, Adapter] = {op: computed(fn) for op, fn in _TORCH.items()}
 
 # ggml-cpu's rounding points where they differ from the f32 semantics above (reference.py, "attention ops"): MUL_MAT
 # rounds its activation to an f16/bf16 weight's type, FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
-# f16, RMS_NORM sums its squares in double: what llama.cpp's CPU backend computes (GGML_CPU_BACKEND).
+# f16, RMS_NORM sums its squares in double: what llama.cpp's CPU backend computes (GGML_CPU_BACKEND;
+# tests/kernels/test_attention_ops.py).
 GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
     Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat_cpu(w, x),
     Op.RMS_NORM: _rms_norm_cpu,
@@ -103,7 +104,7 @@ GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
 }.items()}
 
 
-# ---- the Triton kernels: fn(node, views, out) -------------------------------------------------------------------------
+# ---- the Triton kernels: fn(node, views, out) ----------------------------------------------------------------------
 
 def _tri_unary(node, views, out):
     _family("elementwise").unary(Unary(node.op_params["kind"]).value, views[0], out)

@@ -30,28 +30,28 @@ class Param:
     ggml: str | None = None  # i32 | f32 | bool | size (a size_t: 2 words) | i32x4 (4 words) | prec (enum ggml_prec)
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)  # JSON true is not 1
 
 
 def _is_num(x) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
+    return (is_int(x) or isinstance(x, float)) and math.isfinite(x)
 
 
 # word widths of the ggml encodings (one word otherwise)
 WORDS = {"size": 2, "i32x4": 4}
 
-INT = Param(_is_int, "an int", ggml="i32")
-SIZE = Param(_is_int, "an int", ggml="size")
+INT = Param(is_int, "an int", ggml="i32")
+SIZE = Param(is_int, "an int", ggml="size")
 NUM = Param(_is_num, "a finite number", ggml="f32")
 NONNEG = Param(lambda x: _is_num(x) and x >= 0, "a finite number >= 0", ggml="f32")
 BOOL = Param(lambda x: isinstance(x, bool), "a bool", ggml="bool")
 STR = Param(lambda x: isinstance(x, str), "a string")
 PREC = Param(STR.ok, STR.what, ggml="prec")  # a Prec's name; which names exist is the shape rule's to say
-INT4 = Param(lambda x: isinstance(x, (list, tuple)) and len(x) == 4 and all(_is_int(v) for v in x),
+INT4 = Param(lambda x: isinstance(x, (list, tuple)) and len(x) == 4 and all(is_int(v) for v in x),
              "a list of 4 ints", ggml="i32x4")  # the IR holds a tuple, a graph file a list
 NAMES = Param(lambda x: isinstance(x, list) and all(isinstance(s, str) for s in x), "a list of names")
-INTS = Param(lambda x: isinstance(x, list) and all(_is_int(v) for v in x), "a list of ints")
+INTS = Param(lambda x: isinstance(x, list) and all(is_int(v) for v in x), "a list of ints")
 REPLACED = Param(NAMES.ok, NAMES.what, optional=True)  # every fused node: the names of the nodes it replaced
 
 
