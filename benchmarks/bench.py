@@ -32,6 +32,7 @@ from gdnpass.bench import upstream
 from gdnpass.bench.chain import UPSTREAM, bench_chain, bench_dedup, per_op
 from gdnpass.bench.floors import bench_references, copy_us, gather_copy_us
 from gdnpass.bench.forward import bench_forward, bench_pass
+from gdnpass.patterns import REGISTRY
 from gdnpass.bench.matvec import bench_mat_vec, bench_pair
 
 
@@ -87,10 +88,14 @@ def main() -> int:
     p.add_argument("--json", help="write all numbers to this file")
     p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,whole,upstream,pass "
                                   "(upstream: llama.cpp built with CUDA and timed on the same GPU, next to whole)")
+    p.add_argument("--without", metavar="PATTERN", help="forward, whole: also time fusion on without this "
+                                                        "registered pattern (what it saves)")
     p.add_argument("--source", help="upstream: a folder `gdnpass llama-build --pack` wrote (machines without a "
                                     "registry)")
     p.add_argument("--gguf", help="upstream: the model file (default: written once, see benchmarks/upstream.py)")
     a = p.parse_args()
+    if a.without and a.without not in [x.name for x in REGISTRY]:
+        p.error(f"--without: no pattern {a.without!r} (registered: {', '.join(x.name for x in REGISTRY)})")
     only = set(a.only.split(",")) if a.only else None
     want = (lambda s: only is None or s in only)
     prepared = None
@@ -185,7 +190,7 @@ def main() -> int:
         print("T rows | kernels off -> on (per GDN layer) | kernel us off -> on | alpha/beta us off -> on | "
               "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
         for T, rows in upstream.CASES:
-            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole)
+            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole, without=a.without)
             out[section].append(r)
             off, on = r["off"], r["on"]
             d = (off["kernels"] - on["kernels"]) / r["gdn_layers"]
@@ -196,6 +201,11 @@ def main() -> int:
                   f"{off['kernel_us']:.1f} -> {on['kernel_us']:.1f} | {pick('alpha/beta', 'kernel_us')} "
                   f"({pick('alpha/beta', 'kernels')} kernels) | {pick('ffn', 'kernel_us')} | "
                   f"{off['us_per_forward']:.1f} -> {on['us_per_forward']:.1f}", flush=True)
+            if a.without:
+                w = r["without"]
+                print(f"  {a.without}'s share at T={T}: on without it -> on: {w['kernels']} -> {on['kernels']} "
+                      f"kernels, {w['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
+                      f"{w['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
         for r in out[section]:
             print_chain(f"{section}, T={r['T']} rows={r['rows']}", {"off": r["off"].get("chain"),
                                                                     "on": r["on"].get("chain")})

@@ -54,6 +54,14 @@ def watched(graph: Graph) -> list[Tensor]:
     return [n for n in graph.nodes if pattern_watches(n) or n.name.startswith("l_out")]
 
 
+def interior(graph: Graph, report: FusionReport, probes: list[Tensor]) -> set[int]:
+    """The uids of the ``probes`` a rewrite of ``report`` removed and no fused node writes: a pattern's interior
+    (the MUL of an RMS_NORM+MUL+ADD, say), which its confinement rule proved only the removed nodes read."""
+    replaced = {name for a in report.applied for name in a.replaced}
+    written = {t.uid for n in graph.nodes if n.op.is_fused for t in (n.view_src, *n.outs) if t is not None}
+    return {t.uid for t in probes if t.name in replaced and t.uid not in written}
+
+
 def unwatched(graph: Graph, report: FusionReport, probes: list[Tensor]) -> list[str]:
     """What the fused nodes of ``report`` write that the check would not compare (neither a probe nor in a cache),
     as sentences naming the pattern: its record's ``watch`` misses an output. (Empty for every registered pattern;
@@ -112,6 +120,9 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
         raise RuntimeError("check_fusion would not compare what fusion writes: " + "; ".join(missed[:3]))
     ex.restore(start)
     del start
+    gone = interior(graph, report, probes)  # computed by the unfused graph only: nothing reads them any more
+    unfused = [a for t, a in zip(probes, unfused) if t.uid not in gone]
+    probes = [t for t in probes if t.uid not in gone]
     fused = ex.run_probed(probes, progress=progress)
     res = CheckResult(report)
     for t, a, b in zip(probes, unfused, fused):

@@ -12,7 +12,7 @@ import torch
 from gdnpass import pipeline
 from gdnpass.bench import upstream
 from gdnpass.bench.timing import kernel_us, node_runner
-from gdnpass.fusion import fuse
+from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
 from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.fill import fill
@@ -20,9 +20,12 @@ from gdnpass.pipeline import PassOptions
 from gdnpass.runtime import Executor, launches, node_launches
 
 
-def forward_executor(cfg: VerifyConfig, fused: bool):
-    res = pipeline.run(cfg, PassOptions(fusion=fused))
+def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None):
+    """The forward planned, fused (every registered pattern but ``without``) or not, on the GPU, filled."""
+    res = pipeline.run(cfg, PassOptions(fusion=fused), fuse_now=without is None)
     g, report = res.graph, res.report
+    if without is not None:
+        report = fuse(g, enabled=True, patterns=[p for p in PATTERNS if p.name != without])
     ex = Executor(g, device="cuda")
     fill(ex, seed=2, ids=default_ids(cfg))
     return g, ex, report
@@ -111,21 +114,22 @@ def weight_bytes_read(g) -> int:
     return total
 
 
-def bench_forward(T: int, rows: int, rounds: int, whole: bool = False) -> dict:
+def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: str | None = None) -> dict:
     """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
     its own bf16 weights (token embedding, attention layers, lm head), after upstream's prompt (n_past
-    upstream.N_PROMPT)."""
+    upstream.N_PROMPT). ``without``: a third variant, fused with every pattern but that one (what it saves)."""
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
                        n_past=upstream.N_PROMPT if whole else 0)
     res = {}
     runs = {}
-    for name, fused in (("off", False), ("on", True)):
-        g, ex, report = forward_executor(cfg, fused)
+    variants = [("off", False, None), ("on", True, None)] + ([("without", True, without)] if without else [])
+    for name, fused, left_out in variants:
+        g, ex, report = forward_executor(cfg, fused, left_out)
         res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **forward_kernels(g, ex),
                          fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g))
         ex.capture()
         runs[name] = ex
-    times = {"off": [], "on": []}
+    times = {name: [] for name in runs}
 
     def replay_ms(ex):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -136,11 +140,12 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False) -> dict:
         return a.elapsed_time(b)
 
     for r in range(rounds):
-        for name in ("off", "on", "on", "off"):  # ABBA
+        order = list(runs)
+        for name in order + order[::-1]:  # ABBA (ABCCBA)
             times[name].append(statistics.median(replay_ms(runs[name]) for _ in range(10)))
     for name in times:
         res[name]["us_per_forward"] = statistics.median(times[name]) * 1e3
-    res["T"], res["rows"], res["gdn_layers"] = T, rows, len(cfg.shape.gdn_layers)
+    res["T"], res["rows"], res["gdn_layers"], res["without"] = T, rows, len(cfg.shape.gdn_layers), without
     return res
 
 

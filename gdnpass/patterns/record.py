@@ -66,13 +66,16 @@ class FusedOp:
     variant: Callable[[Tensor], str] = lambda n: ""  # dump: the kernel variant of a fused node worth a reader's eye
     extra_launches: tuple[str, str] | None = None  # (op_params flag, what the launches after the first run) when a
     #                                                flagged node launches more than once, as dump explains it
+    optional_src: int = 0                # how many of the last ``src`` slots a node may leave out
 
     def validate(self, n: Tensor) -> None:
         """Everything a fused node must carry, so that a damaged or hand-edited graph file never reaches a kernel
         (its legality was decided by its matcher; this checks only that it is well formed)."""
         where = f"node {n.name!r} ({n.op.value})"
-        if len(n.src) != len(self.src) or any(s is None for s in n.src):
-            raise GraphError(f"{where}: needs {len(self.src)} sources ({', '.join(self.src)}), has {len(n.src)}")
+        least = len(self.src) - self.optional_src
+        if not least <= len(n.src) <= len(self.src) or any(s is None for s in n.src):
+            want = f"{least}..{len(self.src)}" if self.optional_src else f"{len(self.src)}"
+            raise GraphError(f"{where}: needs {want} sources ({', '.join(self.src)}), has {len(n.src)}")
         if n.view_src is None or n.view_src.view_src is not None or n.view_offs != 0:
             raise GraphError(f"{where}: must be a view of its primary output (offset 0)")
         for key, p in self.params.items():
