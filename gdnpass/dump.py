@@ -27,7 +27,7 @@ from gdnpass.fusion import Applied, FusionReport
 from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
 from gdnpass.patterns import RECORDS
 from gdnpass.patterns.common import Refusal, fmt_range
-from gdnpass.opspec import ROPE_MODES
+from gdnpass.opspec import ROPE_MODES, SPECS
 from gdnpass.outputs import atomic_path, check_writable, json_safe
 from gdnpass.serialize import buffers_dict
 
@@ -82,6 +82,15 @@ def _num(x: float) -> str:
     return f"{x:g}"
 
 
+def _value(v) -> str:
+    return ",".join(map(str, v)) if isinstance(v, tuple) else _num(v) if isinstance(v, float) else str(v)
+
+
+# ops whose parameters the listing says elsewhere: a view's offset and a transpose's axes in the memory columns, a
+# UNARY's kind in its label
+_SAID_ELSEWHERE = frozenset({Op.VIEW, Op.TRANSPOSE, Op.UNARY})
+
+
 def params_text(t: Tensor) -> str:
     """A node's op params in a few words: what a reader checks first (RoPE's mode, sections and n_dims, the softmax
     and attention scales, the GLU form); fused nodes list what they replaced instead."""
@@ -114,12 +123,10 @@ def params_text(t: Tensor) -> str:
         words.append(f"ids {src[1].type.label}")
     elif t.op is Op.SCALE:
         words += [f"s={_num(p['s'])}"] + [f"b={_num(p['b'])}"] * bool(p.get("b"))
-    elif t.op in (Op.RMS_NORM, Op.L2_NORM):
-        words.append(f"eps={_num(p['eps'])}")
-    elif t.op in (Op.PERMUTE, Op.CONCAT, Op.GATED_DELTA_NET, Op.MUL_MAT):
-        words += [f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in p.items()]
     elif t.op is Op.OPAQUE:
         words.append(f"ggml {p['ggml_op']}")
+    elif t.op in SPECS and t.op not in _SAID_ELSEWHERE:  # the rest: the spec's parameters the node carries
+        words += [f"{k}={_value(p[k])}" for k in SPECS[t.op].types if k in p and k != "inplace"]
     return " ".join(words + ["inplace"] * bool(p.get("inplace") and t.op is not Op.OPAQUE))
 
 

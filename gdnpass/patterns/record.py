@@ -6,7 +6,8 @@ parameters it carries and how they must agree with those tensors, how many kerne
 programs one execution launches (the interpreter's cost estimate), which unfused nodes ``run --check`` must compare,
 and what ``gdnpass dump`` says about its variant. The graph-file loader, the shape rules, the executor, the launch
 counts, the check, the cost estimate and ``gdnpass dump`` all ask the record, through the registry
-(:mod:`gdnpass.patterns`).
+(:mod:`gdnpass.patterns`). It is the fused op's counterpart of a base op's spec (:mod:`gdnpass.opspec`), and types
+its parameters in the same vocabulary (``NUM`` any finite number, ``NONNEG`` one >= 0).
 
 Adapters have the executor's signature ``fn(node, views, out)``: ``views`` are the torch views of ``node.src`` then
 ``node.outs``, ``out`` the view of the node's own (primary output) memory. They import torch and Triton only when a
@@ -15,36 +16,13 @@ graph runs: building, planning and fusing a graph need neither.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op, Tensor
-
-Adapter = Callable[[Tensor, list, Any], None]
-Programs = Callable[[Tensor], list[tuple[str, int, int]]]
-
-
-@dataclass(frozen=True)
-class Param:
-    """One op_params key: a predicate on its value and how to say what it must be."""
-
-    ok: Callable[[Any], bool]
-    what: str
-    optional: bool = False
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-INT = Param(_is_int, "an int")
-NUM = Param(lambda x: (_is_int(x) or isinstance(x, float)) and math.isfinite(x) and x >= 0, "a finite number >= 0")
-BOOL = Param(lambda x: isinstance(x, bool), "a bool")
-NAMES = Param(lambda x: isinstance(x, list) and all(isinstance(s, str) for s in x), "a list of names")
-INTS = Param(lambda x: isinstance(x, list) and all(_is_int(v) for v in x), "a list of ints")
-REPLACED = Param(NAMES.ok, NAMES.what, optional=True)  # every fused node: the names of the nodes it replaced
+# the parameter types are the one vocabulary every op shares (base ops' specs too): gdnpass.opspec.vocab
+from gdnpass.opspec.vocab import BOOL, INT, INTS, NAMES, NONNEG, NUM, REPLACED, Adapter, Param, Programs
 
 
 @dataclass(frozen=True)
@@ -92,3 +70,7 @@ def need(cond: bool, n: Tensor, msg: str) -> None:
     """A record's check: GraphError naming the node unless ``cond``."""
     if not cond:
         raise GraphError(f"node {n.name!r} ({n.op.value}): {msg}")
+
+
+__all__ = ["Adapter", "BOOL", "FusedOp", "INT", "INTS", "NAMES", "NONNEG", "NUM", "Param", "Programs", "REPLACED",
+           "need"]

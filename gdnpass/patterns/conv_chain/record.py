@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from gdnpass.ir import DType, Op, Tensor, fused_op
 from gdnpass.kernels import limits
-from gdnpass.patterns.record import BOOL, INT, INTS, NUM, REPLACED, FusedOp, Param, _is_int, need
+from gdnpass.opspec import BOOL, INT, INTS, NONNEG, REPLACED, Param
+from gdnpass.opspec.vocab import is_int
+from gdnpass.patterns.record import FusedOp, need
 
 OP = fused_op("GDN_CONV_CHAIN")
 NORMS = ("l2", "rms")  # L2_NORM(x, eps), or RMS_NORM(x, eps) then SCALE(scale): see matcher.py rule 7
@@ -43,12 +45,12 @@ def _check(n: Tensor) -> None:
         need(row.nelements == (dc - 1) * C, n, f"destination {row.name!r} does not hold (d_conv-1)*C elements")
     need(p.get("norm", "l2") in NORMS, n, f"norm {p.get('norm')!r} is not one of {NORMS}")
     if p.get("norm") == "rms":
-        need(NUM.ok(p.get("scale")), n, "the RMS form needs op_params 'scale' (the SCALE after the RMS_NORM)")
+        need(NONNEG.ok(p.get("scale")), n, "the RMS form needs op_params 'scale' (the SCALE after the RMS_NORM)")
     tile = p.get("tile")
     if tile is not None:
         need(isinstance(tile, dict) and {"windows", "first", "n_cols"} <= set(tile), n,
              "op_params 'tile' must hold windows, first and n_cols")
-        need(all(_is_int(i) and 0 <= i < len(cols) for i in tile["windows"]), n, "tile windows index the columns")
+        need(all(is_int(i) and 0 <= i < len(cols) for i in tile["windows"]), n, "tile windows index the columns")
 
 
 def _args(node: Tensor, views: list) -> tuple:
@@ -127,9 +129,9 @@ RECORD = FusedOp(
     src=("states", "ids", "projection_t", "weight"),
     outs="q and k normalised (the L2_NORMs, or the SCALEs of the RMS form), then one conv-state destination per "
          "snapshot column",
-    params={"d_conv": INT, "n_tokens": INT, "columns": INTS, "eps": NUM, "head_dim": INT, "n_k_heads": INT,
+    params={"d_conv": INT, "n_tokens": INT, "columns": INTS, "eps": NONNEG, "head_dim": INT, "n_k_heads": INT,
             "norm": Param(lambda x: x in NORMS, f"one of {NORMS}", optional=True),
-            "scale": Param(NUM.ok, NUM.what, optional=True),
+            "scale": Param(NONNEG.ok, NONNEG.what, optional=True),
             "l2_separate": BOOL, "tile": Param(lambda x: isinstance(x, dict), "an object", optional=True),
             "replaced": REPLACED},
     check=_check,
