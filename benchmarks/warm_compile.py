@@ -1,6 +1,7 @@
-"""Run the GPU sweep (gdnpass/sweep.py, as tests/test_fusion.py::test_sweep_gpu_all_800 does: every case unfused vs
-fused, byte for byte, planned with and without the allocator hints) in parallel processes: it compiles the sweep's
-kernels into Triton's disk cache, so that `pytest -m gpu` then loads them, and it checks each case as the test does.
+"""Run the GPU sweep (gdnpass/sweep.py, as tests/patterns/conv_chain/test_fusion.py::test_sweep_gpu_all_800 does:
+every case unfused vs fused, byte for byte, planned with and without the allocator hints) in parallel processes: it
+compiles the sweep's kernels into Triton's disk cache, so that `pytest -m gpu` then loads them, and it checks each
+case as the test does.
 The fused chain compiles once per (n_t, window columns) of a model; the sweep's 400 cases need about as many
 compiles, one after another in a single pytest process (over 250 s per hint mode on the H200).
 

@@ -5,8 +5,9 @@ It is seed 000's validation of the fused GDN conv chain, re-run here in both q/k
 gathered conv-state row alternating between one of the rows the chain writes (its own cell) and one it does not
 (the other cell); each case must run byte-identical fused and unfused.
 
-Used by tests/test_fusion.py (the torch path and a subset through the Triton interpreter in CI, all 800 compiled on
-a GPU) and by benchmarks/warm_compile.py (compiles the GPU cases' kernels in parallel ahead of the GPU test).
+Used by tests/patterns/conv_chain/test_fusion.py (the torch path and a subset through the Triton interpreter in CI,
+all 800 compiled on a GPU) and by benchmarks/warm_compile.py (compiles the GPU cases' kernels in parallel ahead of
+the GPU test).
 """
 
 import itertools

@@ -1,7 +1,8 @@
 """The shape of the code itself: no import circles, one error base class, one record per fused op (and the loader
 checks fused nodes against it), launchers that raise instead of assert, Triton kernel families that share their
 ``@triton.jit`` helpers only through the exactness core, a pipeline that builds no torch; benchmark scripts that are
-command lines over the harness (gdnpass.bench), imported by nothing, with no sys.path changes."""
+command lines over the harness (gdnpass.bench), imported by nothing, with no sys.path changes; tests in folders that
+mirror the package."""
 
 from __future__ import annotations
 
@@ -121,8 +122,8 @@ def _sources(*folders: str) -> dict[str, str]:
 
 def test_benchmark_scripts_are_imported_by_nothing_and_leave_sys_path_alone():
     files = _sources("gdnpass", "benchmarks", "tests", "examples")
-    assert {"benchmarks/bench.py", "benchmarks/tune_dedup.py", "benchmarks/upstream.py", "tests/compile_sm90.py",
-            "gdnpass/bench/chain.py"} <= set(files)
+    assert {"benchmarks/bench.py", "benchmarks/tune_dedup.py", "benchmarks/upstream.py",
+            "tests/kernels/compile_sm90.py", "gdnpass/bench/chain.py"} <= set(files)
     assert script_problems(files) == []
 
 
@@ -170,6 +171,67 @@ def test_the_harness_reads_ncu_and_runs_steps_without_torch():
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---- the tests' layout -----------------------------------------------------------------------------------------------
+
+TEST_HELPERS = ("support", "data")  # tests/support/: helpers the test files share; tests/data/: their files
+
+
+def layout_problems(tests: pathlib.Path, package: pathlib.Path) -> list[str]:
+    """Where the tests' layout breaks its rule, that it mirrors the package: every .py file of tests/ lives in tests/
+    itself (a test of a top-level module or of the whole; conftest.py) or in tests/PATH/ where gdnpass/PATH/ is a
+    package (tests/kernels/, tests/models/, tests/bench/, tests/frontends/ggml/, tests/patterns/conv_chain/, ...),
+    except in the helper folders (TEST_HELPERS), which hold no test file (``test_*.py``); and no file imports a test
+    file (what tests share lives in tests/support/)."""
+    problems = []
+    for path in sorted(tests.rglob("*.py")):
+        rel = path.relative_to(tests)
+        where, folder = f"tests/{rel.as_posix()}", rel.parent
+        if folder.parts and folder.parts[0] in TEST_HELPERS:
+            if path.name.startswith("test_"):
+                problems.append(f"{where}: a test file among the helpers")
+            continue
+        if folder.parts and not (package / folder / "__init__.py").is_file():
+            problems.append(f"{where}: gdnpass/{folder.as_posix()}/ is no package of gdnpass")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            problems += [f"{where} imports the test file {n}" for n in names if n.split(".")[-1].startswith("test_")]
+    return problems
+
+
+def test_the_tests_mirror_the_package():
+    tests = ROOT / "tests"
+    found = {p.relative_to(tests).parent.as_posix() for p in tests.rglob("test_*.py")}
+    assert {".", "kernels", "models", "bench", "frontends/ggml", "frontends/llama", "patterns", "patterns/conv_chain",
+            "patterns/mat_vec_pair"} <= found  # the scan found the folders
+    assert layout_problems(tests, PACKAGE) == []
+
+
+def test_the_layout_check_can_fail(tmp_path):
+    package, tests = tmp_path / "gdnpass", tmp_path / "tests"
+    for folder in ("", "kernels", "patterns", "patterns/conv_chain"):
+        (package / folder).mkdir(parents=True, exist_ok=True)
+        (package / folder / "__init__.py").write_text("")
+    files = {
+        "conftest.py": "", "test_ir.py": "", "kernels/test_kernels.py": "", "kernels/compile_sm90.py": "",
+        "patterns/conv_chain/test_fusion.py": "from support.graphs import CHAIN\n",  # all as they should be
+        "test_fusion_old_issue.py": "from test_ir import leaf\n",  # a test file importing another
+        "fusion/test_chain.py": "",  # gdnpass/fusion.py is a module, not a package
+        "patterns/mat_vec_pair/test_pair.py": "",  # no such pattern
+        "models/helpers.py": "",  # a helper in a folder that mirrors nothing
+        "support/test_arena.py": "",  # a test file among the helpers
+    }
+    for name, text in files.items():
+        (tests / name).parent.mkdir(parents=True, exist_ok=True)
+        (tests / name).write_text(text)
+    assert sorted(layout_problems(tests, package)) == [
+        "tests/fusion/test_chain.py: gdnpass/fusion/ is no package of gdnpass",
+        "tests/models/helpers.py: gdnpass/models/ is no package of gdnpass",
+        "tests/patterns/mat_vec_pair/test_pair.py: gdnpass/patterns/mat_vec_pair/ is no package of gdnpass",
+        "tests/support/test_arena.py: a test file among the helpers",
+        "tests/test_fusion_old_issue.py imports the test file test_ir"]
 
 
 # ---- errors ---------------------------------------------------------------------------------------------------------

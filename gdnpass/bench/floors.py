@@ -1,7 +1,7 @@
 """What the benchmarks hold a kernel's time against: an empty Triton kernel and the device copy bandwidth (1 GiB),
 one copy kernel moving N bytes, and the floor the fused chain's data dependencies set (Triton copies: plain, after a
 dependent load, and with a norm per block). The floor kernels run in the Triton interpreter too
-(tests/test_bench_tools.py checks them against torch); timing them needs a GPU."""
+(tests/bench/test_floors_revisions.py checks them against torch); timing them needs a GPU."""
 
 from __future__ import annotations
 

@@ -39,8 +39,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ("memcheck", [sanitizer, "--tool", "memcheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 40),
         # (racecheck: 0 hazards in ~70 s on 2026-12-01 night; 2026-12-02, out of time at 80 s: its child ran to 120)
         ("racecheck", [sanitizer, "--tool", "racecheck", "--error-exitcode", "3", PY, "benchmarks/sanitize.py"], 180),
-        ("kernel-tests", [PY, "-m", "pytest", "-q", "-x", "tests/test_kernels.py", "tests/test_triton_ops.py",
-                          "tests/test_triton_attention.py"], 160),
+        ("kernel-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py",
+                          "tests/kernels/test_triton_ops.py", "tests/kernels/test_triton_attention.py"], 160),
     ]
 
 

@@ -137,7 +137,7 @@ def rms_norm(x: torch.Tensor, eps: float, acc: torch.dtype = F32) -> torch.Tenso
     ggml's CPU op (ggml-cpu/ops.cpp ``ggml_compute_forward_rms_norm_f32``) rounds at the same points but
     accumulates the f32 squares in double: ``mean = (float)(sum / ne00)``, ``scale = 1.0f/sqrtf(mean + eps)``,
     ``y = x * scale`` (``ggml_vec_scale_f32``). ``acc=torch.float64`` gives that form (bit-identical to ggml's
-    CPU on the CPU, where torch.rsqrt is 1/sqrt, both correctly rounded; tests/test_ggml_interop.py)."""
+    CPU on the CPU, where torch.rsqrt is 1/sqrt, both correctly rounded; tests/frontends/ggml/test_referee.py)."""
     ss = (x * x).to(acc).sum(-1, keepdim=True)
     mean = (ss / x.shape[-1]).to(F32)
     return x * torch.rsqrt(mean + f32(eps))
@@ -239,7 +239,8 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor | None = 
 # as f32, softmax and V·P in f32) and the CPU's (``cpu=True``: Q and the MUL_MAT activation rounded to the K/weight
 # type as ggml-cpu's vec_dot_type does, V·P accumulated in f16 for an f16 V, online softmax in KV order).
 # gdnpass.kernels.backends: TORCH_BACKEND runs the f32 forms, GGML_CPU_BACKEND the CPU's (and rms_norm's double sum).
-# Checked against ggml-python's CPU op by op and against the pinned llama.cpp node by node (tests/test_attention_ops.py).
+# Checked against ggml-python's CPU op by op and against the pinned llama.cpp node by node
+# (tests/kernels/test_attention_ops.py).
 
 ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_VISION, ROPE_IMROPE = 0, 2, 8, 24, 40
 ROPE_IMPLEMENTED = frozenset({ROPE_NORMAL, ROPE_NEOX, ROPE_MROPE, ROPE_IMROPE})  # not VISION (24)

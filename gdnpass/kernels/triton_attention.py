@@ -1,9 +1,9 @@
 """Triton kernels of the attention ops, one launch per graph node (as ggml-cuda): FLASH_ATTN_EXT and SOFT_MAX.
 
 Their specs and torch references are :func:`gdnpass.kernels.reference.flash_attn_ext` (the f32 semantics,
-``cpu=False``) and :func:`gdnpass.kernels.reference.soft_max`; tests/test_triton_attention.py compares each kernel
-with its reference. Conventions as :mod:`gdnpass.kernels.triton_core` (whose helpers and launch options these kernels
-share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed in ggml order, no FMA contraction
+``cpu=False``) and :func:`gdnpass.kernels.reference.soft_max`; tests/kernels/test_triton_attention.py compares each
+kernel with its reference. Conventions as :mod:`gdnpass.kernels.triton_core` (whose helpers and launch options these
+kernels share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed in ggml order, no FMA contraction
 (``LAUNCH``), offsets in int64 (a KV cache view spans more than 2^31 elements at long contexts).
 
 - FLASH_ATTN_EXT: one program per (block of FA_BLOCK_M query rows, query head, ne3), looping over the KV in blocks

@@ -10,7 +10,7 @@ Qwen3-Next presets reuse this structure with Qwen3-Next shapes (its fused qkvz/b
 The builder never constructs a tensor itself: it calls a :class:`Facade`, which speaks ggml's vocabulary. Two
 implement it: :class:`gdnpass.models.ir_facade.IrFacade` (gdnpass.ops constructors, a :class:`gdnpass.ir.Graph`) and
 :class:`gdnpass.frontends.ggml.facade.GgmlFacade` (real ggml calls on a ``GgmlSession``). Both graphs therefore come
-from the same code, and tests/test_ggml_interop.py checks they are the same graph.
+from the same code, and tests/frontends/ggml/test_referee.py checks they are the same graph.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ class Pattern:
 
     def missing(self) -> list[str]:
         """The parts this entry lacks or gets wrong, as sentences (empty: complete). What a graph must show (the
-        kernel names its programs report, the outputs --check compares) tests/test_patterns.py checks on
+        kernel names its programs report, the outputs --check compares) tests/patterns/test_registry.py checks on
         :attr:`example`."""
         out = []
         m, r = self.matcher, self.record

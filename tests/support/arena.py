@@ -1,5 +1,6 @@
 """Kernel-test memory: one NaN-poisoned uint8 arena handing out strided views, as the executor gives kernels their
-operands, and the small helpers the kernel tests (test_kernels, test_fused_kernels, test_dedup) share."""
+operands, and the small helpers the kernel tests (kernels/test_kernels, patterns/*/test_fused_kernel,
+patterns/conv_chain/test_dedup) share."""
 
 from types import SimpleNamespace
 

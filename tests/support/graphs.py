@@ -1,5 +1,5 @@
-"""Small verify graphs for the fusion tests (test_fusion, test_dedup): built and planned, and the assert on a
-``check_fusion`` result."""
+"""Small verify graphs for the fusion tests (patterns/*/test_fusion, patterns/conv_chain/test_dedup): built and
+planned, and the assert on a ``check_fusion`` result."""
 
 from gdnpass.alloc import plan
 from gdnpass.ir import Op

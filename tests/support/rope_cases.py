@@ -1,4 +1,5 @@
-"""ROPE cases shared by the ggml referee (test_attention_ops.py) and the Triton kernel test (test_triton_ops.py)."""
+"""ROPE cases shared by the ggml referee (kernels/test_attention_ops.py) and the Triton kernel test
+(kernels/test_triton_ops.py)."""
 
 QWEN35_ROPE = dict(n_ctx_orig=262144, freq_base=1e7, freq_scale=1.0, ext_factor=0.0, attn_factor=1.0,
                    beta_fast=32.0, beta_slow=1.0)

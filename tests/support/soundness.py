@@ -1,4 +1,4 @@
-"""Search tools for tests/test_soundness.py: random perturbations of planned verify graphs, a tally of what the
+"""Search tools for tests/patterns/test_soundness.py: random perturbations of planned verify graphs, a tally of what the
 fusion pass decided on them, and random mutations of graph files.
 
 A :class:`Sample` is plain data (config, moves, OUTPUT flags, inserted nodes, ids, seed). :func:`build` turns it

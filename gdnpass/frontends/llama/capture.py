@@ -19,7 +19,7 @@
 * ``memory`` (with ``Settings(record_memory=True)``): the bytes of every non-weights buffer (``compute``, ``rs``,
   ``kv``) as the verify graph starts: its graph inputs set by llama.cpp (token ids, positions, KQ mask, row ids,
   ``rs_s_copy``...) and the caches after the prompt. Copied into an Executor's buffers, with the weights from the
-  GGUF file, they make gdnpass run the very step llama.cpp ran (tests/test_attention_ops.py);
+  GGUF file, they make gdnpass run the very step llama.cpp ran (tests/kernels/test_attention_ops.py);
 * ``node_data`` (with ``Settings(record_nodes=True)``): every computing verify node's bytes just after llama.cpp ran
   it, by node index (through the node's strides, from its first byte): a node-by-node referee of gdnpass's kernels.
 

@@ -1,5 +1,5 @@
 """The conv-chain fusion: exactness sweep, out-of-scope graphs run unchanged, the 9B DFlash graphs, GDN_FUSION, the
-fused graph's validation and serialisation, run --check. (The refusal rules: tests/test_rules.py.)"""
+fused graph's validation and serialisation, run --check. (The refusal rules: tests/patterns/test_rules.py.)"""
 
 import json
 
@@ -51,7 +51,7 @@ def test_sweep_gpu_all_800(hints):
 
 
 # (one graph per refusal rule that trips it alone, the broad/narrow between-checks, and the forced-rewrite
-# negative controls: tests/test_rules.py)
+# negative controls: tests/patterns/test_rules.py)
 
 
 @pytest.mark.parametrize("cfg_kw,rule", [(dict(n_seqs=2, mem_size=2), "scope.n-seqs"), (dict(n_tokens=17), "scope.n-tokens")])

@@ -7,12 +7,13 @@ from pathlib import Path
 
 
 def compile_sm90(*args):
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    # the repository's gdnpass, installed or not (a script's own folder, tests/, is what python puts on sys.path)
+    # the repository's gdnpass, installed or not (a script's own folder, tests/kernels/, is what python puts on
+    # sys.path)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "tests/compile_sm90.py", *args], cwd=root, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run([sys.executable, "tests/kernels/compile_sm90.py", *args], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=600)
 
 
 def test_every_kernel_compiles_for_sm90():

@@ -379,7 +379,7 @@ def p_write_b_between(g, a, b):  # a node between A and B writes B's block (B ov
 
 
 def p_write_a_between(g, a, b):
-    """The same over A's block (test_pair's old graph): a conservative refusal. The pair writes A at A's own
+    """The same over A's block (the pair fusion test's old graph): a conservative refusal. The pair writes A at A's own
     position, as the unfused graph did, so a node between clobbers A in both graphs alike and forcing changes no
     byte: the A half of between.writes-destination protects nothing (writes-input, consistently, leaves w_a out)."""
     x = a.src[1]

@@ -4,7 +4,7 @@ SET_ROWS, SOFT_MAX, FLASH_ATTN_EXT, MUL_MAT / GET_ROWS of f16 and bf16 sources, 
 1. Per op, against ggml-python's CPU (ggml 0.15.3, whose CPU ops for these are the pinned llama.cpp's: its IMROPE,
    its one-chunk / tiled flash attention): each op built with gdnpass.ops, planned, run by gdnpass's Executor; the
    same op built with ggml from the same inputs, run by ggml; compared as max |Δ| / max |ggml| (the "rel" below).
-2. A qwen35 attention block (tests/test_llama_ops.py's: q+gate projection, q/k norms, IMROPE, SET_ROWS into the F16
+2. A qwen35 attention block (tests/test_ops.py's: q+gate projection, q/k norms, IMROPE, SET_ROWS into the F16
    KV cache, flash attention or MUL_MAT + SOFT_MAX + MUL_MAT, the sigmoid gate, the FFN) run by both.
 3. llama.cpp itself (the pinned build, tests/conftest.py's ``llama``): a captured verify graph of a tiny random
    qwen35 file, with the compute and cache buffers as llama.cpp had them when the verify started
@@ -48,6 +48,7 @@ from gdnpass.ir import DType, Flag, Graph, GraphError, Op, Prec, op_label, runs_
 from gdnpass.kernels import reference as ref  # noqa: E402
 from gdnpass.kernels.backends import GGML_CPU_BACKEND, TORCH_BACKEND, TRITON_BACKEND, kernel  # noqa: E402
 from gdnpass.runtime import TORCH_DTYPES, Executor  # noqa: E402
+from support.attention_block import HD, KV, NKV, T, GgmlCalls, IrCalls, attention_block  # noqa: E402
 from support.rope_cases import QWEN35_ROPE, ROPE_CASES  # noqa: E402
 
 F32, F16, BF16, I32, I64 = DType.F32, DType.F16, DType.BF16, DType.I32, DType.I64
@@ -449,14 +450,12 @@ def test_half_sources_match_ggml(pair, wt):
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# a qwen35 attention block, as tests/test_llama_ops.py builds it with both constructors
+# a qwen35 attention block, as tests/test_ops.py builds it with both constructors (support.attention_block)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
 def _block_values(graph: Graph, flash: bool) -> dict[str, torch.Tensor]:
     """Inputs as llama.cpp sets them for T tokens after a prompt of 20, random weights and caches."""
-    from test_llama_ops import KV, NKV, HD, T
-
     first = 20
     vals: dict[str, torch.Tensor] = {}
     for t in graph.leafs:
@@ -485,14 +484,13 @@ def _block_values(graph: Graph, flash: bool) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("flash", [True, False], ids=["flash-attn", "soft-max"])
 def test_qwen35_attention_block_matches_ggml(flash):
-    lops = pytest.importorskip("test_llama_ops")
-    ours = lops.IrCalls()
-    lops.attention_block(ours, flash)
+    ours = IrCalls()
+    attention_block(ours, flash)
     g = ours.g
     vals = _block_values(g, flash)
     s = fg.GgmlSession()
     try:
-        lops.attention_block(lops.GgmlCalls(s), flash)
+        attention_block(GgmlCalls(s), flash)
         s.allocate()
         imp = s.import_graph()
         assert fg.diff_graphs(g, imp.graph) == []

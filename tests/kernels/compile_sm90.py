@@ -1,10 +1,11 @@
 """Compile every Triton kernel for sm_90 (the H200) ahead of time, without a GPU: the interpreter accepts programs
 the compiler rejects (e.g. a variable re-typed inside an ``if``), so CI compiles them too. Run by
-tests/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds interpreter objects).
+tests/kernels/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds interpreter
+objects).
 Every kernel of the package's modules (the ``_*_kernel`` functions, found there: :func:`launched_kernels`) must have
 a variant below, or the run fails before compiling.
 
-    PYTHONPATH=. python tests/compile_sm90.py     # one line per compiled variant, exit 1 on the first failure
+    PYTHONPATH=. python tests/kernels/compile_sm90.py     # one line per compiled variant, exit 1 on the first failure
 
 (``PYTHONPATH=.``, or gdnpass installed: ``pip install -e .``.)
 """

@@ -1,5 +1,5 @@
-"""The mat-vec pair (alpha/beta; FFN gate/up): exactness per weight type, scope, the reorder, the candidates. (One graph per refusal
-rule: tests/test_rules.py.)"""
+"""The mat-vec pair (alpha/beta; FFN gate/up): exactness per weight type, scope, the reorder, the candidates. (One
+graph per refusal rule: tests/patterns/test_rules.py.)"""
 
 import pytest
 import torch
@@ -47,7 +47,7 @@ def test_pair_is_byte_identical_in_scope(n_t, wtype):
 
 def is_alpha_beta(n) -> bool:
     """The alpha/beta products, single or paired: the tiny FFN's and projections' products would add ~900
-    interpreter programs a run (the pair kernel's bytes at other shapes and tiles: tests/test_kernels.py)."""
+    interpreter programs a run (the pair kernel's bytes at other shapes and tiles: tests/kernels/test_kernels.py)."""
     return any(w in n.src[0].name for w in ("ssm_alpha", "ssm_beta"))
 
 
@@ -80,7 +80,7 @@ def test_without_the_reorder_gallocr_gives_beta_alphas_block():
     assert "pair.alias" in {x.rule for x in r.refused}
 
 
-# (the refusal rules, one graph each that trips it alone, and the forced-rewrite proofs: tests/test_rules.py)
+# (the refusal rules, one graph each that trips it alone, and the forced-rewrite proofs: tests/patterns/test_rules.py)
 
 
 def test_candidates_pair_products_of_one_input_first():

@@ -555,7 +555,7 @@ def test_whole_tiny_qwen35_attention_through_rope_and_set_rows_kernels(launches)
 def test_cli_run_check_triton_tiny_qwen35():
     """The CLI itself: ``gdnpass run --check --backend triton --model tiny-qwen35 --tokens 4 --rs-seq 3 --layers 1``
     (every kernel in the interpreter, mat-vecs included: ~100 s on a 2-core machine, hence --allow-slow)."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
     env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1" if DEVICE == "cpu" else "0")}
     r = subprocess.run([sys.executable, "-m", "gdnpass.cli", "run", "--check", "--backend", "triton", "--model",
                         "tiny-qwen35", "--tokens", "4", "--rs-seq", "3", "--layers", "1", "--allow-slow", "--quiet",
