@@ -320,7 +320,7 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, typed_files, wtype, rs, f
     capture's token ids and the file's weights: its logits against llama.cpp's CPU logits, max |Δ| / max |ref| within
     LOGITS_TOL (1e-4 for the f32 file, 2e-2 for f16 / bf16). Fused vs unfused: byte-identical.
 
-    What GGML_CPU_BACKEND models of ggml-cpu's arithmetic (gdnpass.kernels.backends._GGML_CPU): MUL_MAT rounds its
+    What GGML_CPU_BACKEND models of ggml-cpu's arithmetic (gdnpass.opspec.adapters.GGML_CPU): MUL_MAT rounds its
     f32 activation to an f16 / bf16 weight's vec_dot type (round to nearest even) before an f32 product;
     FLASH_ATTN_EXT rounds Q to the F16 K cache's type and accumulates V (F16) in f16; RMS_NORM sums its squares in
     double. The F16 KV cache itself is in the graph (SET_ROWS converts K and V to f16, as llama.cpp's does). Not
