@@ -34,13 +34,9 @@ class DType(enum.Enum):
     I32 = ("i32", 4)
     I64 = ("i64", 8)  # llama.cpp's KV-cache row indices (SET_ROWS)
 
-    @property
-    def size(self) -> int:
-        return self.value[1]
-
-    @property
-    def label(self) -> str:
-        return self.value[0]
+    def __init__(self, label: str, size: int) -> None:
+        self.label = label  # plain attributes, not properties: the pass reads ``size`` for every byte range
+        self.size = size
 
     @classmethod
     def parse(cls, s: str) -> "DType":
@@ -356,15 +352,15 @@ class Uses:
     def __init__(self, nodes: Iterable[Tensor]) -> None:
         self.counts: dict[int, int] = {}
         self._users: dict[int, list[Tensor]] = {}
+        counts, users = self.counts, self._users
         for n in nodes:
-            seen = set()
             for s in n.src:
                 if s is None:
                     continue
-                self.counts[s.uid] = self.counts.get(s.uid, 0) + 1
-                if s.uid not in seen:
-                    seen.add(s.uid)
-                    self._users.setdefault(s.uid, []).append(n)
+                counts[s.uid] = counts.get(s.uid, 0) + 1
+                mine = users.setdefault(s.uid, [])
+                if not mine or mine[-1] is not n:  # (nodes come in order: a second slot of n finds n last)
+                    mine.append(n)
 
     def count(self, t: Tensor) -> int:
         return self.counts.get(t.uid, 0)
