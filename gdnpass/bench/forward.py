@@ -145,7 +145,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
             times[name].append(statistics.median(replay_ms(runs[name]) for _ in range(10)))
     for name in times:
         res[name]["us_per_forward"] = statistics.median(times[name]) * 1e3
-    res["T"], res["rows"], res["gdn_layers"], res["without"] = T, rows, len(cfg.shape.gdn_layers), without
+    res["T"], res["rows"], res["gdn_layers"], res["left_out"] = T, rows, len(cfg.shape.gdn_layers), without
     return res
 
 

@@ -201,7 +201,7 @@ def test_head_size_80_is_refused_by_name_and_its_graph_saves_and_loads():
     serialize.loads(serialize.dumps(res.graph))
 
 
-def test_head_size_80_runs_unfused_on_the_triton_kernels():
+def test_head_size_80_runs_unfused_on_the_triton_kernels(device):
     """...and the unfused graph runs on the Triton backend (GATED_DELTA_NET masks the rows past the head size), within
     the tolerance of its torch reference."""
     import torch
@@ -212,7 +212,7 @@ def test_head_size_80_runs_unfused_on_the_triton_kernels():
     g = run(VerifyConfig(TINY_H80, 2, 1, n_layers=1, ffn=False), PassOptions(fusion=False)).graph
     outs = []
     for backend in ("torch", "triton"):
-        ex = Executor(g, backend=backend)
+        ex = Executor(g, device=device, backend=backend)
         fill(ex, seed=3)
         outs.append(ex.run(probes=[g.find("l_out-0")])["l_out-0"])
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-4, atol=1e-4)
