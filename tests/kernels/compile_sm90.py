@@ -2,8 +2,9 @@
 the compiler rejects (e.g. a variable re-typed inside an ``if``), so CI compiles them too. Run by
 tests/kernels/test_compile.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds interpreter
 objects).
-Every kernel of the package's modules (the ``_*_kernel`` functions, found there: :func:`launched_kernels`) must have
-a variant below, or the run fails before compiling.
+Every kernel of gdnpass.kernels' modules and of the registered patterns' own kernel modules (the ``_*_kernel``
+functions, found there: :func:`launched_kernels`) must have a variant, below or in its pattern module's
+``variants()``, or the run fails before compiling.
 
     PYTHONPATH=. python tests/kernels/compile_sm90.py     # one line per compiled variant, exit 1 on the first failure
 
@@ -123,18 +124,34 @@ def variants():
             **shape), warps
 
 
-def launched_kernels() -> dict[str, KernelInterface]:
-    """Every kernel the launchers of gdnpass.kernels launch, by ``module.name``: the ``@triton.jit`` functions named
-    ``_*_kernel`` defined in the package's modules (the helpers they call compile inside them), found by import."""
+def kernel_modules() -> list:
+    """The modules that define kernels: every module of gdnpass.kernels, and the module of each registered
+    pattern's launcher that lives in its folder (gdnpass/patterns/<name>/kernel.py)."""
     import gdnpass.kernels as package
+    from gdnpass.patterns import REGISTRY
 
+    names = [f"{package.__name__}.{info.name}" for info in pkgutil.iter_modules(package.__path__)]
+    names += [m for m in (p.kernel.rsplit(".", 1)[0] for p in REGISTRY) if m not in names]
+    return [importlib.import_module(m) for m in names]
+
+
+def pattern_variants():
+    """The variants a pattern's own kernel module lists (its ``variants()``)."""
+    for module in kernel_modules():
+        if not module.__name__.startswith("gdnpass.kernels.") and hasattr(module, "variants"):
+            yield from module.variants()
+
+
+def launched_kernels() -> dict[str, KernelInterface]:
+    """Every kernel the launchers launch, by ``module.name``: the ``@triton.jit`` functions named ``_*_kernel``
+    defined in :func:`kernel_modules` (the helpers they call compile inside them), found by import."""
     found = {}
-    for info in pkgutil.iter_modules(package.__path__):
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
+    for module in kernel_modules():
+        short = module.__name__.removeprefix("gdnpass.kernels.").removeprefix("gdnpass.patterns.")
         for name, value in vars(module).items():
             if (isinstance(value, KernelInterface) and name.startswith("_") and name.endswith("_kernel")
                     and value.fn.__module__ == module.__name__):
-                found[f"{info.name}.{name}"] = value
+                found[f"{short}.{name}"] = value
     return found
 
 
@@ -169,16 +186,17 @@ def main() -> int:
                 continue
             return 1
         # and a kernel left out of the variants is named
-        missing = uncovered([v for v in variants() if v[0] is not ssm._ssm_conv_kernel])
+        missing = uncovered([v for v in (*variants(), *pattern_variants()) if v[0] is not ssm._ssm_conv_kernel])
         if missing != ["triton_ssm._ssm_conv_kernel"]:
             return 1
         print(f"refused as expected: {missing[0]}: no variant")
         return 0
-    todo = list(variants())
+    todo = [*variants(), *pattern_variants()]
     missing = uncovered(todo)
     if missing:
         raise SystemExit(f"kernels without a variant to compile: {', '.join(missing)}")
-    print(f"{len(launched_kernels())} kernels found in gdnpass.kernels, each with a variant", flush=True)
+    print(f"{len(launched_kernels())} kernels found in gdnpass.kernels and the patterns, each with a variant",
+          flush=True)
     for kernel, constexprs, num_warps, *ptrs in todo:
         missing = [kernel.arg_names[i] for i in kernel.constexprs if kernel.arg_names[i] not in constexprs]
         if missing:  # a constexpr left out compiles as a plain argument: the check would test another kernel
