@@ -6,6 +6,7 @@
       pattern.py       a registry entry (Pattern) and what a complete one has
       conv_chain/      GET_ROWS -> CONCAT -> CPYs -> SSM_CONV -> SILU -> q/k norm  => GDN_CONV_CHAIN
       mat_vec_pair/    MUL_MAT + MUL_MAT sharing x                                  => MUL_MAT_VEC_PAIR
+      rms_norm_mul/    RMS_NORM -> MUL (-> ADD)                                     => RMS_NORM_MUL
 
 :data:`REGISTRY` lists the patterns in pass order. Who reads it: the pass (:mod:`gdnpass.fusion`: ``PATTERNS``, the
 order of ``prepare`` and ``fuse``), the IR's fused op list (each record declares its op, ``ir.fused_op``), the shape
@@ -23,11 +24,11 @@ from __future__ import annotations
 
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op, Tensor
-from gdnpass.patterns import conv_chain, mat_vec_pair
+from gdnpass.patterns import conv_chain, mat_vec_pair, rms_norm_mul
 from gdnpass.patterns.pattern import Pattern
 from gdnpass.patterns.record import FusedOp
 
-REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN)  # the pass order
+REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN, rms_norm_mul.PATTERN)  # the pass order
 
 RECORDS: dict[Op, FusedOp] = {p.record.op: p.record for p in REGISTRY}
 
