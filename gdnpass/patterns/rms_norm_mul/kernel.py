@@ -22,7 +22,7 @@ from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _require, _row_offset, _strides, rms_scale_rows
 from gdnpass.kernels.triton_norms import l2_tile
-from gdnpass.patterns.rms_norm_mul.record import row_fits
+from gdnpass.patterns.rms_norm_mul.scope import row_fits
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, eps: float, addend: torch.Tensor | None = None,

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, contiguous_strides, runs_kernel
 from gdnpass.patterns.common import HAZARD, Capture, Context, Match, Why, collision, confined, first_collision, rule
-from gdnpass.patterns.rms_norm_mul.record import RECORD, ROW_MAX
+from gdnpass.patterns.rms_norm_mul.record import RECORD
+from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 
 NAME = "rms_norm_mul"
 row_fits = RECORD.scope  # the kernel's limits

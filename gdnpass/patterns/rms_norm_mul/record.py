@@ -11,17 +11,10 @@ from __future__ import annotations
 
 from gdnpass.ir import DType, Op, Tensor, fused_op
 from gdnpass.patterns.record import BOOL, NONNEG, REPLACED, FusedOp, Param, need
+from gdnpass.patterns.rms_norm_mul.scope import row_fits
 
 OP = fused_op("RMS_NORM_MUL")
 KERNEL = "gdnpass.patterns.rms_norm_mul.kernel.rms_norm_mul"
-
-ROW_MAX = 1 << 16  # elements of a row: one program holds whole rows in registers (models' rows are <= 16384)
-
-
-def row_fits(ne0: int) -> bool:
-    """The kernel's scope: rows of 1..ROW_MAX elements (the matcher asks it, the record checks it)."""
-    return 1 <= ne0 <= ROW_MAX
-
 
 def _repeats(b: Tensor, into: Tensor) -> bool:
     return all(m > 0 and n % m == 0 for n, m in zip(into.ne, b.ne))

@@ -9,7 +9,7 @@ from gdnpass.errors import KernelError
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_norms as norms
 from gdnpass.patterns.rms_norm_mul import kernel
-from gdnpass.patterns.rms_norm_mul.record import ROW_MAX
+from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 from support.arena import Arena, assert_close, rnd
 from support.compare import assert_same_bytes
 

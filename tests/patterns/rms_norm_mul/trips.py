@@ -17,7 +17,7 @@ from gdnpass import ops
 from gdnpass.alloc import plan
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
 from gdnpass.patterns.rms_norm_mul import RmsNormMul
-from gdnpass.patterns.rms_norm_mul.record import ROW_MAX
+from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 
 NE0, ROWS, EPS = 64, 12, 1e-6
 

@@ -1,0 +1,9 @@
+"""What the RMS_NORM_MUL kernel can run, declared once: the matcher's ``scope.row-size`` rule, the record's check and
+the launcher all ask it. Pure Python."""
+
+ROW_MAX = 1 << 16  # elements of a row: one program holds whole rows in registers (models' rows are <= 16384)
+
+
+def row_fits(ne0: int) -> bool:
+    """Rows of 1..ROW_MAX elements."""
+    return 1 <= ne0 <= ROW_MAX
