@@ -10,7 +10,7 @@
 - :mod:`~gdnpass.kernels.limits`: what the kernels can do (read by the patterns' matchers and records);
 - :mod:`~gdnpass.kernels.backends`: the op -> adapter tables the executor runs.
 
-The fused ops' records, with their adapters, live with their patterns (:mod:`gdnpass.patterns`; ``kernels.fused``
-only re-exports them). This package module imports nothing: ``limits`` loads without torch or Triton, so a graph can
-be built, planned, fused and dumped without either.
+The fused ops' records, with their adapters, live with their patterns (:mod:`gdnpass.patterns`). This package
+module imports nothing: ``limits`` loads without torch or Triton, so a graph can be built, planned, fused and dumped
+without either.
 """

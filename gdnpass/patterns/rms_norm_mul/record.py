@@ -42,21 +42,21 @@ def _views(node: Tensor, views: list):
 
 
 def _torch(node: Tensor, views: list, out) -> None:
-    from gdnpass.patterns.rms_norm_mul import kernel
+    import gdnpass.patterns.rms_norm_mul.kernel as kernel
 
     x, w, eps, addend, norm_first, add_first = _views(node, views)
     out.copy_(kernel.reference(x, w, eps, addend, norm_first, add_first))
 
 
 def _triton(node: Tensor, views: list, out) -> None:
-    from gdnpass.patterns.rms_norm_mul import kernel
+    import gdnpass.patterns.rms_norm_mul.kernel as kernel
 
     x, w, eps, addend, norm_first, add_first = _views(node, views)
     kernel.rms_norm_mul(x, w, eps, out, addend, norm_first, add_first)
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
-    from gdnpass.patterns.rms_norm_mul import kernel
+    import gdnpass.patterns.rms_norm_mul.kernel as kernel
 
     return kernel.programs(node)
 
