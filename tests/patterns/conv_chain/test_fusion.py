@@ -1,5 +1,6 @@
 """The conv-chain fusion: exactness sweep, out-of-scope graphs run unchanged, the 9B DFlash graphs, GDN_FUSION, the
-fused graph's validation and serialisation, run --check. (The refusal rules: tests/patterns/test_rules.py.)"""
+fused graph's validation and serialisation, run --check. (The refusal rules: trips.py, run by
+tests/patterns/test_rules.py, and test_conv_chain_rules.py.)"""
 
 import json
 
@@ -50,11 +51,12 @@ def test_sweep_gpu_all_800(hints):
           f"{separate} l2_separate)")
 
 
-# (one graph per refusal rule that trips it alone, the broad/narrow between-checks, and the forced-rewrite
-# negative controls: tests/patterns/test_rules.py)
+# (one graph per refusal rule that trips it alone and the forced-rewrite proofs: trips.py, run by
+# tests/patterns/test_rules.py; the broad/narrow between-checks and the negative controls: test_conv_chain_rules.py)
 
 
-@pytest.mark.parametrize("cfg_kw,rule", [(dict(n_seqs=2, mem_size=2), "scope.n-seqs"), (dict(n_tokens=17), "scope.n-tokens")])
+@pytest.mark.parametrize("cfg_kw,rule", [(dict(n_seqs=2, mem_size=2), "scope.n-seqs"),
+                                         (dict(n_tokens=17), "scope.n-tokens")])
 def test_multi_sequence_and_17_tokens_run_unchanged(cfg_kw, rule):
     cfg = VerifyConfig(**{"model": "tiny-dc4-h64", "n_tokens": 4, "n_rs_seq": 3, "n_layers": 2, **cfg_kw})
     g = build_verify_graph(cfg)
@@ -100,8 +102,9 @@ def test_gdn_fusion_env(monkeypatch):
     assert env_enabled()
     assert not fuse(g, enabled=False).enabled and len(g.nodes) == n  # the argument wins
     r = fuse(g)
-    # one layer, unprepared: its conv chain and the FFN's gate/up pair (alpha/beta alias in this plan)
-    assert r.enabled and sorted(a.pattern for a in r.applied) == ["gdn_conv_chain", "mul_mat_vec_pair"]
+    # one layer, unprepared: its conv chain, the FFN's gate/up pair (alpha/beta alias in this plan), its 3 RMS norms
+    assert r.enabled and sorted(a.pattern for a in r.applied) == ["gdn_conv_chain", "mul_mat_vec_pair"] + [
+        "rms_norm_mul"] * 3
     assert len(g.nodes) < n
     monkeypatch.setenv("GDN_FUSION", "yes")
     with pytest.raises(GraphError, match="GDN_FUSION must be 0 or 1"):
