@@ -44,7 +44,7 @@ def _new_shape(type_: DType, ne) -> Shape:
     return Shape(type_, ne, contiguous_strides(type_, ne))
 
 
-def _can_repeat(b: Tensor, a: Tensor) -> bool:
+def can_repeat(b: Tensor, a: Tensor) -> bool:
     """ggml_can_repeat(b, a): b broadcasts to a."""
     if b.is_empty:
         return a.is_empty
@@ -204,7 +204,7 @@ def rule_same(n: Tensor, spec: OpSpec) -> Shape:
 def rule_binary(n: Tensor, spec: OpSpec) -> Shape:
     _nsrc(n, 2)
     a, b = n.src
-    req(_can_repeat(b, a), n, f"{b.name!r} {b.ne} does not broadcast to {a.name!r} {a.ne}")
+    req(can_repeat(b, a), n, f"{b.name!r} {b.ne} does not broadcast to {a.name!r} {a.ne}")
     req(a.type is DType.F32 and b.type is DType.F32, n, "ADD/MUL are modelled for f32 only")
     if n.op_params.get("inplace"):
         return Shape(a.type, a.ne, a.nb, a, 0)

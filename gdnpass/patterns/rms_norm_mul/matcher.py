@@ -32,16 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, contiguous_strides, runs_kernel
+from gdnpass.opspec.shapes import can_repeat
 from gdnpass.patterns.common import HAZARD, Capture, Context, Match, Why, collision, confined, first_collision, rule
 from gdnpass.patterns.rms_norm_mul.record import RECORD
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 
 NAME = "rms_norm_mul"
 row_fits = RECORD.scope  # the kernel's limits
-
-
-def _repeats(b: Tensor, into: Tensor) -> bool:
-    return all(m > 0 and n % m == 0 for n, m in zip(into.ne, b.ne))
 
 
 def _other(node: Tensor, t: Tensor) -> tuple[Tensor, bool]:
@@ -110,7 +107,7 @@ def _add_joins(mul: Tensor, nxt: Tensor | None, ctx: Context) -> bool:
     addend, mul_first = _other(nxt, mul)
     return (ctx.users(mul) == [nxt] and ctx.uses(mul) == 1 and not mul.flags & Flag.OUTPUT and nxt.ne == mul.ne
             and nxt.type is addend.type is DType.F32 and addend.has_contiguous_rows()
-            and (_repeats(addend, mul) if mul_first else addend.ne == mul.ne))
+            and (can_repeat(addend, mul) if mul_first else addend.ne == mul.ne))
 
 
 @rule("rms-mul.adjacent")
@@ -137,7 +134,7 @@ def _type(c: NormCapture, ctx):
 
 @rule("rms-mul.shape")
 def _shape(c: NormCapture, ctx):
-    if c.mul.ne != c.norm.ne or not (_repeats(c.w, c.norm) if c.norm_first else c.w.ne == c.norm.ne):
+    if c.mul.ne != c.norm.ne or not (can_repeat(c.w, c.norm) if c.norm_first else c.w.ne == c.norm.ne):
         return Why(c.mul, f"{c.mul.name!r} {c.mul.ne}: the weight {c.w.ne} does not "
                           f"{'repeat into' if c.norm_first else 'have the shape of'} the norm {c.norm.ne}")
 

@@ -10,26 +10,23 @@ helpers. Pure Python: the adapters and :func:`programs` import torch and Triton 
 from __future__ import annotations
 
 from gdnpass.ir import DType, Op, Tensor, fused_op
+from gdnpass.opspec.shapes import can_repeat
 from gdnpass.patterns.record import BOOL, NONNEG, REPLACED, FusedOp, Param, need
 from gdnpass.patterns.rms_norm_mul.scope import row_fits
 
 OP = fused_op("RMS_NORM_MUL")
 KERNEL = "gdnpass.patterns.rms_norm_mul.kernel.rms_norm_mul"
 
-def _repeats(b: Tensor, into: Tensor) -> bool:
-    return all(m > 0 and n % m == 0 for n, m in zip(into.ne, b.ne))
-
-
 def _check(n: Tensor) -> None:
     x, w, *rest = n.src
     need(not n.outs, n, "writes only its own memory (the last replaced node's)")
     need(all(t.type is DType.F32 for t in (n, *n.src)), n, "every operand must be f32")
     need(n.ne == x.ne and row_fits(x.ne[0]), n, f"output {n.ne} of rows {x.ne} outside the kernel's scope")
-    need(w.ne == x.ne if not n.op_params["norm_first"] else _repeats(w, x), n,
+    need(w.ne == x.ne if not n.op_params["norm_first"] else can_repeat(w, x), n,
          f"the weight {w.ne} does not repeat into {x.ne}")
     need(("add_first" in n.op_params) == bool(rest), n, "'add_first' goes with an addend, and only with one")
     if rest:
-        need(rest[0].ne == x.ne if n.op_params["add_first"] else _repeats(rest[0], x), n,
+        need(rest[0].ne == x.ne if n.op_params["add_first"] else can_repeat(rest[0], x), n,
              f"the addend {rest[0].ne} does not repeat into {x.ne}")
     for t in (x, w, *rest):
         need(t.nb[0] == 4, n, f"{t.name!r} must have contiguous rows")
