@@ -5,6 +5,9 @@
 - ``support.compare``: byte-for-byte asserts on tensors;
 - ``support.graphs``: building and planning small verify graphs, and the assert on a ``check_fusion`` result;
 - ``support.soundness``: the search tools of tests/patterns/test_soundness.py;
+- ``support.trips``: the trip graph record (:class:`~support.trips.Trip`) and what tests/patterns/test_rules.py asks
+  of every registered pattern's ``tests/patterns/<folder>/trips.py``;
+- ``support.surgery``: graph surgery on the small planned verify graph of the conv chain's and the pair's trips;
 - ``support.attention_block``: a qwen35 attention block as ggml calls, made by gdnpass's constructors or by ggml.
 
 pytest puts ``tests/`` on ``sys.path`` (``pythonpath = ["tests"]`` in pyproject.toml's [tool.pytest.ini_options]; the

@@ -1,5 +1,5 @@
 """The mat-vec pair (alpha/beta; FFN gate/up): exactness per weight type, scope, the reorder, the candidates. (One
-graph per refusal rule: tests/patterns/test_rules.py.)"""
+graph per refusal rule: trips.py, run by tests/patterns/test_rules.py.)"""
 
 import pytest
 import torch
@@ -80,7 +80,8 @@ def test_without_the_reorder_gallocr_gives_beta_alphas_block():
     assert "pair.alias" in {x.rule for x in r.refused}
 
 
-# (the refusal rules, one graph each that trips it alone, and the forced-rewrite proofs: tests/patterns/test_rules.py)
+# (the refusal rules, one graph each that trips it alone, and the forced-rewrite proofs: trips.py, run by
+# tests/patterns/test_rules.py; the pair's own rule tests: test_mat_vec_pair_rules.py)
 
 
 def test_candidates_pair_products_of_one_input_first():

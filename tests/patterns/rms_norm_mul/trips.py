@@ -1,5 +1,5 @@
 """Trip graphs of the RMS_NORM_MUL rules: a small planned graph that fuses, and one mutation per rule that breaks
-that rule alone (tests/patterns/rms_norm_mul/test_rms_norm_mul_rules.py runs them).
+that rule alone (tests/patterns/test_rules.py runs them, with every registered pattern's).
 
 The graph: ``x`` (an INPUT) -> SCALE -> RMS_NORM -> MUL by a weight [-> ADD a residual] -> SCALE ``l_out-0`` (the
 output ``run --check`` compares), ``ROWS`` rows of ``NE0``: two programs of the kernel's tile, so that a program
@@ -10,29 +10,17 @@ arena's end.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Callable
-
 from gdnpass import ops
 from gdnpass.alloc import plan
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
-from gdnpass.patterns.rms_norm_mul import RmsNormMul
+from gdnpass.patterns.rms_norm_mul import RmsNormMul, kernel
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
+from support.graphs import triton_for
+from support.trips import Trip
 
 NE0, ROWS, EPS = 64, 12, 1e-6
-
-
-@dataclass(frozen=True)
-class Trip:
-    rule: str
-    mutate: Callable | None = None
-    config: dict = field(default_factory=dict)
-    kernels: str = "torch"   # hazards: "triton" runs the norm, MUL, ADD and fused kernels in the interpreter
-    name: str = ""
-
-    @property
-    def id(self) -> str:
-        return self.rule + (f"[{self.name}]" if self.name else "")
+OPS = (Op.RMS_NORM, Op.MUL, Op.ADD, Op.RMS_NORM_MUL)  # the Triton kernels of a "triton" force proof
+ON_DEVICE = True  # the force proofs run on the test's device (the Triton race proof skips on CUDA)
 
 
 def build(ne0: int = NE0, rows: int = ROWS, add: bool = False, inplace_mul: bool = False,
@@ -162,3 +150,15 @@ def candidate(t: Trip | None = None, mutate: bool = True):
     pattern = RmsNormMul()
     (anchor,) = [c for c in pattern.candidates(g) if c.op is Op.RMS_NORM]
     return g, pattern, anchor
+
+
+def kernels(t: Trip):
+    """The kernel table of a force proof: torch (None), or the norm, MUL, ADD and fused Triton kernels."""
+    return None if t.kernels == "torch" else triton_for(OPS)
+
+
+def unguard(t: Trip, monkeypatch) -> None:
+    """Forcing rule 8's overlap: the launcher's own guard refuses it too (a second line of defence, its test in
+    test_rms_norm_mul_rules.py), so the proof runs the kernel without it."""
+    if t.kernels == "triton":
+        monkeypatch.setattr(kernel, "_alias_ok", lambda *a, **k: None)
