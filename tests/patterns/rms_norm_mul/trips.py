@@ -13,6 +13,7 @@ from __future__ import annotations
 from gdnpass import ops
 from gdnpass.alloc import plan
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
+from gdnpass.kernels import backends
 from gdnpass.patterns.rms_norm_mul import RmsNormMul, kernel
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 from support.graphs import triton_for
@@ -153,8 +154,9 @@ def candidate(t: Trip | None = None, mutate: bool = True):
 
 
 def kernels(t: Trip):
-    """The kernel table of a force proof: torch (None), or the norm, MUL, ADD and fused Triton kernels."""
-    return None if t.kernels == "torch" else triton_for(OPS)
+    """The kernel table of a force proof: the torch references (named: on a GPU the default would be Triton), or the
+    norm, MUL, ADD and fused Triton kernels."""
+    return backends.TORCH_BACKEND if t.kernels == "torch" else triton_for(OPS)
 
 
 def unguard(t: Trip, monkeypatch) -> None:
