@@ -168,16 +168,16 @@ def test_each_rule_trips_alone(pattern, t):
 
 
 def check(pattern: str, t: Trip, force: bool, device: str, mutate: bool = True):
-    """``check_fusion`` of trip ``t``'s candidate alone, on its kernels, with the trips module's keywords, on the CPU
-    (or the test's device: ``ON_DEVICE``)."""
+    """``check_fusion`` of trip ``t``'s candidate alone, on its kernels, with the trips module's keywords, on the
+    test's device."""
     module = trips_of(PATTERNS[pattern])
     g, p, anchor = module.candidate(t, mutate)
-    return check_fusion(g, device if getattr(module, "ON_DEVICE", False) else "cpu", patterns=[Only(p, anchor)],
-                        between=t.between, force=force, backend=module.kernels(t), **getattr(module, "CHECK", {}))
+    return check_fusion(g, device, patterns=[Only(p, anchor)], between=t.between, force=force,
+                        backend=module.kernels(t), **getattr(module, "CHECK", {}))
 
 
 def _skip_races_on_cuda(pattern: str, t: Trip, device: str):
-    if t.kernels != "torch" and device == "cuda" and getattr(trips_of(PATTERNS[pattern]), "ON_DEVICE", False):
+    if t.kernels != "torch" and device == "cuda":
         pytest.skip("a race between the programs of one launch: the interpreter runs them in order, so it shows there "
                     "every time; on the GPU both programs may read before either writes")
 

@@ -7,10 +7,13 @@ matcher's package (:func:`folder`). The module has:
 - ``TRIPS``: :class:`Trip` s, at least one per refusal name of every between-mode (``Pattern.modes``);
 - ``candidate(t=None, mutate=True) -> (graph, pattern, anchor)``: the trip's graph, planned, mutated unless
   ``mutate=False`` (``t=None``: the plain graph, which fuses), a fresh matcher and the candidate's anchor;
-- ``kernels(t)``: the kernel table of a hazard's force proof (``None``: the torch references);
-- optionally ``CHECK`` (``check_fusion`` keywords, the chain's ``ids``), ``ON_DEVICE`` (the force proofs run on
-  the test's device, not the CPU) and ``unguard(t, monkeypatch)`` (switches off a launcher's own check that would
-  refuse the forced rewrite before it corrupts anything).
+- ``kernels(t)``: the kernel table of a hazard's force proof (the torch references' table, named: on a GPU the
+  executor's default is Triton; or Triton kernels for a race between the programs of one launch, which shows
+  deterministically only in the interpreter and so skips on CUDA);
+- optionally ``CHECK`` (``check_fusion`` keywords, the chain's ``ids``) and ``unguard(t, monkeypatch)`` (switches off
+  a launcher's own check that would refuse the forced rewrite before it corrupts anything).
+
+The force proofs run on the test's device.
 
 This module holds what the tests share: the :class:`Trip` record, :class:`Only`, the rule names and kinds of a
 registry entry, and what a trips module lacks.

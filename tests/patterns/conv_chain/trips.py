@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from gdnpass import ops
 from gdnpass.ir import DType, Flag
+from gdnpass.kernels import backends
 from gdnpass.models import ModelShape
 from gdnpass.patterns.conv_chain import ConvChain
 from support.graphs import CHAIN_OPS, triton_for
@@ -217,11 +218,11 @@ def candidate(t: Trip | None = None, mutate: bool = True):
 
 
 def kernels(t: Trip) -> dict | None:
-    """The kernel table of a force proof: torch (None), or with the Triton kernels (in the interpreter on a CPU) of the
+    """The kernel table of a force proof: torch, or with the Triton kernels (in the interpreter on a CPU) of the
     chain's ops, fused and unfused alike (the fused kernel is byte-identical to the unfused Triton kernels, not to
     torch's)."""
     if t.kernels == "torch":
-        return None
+        return backends.TORCH_BACKEND  # (named: on a GPU the executor's default is Triton)
     if t.kernels == "triton-chain":
         return triton_for(CHAIN_OPS)
     raise KeyError(t.kernels)

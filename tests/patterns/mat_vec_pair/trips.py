@@ -110,10 +110,10 @@ def _small(op):
 
 
 def kernels(t: Trip) -> dict | None:
-    """The kernel table of a force proof: torch (None), or with the Triton mat-vec kernels (in the interpreter on a
+    """The kernel table of a force proof: torch, or with the Triton mat-vec kernels (in the interpreter on a
     CPU), single and paired alike (the paired kernel is byte-identical to the single one, not to torch's)."""
     if t.kernels == "torch":
-        return None
+        return backends.TORCH_BACKEND  # (named: on a GPU the executor's default is Triton)
     if t.kernels == "triton-pair":
         return {**TORCH, Op.MUL_MAT: _small(Op.MUL_MAT), Op.MUL_MAT_VEC_PAIR: _small(Op.MUL_MAT_VEC_PAIR)}
     raise KeyError(t.kernels)

@@ -21,7 +21,6 @@ from support.trips import Trip
 
 NE0, ROWS, EPS = 64, 12, 1e-6
 OPS = (Op.RMS_NORM, Op.MUL, Op.ADD, Op.RMS_NORM_MUL)  # the Triton kernels of a "triton" force proof
-ON_DEVICE = True  # the force proofs run on the test's device (the Triton race proof skips on CUDA)
 
 
 def build(ne0: int = NE0, rows: int = ROWS, add: bool = False, inplace_mul: bool = False,
