@@ -54,12 +54,12 @@ def watched(graph: Graph) -> list[Tensor]:
     return [n for n in graph.nodes if pattern_watches(n) or n.name.startswith("l_out")]
 
 
-def interior(graph: Graph, report: FusionReport, probes: list[Tensor]) -> set[int]:
-    """The uids of the ``probes`` a rewrite of ``report`` removed and no fused node writes: a pattern's interior
+def interior(graph: Graph, probes: list[Tensor]) -> set[int]:
+    """The uids of the ``probes`` the rewrites removed from ``graph`` and no fused node writes: a pattern's interior
     (the MUL of an RMS_NORM+MUL+ADD, say), which its confinement rule proved only the removed nodes read."""
-    replaced = {name for a in report.applied for name in a.replaced}
+    kept = {n.uid for n in graph.nodes}
     written = {t.uid for n in graph.nodes if n.op.is_fused for t in (n.view_src, *n.outs) if t is not None}
-    return {t.uid for t in probes if t.name in replaced and t.uid not in written}
+    return {t.uid for t in probes if t.uid not in kept and t.uid not in written}
 
 
 def unwatched(graph: Graph, report: FusionReport, probes: list[Tensor]) -> list[str]:
@@ -120,7 +120,7 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
         raise RuntimeError("check_fusion would not compare what fusion writes: " + "; ".join(missed[:3]))
     ex.restore(start)
     del start
-    gone = interior(graph, report, probes)  # computed by the unfused graph only: nothing reads them any more
+    gone = interior(graph, probes)  # computed by the unfused graph only: nothing reads them any more
     unfused = [a for t, a in zip(probes, unfused) if t.uid not in gone]
     probes = [t for t in probes if t.uid not in gone]
     fused = ex.run_probed(probes, progress=progress)

@@ -149,14 +149,17 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     return res
 
 
-def bench_pass(n=10) -> dict:
-    """The pass on the CPU: fuse() on the 24-layer graph (DFlash taps), ``n`` times; median and min ms."""
+def bench_pass(n=10, patterns: int | None = None) -> dict:
+    """The pass on the CPU: fuse() on the 24-layer graph (T=8, 7 rows, DFlash taps), each run on a freshly built and
+    planned graph, ``n`` times, with the registry's first ``patterns`` patterns (None: all); median and min ms."""
+    chosen = PATTERNS[:patterns]
     times = []
     for _ in range(n):
         cfg = VerifyConfig("qwen3.5-9b", 8, 7, dflash=True)
         g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
         t0 = time.perf_counter()
-        fuse(g, enabled=True)
+        report = fuse(g, enabled=True, patterns=chosen)
         times.append((time.perf_counter() - t0) * 1e3)
-    return dict(median_ms=statistics.median(times), min_ms=min(times), nodes=len(g.nodes))
+    return dict(patterns=[p.name for p in chosen], median_ms=statistics.median(times), min_ms=min(times),
+                nodes=len(g.nodes), summary=report.summary())
 

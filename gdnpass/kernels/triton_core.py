@@ -18,12 +18,12 @@ and :func:`silu_f32_unrolled` (the fused chain; the same bits), :func:`sum_sq_ro
 :func:`rms_scale_rows` (L2_NORM, RMS_NORM and the fused chain's q/k), :func:`conv_dot` (SSM_CONV and the fused chain),
 exp, log, cos and sin as torch computes them (:func:`exp_f32`, :func:`log_f32`, :func:`cos_sin_f64`), the row
 addressing :func:`_row_offset`; and the launch conventions every launcher follows (:data:`LAUNCH`, :func:`_require`,
-:func:`_strides`, :func:`_alias_ok`). A fused kernel calls the same helpers so its results are byte-identical to the
-unfused kernels'; a helper only one family uses stays in its family's module. Two things would otherwise let the
-bytes depend on the kernel: FMA contraction (whether ``a*b + c`` rounds once or twice depends on what the compiler
-sees around it), switched off for every launch (:data:`LAUNCH`), and ``tl.sum``, whose order follows the register
-layout the compiler picks per kernel: the L2 sum is a fixed pairwise tree instead (:func:`sum_sq_rows`), and the
-mat-vec pair runs the very kernel of the single mat-vec. Against the torch reference, the elementwise kernels write
+:func:`_strides`, :func:`_repeats`, :func:`_alias_ok`). A fused kernel calls the same helpers so its results are
+byte-identical to the unfused kernels'; a helper only one family uses stays in its family's module. Two things would
+otherwise let the bytes depend on the kernel: FMA contraction (whether ``a*b + c`` rounds once or twice depends on what
+the compiler sees around it), switched off for every launch (:data:`LAUNCH`), and ``tl.sum``, whose order follows the
+register layout the compiler picks per kernel: the L2 sum is a fixed pairwise tree instead (:func:`sum_sq_rows`), and
+the mat-vec pair runs the very kernel of the single mat-vec. Against the torch reference, the elementwise kernels write
 its expressions operation for operation, with IEEE division (``tl.math.div_rn``; ``/`` is approximate compiled) and
 CUDA's own expf/logf (:func:`exp_f32`, :func:`log_f32`): compiled, their bytes are the reference's on CUDA; the
 data-movement kernels move bits (or convert as torch converts), so theirs are everywhere.
@@ -74,6 +74,11 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     """The byte addresses [lo, hi) a non-empty view may touch."""
     lo = t.data_ptr()
     return lo, lo + (1 + sum((d - 1) * s for d, s in zip(t.shape, t.stride()))) * t.element_size()
+
+
+def _repeats(b: torch.Tensor, into: torch.Tensor) -> bool:
+    """``b`` repeats into ``into`` as ggml broadcasts (each of its dims divides ``into``'s)."""
+    return all(m > 0 and n % m == 0 for n, m in zip(into.shape, b.shape))
 
 
 def _alias_ok(op: str, out: torch.Tensor, *srcs: torch.Tensor, same_ok: bool = True) -> None:

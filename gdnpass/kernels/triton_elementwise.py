@@ -15,7 +15,8 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _require, _row_offset, _strides, exp_f32, log_f32, silu_f32
+from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
+                                        silu_f32)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -285,7 +286,7 @@ def binary(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None
         return
     _require(op in ("ADD", "MUL"), f"binary op {op!r}")
     _require(a.dtype == b.dtype == out.dtype == torch.float32, f"{op} of {a.dtype}, {b.dtype} into {out.dtype}")
-    _require(tuple(out.shape) == tuple(a.shape) and all(m > 0 and n % m == 0 for n, m in zip(a.shape, b.shape)),
+    _require(tuple(out.shape) == tuple(a.shape) and _repeats(b, a),
              f"{op}: {tuple(b.shape)} does not repeat into {tuple(a.shape)} / output {tuple(out.shape)}")
     _elementwise(op, out, a, b)
     _binary_kernel[_grid(out.numel())](

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _require, _row_offset, _strides, rms_scale_rows
+from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, rms_scale_rows
 from gdnpass.kernels.triton_norms import l2_tile
 from gdnpass.patterns.rms_norm_mul.scope import row_fits
 
@@ -72,10 +72,6 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
         else:
             y = y + a
     tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
-
-
-def _repeats(b: torch.Tensor, into: torch.Tensor) -> bool:
-    return all(m > 0 and n % m == 0 for n, m in zip(into.shape, b.shape))
 
 
 def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, addend: torch.Tensor | None = None,

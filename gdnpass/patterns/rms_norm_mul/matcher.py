@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, contiguous_strides, runs_kernel
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, runs_kernel
 from gdnpass.opspec.shapes import can_repeat
 from gdnpass.patterns.common import HAZARD, Capture, Context, Match, Why, collision, confined, first_collision, rule
 from gdnpass.patterns.rms_norm_mul.record import RECORD
@@ -189,7 +189,7 @@ def _interior_read_later(c: NormCapture, ctx):
             return collision(n, f"{n.name!r} reads bytes of {hit[3].name!r}, which the fused node does not write",
                              hit)
         for w, t in ctx.node_writes(n):
-            if t.nb == contiguous_strides(t.type, t.ne):
+            if t.is_contiguous():
                 pieces = [(p, s) for r, s in pieces for p in _minus(r, w)]
     return None
 
