@@ -16,7 +16,7 @@ import argparse
 import torch
 
 from gdnpass import pipeline
-from gdnpass.bench.matvec import MAT_SHAPES
+from gdnpass.bench.matvec import product_shapes
 from gdnpass.ir import Op
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.models import VerifyConfig, default_ids
@@ -51,7 +51,7 @@ def main() -> int:
               + run(VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8), fusion), flush=True)
 
     tiles = {}
-    for (M, K) in MAT_SHAPES.values():
+    for M, K, *_ in product_shapes("qwen3.5-9b"):
         for wt in (torch.float32, torch.bfloat16):
             for n in (1, 4, 8, 16):
                 tiles.setdefault(mv.mat_vec_tile(M, n, K, mv.WTYPES[wt]), (M, K, wt, n))

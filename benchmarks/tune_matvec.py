@@ -17,6 +17,7 @@ and attention k/v only ever run as pairs, and a pair has twice the programs of i
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import multiprocessing as mp
@@ -27,16 +28,16 @@ from pathlib import Path
 import torch
 import triton
 
-from gdnpass.bench.floors import bench_references
-from gdnpass.bench.matvec import DTYPES, MAT_SHAPES, column_counts, operands, rotation, shape_list
+from gdnpass.bench import ceilings
+from gdnpass.bench.matvec import DTYPES, column_counts, operands, product_shapes, rotation, shape_list
 from gdnpass.kernels import triton_matvec as mv
 
-SHAPES = [s for s in MAT_SHAPES.values() if 256 < s[0] < 100_000]  # qwen3.5-9b's, but the thin and the lm head
+SHAPES = [(p.M, p.K) for p in product_shapes("qwen3.5-9b") if 256 < p.M < 100_000]  # but the thin and the lm head
 COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
 
 
-def candidates(N: int, M: int, K: int, sms: int = 132):
+def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False):
     cols = 1 << (N - 1).bit_length()
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
         for bk, w in itertools.product((1024, 2048, 4096), (4, 8, 16)):
@@ -53,6 +54,9 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
     # (Triton's pipeline depth, num_stages 2-6, was swept too on 2026-12-01 and never beat its default 3)
     tiles = [mv.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((2, 4, 8), (256, 512))
              if bm * cols * bk <= 8192]
+    if deep:  # the pipeline depth and the L2 policy, and longer K steps per row (more bytes of a row per request)
+        tiles += [mv.MatVecTile(bm, cols, bk, False, w, 1, st, ev) for bm, bk, w, st, ev in itertools.product(
+            (2, 4, 8, 16), (256, 512, 1024), (4, 8), (2, 4, 5), (False, True)) if bm * cols * bk <= 8192]
     if M <= 1024:  # few rows: K in one or two long steps, as the thin tiles (on 2026-12-02 these won at one
         # column only: 2 rows, K steps of 2048)
         tiles += [mv.MatVecTile(bm, cols, bk, False, 8) for bm, bk in itertools.product((1, 2), (1024, 2048, 4096))
@@ -63,6 +67,11 @@ def candidates(N: int, M: int, K: int, sms: int = 132):
         if M >= 4096:  # wider row blocks or shorter K steps: more bytes per program in flight, or more steps
             tiles += [mv.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in ((256, 64, 8), (256, 32, 8), (128, 32, 4),
                                                                            (128, 32, 8), (256, 128, 8))]
+        if deep:  # longer K steps (a row's bytes in fewer, larger requests), pipeline depth, L2 policy; shared
+            # memory per stage (weights + activations) under ~200 KB in all
+            tiles += [mv.MatVecTile(bm, 16, bk, True, w, 1, st, ev) for bm, bk, w, st, ev in itertools.product(
+                (32, 64, 128), (128, 256), (4, 8), (2, 3, 4, 5), (False, True))
+                if st * (bm * bk * 4 + bk * 16 * 4) <= 200_000]
     for t in tiles:
         yield t
         # split-K where the row blocks alone leave SMs idle (under two programs per SM), each slice a whole K step
@@ -147,6 +156,8 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=16, help="compile worker processes")
     p.add_argument("--pair", action="store_true", help="time the pair's launch (two weights of each shape)")
     p.add_argument("--json", help="write every tile's time to this file (not only each case's best three)")
+    p.add_argument("--deep", action="store_true", help="also the pipeline depths, evict-first weight loads and longer "
+                                                       "K steps")
     a = p.parse_args()
     wtypes = a.wtypes.split(",")
     if not set(wtypes) <= set(DTYPES):
@@ -154,7 +165,7 @@ def main() -> int:
     t_end = time.time() + a.budget_s
     shapes, cols = a.shapes or SHAPES, a.cols or COLS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms)])))
+    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms, a.deep)])))
              for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
     start = time.time()
     # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process
@@ -163,8 +174,10 @@ def main() -> int:
         refused = sum(pool.map(compile_case, jobs, chunksize=1))
     print(f"{sum(len(c[4]) for c in cases)} tiles of {len(cases)} cases compiled in {time.time() - start:.0f} s "
           f"({refused} refused)", flush=True)
-    bw = bench_references()["copy_GBps"]
-    print(f"copy bandwidth {bw:.0f} GB/s; target 80% = {0.8 * bw:.0f} GB/s", flush=True)
+    ceil = ceilings.measure()
+    print("\n".join(ceilings.report(ceil)), flush=True)
+    bw = ceil.read_GBps
+    print(f"read bandwidth {bw:.0f} GB/s; target 85% = {0.85 * bw:.0f} GB/s", flush=True)
     rows = []
     for wt, M, K, N, tiles in cases:
         if time.time() > t_end:
@@ -183,7 +196,7 @@ def main() -> int:
             print(f"{wt:>5}{'x2' if a.pair else ''} {M:>6}x{K:<6} N={N:<2} {us:7.2f} us {gbps:6.0f} GB/s "
                   f"({gbps / bw:4.0%}) {t} err {err:.1e}  default {default:7.2f} us", flush=True)
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(copy_GBps=bw, tiles=rows), indent=1))
+        Path(a.json).write_text(json.dumps(dict(read_GBps=bw, ceilings=dataclasses.asdict(ceil), tiles=rows), indent=1))
     return 0
 
 

@@ -1,7 +1,8 @@
-"""What the benchmarks hold a kernel's time against: an empty Triton kernel and the device copy bandwidth (1 GiB),
-one copy kernel moving N bytes, and the floor the fused chain's data dependencies set (Triton copies: plain, after a
-dependent load, and with a norm per block). The floor kernels run in the Triton interpreter too
-(tests/bench/test_floors_revisions.py checks them against torch); timing them needs a GPU."""
+"""The floor the fused chain's data dependencies set: Triton copies of its bytes, plain, after a dependent load, and
+with a norm per block (the card's bandwidths are gdnpass.bench.ceilings'). A Triton copy kernel, not ``copy_``:
+torch's device copy captured in a CUDA graph timed 1.6x slower under the profiler than by CUDA events (issue 32). The
+floor kernels run in the Triton interpreter too (tests/bench/test_floors_revisions.py checks them against torch);
+timing them needs a GPU."""
 
 from __future__ import annotations
 
@@ -10,27 +11,6 @@ import triton
 import triton.language as tl
 
 from gdnpass.bench.timing import kernel_us
-
-
-def bench_references() -> dict:
-    """The empty Triton kernel's time (us) and the device copy bandwidth (GB/s, 1 GiB of f32 read + written)."""
-    @triton.jit
-    def _empty(x_ptr):
-        pass
-
-    x = torch.empty(1, device="cuda")
-    empty = kernel_us(lambda: _empty[(1,)](x))[0]
-    n = 1 << 28  # 1 GiB of f32
-    a, b = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
-    copy_us = kernel_us(lambda: b.copy_(a), reps=10)[0]
-    return dict(empty_us=empty, copy_GBps=2 * 4 * n / (copy_us * 1e3))
-
-
-def copy_us(nbytes: int) -> float:
-    """One device copy kernel moving ``nbytes`` (read + written)."""
-    a = torch.randn(max(1, nbytes // 8), device="cuda")
-    b = torch.empty_like(a)
-    return kernel_us(lambda: b.copy_(a))[0]
 
 
 @triton.jit
@@ -63,3 +43,10 @@ def gather_copy_us(nbytes: int) -> tuple[float, float, float]:
     b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")  # (offset 0: the same bytes)
     return tuple(kernel_us(lambda v=v: floor_copy(a, b, off, *v))[0]
                  for v in ((False, False), (True, False), (True, True)))
+
+
+def copy_us(nbytes: int) -> float:
+    """A Triton copy kernel moving ``nbytes`` (read + written), as the profiler times it in a CUDA graph."""
+    a = torch.randn(max(1, nbytes // 8), device="cuda")
+    b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")
+    return kernel_us(lambda: floor_copy(a, b, off, False, False))[0]

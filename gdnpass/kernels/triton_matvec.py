@@ -54,7 +54,7 @@ def _dot_bf16_terms(w, x, acc):
 
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
-                DOT: tl.constexpr):
+                DOT: tl.constexpr, EVICT: tl.constexpr = False):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
     element offset), in f32. Returns [BLOCK_M, COLS].
 
@@ -67,15 +67,18 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
     the tail x tail term dropped). For many columns, where CUDA-core arithmetic would bound the time.
 
     A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
-    the slice's first element and ``K`` its length: the same code on fewer steps."""
+    the slice's first element and ``K`` its length: the same code on fewer steps. ``EVICT``: the weight's lines are
+    the first the L2 evicts (each is read once; the activations are read by every program)."""
     ks = tl.arange(0, BLOCK_K)
+    w_policy: tl.constexpr = "evict_first" if EVICT else ""
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
     if DOT:
         acc = tl.zeros([rows.shape[0], x_cols.shape[0]], tl.float32)
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             kmask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy=w_policy)
             xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
             if w_ptr.dtype.element_ty == tl.bfloat16:
                 acc = _dot_bf16_terms(w, xt, acc)
@@ -87,7 +90,8 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
             kk = k0 + ks
             kmask = kk < K
             # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
-            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy=w_policy).to(tl.float32)
             x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
             acc3 = tl.fma(w[:, None, :], x[None, :, :], acc3)
         acc = tl.sum(acc3, axis=2)
@@ -106,7 +110,7 @@ def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s,
-             COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr):
+             COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
     (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
     :class:`MatVecTile`)."""
@@ -114,14 +118,14 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     col_mask = cols < N
     x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
     if SPLIT_K == 1:
-        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, DOT)
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, DOT, EVICT)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
         acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, col_mask, tl.minimum(k_len, K - k0),
-                          BLOCK_K, DOT)
+                          BLOCK_K, DOT, EVICT)
         PART: tl.constexpr = rows.shape[0] * COLS
         # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
         part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
@@ -149,7 +153,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         b2, r2, r3,            # batches (grid axis 2: x's ne2 * ne3, 1 unbatched): ne2, broadcasts
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                        SPLIT_K: tl.constexpr):
+                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     # grid axis 1: product-major, then K slice (size 1, or 2 for a pair, when SPLIT_K == 1)
@@ -164,16 +168,17 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     if product == 0:
         _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K, EVICT)
     else:  # the pair's second product
         _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K, EVICT)
 
 
 class MatVecTile(NamedTuple):
     """One mat-vec launch shape: BLOCK_M weight rows per program, COLS (the padded column count, a constexpr: one
-    compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps, and
-    ``split_k``, the K slices per row block.
+    compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps,
+    ``split_k``, the K slices per row block, Triton's pipeline depth ``stages`` (its default, 3, unless tuned) and
+    ``evict``, the weight loads marked evict-first in the L2. Only split_k changes the bytes: the rest is speed.
 
     split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
     (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
@@ -190,6 +195,8 @@ class MatVecTile(NamedTuple):
     dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
     warps: int
     split_k: int = 1
+    stages: int = 3
+    evict: bool = False
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
@@ -304,8 +311,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
-        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k,
-        **{**LAUNCH, "num_warps": t.warps})
+        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
+        **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:

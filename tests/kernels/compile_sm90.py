@@ -90,9 +90,9 @@ def variants():
     for t, wt in [*((mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
                     itertools.product(((32, 8), (1024, 1), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
-        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k)
+        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr))
+               dict(w_ptr=ptr, w2_ptr=ptr), dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
