@@ -173,8 +173,8 @@ def measure(nbytes: int = GIB) -> Ceilings:
         variants[label] = gb / events_us(fn)
         profiled[label] = gb / kernel_us(fn, reps=10)[0]
     total = torch.empty((), device="cuda")
-    variants["torch.sum"] = gb / events_us(lambda: torch.sum(x, out=total))
-    profiled["torch.sum"] = gb / kernel_us(lambda: torch.sum(x, out=total), reps=10)[0]
+    variants["torch.sum"] = gb / events_us(lambda: torch.sum(x, 0, out=total))
+    profiled["torch.sum"] = gb / kernel_us(lambda: torch.sum(x, 0, out=total), reps=10)[0]
     best = max(variants, key=variants.get)
     read = Reference("read", variants[best], profiled[best], f"{best}, {nbytes / GIB:g} GiB")
     y = torch.empty_like(x)
