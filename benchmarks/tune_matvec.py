@@ -37,8 +37,9 @@ COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
 
 
-def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False):
+def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16"):
     cols = 1 << (N - 1).bit_length()
+    dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
         for bk, w in itertools.product((1024, 2048, 4096), (4, 8, 16)):
             if cols * bk <= 32768:
@@ -49,7 +50,7 @@ def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False):
         if N >= 2:
             for bk, s in itertools.product((64, 128, 256), (1, 4, 8, 16, 32)):
                 if s * bk <= K:
-                    yield mv.MatVecTile(min(M, 64), 16, bk, True, 4, s)
+                    yield mv.MatVecTile(min(M, 64), dcols, bk, True, 4, s)
         return
     # (Triton's pipeline depth, num_stages 2-6, was swept too on 2026-12-01 and never beat its default 3)
     tiles = [mv.MatVecTile(bm, cols, bk, False, 4) for bm, bk in itertools.product((2, 4, 8), (256, 512))
@@ -62,14 +63,14 @@ def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False):
         tiles += [mv.MatVecTile(bm, cols, bk, False, 8) for bm, bk in itertools.product((1, 2), (1024, 2048, 4096))
                   if bm * cols * bk <= 32768]
     if N >= 2:
-        tiles += [mv.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in itertools.product((32, 64, 128), (64, 128),
+        tiles += [mv.MatVecTile(bm, dcols, bk, True, w) for bm, bk, w in itertools.product((32, 64, 128), (64, 128),
                                                                                           (4, 8))]
         if M >= 4096:  # wider row blocks or shorter K steps: more bytes per program in flight, or more steps
-            tiles += [mv.MatVecTile(bm, 16, bk, True, w) for bm, bk, w in ((256, 64, 8), (256, 32, 8), (128, 32, 4),
+            tiles += [mv.MatVecTile(bm, dcols, bk, True, w) for bm, bk, w in ((256, 64, 8), (256, 32, 8), (128, 32, 4),
                                                                            (128, 32, 8), (256, 128, 8))]
         if deep:  # longer K steps (a row's bytes in fewer, larger requests), pipeline depth, L2 policy; shared
             # memory per stage (weights + activations) under ~200 KB in all
-            tiles += [mv.MatVecTile(bm, 16, bk, True, w, 1, st, ev) for bm, bk, w, st, ev in itertools.product(
+            tiles += [mv.MatVecTile(bm, dcols, bk, True, w, 1, st, ev) for bm, bk, w, st, ev in itertools.product(
                 (32, 64, 128), (128, 256), (4, 8), (2, 3, 4, 5), (False, True))
                 if st * (bm * bk * 4 + bk * 16 * 4) <= 200_000]
     for t in tiles:
@@ -165,7 +166,7 @@ def main() -> int:
     t_end = time.time() + a.budget_s
     shapes, cols = a.shapes or SHAPES, a.cols or COLS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms, a.deep)])))
+    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms, a.deep, wt)])))
              for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
     start = time.time()
     # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process

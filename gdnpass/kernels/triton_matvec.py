@@ -31,40 +31,55 @@ def _round_bf16(x):
     return b.to(tl.float32, bitcast=True)
 
 
+TERMS = tl.constexpr(4)  # bf16 tensor-core form: x's three bf16 terms (and a zero block) side by side, one dot per K step
+
+
 @triton.jit
-def _dot_bf16_terms(w, x, acc):
-    """acc + w·x for bf16 ``w`` and f32 ``x``: x as three bf16 terms, head + middle + tail (each residual exact in
-    f32; together 24 significant bits), each bf16 x bf16 product exact, summed on the tensor cores in f32. The
-    interpreter runs the same split with f32 operands (its bf16 arithmetic is broken)."""
+def _bf16_terms(x, term):
+    """x's bf16 term ``term`` (0 head, 1 middle, 2 tail, 3 zero) per element, as f32: head + middle + tail = x
+    exactly (each residual exact in f32; together 24 significant bits). Integer rounding: the same in the
+    interpreter."""
     hi = _round_bf16(x)
     r = x - hi
     mid = _round_bf16(r)
     lo = _round_bf16(r - mid)
-    if NATIVE_BF16:
-        acc = tl.dot(w, lo.to(tl.bfloat16), acc)
-        acc = tl.dot(w, mid.to(tl.bfloat16), acc)
-        acc = tl.dot(w, hi.to(tl.bfloat16), acc)
-    else:
-        wf = w.to(tl.float32)
-        acc = tl.dot(wf, lo, acc, input_precision="ieee")
-        acc = tl.dot(wf, mid, acc, input_precision="ieee")
-        acc = tl.dot(wf, hi, acc, input_precision="ieee")
-    return acc
+    return tl.where(term == 0, hi, tl.where(term == 1, mid, tl.where(term == 2, lo, 0.0)))
+
+
+@triton.jit
+def _fold_terms(acc, COLS: tl.constexpr):
+    """[BLOCK_M, TERMS * COLS] term-major sums -> [BLOCK_M, COLS]: (tail + middle) + head, in that order."""
+    a = tl.permute(tl.reshape(acc, [acc.shape[0], 2, 2, COLS]), (0, 3, 1, 2))  # [M, COLS, term // 2, term % 2]
+    even, odd = tl.split(a)  # terms 0, 2 and 1, 3: [M, COLS, term // 2]
+    head, tail = tl.split(even)
+    mid, _ = tl.split(odd)
+    return (tail + mid) + head
+
+
+@triton.jit
+def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr):
+    """The activation columns a program's sum reads: element offsets and mask of each (COLS of them, or for the
+    bf16 tensor-core form TERMS_ * COLS, term-major: column j is column j % COLS's term j // COLS)."""
+    j = tl.arange(0, TERMS_ * COLS)
+    col = j % COLS
+    return _row_offset(col, ne1, ne2, s1, s2, s3), (col < N) & (j // COLS < 3)  # (the fourth term block: 0)
 
 
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
                 DOT: tl.constexpr, EVICT: tl.constexpr = False):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
-    element offset), in f32. Returns [BLOCK_M, COLS].
+    element offset, :func:`x_columns`), in f32. Returns [BLOCK_M, COLS].
 
     Two forms of the same sum, picked per shape by :func:`mat_vec_tile` (so a product's bytes depend only on its
     shape and type). ``DOT`` off: a [BLOCK_M, COLS, BLOCK_K] accumulator of explicit FMAs (``tl.fma``: one rounding
     whatever the compiler flags) and one ``tl.sum`` over K at the end, on the CUDA cores. On: a ``tl.dot`` of the
-    [BLOCK_M, BLOCK_K] weight tile with the [BLOCK_K, COLS] activations per K step on the tensor cores, accumulated
-    in place, at f32-level accuracy (not f32 rounding): bf16 weights as they are, times the activations as three
-    bf16 terms (:func:`_dot_bf16_terms`); other weights in 3xTF32 (each f32 operand split into a TF32 head and tail,
-    the tail x tail term dropped). For many columns, where CUDA-core arithmetic would bound the time.
+    [BLOCK_M, BLOCK_K] weight tile with the activations per K step on the tensor cores, accumulated in place, at
+    f32-level accuracy (not f32 rounding): bf16 weights as they are, times the activations as three bf16 terms side
+    by side in one [BLOCK_K, TERMS * COLS] operand (:func:`_bf16_terms`: one dot per step, each bf16 x bf16 product
+    exact, summed in f32; the terms' sums folded at the end, :func:`_fold_terms`); other weights in 3xTF32 (each f32
+    operand split into a TF32 head and tail, the tail x tail term dropped). For many columns, where CUDA-core
+    arithmetic would bound the time.
 
     A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
     the slice's first element and ``K`` its length: the same code on fewer steps. ``EVICT``: the weight's lines are
@@ -81,9 +96,15 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
                         eviction_policy=w_policy)
             xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
             if w_ptr.dtype.element_ty == tl.bfloat16:
-                acc = _dot_bf16_terms(w, xt, acc)
+                xt = _bf16_terms(xt, tl.arange(0, x_cols.shape[0])[None, :] // (x_cols.shape[0] // TERMS))
+                if NATIVE_BF16:
+                    acc = tl.dot(w, xt.to(tl.bfloat16), acc)
+                else:  # (the interpreter's bf16 arithmetic is broken: the same products in f32)
+                    acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="ieee")
             else:
                 acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="tf32x3")
+        if w_ptr.dtype.element_ty == tl.bfloat16:
+            acc = _fold_terms(acc, x_cols.shape[0] // TERMS)
     else:
         acc3 = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -116,15 +137,16 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     :class:`MatVecTile`)."""
     cols = tl.arange(0, COLS)
     col_mask = cols < N
-    x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
+    x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3,
+                               TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 else 1)
     if SPLIT_K == 1:
-        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, DOT, EVICT)
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
-        acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, col_mask, tl.minimum(k_len, K - k0),
+        acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
                           BLOCK_K, DOT, EVICT)
         PART: tl.constexpr = rows.shape[0] * COLS
         # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
@@ -206,30 +228,39 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 
     Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
     outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
-    per program and K split 8 ways (the column loads, not the weight, bound them). Up to 2 columns (4 for f32 and
-    f16) the FMA form reads at memory speed with 4-8 rows per program (one column of up to 1024 rows only with two
-    rows and K steps of 2048, as the thin products); beyond, the FMA form is bound by its arithmetic and the
-    tensor-core form wins (from 1024 rows; below, the FMA form throughout), in K steps of 64 (128 for bf16 below
-    4096 rows). Its row blocks alone leave most of the 132 SMs idle, so it splits K (:func:`_split`: a few hundred
-    programs) below the lm head for bf16 and up to 8192 rows for f32. f16 weights take f32's tiles (not timed
-    apart). With fusion on, FFN gate / up and attention k / v run only as pairs (twice the programs of one
-    product): their bf16 tiles, and the f32 tile of k / v, were timed as pairs."""
+    per program and K split 8 ways (the column loads, not the weight, bound them). bf16 weights (the models'):
+    one column in the FMA form, 4-8 rows per program in long K steps, the weight's lines evicted first from the L2
+    (each is read once; 20-35% faster than without, 2026-12-03); from 2 columns the tensor-core form with its three
+    activation terms in one operand (one dot per K step; 8-28% faster than three dots), K split where the row
+    blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns,
+    256-row blocks at 5-16. f32 and f16 weights: up to 4 columns the FMA form (one column of up to 1024 rows with two
+    rows and K steps of 2048, as the thin products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows).
+    f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
+    pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
-    if wtype == "bf16":
-        if cols >= 4 and M > 65536:  # the lm head fills the GPU unsplit
-            return MatVecTile(128, 16, 64, True, 4)
-        # FFN gate / up (12288), qkv and attention q+gate (8192), z / ssm_out / attention o / FFN down (4096)
-        if cols >= 4 and M >= 4096:
-            return MatVecTile(128, 16, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
-        if cols >= 4 and M >= 1024:  # attention k / v
-            return MatVecTile(128, 16, 128, True, 8, _split(K, 128, 8))
-    elif cols >= 8 and M >= 8192:
+    if wtype == "bf16" and M > 1024 and cols == 1 and M <= 65536:  # FMA, the weight's lines evicted first
+        return MatVecTile(4, 1, 256, False, 4, 1, 4, True) if M >= 8192 else MatVecTile(8, 1, 1024, False, 4, 1, 4, True)
+    if wtype == "bf16" and cols >= 2:  # the tensor-core form, its three terms in one operand of max(4, cols) x 4
+        c = max(4, cols)
+        if M > 65536:  # the lm head fills the GPU unsplit
+            return MatVecTile(128, c, 64, True, 4) if c == 4 else MatVecTile(256, c, 64, True, 8)
+        if M >= 4096 and c == 4:  # one K step of 128 for 8192+ rows (and the FFN gate / up pair); split below
+            if M >= 8192:
+                return MatVecTile(64, c, 128, True, 4, 1, 4, True)
+            return MatVecTile(128, c, 64, True, 4, _split(K, 64, 8)) if K <= 4096 else \
+                MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
+        if M >= 4096:  # 8 and 16 columns: 256-row blocks
+            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
+        if M >= 1024:  # attention k / v (timed as the pair)
+            return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16)) if c == 4 else \
+                MatVecTile(64, c, 64, True, 4, _split(K, 64, 8))
+    if wtype != "bf16" and cols >= 8 and M >= 8192:
         return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 1 if M > 8192 else 2))
-    elif cols >= 8 and M >= 1024:  # (attention k / v, 1024 rows: 8 slices, timed as the pair)
+    if wtype != "bf16" and cols >= 8 and M >= 1024:  # (attention k / v, 1024 rows: 8 slices, timed as the pair)
         return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 4 if M >= 4096 else 8))
     small = M <= 1024  # (an accumulator of 4 x 16 x 512 would spill: 16 columns take K steps of 256)
     if small and cols == 1:  # one column of few rows: the thin products' shape, two rows and K in long steps

@@ -22,6 +22,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.jit import KernelInterface
 
+from gdnpass.bench.matvec import product_shapes
 from gdnpass.kernels import triton_attention as att
 from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
@@ -82,13 +83,16 @@ def variants():
         yield norms._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), norms.l2_tile(S)), RMS=True), core.NUM_WARPS
     for has_bias in (False, True):
         yield elt._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
-    # the mat-vec: the model's tiles, and split-K tiles of both forms (the split reads a workspace and its tickets;
-    # an unsplit launch passes None for them)
+    # the mat-vec: every tile the models' products take at 1-16 columns (qwen3.5-9b's and -27b's shapes, every
+    # weight type: a tile over sm_90's shared memory fails only at launch), and split-K tiles of both forms (the
+    # split reads a workspace and its tickets; an unsplit launch passes None for them)
     split = [(mv.mat_vec_tile(4096, 4, 4096, "f32")._replace(split_k=4), "f32"),  # (an FMA tile, split)
              (mv.mat_vec_tile(248320, 16, 4096, "bf16"), "bf16"),  # unsplit tensor-core tiles: the lm head's,
              (mv.mat_vec_tile(12288, 16, 4096, "f32"), "f32")]      # f32's from 12288 rows
-    for t, wt in [*((mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
-                    itertools.product(((32, 8), (1024, 1), (4096, 4), (4096, 16)), ("bf16", "f16", "f32"))), *split]:
+    shapes = {(M, K) for model in ("qwen3.5-9b", "qwen3.5-27b") for M, K, *_ in product_shapes(model)}
+    tiles = {(mv.mat_vec_tile(M, N, K, wt), wt) for (M, K), N, wt in
+             itertools.product(shapes, range(1, 17), ("bf16", "f16", "f32"))}
+    for t, wt in sorted(tiles) + split:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,

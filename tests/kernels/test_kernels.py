@@ -233,15 +233,16 @@ def test_mul_mat_vec_batched_as_attention(what, kv_type, tile):
         mv.mul_mat_vec(w, x[:, :3], y[:, :3])
 
 
-@pytest.mark.parametrize("wtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_mul_mat_vec_tensor_core_form(wtype):
+@pytest.mark.parametrize("wtype,n", [(torch.float32, 9), (torch.float16, 9), (torch.bfloat16, 9), (torch.bfloat16, 3)])
+def test_mul_mat_vec_tensor_core_form(wtype, n):
     """The tensor-core (DOT) form, which mat_vec_tile picks for wide products with many columns: 3xTF32, or bf16
-    weights times the activations as three bf16 terms (in the interpreter the same split on f32 operands). Its sums
-    are not f32 rounding: within 1e-4 of the reference; the pair (one launch, one tile) is byte-identical to the two
-    single products. Run at a small M with the real model's tile (the interpreter pays per program)."""
-    tile = mv.mat_vec_tile(4096, 9, 4096, mv.WTYPES[wtype])
+    weights times the activations as three bf16 terms side by side in one operand (from 4 padded columns: 3 columns
+    make a 16-wide operand; in the interpreter the same split on f32 operands). Its sums are not f32 rounding:
+    within 1e-4 of the reference; the pair (one launch, one tile) is byte-identical to the two single products. Run
+    at a small M with the real model's tile (the interpreter pays per program)."""
+    tile = mv.mat_vec_tile(4096 if n > 4 else 8192, n, 4096, mv.WTYPES[wtype])
     assert tile.dot
-    M, K, n = 100, 200, 9  # rows not a multiple of the row tile, K not of the K step, columns not of the tile's
+    M, K = 100, 200  # rows not a multiple of the row tile, K not of the K step, columns not of the tile's
     a = Arena(1 << 24)
     w, w2 = (a.put(rnd(1, 1, M, K).to(wtype)) for _ in range(2))
     x = a.put(rnd(1, 1, n, K))
@@ -317,6 +318,45 @@ def test_gpu_mul_mat_vec_split_k_is_deterministic(wtype, n, split_k):
         g.replay()
         assert_same_bytes(again, y, "graph replay")
     assert not mv._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+
+
+def _model_tiles():
+    """(tile, M, K, N, weight type) of every distinct tile qwen3.5-9b's and -27b's products take at 1-16 columns,
+    each with the first (smallest) shape that takes it."""
+    import itertools
+
+    from gdnpass.bench.matvec import product_shapes
+
+    shapes = sorted({(p.M * p.K, p.M, p.K) for m in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(m)})
+    seen = {}
+    for (_, M, K), N, wt in itertools.product(shapes, range(1, 17), (torch.bfloat16, torch.float32)):
+        seen.setdefault((mv.mat_vec_tile(M, N, K, mv.WTYPES[wt]), wt), (M, K, N))
+    return [(t, *v, wt) for (t, wt), v in seen.items()]
+
+
+@pytest.mark.gpu
+def test_gpu_every_model_tile_launches_and_is_accurate():
+    """Every tile the models' products take, launched on the GPU at a real shape (a tile that compiles may still be
+    refused at launch, or be wrong only compiled): within tolerance of f64, no element left unwritten, the pair
+    byte-identical to its products."""
+    failed = []
+    for tile, M, K, N, wt in _model_tiles():
+        w, w2 = ((torch.randn(1, 1, M, K, device="cuda") / 64).to(wt) for _ in range(2))
+        x = torch.randn(1, 1, N, K, device="cuda")
+        y, p, p2 = (torch.full((1, 1, N, M), float("nan"), device="cuda") for _ in range(3))
+        try:
+            mv.mul_mat_vec(w, x, y)
+            mv.mul_mat_vec_pair(w, w2, x, p, p2)
+        except Exception as e:  # noqa: BLE001 - name every failing tile, not only the first
+            failed.append(f"{tile} at {M}x{K}, {N} columns: {type(e).__name__}: {str(e)[:200]}")
+            continue
+        want = (x.double() @ w.double().transpose(-1, -2))
+        err = ((y.double() - want).abs().max() / want.abs().max()).item()
+        if not err <= (1e-4 if tile.dot else 1e-5) or not torch.equal(p.view(torch.int32), y.view(torch.int32)):
+            failed.append(f"{tile} at {M}x{K}, {N} columns: rel err {err:.1e}, pair equal "
+                          f"{torch.equal(p.view(torch.int32), y.view(torch.int32))}")
+        del w, w2
+    assert not failed, "\n".join(failed)
 
 
 def test_mul_mat_vec_split_k_refusals(monkeypatch):
