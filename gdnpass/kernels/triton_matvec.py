@@ -233,7 +233,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     (each is read once; 20-35% faster than without, 2026-12-03); from 2 columns the tensor-core form with its three
     activation terms in one operand (one dot per K step; 8-28% faster than three dots), K split where the row
     blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns,
-    256-row blocks at 5-16. f32 and f16 weights: up to 4 columns the FMA form (one column of up to 1024 rows with two
+    256-row blocks at 5-8, 128 at 9-16. f32 and f16 weights: up to 4 columns the FMA form (one column of up to 1024 rows with two
     rows and K steps of 2048, as the thin products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows).
     f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
@@ -247,14 +247,14 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     if wtype == "bf16" and cols >= 2:  # the tensor-core form, its three terms in one operand of max(4, cols) x 4
         c = max(4, cols)
         if M > 65536:  # the lm head fills the GPU unsplit
-            return MatVecTile(128, c, 64, True, 4) if c == 4 else MatVecTile(256, c, 64, True, 8)
+            return MatVecTile(256, c, 64, True, 8) if c == 8 else MatVecTile(128, c, 64, True, 4)
         if M >= 4096 and c == 4:  # one K step of 128 for 8192+ rows (and the FFN gate / up pair); split below
             if M >= 8192:
                 return MatVecTile(64, c, 128, True, 4, 1, 4, True)
             return MatVecTile(128, c, 64, True, 4, _split(K, 64, 8)) if K <= 4096 else \
                 MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
-        if M >= 4096:  # 8 and 16 columns: 256-row blocks
-            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
+        if M >= 4096:  # 8 columns: 256-row blocks; 16: 128 (256 needs 256 KB of shared memory, over sm_90's 227)
+            return MatVecTile(256 if c == 8 else 128, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
         if M >= 1024:  # attention k / v (timed as the pair)
             return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16)) if c == 4 else \
                 MatVecTile(64, c, 64, True, 4, _split(K, 64, 8))
