@@ -31,19 +31,44 @@ def _round_bf16(x):
     return b.to(tl.float32, bitcast=True)
 
 
-TERMS = tl.constexpr(4)  # bf16 tensor-core form: x's three bf16 terms (and a zero block) side by side, one dot per K step
+# The bf16 tensor-core form takes x as three bf16 terms. Up to ONE_DOT_COLS padded columns they lie side by side in
+# one operand of TERMS * COLS columns (the fourth block zero), one dot per K step; at 16 columns that 64-wide operand
+# ran 33-58% slower than three 16-wide dots (H200, 2026-12-03), so there each term is a dot of its own.
+TERMS = tl.constexpr(4)
+ONE_DOT_COLS = tl.constexpr(8)
+
+
+@triton.jit
+def _split_bf16(x):
+    """x = head + middle + tail exactly, each a bf16 value (as f32): each residual is exact in f32, together 24
+    significant bits. Integer rounding: the same in the interpreter."""
+    hi = _round_bf16(x)
+    r = x - hi
+    mid = _round_bf16(r)
+    return hi, mid, _round_bf16(r - mid)
 
 
 @triton.jit
 def _bf16_terms(x, term):
-    """x's bf16 term ``term`` (0 head, 1 middle, 2 tail, 3 zero) per element, as f32: head + middle + tail = x
-    exactly (each residual exact in f32; together 24 significant bits). Integer rounding: the same in the
-    interpreter."""
-    hi = _round_bf16(x)
-    r = x - hi
-    mid = _round_bf16(r)
-    lo = _round_bf16(r - mid)
+    """x's bf16 term ``term`` (0 head, 1 middle, 2 tail, 3 zero) per element, as f32."""
+    hi, mid, lo = _split_bf16(x)
     return tl.where(term == 0, hi, tl.where(term == 1, mid, tl.where(term == 2, lo, 0.0)))
+
+
+@triton.jit
+def _dot_bf16_terms(w, x, acc):
+    """acc + w·x for bf16 ``w`` and f32 ``x`` as three dots, tail, middle, head (16 columns: see ONE_DOT_COLS)."""
+    hi, mid, lo = _split_bf16(x)
+    if NATIVE_BF16:
+        acc = tl.dot(w, lo.to(tl.bfloat16), acc)
+        acc = tl.dot(w, mid.to(tl.bfloat16), acc)
+        acc = tl.dot(w, hi.to(tl.bfloat16), acc)
+    else:  # (the interpreter's bf16 arithmetic is broken: the same products in f32)
+        wf = w.to(tl.float32)
+        acc = tl.dot(wf, lo, acc, input_precision="ieee")
+        acc = tl.dot(wf, mid, acc, input_precision="ieee")
+        acc = tl.dot(wf, hi, acc, input_precision="ieee")
+    return acc
 
 
 @triton.jit
@@ -67,7 +92,7 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
-                DOT: tl.constexpr, EVICT: tl.constexpr = False):
+                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
     element offset, :func:`x_columns`), in f32. Returns [BLOCK_M, COLS].
 
@@ -95,16 +120,18 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
             w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
                         eviction_policy=w_policy)
             xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
-            if w_ptr.dtype.element_ty == tl.bfloat16:
-                xt = _bf16_terms(xt, tl.arange(0, x_cols.shape[0])[None, :] // (x_cols.shape[0] // TERMS))
+            if w_ptr.dtype.element_ty == tl.bfloat16 and TERMS_ > 1:  # the terms side by side: one dot
+                xt = _bf16_terms(xt, tl.arange(0, x_cols.shape[0])[None, :] // (x_cols.shape[0] // TERMS_))
                 if NATIVE_BF16:
                     acc = tl.dot(w, xt.to(tl.bfloat16), acc)
                 else:  # (the interpreter's bf16 arithmetic is broken: the same products in f32)
                     acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="ieee")
+            elif w_ptr.dtype.element_ty == tl.bfloat16:
+                acc = _dot_bf16_terms(w, xt, acc)
             else:
                 acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="tf32x3")
-        if w_ptr.dtype.element_ty == tl.bfloat16:
-            acc = _fold_terms(acc, x_cols.shape[0] // TERMS)
+        if TERMS_ > 1:
+            acc = _fold_terms(acc, x_cols.shape[0] // TERMS_)
     else:
         acc3 = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -137,17 +164,17 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     :class:`MatVecTile`)."""
     cols = tl.arange(0, COLS)
     col_mask = cols < N
-    x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3,
-                               TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 else 1)
+    terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
+    x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
-        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT)
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
         acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
-                          BLOCK_K, DOT, EVICT)
+                          BLOCK_K, DOT, EVICT, terms)
         PART: tl.constexpr = rows.shape[0] * COLS
         # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
         part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
@@ -231,10 +258,11 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     per program and K split 8 ways (the column loads, not the weight, bound them). bf16 weights (the models'):
     one column in the FMA form, 4-8 rows per program in long K steps, the weight's lines evicted first from the L2
     (each is read once; 20-35% faster than without, 2026-12-03); from 2 columns the tensor-core form with its three
-    activation terms in one operand (one dot per K step; 8-28% faster than three dots), K split where the row
-    blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns,
-    256-row blocks at 5-8, 128 at 9-16. f32 and f16 weights: up to 4 columns the FMA form (one column of up to 1024 rows with two
-    rows and K steps of 2048, as the thin products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows).
+    activation terms in one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9
+    columns three dots, :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`),
+    64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16. f32 and f16
+    weights: up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the
+    thin products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows).
     f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
@@ -248,13 +276,18 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
         c = max(4, cols)
         if M > 65536:  # the lm head fills the GPU unsplit
             return MatVecTile(256, c, 64, True, 8) if c == 8 else MatVecTile(128, c, 64, True, 4)
+        if c > ONE_DOT_COLS.value:  # 9-16 columns, three dots (ONE_DOT_COLS): the tiles timed for that form (2026-12-02)
+            if M >= 4096:
+                return MatVecTile(128, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
+            if M >= 1024:
+                return MatVecTile(128, c, 128, True, 8, _split(K, 128, 8))
         if M >= 4096 and c == 4:  # one K step of 128 for 8192+ rows (and the FFN gate / up pair); split below
             if M >= 8192:
                 return MatVecTile(64, c, 128, True, 4, 1, 4, True)
             return MatVecTile(128, c, 64, True, 4, _split(K, 64, 8)) if K <= 4096 else \
                 MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
-        if M >= 4096:  # 8 columns: 256-row blocks; 16: 128 (256 needs 256 KB of shared memory, over sm_90's 227)
-            return MatVecTile(256 if c == 8 else 128, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
+        if M >= 4096:  # 8 columns: 256-row blocks
+            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
         if M >= 1024:  # attention k / v (timed as the pair)
             return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16)) if c == 4 else \
                 MatVecTile(64, c, 64, True, 4, _split(K, 64, 8))

@@ -257,9 +257,11 @@ def test_mul_mat_vec_tensor_core_form(wtype, n):
 # small tiles of both forms: a few row blocks (the last one partial) of a product whose K (not a multiple of a
 # slice) spans several steps per slice
 SPLIT_FORMS = {"dot": (mv.MatVecTile(32, 16, 32, True, 4), 100, 300, 9),
+               "dot-one": (mv.MatVecTile(32, 4, 32, True, 4), 100, 300, 3),  # (bf16: the terms in one operand)
                "fma": (mv.MatVecTile(8, 4, 32, False, 4), 36, 300, 3),
                "fma-empty-slice": (mv.MatVecTile(8, 4, 32, False, 4), 36, 80, 3)}  # 4 slices of 32: 32, 32, 16, 0
 SPLIT_CASES = [(f, w, s) for f in ("dot", "fma") for w in (torch.float32, torch.bfloat16) for s in (2, 4)]
+SPLIT_CASES.append(("dot-one", torch.bfloat16, 4))
 SPLIT_CASES.append(("fma-empty-slice", torch.float32, 4))
 
 
