@@ -256,8 +256,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
     outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
     per program and K split 8 ways (the column loads, not the weight, bound them). bf16 weights (the models'):
-    one column in the FMA form, 4-8 rows per program in long K steps, the weight's lines evicted first from the L2
-    (each is read once; 20-35% faster than without, 2026-12-03); from 2 columns the tensor-core form with its three
+    one column in the FMA form, 4-8 rows per program in long K steps, at K a multiple of 4096 the weight's lines
+    evicted first from the L2 (each is read once); from 2 columns the tensor-core form with its three
     activation terms in one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9
     columns three dots, :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`),
     64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16. f32 and f16
@@ -270,13 +270,16 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
         return MatVecTile(1, cols, min(triton.next_power_of_2(K), max(256, 8192 // cols)), False, 8)
-    if wtype == "bf16" and M > 1024 and cols == 1 and M <= 65536:  # FMA, the weight's lines evicted first
-        return MatVecTile(4, 1, 256, False, 4, 1, 4, True) if M >= 8192 else MatVecTile(8, 1, 1024, False, 4, 1, 4, True)
+    if wtype == "bf16" and M > 1024 and cols == 1 and M <= 65536 and K % 4096 == 0:
+        # FMA, the weight's lines evicted first: 3-28% faster at qwen3.5-9b's K (4096, 12288) where it was tuned,
+        # 2-14% slower at -27b's (5120-17408), which keep the tile below (H200, 2026-12-03)
+        return MatVecTile(4, 1, 256, False, 4, 1, 4, True) if M >= 8192 else \
+            MatVecTile(8, 1, 1024, False, 4, 1, 4, True)
     if wtype == "bf16" and cols >= 2:  # the tensor-core form, its three terms in one operand of max(4, cols) x 4
         c = max(4, cols)
         if M > 65536:  # the lm head fills the GPU unsplit
             return MatVecTile(256, c, 64, True, 8) if c == 8 else MatVecTile(128, c, 64, True, 4)
-        if c > ONE_DOT_COLS.value:  # 9-16 columns, three dots (ONE_DOT_COLS): the tiles timed for that form (2026-12-02)
+        if c > ONE_DOT_COLS.value:  # 9-16 columns, three dots (ONE_DOT_COLS): the tiles timed for it on 2026-12-02
             if M >= 4096:
                 return MatVecTile(128, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
             if M >= 1024:

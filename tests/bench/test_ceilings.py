@@ -24,8 +24,9 @@ def test_stream_read_refuses_what_it_cannot_read(device):
         cl.stream_read(torch.zeros(8, device=device), torch.zeros(0, device=device))
 
 
-@pytest.mark.parametrize("name,want", [("NVIDIA H200", 4800), ("NVIDIA H200 NVL", 4800), ("NVIDIA H100 80GB HBM3", 3350),
-                                       ("NVIDIA H100 PCIe", 2000), ("NVIDIA H100 NVL", 3900), ("NVIDIA A10", None)])
+@pytest.mark.parametrize("name,want", [("NVIDIA H200", 4800), ("NVIDIA H200 NVL", 4800),
+                                       ("NVIDIA H100 80GB HBM3", 3350), ("NVIDIA H100 PCIe", 2000),
+                                       ("NVIDIA H100 NVL", 3900), ("NVIDIA A10", None)])
 def test_datasheet_lookup(name, want):
     assert cl.datasheet_GBps(name) == want
 
