@@ -260,7 +260,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     evicted first from the L2 (each is read once); from 2 columns the tensor-core form with its three
     activation terms in one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9
     columns three dots, :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`),
-    64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16. f32 and f16
+    64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on
+    qwen3.5-9b, K 4096 and 12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns). f32 and f16
     weights: up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the
     thin products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows).
     f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
@@ -284,6 +285,13 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
                 return MatVecTile(128, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
             if M >= 1024:
                 return MatVecTile(128, c, 128, True, 8, _split(K, 128, 8))
+        if M >= 4096 and K % 4096:  # qwen3.5-27b's K (5120, 6144, 17408): its own sweep (2026-12-03)
+            if c == 4:
+                if M >= 8192:
+                    return MatVecTile(128, c, 128, True, 4)
+                return MatVecTile(128, c, 64, True, 4, _split(K, 64, 16)) if K > 8192 else \
+                    MatVecTile(64, c, 64, True, 4, _split(K, 64, 4))
+            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 2 if M >= 8192 else 16 if K > 8192 else 4))
         if M >= 4096 and c == 4:  # one K step of 128 for 8192+ rows (and the FFN gate / up pair); split below
             if M >= 8192:
                 return MatVecTile(64, c, 128, True, 4, 1, 4, True)
