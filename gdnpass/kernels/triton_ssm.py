@@ -103,6 +103,7 @@ def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, smask, cmask, 
 
 @triton.jit
 def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
+                snap_ptr, snap_seq, snap_slot,  # snapshot slot j of seq s at snap + s*snap_seq + j*snap_slot (f32)
                 n_t, n_s, H_v, H_k, K, scale,
                 qk_s1, qk_s2, qk_s3,        # q, k [S, H_k, n_t, n_s], contiguous rows, same strides
                 v_s1, v_s2, v_s3,           # v    [S, H_v, n_t, n_s], contiguous rows
@@ -120,9 +121,8 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
     smask = imask[:, None] & cmask[None, :]
     tile = col[None, :] * st_s1 + i[:, None]          # state-layout offsets of the [BLOCK_S, BLOCK_V] slice
     st = tl.load(s_ptr + seq * st_s3 + h * st_s2 + tile, mask=smask, other=0.0)
-    n_scores = S * H_v * n_t * n_s
-    slot_size = S * S * H_v * n_s
-    snap_ptrs = o_ptr + n_scores + (seq * H_v + h) * S * S + tile
+    slot_size = snap_slot.to(tl.int64)  # (a cache's slots lie whole cache rows apart)
+    snap_ptrs = snap_ptr + seq.to(tl.int64) * snap_seq + h * S * S + tile
     o_ptrs = o_ptr + (seq * n_t * H_v + h) * S + col
     strides = (qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3)
     if N_T > 0:  # a verify's few tokens, unrolled: every token's inputs loaded before the first store (a load
@@ -146,12 +146,16 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
 
 
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
-                    num_warps: int = GDN_WARPS, unrolled: bool = True) -> None:
+                    num_warps: int = GDN_WARPS, unrolled: bool = True, snapshots: torch.Tensor | None = None) -> None:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
     One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers; any head
     size S runs (a tile of the next power of two, the rows past S masked; llama.cpp accepts 80, say). Up to
     MAX_UNROLLED_T tokens the token loop is unrolled (one compile per n_t; ``unrolled=False`` keeps the loop): the
-    same steps in the same order either way, so the bytes do not depend on it."""
+    same steps in the same order either way, so the bytes do not depend on it.
+
+    ``snapshots``: the state snapshots go there instead of ``out``'s slots (GATED_DELTA_NET_CACHE: straight into the
+    recurrent cache's rows), ne [S*S*H_v, n_s, min(n_t, K)], rows contiguous, any seq and slot strides; ``out``
+    then gets the scores alone. The same kernel either way: the states' bytes do not depend on where they go."""
     n_s, n_t, H_v, S = v.shape
     _require(out.is_contiguous(), "the GDN output must be contiguous")
     qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
@@ -159,8 +163,18 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     _alias_ok("GATED_DELTA_NET", out, q, k, v, g, beta, state, same_ok=False)  # (another program reads them all)
     g_s0 = gs[0] if g.shape[3] == S else 0
     block_v = min(block_v, triton.next_power_of_2(S))
+    D = S * S * H_v
+    if snapshots is None:  # the op's own layout: K slots after the scores, each [D, n_s] packed
+        snap, snap_seq, snap_slot = out.view(-1)[S * H_v * n_t * n_s:], D, D * n_s
+    else:
+        sn = _strides(snapshots)
+        _require(snapshots.shape[1:] == (min(n_t, K), n_s, D) and sn[0] == 1,
+                 f"GDN snapshots into ne [{D}, {n_s}, {min(n_t, K)}] with contiguous rows, got "
+                 f"{list(snapshots.shape[::-1])}")
+        _alias_ok("GATED_DELTA_NET", snapshots, q, k, v, g, beta, state, out, same_ok=False)
+        snap, snap_seq, snap_slot = snapshots, sn[1], sn[2]
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
-        q, k, v, g, beta, state, out, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
+        q, k, v, g, beta, state, out, snap, snap_seq, snap_slot, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
         qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
         ss[1], ss[2], ss[3], S=S, BLOCK_S=triton.next_power_of_2(S), BLOCK_V=block_v,
         N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0,

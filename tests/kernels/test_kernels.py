@@ -420,6 +420,31 @@ def test_gated_delta_net(S, H_k, H_v, n_t, n_s, K, per_row_gate):
     assert looped[..., n_written:, :].isnan().all(), "the looped GDN: slots >= n_t must keep the old bytes"
 
 
+@pytest.mark.parametrize("S,H_k,H_v,n_t,n_s,K,per_row_gate", [GDN_CASES[1], GDN_CASES[2], GDN_CASES[5]])
+def test_gated_delta_net_snapshots_straight_into_cache_rows(S, H_k, H_v, n_t, n_s, K, per_row_gate):
+    """The launcher's ``snapshots``: the states go to a strided destination (cache rows of D + 8 elements, a slot
+    every ``cells`` rows, as ggml_view_3d of the recurrent cache) instead of the op's own slots. Byte-identical to
+    the slots the op writes itself (the same kernel), the scores too; the rows' padding and the slots >= n_t left
+    alone. (The kernel half of GDN writing its snapshots into the cache, upstream's form; the pattern is to come.)"""
+    a = Arena()
+    src = gdn_inputs(a, S, H_k, H_v, n_t, n_s, per_row_gate)
+    D, n_w, cells = S * S * H_v, min(n_t, K), n_s + 1
+    out = a.view((1, 1, n_t * n_s + K * S * n_s, S * H_v))
+    scores = a.view(tuple(out.shape))
+    cache = a.view((1, 1, n_w * cells, D + 8))
+    snaps = cache[0, 0].as_strided((1, n_w, n_s, D), (0, cells * (D + 8), D + 8, 1), cache[0, 0].storage_offset())
+    a.run(lambda: (ssm.gated_delta_net(*src, K, out), ssm.gated_delta_net(*src, K, scores, snapshots=snaps)),
+          out, scores, cache)
+    n_scores = n_t * n_s * H_v * S
+    assert_same_bytes(scores.reshape(-1)[:n_scores], out.reshape(-1)[:n_scores], "scores")
+    own = out.reshape(-1)[n_scores:n_scores + n_w * n_s * D].view(n_w, n_s, D)
+    assert_same_bytes(snaps[0], own, "snapshots in the cache rows")
+    assert scores.reshape(-1)[n_scores:].isnan().all(), "the op's own slots stay unwritten"
+    assert cache[0, 0, :, D:].isnan().all() and cache[0, 0].view(n_w, cells, D + 8)[:, n_s:].isnan().all()
+    with pytest.raises(KernelError, match="overlaps an input"):  # a destination over the state it reads
+        ssm.gated_delta_net(*src, K, scores, snapshots=src[5].reshape(1, 1, n_s, -1)[..., :D].expand(1, n_w, n_s, D))
+
+
 def test_gated_delta_net_refuses_an_output_over_its_state():
     """Its programs read q, k, v, the gates and the state while others write: an output overlapping any of them is
     refused before launch (gallocr never plans one)."""
