@@ -1,8 +1,9 @@
 """Sweep the mat-vec tile (triton_matvec.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
-tile per (weight type, shape, columns) with its bandwidth next to the copy bandwidth measured in the same process.
+tile per (weight type, shape, columns) with its share of the read bandwidth measured in the same process
+(gdnpass.bench.ceilings).
 
     python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--pair]
-                                     [--budget-s 420]
+                                     [--budget-s 420] [--deep] [--procs 16]
 
 This is how :func:`gdnpass.kernels.triton_matvec.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
 Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
@@ -10,6 +11,8 @@ against cuBLAS's f32 product, captured as a CUDA graph of one launch per copy of
 each launch reads its weights from memory, as in a forward: ``gdnpass.bench.matvec.rotation``), and then all
 candidates of a case are replayed under one torch.profiler session: medians of the profiler's kernel durations, as
 ``gdnpass.bench.timing.kernel_us``.
+``--deep`` adds pipeline depths 2-5, evict-first weight loads and longer K steps to the candidates (thousands of
+tiles: keep ``--procs`` x the largest shape's operands under the GPU's memory; the lm head at 16 processes ran out).
 ``--pair`` times MUL_MAT_VEC_PAIR's launch (two weights of the shape, one x) instead: with fusion on, FFN gate/up
 and attention k/v only ever run as pairs, and a pair has twice the programs of its products.
 """
