@@ -96,7 +96,7 @@ def test_programs_follow_the_launch_blocks():
         for kernel, count, steps in programs(n):
             assert count >= 1 and steps >= 1
             seen.setdefault(n.op, []).append((kernel, count, steps))
-    assert {Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.GATED_DELTA_NET, Op.UNARY} <= set(seen)
+    assert {Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.GATED_DELTA_NET_CACHE, Op.UNARY} <= set(seen)
     silu = next(n for n in g.nodes if n.op is Op.UNARY and n.op_params["kind"] == "SILU")
     assert programs(silu) == [("silu", -(-silu.nelements // triton_elementwise.ELT_BLOCK), 1)]
     assert 0 < cli.interpreter_seconds(g.nodes) < cli.SLOW_LIMIT_S

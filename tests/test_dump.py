@@ -65,9 +65,10 @@ def test_text_lists_every_node_in_order_and_marks_the_fused_ones(capsys):
     assert [r[2] for r in listed] == list(range(len(g.nodes)))
     assert listed_signature(listed) == signature(g.nodes)
     fused = [r for r in listed if r[1] == "*"]
-    # per layer: the attention norm, the chain, alpha/beta, the gated output norm, the post norm, the FFN's gate/up
-    assert [r[3] for r in fused] == ["RMS_NORM_MUL", "GDN_CONV_CHAIN", "MUL_MAT_VEC_PAIR", "RMS_NORM_MUL",
-                                     "RMS_NORM_MUL", "MUL_MAT_VEC_PAIR"] * 2
+    # per layer: the attention norm, the chain, alpha/beta, the GDN with its snapshot CPY, the gated output norm,
+    # the post norm, the FFN's gate/up
+    assert [r[3] for r in fused] == ["RMS_NORM_MUL", "GDN_CONV_CHAIN", "MUL_MAT_VEC_PAIR", "GATED_DELTA_NET_CACHE",
+                                     "RMS_NORM_MUL", "RMS_NORM_MUL", "MUL_MAT_VEC_PAIR"] * 2
     lines = out.splitlines()
     for r in fused:  # each fused node is followed by what it replaced
         i = next(k for k, line in enumerate(lines) if (m := ROW.match(line)) and int(m[3]) == r[2])
@@ -228,7 +229,7 @@ def test_json_matches_the_schema_and_the_graph(capsys):
     assert doc["summary"]["nodes_before"] == len(pipeline("qwen3.5-9b")[0])
     assert doc["summary"]["launches_after"] < doc["summary"]["launches_before"]
     fused = [n for n in doc["nodes"] if n["fused"]]
-    assert len(fused) == len(doc["fusion"]["applied"]) == 12 and all(n["replaced"] for n in fused)
+    assert len(fused) == len(doc["fusion"]["applied"]) == 14 and all(n["replaced"] for n in fused)
     assert {r["rule"] for r in doc["fusion"]["refused"]} == {"pair.different-src1"}
     chain = next(n for n in fused if n["op"] == "GDN_CONV_CHAIN")
     assert chain["writes"] and chain["size"] > 0 and chain["buffer"] == "arena"
@@ -310,7 +311,7 @@ def test_dot_has_a_cluster_per_layer_and_every_node(capsys):
     assert re.findall(r"subgraph (cluster_L\d+)", out) == ["cluster_L0", "cluster_L1"]
     declared = re.findall(r"^\s+(n\d+) \[label=\"(\d+): ", out, re.M)
     assert sorted(int(i) for _, i in declared) == list(range(len(g.nodes)))
-    assert out.count("fillcolor=gold") == 12
+    assert out.count("fillcolor=gold") == 14
     read_leafs = {s.uid for n in g.nodes for s in n.src if s is not None and s.is_leaf}
     assert out.count("shape=ellipse") == len(read_leafs)
     ids = set(re.findall(r"^\s+([nl]\d+) \[", out, re.M))

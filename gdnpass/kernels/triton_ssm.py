@@ -376,7 +376,12 @@ def programs(node) -> list[tuple[str, int, int]]:
         C, n_t, n_s = ne[0], ne[1], ne[2]
         return [(f"ssm_conv{node.src[1].ne[0]}", n_s * triton.cdiv(C, CONV_BLOCK_C), n_t)]
     if op is Op.GATED_DELTA_NET:
-        v = node.src[2]  # ne [S, H_v, n_t, n_s]
-        S, H_v, n_t, n_s = v.ne
-        return [("gdn", triton.cdiv(S, min(GDN_BLOCK_V, triton.next_power_of_2(S))) * H_v * n_s, n_t)]
+        return gdn_programs(node.src[2])
     return []
+
+
+def gdn_programs(v) -> list[tuple[str, int, int]]:
+    """The GATED_DELTA_NET kernel's programs for values ``v`` (a graph tensor, ne [S, H_v, n_t, n_s]), wherever
+    its snapshots go (GATED_DELTA_NET_CACHE's too)."""
+    S, H_v, n_t, n_s = v.ne
+    return [("gdn", triton.cdiv(S, min(GDN_BLOCK_V, triton.next_power_of_2(S))) * H_v * n_s, n_t)]

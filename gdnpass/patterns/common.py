@@ -368,6 +368,37 @@ def between(name: str, *clauses: Clause) -> Rule:
     return Rule(name, HAZARD, check)
 
 
+def _minus(piece: Range, w: Range) -> list[Range]:
+    """The parts of byte range ``piece`` outside ``w``."""
+    buf, lo, hi = piece
+    if w[0] != buf or w[2] <= lo or hi <= w[1]:
+        return [piece]
+    return [r for r in ((buf, lo, w[1]), (buf, w[2], hi)) if r[1] < r[2]]
+
+
+def read_before_written(ctx: Context, pieces: list[tuple[Range, Tensor]], after: int, written: Iterable = ()) \
+        -> Why | None:
+    """A hazard check for bytes the fused node leaves unwritten (``pieces``, each with the tensor it belongs to):
+    minus the ``written`` ranges, follow them through the nodes after index ``after`` until every byte is written
+    again (by a tensor of packed elements: its byte range is all written); the first node that reads a byte still
+    unwritten is the refusal."""
+    for w, _ in written:
+        pieces = [(p, t) for r, t in pieces for p in _minus(r, w)]
+    for n in ctx.graph.nodes[after + 1:]:
+        if not pieces:
+            return None
+        if not runs_kernel(n):
+            continue
+        hit = first_collision(ctx.node_reads(n), pieces)
+        if hit:
+            return collision(n, f"{n.name!r} reads bytes of {hit[3].name!r}, which the fused node does not write",
+                             hit)
+        for w, t in ctx.node_writes(n):
+            if t.is_contiguous():
+                pieces = [(p, s) for r, s in pieces for p in _minus(r, w)]
+    return None
+
+
 # ---- the rule block -------------------------------------------------------------------------------------------------
 
 RULE_NAME = re.compile(r"\[([A-Za-z][\w-]*(?:\.[\w-]+)+)\]")  # [structure.concat], [between.touches-chain-buffer]

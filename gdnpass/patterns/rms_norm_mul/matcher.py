@@ -31,9 +31,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, runs_kernel
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range
 from gdnpass.opspec.shapes import can_repeat
-from gdnpass.patterns.common import HAZARD, Capture, Context, Match, Why, collision, confined, first_collision, rule
+from gdnpass.patterns.common import (HAZARD, Capture, Context, Match, Why, collision, confined, first_collision,
+                                     read_before_written, rule)
 from gdnpass.patterns.rms_norm_mul.record import RECORD
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 
@@ -164,34 +165,9 @@ def _output_overlaps_input(c: NormCapture, ctx):
         return collision(c.last, f"{c.last.name!r} overlaps {hit[3].name!r}, not element for element", hit)
 
 
-def _minus(piece: tuple[str, int, int], w: tuple[str, int, int]) -> list[tuple[str, int, int]]:
-    """The parts of byte range ``piece`` outside ``w``."""
-    buf, lo, hi = piece
-    if w[0] != buf or w[2] <= lo or hi <= w[1]:
-        return [piece]
-    return [r for r in ((buf, lo, w[1]), (buf, w[2], hi)) if r[1] < r[2]]
-
-
 @rule("rms-mul.interior-read-later", HAZARD)
 def _interior_read_later(c: NormCapture, ctx):
-    """Follow the interior's bytes past the fused node until every byte is written again (by a tensor of packed
-    elements: its byte range is all written); a read of any byte still unwritten is the refusal."""
-    pieces = [(r, t) for r, t in ctx.ranges(c.interior())]
-    for w, _ in ctx.ranges(c.written()):
-        pieces = [(p, t) for r, t in pieces for p in _minus(r, w)]
-    for n in ctx.graph.nodes[ctx.pos[c.last.uid] + 1:]:
-        if not pieces:
-            return None
-        if not runs_kernel(n):
-            continue
-        hit = first_collision(ctx.node_reads(n), pieces)
-        if hit:
-            return collision(n, f"{n.name!r} reads bytes of {hit[3].name!r}, which the fused node does not write",
-                             hit)
-        for w, t in ctx.node_writes(n):
-            if t.is_contiguous():
-                pieces = [(p, s) for r, s in pieces for p in _minus(r, w)]
-    return None
+    return read_before_written(ctx, ctx.ranges(c.interior()), ctx.pos[c.last.uid], ctx.ranges(c.written()))
 
 
 RULES = (_adjacent, _views, _type, _shape, _contiguous_rows, _row_size, confined(NormCapture),
