@@ -3,14 +3,16 @@
     python benchmarks/device_session.py --part 1 [--source .llama-src] [--out DIR]
     python benchmarks/device_session.py --part 2|3 [--out DIR]
 
-Part 1 (issue 18, then the mat-vec tiles): the whole qwen3.5-9b verify, ours off / on next to upstream llama.cpp
-built with CUDA (``bench.py --quick --only whole,upstream``; the CUDA build alone takes 3-4 minutes on a fresh
-host), then a tile sweep of the products still under target (``tune_matvec.py``).
+Part 1 (issue 32): the ceilings, the product table and the alpha/beta pair against the read bandwidth, the whole
+qwen3.5-9b verify, ours off / on / on without the newest pattern (gdn_state_cache), next to upstream llama.cpp built
+with CUDA (``bench.py --quick --only matvec,pair,whole,upstream --without gdn_state_cache``; the CUDA build alone
+takes 3-4 minutes on a fresh host, made while the GPU works).
 Part 2 (issue 16): bench.py's per-op, mat-vec, chain, dedup and pair tables and our whole verify, compute-sanitizer
 memcheck and racecheck over every kernel (``sanitize.py``), then the kernel test files compiled.
 Part 3: the 800-case exactness sweep in both hint modes, in parallel (``warm_compile.py``: the check of
 ``test_sweep_gpu_all_800``, which takes over 250 s per mode in one pytest process), then the other GPU tests
-(``pytest -m gpu``, the sweep test left out).
+(``pytest -m gpu``, the sweep test left out: every model tile launched, the ceilings), and ``run --check`` of 8 layers
+of the 9B at T = 8 on the GPU.
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
