@@ -157,7 +157,7 @@ def main() -> int:
         print("model wtype product (rows x K) cols | us | GB/s | % of read BW | target | read of its bytes us (%) | "
               "cuBLAS us (%) | tile")
         for r in mv:
-            pct = (lambda us: r["GBps"] * r["us"] / us / ceil.read_GBps)
+            pct = (lambda us: r["bytes"] / (us * 1e3) / ceil.read_GBps)
             target = (f"{r['target']:.0%} {verdict(r['met'])}" if "met" in r else "refused") if r["target"] else "-"
             print(f"{r['model']:11s} {r['wtype']:4s} {r['names'][:28]:28s} {r['M']:6d}x{r['K']:<5d} {r['cols']:2d} | "
                   f"{r['us']:8.2f} | {r['GBps']:5.0f} | {r['share']:4.0%} | {target} | {r['read_us']:8.2f} "

@@ -90,12 +90,9 @@ def written_part(graph: Graph) -> dict[int, int]:
     return out
 
 
-def _head(a: torch.Tensor, nbytes: int) -> torch.Tensor:
-    return a.contiguous().view(torch.uint8).reshape(-1)[:nbytes]
-
-
-def _compare(name: str, a: torch.Tensor, b: torch.Tensor) -> Compared:
-    ab, bb = a.contiguous().view(torch.uint8).reshape(-1), b.contiguous().view(torch.uint8).reshape(-1)
+def _compare(name: str, a: torch.Tensor, b: torch.Tensor, nbytes: int | None = None) -> Compared:
+    """Byte for byte; ``nbytes``: only the first so many (:func:`written_part`)."""
+    ab, bb = (t.contiguous().view(torch.uint8).reshape(-1)[:nbytes] for t in (a, b))
     if torch.equal(ab, bb):
         return Compared(name, True, ab.numel())
     first = int((ab != bb).nonzero()[0])
@@ -144,8 +141,7 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
     res = CheckResult(report)
     part = written_part(graph)
     for t, a, b in zip(probes, unfused, fused):
-        n = part.get(t.uid)
-        res.compared.append(_compare(t.name, a, b) if n is None else _compare(t.name, _head(a, n), _head(b, n)))
+        res.compared.append(_compare(t.name, a, b, part.get(t.uid)))
     for t, before in caches:
         res.compared.append(_compare(t.name, before, ex.read(t)))
     return res

@@ -39,14 +39,12 @@ def gather_copy_us(nbytes: int) -> tuple[float, float, float]:
     source offset read from device memory first (the chain reads the cache cell id before the gathered row); and
     that, with each program's block scaled by its root sum of squares before the store (the chain's q/k norm needs
     a head's SiLU outputs from all its threads)."""
+    return tuple(copy_us(nbytes, *v) for v in ((False, False), (True, False), (True, True)))
+
+
+def copy_us(nbytes: int, gather: bool = False, norm: bool = False) -> float:
+    """A Triton copy kernel moving ``nbytes`` (read + written; :func:`floor_copy`), as the profiler times it in a
+    CUDA graph."""
     a = torch.randn(max(1, nbytes // 8), device="cuda")
     b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")  # (offset 0: the same bytes)
-    return tuple(kernel_us(lambda v=v: floor_copy(a, b, off, *v))[0]
-                 for v in ((False, False), (True, False), (True, True)))
-
-
-def copy_us(nbytes: int) -> float:
-    """A Triton copy kernel moving ``nbytes`` (read + written), as the profiler times it in a CUDA graph."""
-    a = torch.randn(max(1, nbytes // 8), device="cuda")
-    b, off = torch.empty_like(a), torch.zeros(1, dtype=torch.int64, device="cuda")
-    return kernel_us(lambda: floor_copy(a, b, off, False, False))[0]
+    return kernel_us(lambda: floor_copy(a, b, off, gather, norm))[0]

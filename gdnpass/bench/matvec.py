@@ -146,7 +146,7 @@ def bench_mat_vec(models: list[str], cols: list[int], ceil: Ceilings) -> list[di
                                             len(copies))
                     nbytes = wbytes + n * p.K * 4 + n_w * n * p.M * 4
                     row = dict(model=model, wtype=WNAMES[wt], names=p.names, pair=p.pair, M=p.M, K=p.K, cols=n,
-                               us=us, cublas_us=cublas, read_us=pure, GBps=nbytes / (us * 1e3),
+                               bytes=nbytes, us=us, cublas_us=cublas, read_us=pure, GBps=nbytes / (us * 1e3),
                                share=nbytes / (us * 1e3) / ceil.read_GBps, target=target_share(wbytes // n_w),
                                tile=mv.mat_vec_tile(p.M, n, p.K, WNAMES[wt]))
                     try:

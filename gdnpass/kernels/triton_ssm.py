@@ -168,7 +168,7 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
         snap, snap_seq, snap_slot = out.view(-1)[S * H_v * n_t * n_s:], D, D * n_s
     else:
         sn = _strides(snapshots)
-        _require(snapshots.shape[1:] == (min(n_t, K), n_s, D) and sn[0] == 1,
+        _require(tuple(snapshots.shape) == (1, min(n_t, K), n_s, D) and sn[0] == 1,
                  f"GDN snapshots into ne [{D}, {n_s}, {min(n_t, K)}] with contiguous rows, got "
                  f"{list(snapshots.shape[::-1])}")
         _alias_ok("GATED_DELTA_NET", snapshots, q, k, v, g, beta, state, out, same_ok=False)

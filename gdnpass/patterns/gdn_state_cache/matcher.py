@@ -47,6 +47,12 @@ def score_bytes(gdn: Tensor) -> int:
     return 4 * S * H_v * n_t * n_s
 
 
+def scores_range(gdn: Tensor) -> tuple[str, int, int]:
+    """The byte range of the op's scores: all the fused node writes of the GDN output."""
+    buf, lo, _ = byte_range(gdn)
+    return buf, lo, lo + score_bytes(gdn)
+
+
 @dataclass
 class GdnCacheCapture(Capture):
     gdn: Tensor
@@ -115,7 +121,7 @@ def _destination(c: GdnCacheCapture, ctx):
 def _readers(c: GdnCacheCapture, ctx):
     if c.gdn.flags & Flag.OUTPUT:
         return Why(c.gdn, f"{c.gdn.name!r} is flagged OUTPUT: its slots would be left unwritten")
-    end = byte_range(c.gdn)[1] + score_bytes(c.gdn)
+    end = scores_range(c.gdn)[2]
     for u in ctx.users(c.gdn):
         if u is c.snap:
             continue
@@ -132,9 +138,7 @@ _between = between(
 
 @rule("gdn-cache.output-overlaps-input", HAZARD)
 def _output_overlaps_input(c: GdnCacheCapture, ctx):
-    scores = [(r, c.gdn) for r, _ in ctx.ranges([c.gdn])]
-    scores = [((b, lo, lo + score_bytes(c.gdn)), t) for (b, lo, _), t in scores]
-    hit = first_collision(ctx.ranges([c.cpy]), ctx.ranges(c.gdn.src) + scores)
+    hit = first_collision(ctx.ranges([c.cpy]), ctx.ranges(c.gdn.src) + [(scores_range(c.gdn), c.gdn)])
     if hit:
         return collision(c.cpy, f"the destination {c.dst.name!r} overlaps {hit[3].name!r}", hit)
 
