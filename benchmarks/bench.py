@@ -232,6 +232,10 @@ def main() -> int:
                 print(f"  {a.without}'s share at T={T}: on without it -> on: {w['kernels']} -> {on['kernels']} "
                       f"kernels, {w['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
                       f"{w['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+            if "serial" in r:
+                sr = r["serial"]
+                print(f"  programmatic dependent launch at T={T}, fusion on: serial launches -> PDL: "
+                      f"{sr['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
         for r in out[section]:
             print_chain(f"{section}, T={r['T']} rows={r['rows']}", {"off": r["off"].get("chain"),
                                                                     "on": r["on"].get("chain")})

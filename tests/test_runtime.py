@@ -184,6 +184,35 @@ def test_cuda_graph_capture_replays_the_same_bytes():
     assert all(torch.equal(eager[k], ex.buffers[k]) for k in eager)
 
 
+@pytest.mark.gpu
+def test_gpu_programmatic_dependent_launch_writes_the_bytes_of_serial_launches():
+    """Under PDL each kernel may start while its predecessor runs (triton_core.wait_for_previous_kernels holds its
+    body back): a fused qwen3.5-9b forward (2 GDN layers, T 8, the real shapes: products of several waves, split-K,
+    the fused chain, GDN into the cache) captured with it replays the bytes of serial launches, every replay."""
+    from gdnpass.fusion import PATTERNS, fuse
+    from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch
+
+    if not PDL_SUPPORTED:
+        pytest.skip("programmatic dependent launch needs sm_90 or later (or GDN_PDL=0 is set)")
+    cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=2, dflash=True)
+    g = build_verify_graph(cfg)
+    plan(g)
+    assert {a.pattern for a in fuse(g, enabled=True).applied} == {p.name for p in PATTERNS}
+    ex = Executor(g, device="cuda")
+    fill(ex, seed=3, ids=default_ids(cfg))
+    start = ex.snapshot()
+    with programmatic_launch(False):
+        ex.run()
+    serial = ex.snapshot()
+    with programmatic_launch(True):
+        ex.restore(start)
+        ex.capture()
+    for _ in range(5):
+        ex.restore(start)
+        ex.run()
+        assert all(torch.equal(serial[k], ex.buffers[k]) for k in serial)
+
+
 def _filled(cfg, seed=0):
     g = build_verify_graph(cfg)
     plan(g)

@@ -117,17 +117,28 @@ def weight_bytes_read(g) -> int:
 def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: str | None = None) -> dict:
     """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
     its own bf16 weights (token embedding, attention layers, lm head), after upstream's prompt (n_past
-    upstream.N_PROMPT). ``without``: a third variant, fused with every pattern but that one (what it saves)."""
+    upstream.N_PROMPT). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
+    programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
+    with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
                        n_past=upstream.N_PROMPT if whole else 0)
+    from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch  # (imports Triton: on the GPU only)
+
     res = {}
     runs = {}
-    variants = [("off", False, None), ("on", True, None)] + ([("without", True, without)] if without else [])
-    for name, fused, left_out in variants:
+    # (name, fused, the pattern left out, programmatic dependent launch); "serial": fusion on, each kernel launched
+    # only after the one before it has finished (what PDL saves)
+    variants = [("off", False, None, True), ("on", True, None, True)]
+    variants += ([("without", True, without, True)] if without else [])
+    variants += ([("serial", True, None, False)] if PDL_SUPPORTED else [])
+    for name, fused, left_out, pdl in variants:
         g, ex, report = forward_executor(cfg, fused, left_out)
-        res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **forward_kernels(g, ex),
-                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g))
-        ex.capture()
+        with programmatic_launch(False):  # kernel durations of serial launches: under PDL a kernel's would count
+            kernels = forward_kernels(g, ex)  # the time it waits for its predecessor
+        res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **kernels,
+                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g), pdl=pdl)
+        with programmatic_launch(pdl):
+            ex.capture()
         runs[name] = ex
     times = {name: [] for name in runs}
 
@@ -146,6 +157,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     for name in times:
         res[name]["us_per_forward"] = statistics.median(times[name]) * 1e3
     res["T"], res["rows"], res["gdn_layers"], res["left_out"] = T, rows, len(cfg.shape.gdn_layers), without
+    res["pdl"] = PDL_SUPPORTED
     return res
 
 

@@ -27,7 +27,8 @@ from triton.language.extra import libdevice
 
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32
+from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32,
+                                         wait_for_previous_kernels)
 
 FA_BLOCK_M = 16     # query rows per program: the smallest tl.dot tile, and a whole verify (n_q <= 16) in one block
 FA_MAX_D = 512      # head sizes up to this have a kernel (next power of two): wider tiles overflow shared memory
@@ -95,6 +96,7 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
                        HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
                        SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+    wait_for_previous_kernels()
     h, i3 = tl.program_id(1), tl.program_id(2)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_q
@@ -242,6 +244,7 @@ def _soft_max_kernel(x_ptr, mask_ptr, sinks_ptr, slopes_ptr, y_ptr, n_rows, ne0,
                      y_s0, y_s1, y_s2, y_s3,
                      HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
                      BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr):
+    wait_for_previous_kernels()
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < n_rows
     r64 = r.to(tl.int64)

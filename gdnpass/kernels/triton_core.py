@@ -38,10 +38,14 @@ grid.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdnpass.errors import KernelError
 
@@ -51,8 +55,45 @@ NUM_WARPS = 4       # every launch but the mat-vec, the fused chain, GATED_DELTA
 # read when this module loads, as @triton.jit reads it: the interpreter runs every kernel defined below
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 
+# Programmatic dependent launch (Hopper and later): each kernel may be launched while the one before it in the stream
+# still runs, its programs made resident and its prologue run; :func:`wait_for_previous_kernels` (every kernel's first
+# statement) then waits until the previous kernel has finished and its writes are visible, so no load or store of a
+# kernel's body can overtake its predecessor, and it lets its own successor launch. What it saves is the gap and ramp
+# between two kernels (docs/performance.md). Off in the interpreter and below sm_90 (no griddepcontrol there), and
+# when GDN_PDL=0; :func:`programmatic_launch` switches it per capture (the benchmarks' A/B).
+PDL_SUPPORTED = (not INTERPRETED and os.environ.get("GDN_PDL", "1") != "0" and torch.cuda.is_available()
+                 and torch.cuda.get_device_capability() >= (9, 0))
+
 # every launch: no FMA contraction, so each operation rounds as written, whichever kernel it is in
-LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False)
+LAUNCH = dict(num_warps=NUM_WARPS, enable_fp_fusion=False, **({"launch_pdl": True} if PDL_SUPPORTED else {}))
+
+
+@contextlib.contextmanager
+def programmatic_launch(enabled: bool):
+    """Launch (and so capture) the kernels with programmatic dependent launch on or off inside the block, where it is
+    supported; the kernels' bytes are the same either way (it moves only when a kernel may start)."""
+    before = LAUNCH.get("launch_pdl")
+    if PDL_SUPPORTED:
+        LAUNCH["launch_pdl"] = enabled
+    try:
+        yield
+    finally:
+        if PDL_SUPPORTED:
+            LAUNCH["launch_pdl"] = before
+
+
+if PDL_SUPPORTED:
+    @triton.jit
+    def wait_for_previous_kernels():
+        """Every kernel's first statement: wait for the kernel before it (all of its writes visible), then let the one
+        after it launch. A kernel launched with ``launch_pdl`` that did not call this first could read an input before
+        it is written, or overwrite what its predecessor still reads (tests/kernels: every kernel starts with it)."""
+        gdc_wait()
+        gdc_launch_dependents()
+else:
+    @triton.jit
+    def wait_for_previous_kernels():
+        pass  # launches are serialized by the stream
 
 
 # ---- launch conventions ---------------------------------------------------------------------------------------------

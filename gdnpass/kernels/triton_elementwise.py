@@ -16,7 +16,7 @@ import triton.language as tl
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
-                                        silu_f32)
+                                        silu_f32, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -50,6 +50,7 @@ def _get_rows_kernel(a_ptr, ids_ptr, y_ptr, n, ne0, n_ids, e1, n_rows,
                      i_s0, i_s1, i_s2,         # ids [n_ids, e1, e2] i32
                      y_s0, y_s1, y_s2, y_s3,   # y [ne0, n_ids, e1, e2], written as int32 bits
                      SRC: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     i0, r = idx % ne0, idx // ne0
@@ -111,6 +112,7 @@ def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
 def _concat_kernel(a_ptr, b_ptr, y_ptr, n, ne0, ne1, ne2, na, b_shift,
                    a_s0, a_s1, a_s2, a_s3, b_s0, b_s1, b_s2, b_s3, y_s0, y_s1, y_s2, y_s3,
                    DIM: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     i0, r = idx % ne0, idx // ne0
@@ -181,6 +183,7 @@ def _cpy_kernel(x_ptr, y_ptr, n, x_ne0, x_ne1, x_ne2, x_s0, x_s1, x_s2, x_s3,
                 y_ne0, y_ne1, y_ne2, y_s0, y_s1, y_s2, y_s3, nan_bits,
                 MODE: tl.constexpr, BLOCK: tl.constexpr):
     # element idx (row-major) of x goes to element idx (row-major) of y: the shapes may differ, the counts do not
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     x = tl.load(x_ptr + (idx % x_ne0) * x_s0 + _row_offset(idx // x_ne0, x_ne1, x_ne2, x_s1, x_s2, x_s3), mask=mask)
@@ -225,6 +228,7 @@ def _set_rows_kernel(r_ptr, ids_ptr, y_ptr, ne0, ne1, ne2, n_dst_rows, nan_bits,
                      i_s0, i_s1, i_s2, i_ne1, i_ne2,   # ids [ne1, i_ne1, i_ne2]: plane (i2, i3) reads ids % ..
                      y_s1, y_s2, y_s3,                 # dst [ne0, n_dst_rows, ne2, ne3], contiguous rows
                      MODE: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     row = tl.program_id(0).to(tl.int64)  # (offsets in int64: a KV cache can exceed 2^31 elements)
     i1, i2, i3 = row % ne1, row // ne1 % ne2, row // (ne1 * ne2)
     rid = tl.load(ids_ptr + i1 * i_s0 + (i2 % i_ne1) * i_s1 + (i3 % i_ne2) * i_s2).to(tl.int64)
@@ -263,6 +267,7 @@ def set_rows(rows: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor) -> None:
 def _binary_kernel(a_ptr, b_ptr, y_ptr, n, ne0, ne1, ne2, b_ne0, b_ne1, b_ne2, b_ne3,
                    a_s0, a_s1, a_s2, a_s3, b_s0, b_s1, b_s2, b_s3, y_s0, y_s1, y_s2, y_s3,
                    OP: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     i0, r = idx % ne0, idx // ne0
@@ -327,6 +332,7 @@ def unary_f32(x, KIND: tl.constexpr):
 @triton.jit
 def _unary_kernel(x_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
                   KIND: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     i0, r = idx % ne0, idx // ne0
@@ -359,6 +365,7 @@ def silu(x: torch.Tensor, out: torch.Tensor) -> None:
 @triton.jit
 def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, ne0, ne1, ne2, g_s0, g_s1, g_s2, g_s3, u_s0, u_s1, u_s2, u_s3,
                    y_s0, y_s1, y_s2, y_s3, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     i0, r = idx % ne0, idx // ne0
@@ -395,6 +402,7 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
 @triton.jit
 def _scale_kernel(x_ptr, y_ptr, n, ne0, ne1, ne2, scale, bias, x_s0, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
                   HAS_BIAS: tl.constexpr, BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     i0, r = idx % ne0, idx // ne0

@@ -14,7 +14,8 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
-from gdnpass.kernels.triton_core import INTERPRETED, LAUNCH, _require, _row_offset, _strides
+from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _require, _row_offset, _strides,
+                                         wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -203,6 +204,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr):
+    wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     # grid axis 1: product-major, then K slice (size 1, or 2 for a pair, when SPLIT_K == 1)

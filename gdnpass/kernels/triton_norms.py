@@ -10,7 +10,8 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import LAUNCH, _require, _row_offset, _strides, l2_scale_rows, rms_scale_rows
+from gdnpass.kernels.triton_core import (LAUNCH, _require, _row_offset, _strides, l2_scale_rows, rms_scale_rows,
+                                         wait_for_previous_kernels)
 
 L2_TILE = 512       # elements per L2 tile: [L2_TILE // BLOCK_D, BLOCK_D] rows (see l2_tile)
 # (GDN_CONV_CHAIN's L2 sums are a fixed tree, so its tile and warps may differ from L2_NORM's: the bytes do not)
@@ -30,6 +31,7 @@ def _row_norm_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
                      x_s1, x_s2, x_s3,          # x rows are contiguous (nb0 == 4)
                      y_s0, y_s1, y_s2, y_s3,
                      BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, RMS: tl.constexpr):
+    wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]

@@ -10,7 +10,7 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels import reference as ref
-from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _require, _strides, cos_sin_f64
+from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _require, _strides, cos_sin_f64, wait_for_previous_kernels
 
 
 # ---- ROPE -----------------------------------------------------------------------------------------------------------
@@ -38,6 +38,7 @@ def _rope_kernel(x_ptr, pos_ptr, ff_ptr, y_ptr, n_rows, ne0, ne1, ne2, n_tok,
                  IMROPE: tl.constexpr, S0: tl.constexpr, S1: tl.constexpr, S2: tl.constexpr, S3: tl.constexpr,
                  HAS_FF: tl.constexpr, YARN: tl.constexpr, BLOCK_R: tl.constexpr, HALF_B: tl.constexpr,
                  BLOCK_D: tl.constexpr):
+    wait_for_previous_kernels()
     HALF: tl.constexpr = N_DIMS // 2
     r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     rmask = r < n_rows

@@ -14,7 +14,7 @@ import triton.language as tl
 from gdnpass.kernels.limits import CHAIN
 from gdnpass.kernels.reference import f32, gdn_scale
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, conv_dot, l2_scale_rows,
-                                         rms_scale_rows, silu_f32_unrolled)
+                                         rms_scale_rows, silu_f32_unrolled, wait_for_previous_kernels)
 from gdnpass.kernels.triton_elementwise import scale
 from gdnpass.kernels.triton_norms import l2_norm, rms_norm
 
@@ -33,6 +33,7 @@ def _ssm_conv_kernel(sx_ptr, c_ptr, y_ptr, C, n_t,
                      c_s0, c_s1,           # c  [dc, C]
                      y_s0, y_s1, y_s2,     # y  [C, n_t, n_s]
                      D_CONV: tl.constexpr, BLOCK_C: tl.constexpr, N_T: tl.constexpr):
+    wait_for_previous_kernels()
     seq = tl.program_id(0)
     ch = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     mask = ch < C
@@ -113,6 +114,7 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
                 S: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr):
     # BLOCK_S: the head size S rounded up to a power of two (tl.arange's), the rows past S masked: any head size
     # llama.cpp accepts runs (80, say); for a power of two the masks are all true and the code is the unmasked one
+    wait_for_previous_kernels()
     cb, h, seq = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i = tl.arange(0, BLOCK_S)                         # key index: tile rows
     imask = i < S
@@ -198,6 +200,7 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
                            L2_ROWS: tl.constexpr, RMS: tl.constexpr):
     # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
     # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
+    wait_for_previous_kernels()
     head = tl.program_id(0)
     i = tl.arange(0, S)
     ch = head * S + i

@@ -639,3 +639,46 @@ def test_every_node_of_a_whole_verify_is_triton_launches(model, T, flash):
         torch_nodes = [n.name for n in g.nodes if runs_kernel(n) and not programs(n)]
         assert torch_nodes == [], torch_nodes[:5]
         assert all(len(programs(n)) == node_launches(n) for n in g.nodes if runs_kernel(n) and not n.op.is_fused)
+
+
+def _launched_kernels():
+    """Every ``*_kernel`` of the kernel families and the patterns' own kernel modules: what launches with LAUNCH."""
+    import importlib
+    import pkgutil
+
+    import gdnpass.patterns
+
+    modules = [elt, mv, norms, rope, ssm, importlib.import_module("gdnpass.kernels.triton_attention")]
+    for info in pkgutil.walk_packages(gdnpass.patterns.__path__, "gdnpass.patterns."):
+        if info.name.endswith(".kernel"):
+            modules.append(importlib.import_module(info.name))
+    # (@triton.jit's object, compiled or interpreted, keeps the Python function as .fn)
+    return [(m.__name__, name, fn.fn) for m in modules for name, fn in vars(m).items()
+            if name.endswith("_kernel") and inspect.isfunction(getattr(fn, "fn", None))
+            and fn.fn.__module__ == m.__name__]
+
+
+def test_every_kernel_waits_for_the_previous_one_first():
+    """Under programmatic dependent launch (triton_core.LAUNCH on sm_90+) a kernel may start while the one before it
+    runs: only wait_for_previous_kernels() as its first statement keeps its loads and stores behind its predecessor's."""
+    import ast
+
+    kernels = _launched_kernels()
+    assert len(kernels) >= 17, [k[:2] for k in kernels]  # the 17 of 2026-12-03: none went missing from the scan
+    for module, name, fn in kernels:
+        body = ast.parse(inspect.getsource(fn)).body[0].body
+        if isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]  # the docstring
+        first = body[0]
+        assert (isinstance(first, ast.Expr) and isinstance(first.value, ast.Call)
+                and getattr(first.value.func, "id", None) == "wait_for_previous_kernels"), \
+            f"{module}.{name} does not start with wait_for_previous_kernels()"
+
+
+def test_programmatic_launch_switch_restores_the_launch_options():
+    before = dict(core.LAUNCH)
+    with core.programmatic_launch(False):
+        assert core.LAUNCH.get("launch_pdl") in ((False,) if core.PDL_SUPPORTED else (None,))
+    with core.programmatic_launch(True):
+        pass
+    assert core.LAUNCH == before

@@ -20,7 +20,8 @@ import triton.language as tl
 
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, rms_scale_rows
+from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, rms_scale_rows,
+                                         wait_for_previous_kernels)
 from gdnpass.kernels.triton_norms import l2_tile
 from gdnpass.patterns.rms_norm_mul.scope import row_fits
 
@@ -52,6 +53,7 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
                          y_s0, y_s1, y_s2, y_s3,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NORM_FIRST: tl.constexpr,
                          HAS_ADD: tl.constexpr, ADD_FIRST: tl.constexpr):
+    wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
     mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
