@@ -11,6 +11,7 @@ import torch
 
 from gdnpass import pipeline
 from gdnpass.bench import upstream
+from gdnpass.bench.matvec import product_weights
 from gdnpass.bench.timing import kernel_us, node_runner
 from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
@@ -33,8 +34,7 @@ def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None)
 
 def product_kind(n) -> str | None:
     """'alpha/beta' or 'ffn' for the products the forward table reports alone."""
-    names = [n.src[0].name, n.src[2].name] if n.op is Op.MUL_MAT_VEC_PAIR else \
-        [n.src[0].name] if n.op is Op.MUL_MAT else []  # (a pair's sources: w_a, x, w_b, out_b)
+    names = [w.name for w in product_weights(n)]
     if any("ssm_alpha" in m or "ssm_beta" in m for m in names):
         return "alpha/beta"
     if any(".ffn_" in m for m in names):
@@ -63,9 +63,9 @@ def forward_kernels(g, ex: Executor) -> dict:
 def kernel_group(n) -> str:
     """A kernel's group in the by-op line: its op as reports name it, a product with its weights' names, the layer
     cut ("MUL_MAT ffn_down", "MUL_MAT_VEC_PAIR ssm_alpha+ssm_beta")."""
-    if n.op not in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR):
+    ws = product_weights(n)
+    if not ws:
         return op_label(n)
-    ws = [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]]  # (a pair's: w_a, x, w_b, out_b)
     # "blk.3.ffn_down.weight" -> "ffn_down", "output.weight" (the lm head) -> "output"
     return f"{n.op.value} " + "+".join(w.base.name.removesuffix(".weight").split(".")[-1] for w in ws)
 

@@ -32,6 +32,16 @@ class Product(NamedTuple):
 
 
 @functools.lru_cache(maxsize=None)
+def product_weights(n) -> list:
+    """The weights a node multiplies: a MUL_MAT's, a MUL_MAT_ADD's (its product), a pair's two (its sources: w_a,
+    x, w_b); none for any other node."""
+    from gdnpass.ir import Op
+
+    if n.op is Op.MUL_MAT_VEC_PAIR:
+        return [n.src[0], n.src[2]]
+    return [n.src[0]] if n.op in (Op.MUL_MAT, Op.MUL_MAT_ADD) else []
+
+
 def product_shapes(model: str) -> tuple[Product, ...]:
     """The distinct weight products of ``model``'s verify forward as gdnpass runs it with fusion on: its first
     attention period (GDN layers and one attention layer) and the lm head, built, planned and fused on the CPU (no
@@ -46,7 +56,7 @@ def product_shapes(model: str) -> tuple[Product, ...]:
     g = pipeline.run(cfg, pipeline.PassOptions(fusion=True)).graph
     found: dict[tuple, list[str]] = {}
     for n in g.nodes:
-        ws = [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]] if n.op is Op.MUL_MAT else []
+        ws = product_weights(n)
         if not ws or ws[0].base.buffer != "weights":
             continue
         key = (ws[0].ne[1], ws[0].ne[0], n.op is Op.MUL_MAT_VEC_PAIR)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
-from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _require, _row_offset, _strides,
+from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _alias_ok, _require, _row_offset, _strides,
                                          wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
@@ -151,15 +151,22 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
 
 
 @triton.jit
-def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3):
-    y = y_ptr + _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
-    tl.store(y, acc, mask=row_mask[:, None] & col_mask[None, :])
+def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
+             RESIDUAL: tl.constexpr):
+    """Store the product, or with RESIDUAL the product + r (MUL_MAT_ADD: r laid out as y, read before y is written,
+    so y may be r itself): the f32 sum the unfused ADD makes of the stored product."""
+    at = _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
+    mask = row_mask[:, None] & col_mask[None, :]
+    if RESIDUAL:
+        acc = acc + tl.load(r_ptr + at, mask=mask)
+    tl.store(y_ptr + at, acc, mask=mask)
 
 
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s,
-             COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr):
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr,
+             COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
+             RESIDUAL: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
     (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
     :class:`MatVecTile`)."""
@@ -169,7 +176,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
         acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
-        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
+        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
@@ -190,7 +197,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
             total = tl.load(part, cache_modifier=".cg")
             for j in tl.static_range(1, SPLIT_K):
                 total += tl.load(part + j * PART, cache_modifier=".cg")
-            _store_y(y_ptr, total, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3)
+            _store_y(y_ptr, total, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
+                     RESIDUAL)
             tl.store(cnt_ptr + tile, 0)  # zero for the next launch (and the next CUDA-graph replay)
 
 
@@ -202,8 +210,9 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         ws_ptr, cnt_ptr,       # split-K partials (f32) and tickets (i32); None when SPLIT_K == 1
                         b2, r2, r3,            # batches (grid axis 2: x's ne2 * ne3, 1 unbatched): ne2, broadcasts
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
+                        r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr):
+                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr):
     wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -219,10 +228,12 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     if product == 0:
         _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K, EVICT)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
+                 RESIDUAL)
     else:  # the pair's second product
         _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, COLS, BLOCK_K, DOT, SPLIT_K, EVICT)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
+                 False)
 
 
 class MatVecTile(NamedTuple):
@@ -348,12 +359,12 @@ def _split_workspace(device: torch.device, partials: int, tickets: int) -> tuple
     return ws
 
 
-def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None:
+def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residual: torch.Tensor | None = None) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
     A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
-    each against the weight matrix ggml's broadcast gives it. ``tile``: a benchmark's override of
-    :func:`mat_vec_tile`."""
+    each against the weight matrix ggml's broadcast gives it. ``residual`` (a single unbatched product): out =
+    w·x + residual, residual laid out as out. ``tile``: a benchmark's override of :func:`mat_vec_tile`."""
     (w, out), (w2, out2) = products[0], products[-1]
     M, K = w.shape[-2], w.shape[-1]
     batched = w.shape[0] * w.shape[1] > 1
@@ -364,6 +375,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
     _require(w.stride(-1) == 1 and (batched or w.numel() == M * K),
              "mul_mat_vec needs weight matrices with contiguous rows")
     _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
+    _require(residual is None or not batched and len(products) == 1 and residual.dtype == torch.float32
+             and residual.shape == out.shape and residual.stride() == out.stride(),
+             "mul_mat_vec_add: the addend must be f32 laid out as the output, of one unbatched product")
     _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
     _require(w.dtype in WTYPES and x.dtype == torch.float32, f"mul_mat_vec of {w.dtype} weights and {x.dtype} columns")
@@ -388,7 +402,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None) -> None
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
+        out if residual is None else residual,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
+        RESIDUAL=residual is not None,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
@@ -398,6 +414,16 @@ def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
     KQ and KQV: w ne [K, M, W2, W3] (any batch strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and
     W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
     _mat_vecs([(w, out)], x)
+
+
+def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torch.Tensor) -> None:
+    """MUL_MAT_ADD: out = w·x + r, the mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns) adding r to
+    each product as it stores it, so out holds the bytes of the unfused ADD of that product and r. r and out are f32
+    views of the product's shape (torch: x's column dims, M); out may be r itself (each element is read before it is
+    written, in one program), and overlaps nothing else the launch reads."""
+    _alias_ok("mul_mat_vec_add", out, x, w, same_ok=False)
+    _alias_ok("mul_mat_vec_add", out, r)
+    _mat_vecs([(w, out)], x, residual=r)
 
 
 def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor,

@@ -92,11 +92,13 @@ def variants():
     shapes = {(M, K) for model in ("qwen3.5-9b", "qwen3.5-27b") for M, K, *_ in product_shapes(model)}
     tiles = {(mv.mat_vec_tile(M, N, K, wt), wt) for (M, K), N, wt in
              itertools.product(shapes, range(1, 17), ("bf16", "f16", "f32"))}
-    for t, wt in sorted(tiles) + split:
+    # (MUL_MAT_ADD's residual store: on the split tiles, both forms)
+    for (t, wt), residual in [(tw, False) for tw in sorted(tiles) + split] + [(tw, True) for tw in split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
-        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict)
+        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
+                 RESIDUAL=residual)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr), dict(num_stages=t.stages))
+               dict(w_ptr=ptr, w2_ptr=ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16

@@ -516,8 +516,7 @@ def test_check_tiny_qwen35_through_the_new_kernels(launches):
 
     cfg = VerifyConfig("tiny-qwen35", 4, 3, n_layers=1)
     g = pipeline.run(cfg, pipeline.PassOptions(fusion=False)).graph
-    backend = {**TRITON_BACKEND, Op.MUL_MAT: TORCH_BACKEND[Op.MUL_MAT],
-               Op.MUL_MAT_VEC_PAIR: TORCH_BACKEND[Op.MUL_MAT_VEC_PAIR]}
+    backend = {**TRITON_BACKEND, **{op: TORCH_BACKEND[op] for op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR, Op.MUL_MAT_ADD)}}
     res = check_fusion(g, device=DEVICE, backend=backend, ids=default_ids(cfg))
     assert res.identical, [c.to_json() for c in res.compared if not c.identical]
     assert {"_get_rows_kernel", "_concat_kernel", "_cpy_kernel", "_binary_kernel", "_unary_kernel",
