@@ -252,6 +252,9 @@ def test_the_pass_fuses_every_gdn_layer_of_the_capture(llama, gguf_files, shape,
     # and every GDN writes its snapshots straight into llama.cpp's own cache rows
     caches = sorted(a.layer for a in rep.applied if a.pattern == "gdn_state_cache")
     assert caches == get_model(shape).gdn_layers, [r for r in rep.refused if r.pattern == "gdn_state_cache"]
+    # and every layer's FFN down projection adds its residual as it stores (the layer output, llama.cpp's l_out)
+    residuals = sorted(a.layer for a in rep.applied if a.pattern == "mul_mat_add" and a.anchor.startswith("l_out"))
+    assert residuals == list(range(get_model(shape).n_layer)), [r for r in rep.refused if r.pattern == "mul_mat_add"]
     fused = [n for n in c.verify.nodes if n.op is Op.GDN_CONV_CHAIN]
     assert all(n.op_params["norm"] == "rms" for n in fused)  # upstream's RMS_NORM + SCALE form
     ops.validate(c.verify)
