@@ -13,6 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from gdnpass.patterns import REGISTRY
+
 PY = sys.executable
 
 
@@ -26,7 +28,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # serial launches, too) next to upstream; llama.cpp's CUDA build (3-4 minutes on a fresh host) runs
             # while the GPU works. (The product table, --only matvec, takes ~100 s more: a call of its own.)
             ("whole-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "pair,whole,upstream",
-                                "--without", "gdn_state_cache", *(["--source", source] if source else []),
+                                "--without", REGISTRY[-1].name, *(["--source", source] if source else []),
                                 "--json", str(out / "whole-upstream.json")], 460),
         ]
     if part == 3:
