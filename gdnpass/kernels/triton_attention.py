@@ -10,8 +10,11 @@ kernels share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed
   of BLOCK_N (:func:`fa_tile`) with an online softmax (a new row maximum rescales the running sum and accumulator).
   Q·Kᵀ and P·V are ``tl.dot`` of f32 operands in 3xTF32 (:data:`FA_DOT`), K/V widened from f16/bf16 exactly.
   Against the reference the products are ~2^-21 rather than f32-rounded, the sums run in another order and the online
-  rescaling rounds a few times more: within 1e-5 (max |Δ| / max |ref|), not bit for bit. No atomics, no split-KV:
-  the same inputs give the same bytes.
+  rescaling rounds a few times more: within 1e-5 (max |Δ| / max |ref|), not bit for bit. When the row blocks and
+  heads are too few programs for the GPU (a verify: one block of rows, a few heads), the KV is split too
+  (:func:`fa_split`): each program runs its slice's online softmax into a workspace slot, and the last program of a
+  (row block, head) to draw its ticket merges the slices in their fixed order, as the mat-vec's split-K: the same
+  inputs give the same bytes, run to run.
 - SOFT_MAX: one program per SM_TILE elements' worth of rows, three passes over each row (maximum, Σ, write: a long
   row never has to fit in registers), the reference's arithmetic operation for operation: its Σ in f64, its
   multiply by the rounded reciprocal, CUDA's expf compiled (torch's). Only the order of the f64 sum differs, far
@@ -28,10 +31,11 @@ from triton.language.extra import libdevice
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32,
-                                         wait_for_previous_kernels)
+                                         split_workspace, wait_for_previous_kernels)
 
 FA_BLOCK_M = 16     # query rows per program: the smallest tl.dot tile, and a whole verify (n_q <= 16) in one block
 FA_MAX_D = 512      # head sizes up to this have a kernel (next power of two): wider tiles overflow shared memory
+FA_PROGRAMS = 128   # programs a launch aims for by splitting the KV (fa_split): about one per SM of an H100/H200
 # (at 512 the kernel is slower than the torch reference on an H200, 137 against 85 us at n_kv = 256: one launch, 16
 # programs, each with 32-position steps; qwen3.5's 256 is 23 against 60-76 us)
 # Q·Kᵀ and P·V on the tensor cores in 3xTF32 (each f32 operand a TF32 head + tail, the tail x tail term dropped):
@@ -93,12 +97,17 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
                        m_s0, m_s1, m_s2, m_s3,   # mask [n_kv, >= n_q, ne32, ne33], planes broadcast by modulo
                        sinks_s0,                 # sinks [H]
                        o_s0, o_s1, o_s2, o_s3,   # out  [DV, H, n_q, ne3]
+                       ws_ptr, cnt_ptr,          # KV-split partials (f32) and tickets (i32); None when SPLIT == 1
                        HAS_MASK: tl.constexpr, HAS_SINKS: tl.constexpr, ALIBI: tl.constexpr,
                        SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr):
+                       BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr):
     wait_for_previous_kernels()
     h, i3 = tl.program_id(1), tl.program_id(2)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    # grid axis 0: the row block, then its KV slice sl of SPLIT (whole BLOCK_N steps; the last short or empty)
+    blk, sl = tl.program_id(0) // SPLIT, tl.program_id(0) % SPLIT
+    kv_len = tl.cdiv(tl.cdiv(n_kv, BLOCK_N), SPLIT) * BLOCK_N
+    kv_lo = sl * kv_len
+    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_q
     r64 = rows.to(tl.int64)
     h64, i364 = h.to(tl.int64), i3.to(tl.int64)
@@ -112,15 +121,15 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
         m_rows = mask_ptr + (i364 % m_ne3) * m_s3 + (h64 % m_ne2) * m_s2 + r64[:, None] * m_s1
     if ALIBI:
         slope = tl.load(slopes_ptr + h)
-    # the sink joins the softmax as one more score with no value: start from it (exp(sink - sink) = 1 in the sum)
+    # the sink joins the softmax as one more score with no value: slice 0 starts from it (exp(sink - sink) = 1 in
+    # the sum)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
     if HAS_SINKS:
-        m_i = tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h * sinks_s0)
+        m_i = tl.where(sl == 0, tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h * sinks_s0), m_i)
         l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
-    else:
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    for j0 in range(0, n_kv, BLOCK_N):
+    for j0 in range(kv_lo, tl.minimum(kv_lo + kv_len, n_kv), BLOCK_N):
         cols = j0 + tl.arange(0, BLOCK_N)
         cmask = cols < n_kv
         c64 = cols.to(tl.int64)
@@ -144,10 +153,43 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
         v = tl.load(v_head + c64[:, None] * v_s1, mask=cmask[:, None] & dvm[None, :], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=FA_DOT)
         m_i = m_new
-    # Σ = 0 (every score -inf, no sink): 0, as the CPU's S == 0 case
+    o_at = o_ptr + i364 * o_s3 + r64[:, None] * o_s2 + h64 * o_s1 + dv[None, :] * o_s0
+    if SPLIT == 1:
+        _fa_store(o_at, acc, l_i, rmask[:, None] & dvm[None, :])
+    else:
+        # the slice's (m, l, acc) into its workspace slot; the program that draws the tile's last ticket merges the
+        # slices in the order 0..SPLIT-1, whichever finished last (the mat-vec's split-K protocol)
+        tile = (i3 * tl.num_programs(1) + h) * (tl.num_programs(0) // SPLIT) + blk
+        PART: tl.constexpr = BLOCK_M * (BLOCK_DV + 2)
+        rl = tl.arange(0, BLOCK_M)
+        part = ws_ptr + tile * (SPLIT * PART)
+        at_acc = rl[:, None] * BLOCK_DV + dv[None, :]
+        at_m, at_l = BLOCK_M * BLOCK_DV + rl, BLOCK_M * (BLOCK_DV + 1) + rl
+        tl.store(part + sl * PART + at_acc, acc)
+        tl.store(part + sl * PART + at_m, m_i)
+        tl.store(part + sl * PART + at_l, l_i)
+        tl.debug_barrier()  # every thread's stores before the (one thread's) release
+        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
+        if ticket == SPLIT - 1:
+            m = tl.load(part + at_m, cache_modifier=".cg")
+            for j in tl.static_range(1, SPLIT):
+                m = tl.maximum(m, tl.load(part + j * PART + at_m, cache_modifier=".cg"))
+            m_off = tl.where(m > float("-inf"), m, 0.0)
+            l_sum = tl.zeros([BLOCK_M], tl.float32)
+            total = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+            for j in tl.static_range(SPLIT):
+                w = exp_f32(tl.load(part + j * PART + at_m, cache_modifier=".cg") - m_off)
+                l_sum = l_sum + w * tl.load(part + j * PART + at_l, cache_modifier=".cg")
+                total = total + w[:, None] * tl.load(part + j * PART + at_acc, cache_modifier=".cg")
+            _fa_store(o_at, total, l_sum, rmask[:, None] & dvm[None, :])
+            tl.store(cnt_ptr + tile, 0)  # zero for the next launch (and the next CUDA-graph replay)
+
+
+@triton.jit
+def _fa_store(o_at, acc, l_i, mask):
+    """acc / Σ into the output; Σ = 0 (every score -inf, no sink): 0, as the CPU's S == 0 case."""
     o = tl.where(l_i[:, None] == 0.0, 0.0, tl.math.div_rn(acc, tl.where(l_i == 0.0, 1.0, l_i)[:, None]))
-    tl.store(o_ptr + i364 * o_s3 + r64[:, None] * o_s2 + h64 * o_s1 + dv[None, :] * o_s0,
-             o.to(o_ptr.dtype.element_ty), mask=rmask[:, None] & dvm[None, :])
+    tl.store(o_at, o.to(o_at.dtype.element_ty), mask=mask)
 
 
 def flash_attn_ext_refusal(q, k, v, mask, sinks, out) -> str | None:
@@ -193,20 +235,33 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     alibi = mask is not None and max_bias > 0.0
     m = mask if mask is not None else q
     block_n, warps, stages = fa_tile(DK, DV, max(k.element_size(), v.element_size()))
-    _flash_attn_kernel[(triton.cdiv(n_q, FA_BLOCK_M), H, n3)](
+    blocks = triton.cdiv(n_q, FA_BLOCK_M)
+    split = fa_split(n_kv, blocks * H * n3, block_n)
+    ws = cnt = None
+    if split > 1:
+        tiles = blocks * H * n3
+        ws, cnt = split_workspace(q.device, tiles * split * FA_BLOCK_M * (fa_block_d(DV) + 2), tiles, "FLASH_ATTN_EXT")
+    _flash_attn_kernel[(blocks * split, H, n3)](
         q, k, v, m, sinks if sinks is not None else q, _slopes(H, max_bias, q.device) if alibi else q, out,
         n_q, n_kv, DK, DV, H // k.shape[1], H // v.shape[1], n3 // k.shape[0], n3 // v.shape[0],
         m.shape[1], m.shape[0], sc, f32(logit_softcap),
         *_strides(q), *_strides(k), *_strides(v), *_strides(m), sinks.stride(-1) if sinks is not None else 0,
-        *_strides(out),
+        *_strides(out), ws, cnt,
         HAS_MASK=mask is not None, HAS_SINKS=sinks is not None, ALIBI=alibi, SOFTCAP=logit_softcap != 0.0,
-        BLOCK_M=FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=fa_block_d(DK), BLOCK_DV=fa_block_d(DV),
+        BLOCK_M=FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=fa_block_d(DK), BLOCK_DV=fa_block_d(DV), SPLIT=split,
         **{**LAUNCH, "num_warps": warps, "num_stages": stages})
 
 
 def fa_block_d(d: int) -> int:
     """The tile width of a head of ``d`` elements (a power of two, >= 16 for tl.dot)."""
     return max(16, triton.next_power_of_2(d))
+
+
+def fa_split(n_kv: int, programs: int, block_n: int) -> int:
+    """KV slices per (row block, head): enough programs for the GPU (FA_PROGRAMS) when the row blocks and heads alone
+    are too few (a verify's 4-16 query rows are one block: qwen3.5's 16 heads are 16 programs), never more slices than
+    KV steps."""
+    return max(1, min(triton.cdiv(n_kv, block_n), FA_PROGRAMS // max(programs, 1)))
 
 
 def fa_tile(DK: int, DV: int, kv_bytes: int = 2) -> tuple[int, int, int]:
@@ -342,7 +397,9 @@ def programs(node) -> list[tuple[str, int, int]]:
     if node.op is Op.FLASH_ATTN_EXT:
         q, k, v = node.src[:3]  # q ne [DK, n_q, H, ne3], k ne [DK, n_kv, H_kv, ne3]
         block_n, _, _ = fa_tile(q.ne[0], v.ne[0], max(k.type.size, v.type.size))
-        return [("flash_attn", triton.cdiv(q.ne[1], FA_BLOCK_M) * q.ne[2] * q.ne[3], triton.cdiv(k.ne[1], block_n))]
+        programs = triton.cdiv(q.ne[1], FA_BLOCK_M) * q.ne[2] * q.ne[3]
+        split = fa_split(k.ne[1], programs, block_n)
+        return [("flash_attn", programs * split, triton.cdiv(triton.cdiv(k.ne[1], block_n), split))]
     if node.op is Op.SOFT_MAX:
         ne = node.src[0].ne
         block_r, block_c = soft_max_tile(ne[0])

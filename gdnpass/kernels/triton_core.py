@@ -135,6 +135,36 @@ def _alias_ok(op: str, out: torch.Tensor, *srcs: torch.Tensor, same_ok: bool = T
                      f"{op}: the output overlaps an input other than element for element")
 
 
+# The split workspace of each device, (partials f32, tickets i32), for the kernels that split a reduction across
+# programs and let the last one to arrive add the parts in a fixed order (the mat-vec's K slices, flash attention's KV
+# slices). The tickets are zeroed once, here; every launch leaves them zero again. Shared by all launches on the
+# device, so it assumes they run on one stream in order (the executor's case; under programmatic dependent launch
+# each kernel waits for its predecessor before touching it). Grown (never shrunk) when a launch needs more; an
+# outgrown pair stays alive in _RETIRED, since a captured CUDA graph keeps its addresses. Growing allocates, which
+# CUDA-graph capture forbids: the first launch of a shape must come before capture (the executor warms up first).
+_SPLIT_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+
+def split_workspace(device: torch.device, partials: int, tickets: int, who: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """At least ``partials`` f32 and ``tickets`` zeroed i32 of ``device``'s split workspace (``who``: the op, for the
+    refusals)."""
+    ws = _SPLIT_WORKSPACE.get(device)
+    if ws is not None and ws[0].numel() >= partials and ws[1].numel() >= tickets:
+        return ws
+    _require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
+             f"{who}: the split workspace would grow (to {partials} partials) inside CUDA-graph capture; "
+             "launch the graph once before capturing it")
+    _require(partials < 2 ** 31, f"{who}: a split workspace of {partials} partials overflows i32 offsets")
+    if ws is not None:
+        _RETIRED.append(ws)
+        partials, tickets = max(partials, 2 * ws[0].numel()), max(tickets, 2 * ws[1].numel())
+    ws = (torch.empty(partials, dtype=torch.float32, device=device),
+          torch.zeros(tickets, dtype=torch.int32, device=device))
+    _SPLIT_WORKSPACE[device] = ws
+    return ws
+
+
 # ---- shared helpers -------------------------------------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _alias_ok, _require, _row_offset, _strides,
-                                         wait_for_previous_kernels)
+                                         split_workspace, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -248,8 +248,8 @@ class MatVecTile(NamedTuple):
     drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the last ticket, whichever
     it is, adds the S partials in the fixed order 0..S-1 in f32, stores y and zeroes the counter. One launch, and
     bytes that depend on (shape, type, tile) only: run to run, and a pair's product against its single mat-vec. The
-    workspace (:func:`_split_workspace`) is shared by all launches on a device, so they must run on one stream in
-    order, as the executor's do."""
+    workspace (:func:`~gdnpass.kernels.triton_core.split_workspace`) is shared by all launches on a device, so they
+    must run on one stream in order, as the executor's do."""
 
     block_m: int
     cols: int
@@ -333,32 +333,6 @@ def _split(K: int, block_k: int, want: int) -> int:
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
-# The split-K workspace of each device: (partials f32, tickets i32). The tickets are zeroed once, here; every launch
-# leaves them zero again. Shared by all launches on the device, so it assumes they run on one stream in order (the
-# executor's case). Grown (never shrunk) when a launch needs more; an outgrown pair stays alive in _RETIRED, since a
-# captured CUDA graph keeps its addresses. Growing allocates, which CUDA-graph capture forbids: the first launch of
-# a shape must come before capture (the executor warms up first).
-_SPLIT_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-
-def _split_workspace(device: torch.device, partials: int, tickets: int) -> tuple[torch.Tensor, torch.Tensor]:
-    ws = _SPLIT_WORKSPACE.get(device)
-    if ws is not None and ws[0].numel() >= partials and ws[1].numel() >= tickets:
-        return ws
-    _require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
-             f"mul_mat_vec: the split-K workspace would grow (to {partials} partials) inside CUDA-graph capture; "
-             "launch the graph's mat-vecs once before capturing it")
-    _require(partials < 2 ** 31, f"mul_mat_vec: a split-K workspace of {partials} partials overflows i32 offsets")
-    if ws is not None:
-        _RETIRED.append(ws)
-        partials, tickets = max(partials, 2 * ws[0].numel()), max(tickets, 2 * ws[1].numel())
-    ws = (torch.empty(partials, dtype=torch.float32, device=device),
-          torch.zeros(tickets, dtype=torch.int32, device=device))
-    _SPLIT_WORKSPACE[device] = ws
-    return ws
-
-
 def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residual: torch.Tensor | None = None) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
@@ -391,7 +365,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     ws = cnt = None
     if t.split_k > 1:
         tiles = blocks * len(products) * batches
-        ws, cnt = _split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles)
+        ws, cnt = split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles, "mul_mat_vec")
     xs, ys = _strides(x), _strides(out)
     if batched:  # columns are x's ne1 alone; ne2 / ne3 are the batches
         cols_x, cols_y = (N, 1, xs[1], 0, 0), (ys[0], ys[1], 0, 0)

@@ -111,11 +111,14 @@ def variants():
         yield (elt._set_rows_kernel, dict(MODE=mode, BLOCK=256), core.NUM_WARPS,
                dict(r_ptr="*fp32" if mode == "f16" else "*i32", ids_ptr=ids, y_ptr=y))
     # attention: qwen3.5's heads (256, f16 KV cache) and narrower ones with every option; SOFT_MAX's tiles
-    for D, kv, on in ((256, "*fp16", False), (128, "*bf16", True), (64, "*fp32", True), (512, "*fp16", False)):
+    # (split over the KV as a verify's launch is, 4 slices, or not: a prompt's many row blocks)
+    for D, kv, on, split in ((256, "*fp16", False, 4), (256, "*fp16", False, 1), (128, "*bf16", True, 4),
+                             (64, "*fp32", True, 1), (512, "*fp16", False, 4)):
         block_n, warps, stages = att.fa_tile(D, D, 4 if kv == "*fp32" else 2)
-        yield (att._flash_attn_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, SOFTCAP=on, BLOCK_M=att.FA_BLOCK_M,
-                                            BLOCK_N=block_n, BLOCK_DK=att.fa_block_d(D), BLOCK_DV=att.fa_block_d(D)),
-               warps, dict(k_ptr=kv, v_ptr=kv, mask_ptr="*fp16"), dict(num_stages=stages))
+        c = dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, SOFTCAP=on, BLOCK_M=att.FA_BLOCK_M, BLOCK_N=block_n,
+                 BLOCK_DK=att.fa_block_d(D), BLOCK_DV=att.fa_block_d(D), SPLIT=split)
+        yield (att._flash_attn_kernel, c if split > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, warps,
+               dict(k_ptr=kv, v_ptr=kv, mask_ptr="*fp16"), dict(num_stages=stages))
     for ne0, mask, on in ((256, "*fp16", False), (4096, "*fp32", True), (48, "*fp16", True)):
         block_r, block_c = att.soft_max_tile(ne0)
         yield (att._soft_max_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, BLOCK_R=block_r, BLOCK_C=block_c),
@@ -182,7 +185,8 @@ def main() -> int:
         block_n, warps, _ = att.fa_tile(128, 128, 4)
         bad = [(_retyped_in_if, {}, core.NUM_WARPS),
                (att._flash_attn_kernel, dict(HAS_MASK=True, HAS_SINKS=False, ALIBI=False, SOFTCAP=False,
-                                             BLOCK_M=att.FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=128, BLOCK_DV=128),
+                                             BLOCK_M=att.FA_BLOCK_M, BLOCK_N=block_n, BLOCK_DK=128, BLOCK_DV=128,
+                                             SPLIT=1, ws_ptr=None, cnt_ptr=None),
                 warps, dict(k_ptr="*fp32", v_ptr="*fp32", mask_ptr="*fp16"), dict(num_stages=3))]
         for kernel, *args in bad:
             try:

@@ -14,6 +14,7 @@ from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND
 from gdnpass.kernels import reference as ref
+from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels import triton_norms as norms
@@ -228,7 +229,7 @@ def test_mul_mat_vec_batched_as_attention(what, kv_type, tile):
     assert_close(y, ref.mul_mat(w, x))
     assert not y.isnan().any()
     if tile is not None and tile.split_k > 1:
-        assert not mv._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+        assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
     with pytest.raises(KernelError, match="do not broadcast"):  # 2 KV heads cannot serve 3 query heads
         mv.mul_mat_vec(w, x[:, :3], y[:, :3])
 
@@ -285,7 +286,7 @@ def test_mul_mat_vec_split_k(form, wtype, split_k):
     assert_same_bytes(again, y, "second run")
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
-    _, tickets = mv._SPLIT_WORKSPACE[w.device]
+    _, tickets = core._SPLIT_WORKSPACE[w.device]
     assert not tickets.any(), "tickets left non-zero"
 
 
@@ -319,7 +320,7 @@ def test_gpu_mul_mat_vec_split_k_is_deterministic(wtype, n, split_k):
         again.fill_(float("nan"))
         g.replay()
         assert_same_bytes(again, y, "graph replay")
-    assert not mv._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+    assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
 
 
 def _model_tiles():
@@ -370,7 +371,7 @@ def test_mul_mat_vec_split_k_refusals(monkeypatch):
         mv._mat_vecs([(w, y)], x, mv.MatVecTile(8, 1, 32, False, 4, split_k=3))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(KernelError, match="CUDA-graph capture"):
-        mv._split_workspace(torch.device("cuda", 0), 1 << 40, 1)
+        core.split_workspace(torch.device("cuda", 0), 1 << 40, 1, "mul_mat_vec")
 
 
 # ---- GATED_DELTA_NET ------------------------------------------------------------------------------------------------

@@ -112,7 +112,9 @@ def fa_operands(a: Arena, case):
 @pytest.mark.parametrize("steps", ["tile", "16-wide"])
 def test_flash_attn_ext_matches_reference(case, steps, monkeypatch):
     """Each case with its own tile (fa_tile: one KV step at these sizes), and in KV steps of 16, where nearly every
-    step raises some row's maximum and rescales what came before (the online softmax)."""
+    step raises some row's maximum and rescales what came before (the online softmax), and the KV is split into 3-8
+    slices merged at the end (fa_split: these cases have 4-8 programs), slices of masked-out positions and rows that
+    see nothing included."""
     if steps == "16-wide":
         monkeypatch.setattr(ta, "fa_tile", lambda DK, DV, kv_bytes: (16, 4, 1))
     ex = case[9]
@@ -256,3 +258,23 @@ def test_adapter_runs_the_reference_where_the_kernel_refuses(monkeypatch):
     TRITON_BACKEND[Op.FLASH_ATTN_EXT](n, [q, k, v], out)
     assert log == []
     assert torch.equal(out, ref.flash_attn_ext(q, k, v, None, None, 0.1))
+
+
+def test_flash_attn_ext_split_kv_is_deterministic_and_leaves_its_tickets_zero(monkeypatch):
+    """The KV split (8 slices of 16 positions here) merges the slices in a fixed order whichever program finishes
+    last: two launches write the same bytes, and every ticket is zero again afterwards (the next launch, or the next
+    CUDA-graph replay, starts from zero)."""
+    from gdnpass.kernels import triton_core as core
+
+    monkeypatch.setattr(ta, "fa_tile", lambda DK, DV, kv_bytes: (16, 4, 1))
+    case = FA_CASES[0][:6] + (128,) + FA_CASES[0][7:]  # qwen35's shape over 128 positions
+    assert ta.fa_split(128, 4, 16) == 8
+    a = Arena()
+    q, k, v, mask, sinks, out = fa_operands(a, case)
+    runs = []
+    for _ in range(2):
+        a.run(lambda: ta.flash_attn_ext(q, k, v, mask, sinks, 0.125, 0.0, 0.0, out), out)
+        runs.append(out.clone())
+    assert torch.equal(runs[0].view(torch.uint8), runs[1].view(torch.uint8))
+    assert not core._SPLIT_WORKSPACE[out.device][1].any(), "tickets left non-zero"
+    assert rel(out, ref.flash_attn_ext(q, k, v, mask, sinks, 0.125, 0.0, 0.0)) <= 1e-5
