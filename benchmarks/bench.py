@@ -12,7 +12,8 @@
 4. the fused chain against a Triton copy of its bytes, T 1/4/8/16, both q/k forms, and the floor its data
    dependencies set (a copy after a dependent load, with a block norm)
 5. the dedup snapshot layouts against the rows layout (fused node), and the copy ratio their bytes allow
-6. the alpha/beta pair vs two single mat-vecs, and against (empty kernel + its bytes / read bandwidth)
+6. the alpha/beta pair vs two single mat-vecs, and against (empty kernel + its bytes / read bandwidth); flash
+   attention at the verify's shape with its KV split and without (``attention``)
 7. the 24-layer verify forward: kernels and kernel time per forward (and the products alone), fusion off vs on;
    GPU time of the captured CUDA graph (ABBA medians)
 8. the Python cost of the pass on the CPU
@@ -35,6 +36,7 @@ import torch
 import triton
 
 from gdnpass.bench import upstream
+from gdnpass.bench.attention import bench_attention
 from gdnpass.bench.chain import UPSTREAM, bench_chain, bench_dedup, per_op
 from gdnpass.bench import ceilings
 from gdnpass.bench.floors import gather_copy_us
@@ -103,7 +105,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer points and rounds")
     p.add_argument("--json", help="write all numbers to this file")
-    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,forward,whole,upstream,pass "
+    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,attention,forward,whole,"
+                                  "upstream,pass "
                                   "(upstream: llama.cpp built with CUDA and timed on the same GPU, next to whole)")
     p.add_argument("--without", metavar="PATTERN", help="forward, whole: also time fusion on without this "
                                                         "registered pattern (what it saves)")
@@ -195,6 +198,14 @@ def main() -> int:
             fewest = min(r["dedup bytes"], r["dedup-t bytes"])
             print(f"{r['T']:2d} {r['planes']:4d} | {r['rows']:6.2f} | {r['dedup']:6.2f} | {r['dedup-t']:6.2f} | "
                   f"{best:4.2f} {v} | {r['rows bytes']} -> {fewest} | {r['copy ratio']:4.2f}", flush=True)
+
+    if want("attention"):
+        out["attention"] = at = bench_attention()
+        print("\n## FLASH_ATTN_EXT at the verify's shape (16 heads of 256, 4 KV heads, f16 cache): KV split vs not")
+        print("T n_kv | slices | split us | unsplit us | split / unsplit | max |diff| / max |out|")
+        for r in at:
+            print(f"{r['T']:2d} {r['n_kv']:5d} | {r['split']:2d} | {r['split_us']:7.2f} | {r['unsplit_us']:7.2f} | "
+                  f"{r['split_us'] / r['unsplit_us']:4.2f} | {r['agree']:.1e}", flush=True)
 
     if want("pair"):
         cols = [1, 2, 4, 8, 16] if a.quick else list(range(1, 17))

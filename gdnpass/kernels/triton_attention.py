@@ -218,11 +218,12 @@ def flash_attn_ext_refusal(q, k, v, mask, sinks, out) -> str | None:
 
 def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                    sinks: torch.Tensor | None, scale: float, max_bias: float, logit_softcap: float,
-                   out: torch.Tensor) -> None:
+                   out: torch.Tensor, split: int | None = None) -> None:
     """FLASH_ATTN_EXT into ``out`` (torch shape (ne3, n_q, H, DV), any strides), one launch: reference.flash_attn_ext
     with ``cpu=False`` (its semantics: GQA and ne3 broadcast, the mask broadcast by modulo, ALiBi slopes, logit
     softcapping, sinks, a row without a finite score nor a sink gives 0), within 1e-5 of it (max |Δ| / max |ref|:
-    3xTF32 products, summation order, the online rescaling). q, k, v and the mask f32, f16 or bf16, any strides."""
+    3xTF32 products, summation order, the online rescaling). q, k, v and the mask f32, f16 or bf16, any strides.
+    ``split``: a benchmark's override of :func:`fa_split` (KV slices per row block and head)."""
     why = flash_attn_ext_refusal(q, k, v, mask, sinks, out)
     _require(why is None, f"FLASH_ATTN_EXT: {why}")
     n3, H, n_q, DK = q.shape
@@ -236,7 +237,8 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     m = mask if mask is not None else q
     block_n, warps, stages = fa_tile(DK, DV, max(k.element_size(), v.element_size()))
     blocks = triton.cdiv(n_q, FA_BLOCK_M)
-    split = fa_split(n_kv, blocks * H * n3, block_n)
+    split = split or fa_split(n_kv, blocks * H * n3, block_n)
+    _require(1 <= split <= max(1, triton.cdiv(n_kv, block_n)), f"FLASH_ATTN_EXT: {split} KV slices of {n_kv} positions")
     ws = cnt = None
     if split > 1:
         tiles = blocks * H * n3
