@@ -212,6 +212,12 @@ def fmt_range(r: Range) -> str:
     return f"{r[0]}[{r[1]:#x}, {r[2]:#x})"
 
 
+def same_elements(a: Tensor, b: Tensor) -> bool:
+    """``a`` and ``b`` are the same elements of the same memory (an in-place op's output and its input): a program
+    that reads its elements before it writes them may have its output there."""
+    return byte_range(a)[:2] == byte_range(b)[:2] and a.ne == b.ne and a.nb == b.nb and a.type is b.type
+
+
 def first_collision(a: list[tuple[Range, Tensor]], b: list[tuple[Range, Tensor]]):
     """The first (range_a, tensor_a, range_b, tensor_b) whose byte ranges overlap, or None."""
     for ra, ta in a:

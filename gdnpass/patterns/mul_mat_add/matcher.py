@@ -30,10 +30,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Graph, Op, Tensor, byte_range
+from gdnpass.ir import DType, Graph, Op, Tensor
 from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
-                                     first_collision, read_before_written, rule)
+                                     first_collision, read_before_written, rule, same_elements)
 from gdnpass.patterns.mul_mat_add.record import RECORD
 
 NAME = "mul_mat_add"
@@ -153,17 +153,13 @@ _between = between("between.writes-input", Clause("before", "w", lambda c: [c.x,
                                                   "{node} writes {hit}, which the fused node reads at the ADD"))
 
 
-def _same_elements(a: Tensor, b: Tensor) -> bool:
-    return byte_range(a)[:2] == byte_range(b)[:2] and a.ne == b.ne and a.nb == b.nb and a.type is b.type
-
-
 @rule("mul-mat-add.output-overlaps-input", HAZARD)
 def _output_overlaps_input(c: MatAddCapture, ctx):
     hit = first_collision(ctx.ranges([c.add]), ctx.ranges([c.x, c.w]))
     if hit:
         return collision(c.add, f"{c.add.name!r} overlaps {hit[3].name!r}, which other programs still read", hit)
     hit = first_collision(ctx.ranges([c.add]), ctx.ranges([c.r]))
-    if hit and not _same_elements(c.add, c.r):
+    if hit and not same_elements(c.add, c.r):
         return collision(c.add, f"{c.add.name!r} overlaps the addend {c.r.name!r}, not element for element", hit)
 
 

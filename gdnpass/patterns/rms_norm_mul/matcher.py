@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor
 from gdnpass.opspec.shapes import can_repeat
 from gdnpass.patterns.common import (HAZARD, Capture, Context, Match, Why, collision, confined, first_collision,
-                                     read_before_written, rule)
+                                     read_before_written, rule, same_elements)
 from gdnpass.patterns.rms_norm_mul.record import RECORD
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 
@@ -153,15 +153,11 @@ def _row_size(c: NormCapture, ctx):
         return Why(c.norm, f"rows of {c.x.ne[0]} elements: outside the kernel's 1..{ROW_MAX}")
 
 
-def _same_elements(a: Tensor, b: Tensor) -> bool:
-    return byte_range(a)[:2] == byte_range(b)[:2] and a.ne == b.ne and a.nb == b.nb and a.type is b.type
-
-
 @rule("rms-mul.output-overlaps-input", HAZARD)
 def _output_overlaps_input(c: NormCapture, ctx):
     srcs = [t for t in (c.x, c.w, c.addend) if t is not None]
     hit = first_collision(ctx.ranges([c.last]), ctx.ranges(srcs))
-    if hit and not _same_elements(c.last, hit[3]):
+    if hit and not same_elements(c.last, hit[3]):
         return collision(c.last, f"{c.last.name!r} overlaps {hit[3].name!r}, not element for element", hit)
 
 
