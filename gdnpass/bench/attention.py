@@ -1,5 +1,5 @@
 """FLASH_ATTN_EXT at a verify's shape (qwen3.5-9b's full-attention layer: 16 query heads of 256 over 4 KV heads, an
-f16 cache and mask, T query rows), with the KV split as the launcher chooses (``fa_split``) and unsplit, over the
+f16 cache and mask, T query rows), with the KV split as the launcher chooses (``fa_grid``) and unsplit, over the
 whole verify's padded KV (256 cells) and a long context: profiler kernel durations of CUDA-graph replays, the variants
 in one process."""
 
@@ -29,7 +29,7 @@ def bench_attention(cases=((4, 256), (8, 256), (4, 4096), (8, 4096))) -> list[di
     for T, n_kv in cases:
         q, k, v, mask, out = _operands(T, n_kv)
         block_n = ta.fa_tile(D, D)[0]
-        split = ta.fa_split(n_kv, HEADS, block_n)
+        _, _, split = ta.fa_grid(T, HEADS, 1, HEADS // KV_HEADS, HEADS // KV_HEADS, n_kv, block_n)
         run = {s: (lambda s=s: ta.flash_attn_ext(q, k, v, mask, None, D ** -0.5, 0.0, 0.0, out, split=s))
                for s in (split, 1)}
         us = {s: kernel_us(fn)[0] for s, fn in run.items()}

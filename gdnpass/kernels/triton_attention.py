@@ -6,8 +6,10 @@ kernel with its reference. Conventions as :mod:`gdnpass.kernels.triton_core` (wh
 kernels share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed in ggml order, no FMA contraction
 (``LAUNCH``), offsets in int64 (a KV cache view spans more than 2^31 elements at long contexts).
 
-- FLASH_ATTN_EXT: one program per (block of FA_BLOCK_M query rows, query head, ne3), looping over the KV in blocks
-  of BLOCK_N (:func:`fa_tile`) with an online softmax (a new row maximum rescales the running sum and accumulator).
+- FLASH_ATTN_EXT: one program per (block of FA_BLOCK_M rows, group of query heads, ne3), looping over the KV in
+  blocks of BLOCK_N (:func:`fa_tile`) with an online softmax (a new row maximum rescales the running sum and
+  accumulator). A group is the query heads that read one K/V head (GQA; :func:`fa_grid`), its rows (head, query row)
+  side by side, so a verify's few query rows of several heads fill one block and the group's K/V is read once.
   Q·Kᵀ and P·V are ``tl.dot`` of f32 operands in 3xTF32 (:data:`FA_DOT`), K/V widened from f16/bf16 exactly.
   Against the reference the products are ~2^-21 rather than f32-rounded, the sums run in another order and the online
   rescaling rounds a few times more: within 1e-5 (max |Δ| / max |ref|), not bit for bit. When the row blocks and
@@ -90,7 +92,7 @@ def _mask_fits(mask: torch.Tensor | None, n_cols: int, n_rows: int) -> bool:
 
 @triton.jit
 def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_ptr,
-                       n_q, n_kv, DK, DV, r_k, r_v, r3_k, r3_v, m_ne2, m_ne3, scale, softcap,
+                       n_q, n_kv, DK, DV, r_k, r_v, r3_k, r3_v, m_ne2, m_ne3, scale, softcap, pack,
                        q_s0, q_s1, q_s2, q_s3,   # q    [DK, n_q, H, ne3]
                        k_s0, k_s1, k_s2, k_s3,   # k    [DK, n_kv, H_kv, ne3k]: query head h reads h // r_k
                        v_s0, v_s1, v_s2, v_s3,   # v    [DV, n_kv, H_kv, ne3v]
@@ -102,31 +104,34 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
                        SOFTCAP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr, SPLIT: tl.constexpr):
     wait_for_previous_kernels()
-    h, i3 = tl.program_id(1), tl.program_id(2)
+    # grid axis 1: a group of ``pack`` query heads that read one KV head (GQA), whose rows (head, query row) a row
+    # block takes together, so the group's K/V is read once; axis 2: ne3
+    g, i3 = tl.program_id(1), tl.program_id(2)
     # grid axis 0: the row block, then its KV slice sl of SPLIT (whole BLOCK_N steps; the last short or empty)
     blk, sl = tl.program_id(0) // SPLIT, tl.program_id(0) % SPLIT
     kv_len = tl.cdiv(tl.cdiv(n_kv, BLOCK_N), SPLIT) * BLOCK_N
     kv_lo = sl * kv_len
-    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < n_q
-    r64 = rows.to(tl.int64)
-    h64, i364 = h.to(tl.int64), i3.to(tl.int64)
+    rows = blk * BLOCK_M + tl.arange(0, BLOCK_M)  # the group's rows: head-major, then query row
+    rmask = rows < n_q * pack
+    head = g * pack + rows // n_q
+    h64, r64, i364 = head.to(tl.int64), (rows % n_q).to(tl.int64), i3.to(tl.int64)
+    g64 = (g * pack).to(tl.int64)  # the group's first head: every head of it reads the same K and V head
     dk, dv = tl.arange(0, BLOCK_DK), tl.arange(0, BLOCK_DV)
     dkm, dvm = dk < DK, dv < DV
-    q = tl.load(q_ptr + i364 * q_s3 + h64 * q_s2 + r64[:, None] * q_s1 + dk[None, :] * q_s0,
+    q = tl.load(q_ptr + i364 * q_s3 + h64[:, None] * q_s2 + r64[:, None] * q_s1 + dk[None, :] * q_s0,
                 mask=rmask[:, None] & dkm[None, :], other=0.0).to(tl.float32)
-    k_head = k_ptr + (i364 // r3_k) * k_s3 + (h64 // r_k) * k_s2 + dk[:, None] * k_s0  # [BLOCK_DK, 1]
-    v_head = v_ptr + (i364 // r3_v) * v_s3 + (h64 // r_v) * v_s2 + dv[None, :] * v_s0  # [1, BLOCK_DV]
+    k_head = k_ptr + (i364 // r3_k) * k_s3 + (g64 // r_k) * k_s2 + dk[:, None] * k_s0  # [BLOCK_DK, 1]
+    v_head = v_ptr + (i364 // r3_v) * v_s3 + (g64 // r_v) * v_s2 + dv[None, :] * v_s0  # [1, BLOCK_DV]
     if HAS_MASK:
-        m_rows = mask_ptr + (i364 % m_ne3) * m_s3 + (h64 % m_ne2) * m_s2 + r64[:, None] * m_s1
+        m_rows = mask_ptr + (i364 % m_ne3) * m_s3 + (h64 % m_ne2)[:, None] * m_s2 + r64[:, None] * m_s1
     if ALIBI:
-        slope = tl.load(slopes_ptr + h)
+        slope = tl.load(slopes_ptr + head, mask=rmask, other=0.0)
     # the sink joins the softmax as one more score with no value: slice 0 starts from it (exp(sink - sink) = 1 in
     # the sum)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     if HAS_SINKS:
-        m_i = tl.where(sl == 0, tl.zeros([BLOCK_M], tl.float32) + tl.load(sinks_ptr + h * sinks_s0), m_i)
+        m_i = tl.where(sl == 0, tl.load(sinks_ptr + head * sinks_s0, mask=rmask, other=0.0), m_i)
         l_i = tl.where(m_i > float("-inf"), 1.0, 0.0)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     for j0 in range(kv_lo, tl.minimum(kv_lo + kv_len, n_kv), BLOCK_N):
@@ -141,7 +146,7 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
             mk = tl.load(m_rows + c64[None, :] * m_s0, mask=rmask[:, None] & cmask[None, :], other=0.0)
             mk = mk.to(tl.float32)
             if ALIBI:
-                mk = slope * mk
+                mk = slope[:, None] * mk
             s = s + mk
         s = tl.where(cmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -153,13 +158,13 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
         v = tl.load(v_head + c64[:, None] * v_s1, mask=cmask[:, None] & dvm[None, :], other=0.0).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=FA_DOT)
         m_i = m_new
-    o_at = o_ptr + i364 * o_s3 + r64[:, None] * o_s2 + h64 * o_s1 + dv[None, :] * o_s0
+    o_at = o_ptr + i364 * o_s3 + r64[:, None] * o_s2 + h64[:, None] * o_s1 + dv[None, :] * o_s0
     if SPLIT == 1:
         _fa_store(o_at, acc, l_i, rmask[:, None] & dvm[None, :])
     else:
         # the slice's (m, l, acc) into its workspace slot; the program that draws the tile's last ticket merges the
         # slices in the order 0..SPLIT-1, whichever finished last (the mat-vec's split-K protocol)
-        tile = (i3 * tl.num_programs(1) + h) * (tl.num_programs(0) // SPLIT) + blk
+        tile = (i3 * tl.num_programs(1) + g) * (tl.num_programs(0) // SPLIT) + blk
         PART: tl.constexpr = BLOCK_M * (BLOCK_DV + 2)
         rl = tl.arange(0, BLOCK_M)
         part = ws_ptr + tile * (SPLIT * PART)
@@ -236,17 +241,17 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     alibi = mask is not None and max_bias > 0.0
     m = mask if mask is not None else q
     block_n, warps, stages = fa_tile(DK, DV, max(k.element_size(), v.element_size()))
-    blocks = triton.cdiv(n_q, FA_BLOCK_M)
-    split = split or fa_split(n_kv, blocks * H * n3, block_n)
+    pack, blocks, auto = fa_grid(n_q, H, n3, H // k.shape[1], H // v.shape[1], n_kv, block_n)
+    split = split or auto
     _require(1 <= split <= max(1, triton.cdiv(n_kv, block_n)), f"FLASH_ATTN_EXT: {split} KV slices of {n_kv} positions")
     ws = cnt = None
+    tiles = blocks * (H // pack) * n3
     if split > 1:
-        tiles = blocks * H * n3
         ws, cnt = split_workspace(q.device, tiles * split * FA_BLOCK_M * (fa_block_d(DV) + 2), tiles, "FLASH_ATTN_EXT")
-    _flash_attn_kernel[(blocks * split, H, n3)](
+    _flash_attn_kernel[(blocks * split, H // pack, n3)](
         q, k, v, m, sinks if sinks is not None else q, _slopes(H, max_bias, q.device) if alibi else q, out,
         n_q, n_kv, DK, DV, H // k.shape[1], H // v.shape[1], n3 // k.shape[0], n3 // v.shape[0],
-        m.shape[1], m.shape[0], sc, f32(logit_softcap),
+        m.shape[1], m.shape[0], sc, f32(logit_softcap), pack,
         *_strides(q), *_strides(k), *_strides(v), *_strides(m), sinks.stride(-1) if sinks is not None else 0,
         *_strides(out), ws, cnt,
         HAS_MASK=mask is not None, HAS_SINKS=sinks is not None, ALIBI=alibi, SOFTCAP=logit_softcap != 0.0,
@@ -257,6 +262,15 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 def fa_block_d(d: int) -> int:
     """The tile width of a head of ``d`` elements (a power of two, >= 16 for tl.dot)."""
     return max(16, triton.next_power_of_2(d))
+
+
+def fa_grid(n_q: int, H: int, n3: int, r_k: int, r_v: int, n_kv: int, block_n: int) -> tuple[int, int, int]:
+    """(heads a program takes together, row blocks per group and ne3, KV slices): a GQA group's query heads (``r_k``
+    of them read one K head, ``r_v`` one V head; when the two differ, one head a program) share a program's rows, so
+    a verify's 4 query rows x 4 heads fill its 16; then :func:`fa_split`."""
+    pack = r_k if r_k == r_v else 1
+    blocks = triton.cdiv(n_q * pack, FA_BLOCK_M)
+    return pack, blocks, fa_split(n_kv, blocks * (H // pack) * n3, block_n)
 
 
 def fa_split(n_kv: int, programs: int, block_n: int) -> int:
@@ -399,9 +413,10 @@ def programs(node) -> list[tuple[str, int, int]]:
     if node.op is Op.FLASH_ATTN_EXT:
         q, k, v = node.src[:3]  # q ne [DK, n_q, H, ne3], k ne [DK, n_kv, H_kv, ne3]
         block_n, _, _ = fa_tile(q.ne[0], v.ne[0], max(k.type.size, v.type.size))
-        programs = triton.cdiv(q.ne[1], FA_BLOCK_M) * q.ne[2] * q.ne[3]
-        split = fa_split(k.ne[1], programs, block_n)
-        return [("flash_attn", programs * split, triton.cdiv(triton.cdiv(k.ne[1], block_n), split))]
+        H = q.ne[2]
+        pack, blocks, split = fa_grid(q.ne[1], H, q.ne[3], H // k.ne[2], H // v.ne[2], k.ne[1], block_n)
+        return [("flash_attn", blocks * (H // pack) * q.ne[3] * split,
+                 triton.cdiv(triton.cdiv(k.ne[1], block_n), split))]
     if node.op is Op.SOFT_MAX:
         ne = node.src[0].ne
         block_r, block_c = soft_max_tile(ne[0])

@@ -278,3 +278,14 @@ def test_flash_attn_ext_split_kv_is_deterministic_and_leaves_its_tickets_zero(mo
     assert torch.equal(runs[0].view(torch.uint8), runs[1].view(torch.uint8))
     assert not core._SPLIT_WORKSPACE[out.device][1].any(), "tickets left non-zero"
     assert rel(out, ref.flash_attn_ext(q, k, v, mask, sinks, 0.125, 0.0, 0.0)) <= 1e-5
+
+
+def test_flash_attn_grid_packs_a_gqa_group_and_splits_the_kv_of_a_verify():
+    """qwen3.5-9b's attention (16 query heads over 4 KV heads, 256 wide, f16): a verify's 4 query rows of a group's 4
+    heads are one block of 16 rows, 4 programs, its 256 KV positions in 4 slices; 8 rows are two blocks; a long
+    context splits up to FA_PROGRAMS programs; K and V heads of different ratios take one head a program."""
+    block_n = ta.fa_tile(256, 256)[0]
+    assert ta.fa_grid(4, 16, 1, 4, 4, 256, block_n) == (4, 1, 4)
+    assert ta.fa_grid(8, 16, 1, 4, 4, 4096, block_n) == (4, 2, ta.FA_PROGRAMS // 8)
+    assert ta.fa_grid(512, 16, 1, 4, 4, 4096, block_n) == (4, 128, 1)  # a prompt: enough programs unsplit
+    assert ta.fa_grid(4, 16, 1, 4, 2, 256, block_n)[0] == 1
