@@ -15,6 +15,7 @@ from gdnpass.bench.matvec import product_weights
 from gdnpass.bench.timing import kernel_us, node_runner
 from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
+from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch
 from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
@@ -122,8 +123,6 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
                        n_past=upstream.N_PROMPT if whole else 0)
-    from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch  # (imports Triton: on the GPU only)
-
     res = {}
     runs = {}
     # (name, fused, the pattern left out, programmatic dependent launch); "serial": fusion on, each kernel launched

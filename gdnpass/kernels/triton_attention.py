@@ -15,8 +15,8 @@ kernels share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed
   rescaling rounds a few times more: within 1e-5 (max |Δ| / max |ref|), not bit for bit. When the row blocks and
   heads are too few programs for the GPU (a verify: one block of rows, a few heads), the KV is split too
   (:func:`fa_split`): each program runs its slice's online softmax into a workspace slot, and the last program of a
-  (row block, head) to draw its ticket merges the slices in their fixed order, as the mat-vec's split-K: the same
-  inputs give the same bytes, run to run.
+  (row block, head group) to draw its ticket merges the slices in their fixed order, as the mat-vec's split-K
+  (:func:`~gdnpass.kernels.triton_core.last_to_arrive`): the same inputs give the same bytes, run to run.
 - SOFT_MAX: one program per SM_TILE elements' worth of rows, three passes over each row (maximum, Σ, write: a long
   row never has to fit in registers), the reference's arithmetic operation for operation: its Σ in f64, its
   multiply by the rounded reciprocal, CUDA's expf compiled (torch's). Only the order of the f64 sum differs, far
@@ -33,7 +33,7 @@ from triton.language.extra import libdevice
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32,
-                                         split_workspace, wait_for_previous_kernels)
+                                         last_to_arrive, split_workspace, wait_for_previous_kernels)
 
 FA_BLOCK_M = 16     # query rows per program: the smallest tl.dot tile, and a whole verify (n_q <= 16) in one block
 FA_MAX_D = 512      # head sizes up to this have a kernel (next power of two): wider tiles overflow shared memory
@@ -173,9 +173,7 @@ def _flash_attn_kernel(q_ptr, k_ptr, v_ptr, mask_ptr, sinks_ptr, slopes_ptr, o_p
         tl.store(part + sl * PART + at_acc, acc)
         tl.store(part + sl * PART + at_m, m_i)
         tl.store(part + sl * PART + at_l, l_i)
-        tl.debug_barrier()  # every thread's stores before the (one thread's) release
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if ticket == SPLIT - 1:
+        if last_to_arrive(cnt_ptr, tile, SPLIT):
             m = tl.load(part + at_m, cache_modifier=".cg")
             for j in tl.static_range(1, SPLIT):
                 m = tl.maximum(m, tl.load(part + j * PART + at_m, cache_modifier=".cg"))
@@ -228,7 +226,7 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     with ``cpu=False`` (its semantics: GQA and ne3 broadcast, the mask broadcast by modulo, ALiBi slopes, logit
     softcapping, sinks, a row without a finite score nor a sink gives 0), within 1e-5 of it (max |Δ| / max |ref|:
     3xTF32 products, summation order, the online rescaling). q, k, v and the mask f32, f16 or bf16, any strides.
-    ``split``: a benchmark's override of :func:`fa_split` (KV slices per row block and head)."""
+    ``split``: a benchmark's override of :func:`fa_split` (KV slices per row block and head group)."""
     why = flash_attn_ext_refusal(q, k, v, mask, sinks, out)
     _require(why is None, f"FLASH_ATTN_EXT: {why}")
     n3, H, n_q, DK = q.shape
@@ -274,9 +272,9 @@ def fa_grid(n_q: int, H: int, n3: int, r_k: int, r_v: int, n_kv: int, block_n: i
 
 
 def fa_split(n_kv: int, programs: int, block_n: int) -> int:
-    """KV slices per (row block, head): enough programs for the GPU (FA_PROGRAMS) when the row blocks and heads alone
-    are too few (a verify's 4-16 query rows are one block: qwen3.5's 16 heads are 16 programs), never more slices than
-    KV steps."""
+    """KV slices per (row block, head group) of ``programs`` such: enough programs for the GPU (FA_PROGRAMS) when
+    those alone are too few (a verify: qwen3.5-9b's 4 query rows x 4 heads of a group are one block, its 4 groups 4
+    programs), never more slices than KV steps."""
     return max(1, min(triton.cdiv(n_kv, block_n), FA_PROGRAMS // max(programs, 1)))
 
 

@@ -165,6 +165,19 @@ def split_workspace(device: torch.device, partials: int, tickets: int, who: str)
     return ws
 
 
+@triton.jit
+def last_to_arrive(cnt_ptr, tile, parts: tl.constexpr):
+    """The split protocol's ticket (the mat-vec's K slices, flash attention's KV slices): a program that has stored
+    its part of ``tile`` into the split workspace draws a ticket on the tile's counter (an acq_rel atomic add); True
+    for the one that draws the last of ``parts``, whichever it is. That program merges the parts in their fixed
+    order (read with .cg: at L2, never a line its SM's L1 kept from an earlier launch) and stores 0 to the counter
+    for the next launch and the next CUDA-graph replay. Triton's scalar atomic is one thread's: a CTA barrier first,
+    so the release covers every thread's stores (the ticket is broadcast through shared memory behind a barrier, so
+    every thread's loads follow the acquire)."""
+    tl.debug_barrier()
+    return tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel") == parts - 1
+
+
 # ---- shared helpers -------------------------------------------------------------------------------------------------
 
 

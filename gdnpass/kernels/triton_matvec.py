@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _alias_ok, _require, _row_offset, _strides,
-                                         split_workspace, wait_for_previous_kernels)
+                                         last_to_arrive, split_workspace, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -187,13 +187,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
         part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
         tl.store(part + s * PART, acc)
-        # Triton's scalar atomic is one thread's: a CTA barrier first, so the release covers every thread's stores
-        # (it broadcasts the ticket through shared memory behind a barrier, so every thread's loads follow the acquire)
-        tl.debug_barrier()
-        ticket = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel")
-        if ticket == SPLIT_K - 1:
-            # the slices in their order, whichever program finishes last: the bytes do not depend on the schedule.
-            # .cg: read at L2, never a line this SM's L1 kept from an earlier launch
+        if last_to_arrive(cnt_ptr, tile, SPLIT_K):
+            # the slices in their order, whichever program finishes last: the bytes do not depend on the schedule
             total = tl.load(part, cache_modifier=".cg")
             for j in tl.static_range(1, SPLIT_K):
                 total += tl.load(part + j * PART, cache_modifier=".cg")
