@@ -28,15 +28,32 @@ GGML_MAX_DIMS = 4
 
 
 class DType(enum.Enum):
+    """A ggml type: ``size`` is ggml_type_size (the bytes of one block), ``block`` ggml_blck_size (the elements of
+    one block: 1 for the plain types). The quantized types are ggml's block formats (ggml-common.h), held as the file
+    has them: a row of ``ne[0]`` elements is ``ne[0] / block`` blocks of ``size`` bytes."""
+
     F32 = ("f32", 4)
     F16 = ("f16", 2)
     BF16 = ("bf16", 2)
     I32 = ("i32", 4)
     I64 = ("i64", 8)  # llama.cpp's KV-cache row indices (SET_ROWS)
+    Q8_0 = ("q8_0", 34, 32)     # an f16 scale, 32 int8
+    Q4_K = ("q4_k", 144, 256)   # f16 d and dmin, 12 bytes of 6-bit sub-block scales and mins, 128 bytes of nibbles
+    Q5_K = ("q5_k", 176, 256)   # as Q4_K, plus 32 bytes of fifth bits
+    Q6_K = ("q6_k", 210, 256)   # 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, an f16 d
 
-    def __init__(self, label: str, size: int) -> None:
+    def __init__(self, label: str, size: int, block: int = 1) -> None:
         self.label = label  # plain attributes, not properties: the pass reads ``size`` for every byte range
         self.size = size
+        self.block = block
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.block > 1
+
+    def row_bytes(self, n: int) -> int:
+        """ggml_row_size: the bytes of ``n`` elements (a multiple of ``block``)."""
+        return self.size * n // self.block
 
     @classmethod
     def parse(cls, s: str) -> "DType":
@@ -223,6 +240,8 @@ class Tensor:
         """ggml_nbytes: the span from the first to one past the last element, through the strides."""
         if any(x == 0 for x in self.ne):
             return 0
+        if self.type.block > 1:  # a block type: the first row's blocks, then the strides of the others
+            return self.type.row_bytes(self.ne[0]) + sum((self.ne[i] - 1) * self.nb[i] for i in range(1, GGML_MAX_DIMS))
         return self.type.size + sum((self.ne[i] - 1) * self.nb[i] for i in range(GGML_MAX_DIMS))
 
     @property
@@ -263,8 +282,8 @@ class Tensor:
 
 def contiguous_strides(type_: DType, ne: Iterable[int]) -> tuple[int, int, int, int]:
     ne = tuple(ne)
-    nb = [type_.size]
-    for i in range(1, GGML_MAX_DIMS):
+    nb = [type_.size, type_.row_bytes(ne[0])]
+    for i in range(2, GGML_MAX_DIMS):
         nb.append(nb[-1] * ne[i - 1])
     return tuple(nb)  # type: ignore[return-value]
 
@@ -272,9 +291,9 @@ def contiguous_strides(type_: DType, ne: Iterable[int]) -> tuple[int, int, int, 
 def is_contiguous_n(t: Tensor, n: int) -> bool:
     """ggml_is_contiguous_n: contiguous except that dims >= n+1 ... follows ggml's helper of the same name."""
     next_nb = t.type.size
-    if t.ne[0] != 1 and t.nb[0] != next_nb:
+    if t.ne[0] != t.type.block and t.nb[0] != next_nb:
         return False
-    next_nb *= t.ne[0]
+    next_nb = t.type.row_bytes(t.ne[0])
     for i in range(1, GGML_MAX_DIMS):
         if t.ne[i] != 1:
             if i > n:

@@ -394,7 +394,7 @@ def test_tensor_not_an_object(d):
 BAD_FIELDS = [
     ("id", 99, r"field 'id' is 99, expected \d+"),
     ("name", 7, "field 'name' must be a string"),
-    ("type", "f64", r"field 'type': unknown type 'f64' \(expected one of f32, f16, bf16, i32, i64\)"),
+    ("type", "f64", r"field 'type': unknown type 'f64' \(expected one of f32, f16, bf16, i32, i64, q8_0, q4_k, q5_k, q6_k\)"),
     ("type", 1, "field 'type' must be a string"),
     ("op", "CONV_2D", "field 'op': unknown op 'CONV_2D'"),
     ("op", None, "field 'op' must be a string"),

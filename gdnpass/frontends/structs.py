@@ -228,12 +228,12 @@ def leaf_layer(name: str) -> int | None:
 
 
 def record_dtype(c: TensorStruct):
-    """gdnpass's DType for a record's ggml type name; GraphError naming the tensor for a type gdnpass lacks (the
-    quantized types)."""
+    """gdnpass's DType for a record's ggml type name (ggml spells the K-quants ``q4_K``); GraphError naming the tensor
+    for a type gdnpass lacks (the other quantized types)."""
     from gdnpass.ir import DType
 
     for t in DType:
-        if c.type_name == t.label:
+        if c.type_name.lower() == t.label:
             return t
     raise GraphError(f"tensor {c.name!r}: ggml type {c.type_name} is not modelled (gdnpass has "
                      f"{', '.join(t.label for t in DType)})")

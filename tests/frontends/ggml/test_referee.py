@@ -28,7 +28,7 @@ from gdnpass import ops, serialize  # noqa: E402
 from gdnpass.alloc import plan  # noqa: E402
 from gdnpass.frontends import ggml as fg  # noqa: E402
 from gdnpass.fusion import fuse  # noqa: E402
-from gdnpass.ir import DType, Flag, Graph, GraphError, Op  # noqa: E402
+from gdnpass.ir import DType, Flag, Graph, GraphError, Op, contiguous_strides  # noqa: E402
 from gdnpass.kernels.reference import f32  # noqa: E402
 from gdnpass.kernels import reference as ref  # noqa: E402
 from gdnpass.models import SNAPSHOT_LAYOUTS, VerifyConfig, build_conv_chain_graph, build_verify_graph  # noqa: E402
@@ -169,10 +169,25 @@ def test_import_decodes_everything():
 def test_unmodelled_type_is_a_clear_error():
     with fg.GgmlSession() as s:
         x = s.new_tensor("input", "inp_x", F32, (32, 4), input=True)
-        w = s.g.ggml_new_tensor_2d(s.leaf_ctx["weights"], s.g.GGML_TYPE_Q8_0, 32, 4)
+        w = s.g.ggml_new_tensor_2d(s.leaf_ctx["weights"], s.g.GGML_TYPE_Q4_0, 32, 4)
         s.expand(s.g.ggml_mul_mat(s.ctx, w, x))
-        with pytest.raises(GraphError, match="type q8_0 is not modelled"):
+        with pytest.raises(GraphError, match="type q4_0 is not modelled"):
             fg.from_ggml(s.gf)
+
+
+@pytest.mark.parametrize("dtype", [t for t in DType if t.is_quantized], ids=lambda t: t.label)
+def test_block_types_import_with_ggml_strides_and_sizes(dtype):
+    """A quantized weight keeps ggml's block layout: nb, ggml_nbytes and ggml_row_size as ggml computes them."""
+    with fg.GgmlSession() as s:
+        x = s.new_tensor("input", "inp_x", F32, (512, 3), input=True)
+        w = s.g.ggml_new_tensor_3d(s.leaf_ctx["weights"], getattr(s.g, f"GGML_TYPE_{dtype.name}"), 512, 5, 2)
+        s.expand(s.g.ggml_get_rows(s.ctx, w, s.new_tensor("input", "ids", DType.I32, (3, 2), input=True)))
+        imp = s.import_graph()
+        t = next(leaf for leaf in imp.graph.leafs if leaf.type is dtype)
+        assert t.nb == tuple(w.contents.nb[:4])
+        assert t.nbytes == s.g.ggml_nbytes(w) == 2 * 5 * 512 // dtype.block * dtype.size
+        assert contiguous_strides(dtype, t.ne) == t.nb and t.is_contiguous()
+        assert dtype.row_bytes(512) == s.g.ggml_row_size(getattr(s.g, f"GGML_TYPE_{dtype.name}"), 512)
 
 
 def test_unmodelled_ops_import_as_opaque_nodes(tmp_path):
