@@ -1,0 +1,136 @@
+"""gdnpass.kernels.quants.dequantize, bit for bit: against ggml's own to_float (ggml-python) and gguf-py's numpy
+dequantize, on blocks ggml's quantizer made from f32 rows and on random bytes; batched and strided inputs; errors."""
+
+from __future__ import annotations
+
+import ctypes
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from gdnpass.errors import KernelError
+from gdnpass.ir import DType
+from gdnpass.kernels.quants import DEQUANTIZE, dequantize
+
+TYPES = list(DEQUANTIZE)
+ROWS, BLOCKS = 12, 4  # rows of ROWS x 4 blocks each
+
+
+def _f16_offsets(dtype: DType) -> tuple[int, ...]:
+    """Where a block's f16 fields are (ggml-common.h): d first (and dmin after it), q6_K's d last."""
+    return {DType.Q8_0: (0,), DType.Q4_K: (0, 2), DType.Q5_K: (0, 2), DType.Q6_K: (dtype.size - 2,)}[dtype]
+
+
+def _ggml_type(dtype: DType) -> int:
+    import ggml
+    return getattr(ggml, f"GGML_TYPE_{dtype.name}")
+
+
+def _ggml_quantize(x: np.ndarray, dtype: DType) -> np.ndarray:
+    """ggml_quantize_chunk (no importance matrix: the type's reference quantizer) of f32 rows."""
+    import ggml
+    rows, n = x.shape
+    out = np.zeros((rows, dtype.row_bytes(n)), np.uint8)
+    size = ggml.ggml_quantize_chunk(_ggml_type(dtype), x.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                                    out.ctypes.data_as(ctypes.c_void_p), 0, rows, n, None)
+    assert size == out.nbytes
+    return out
+
+
+def _ggml_dequantize(raw: np.ndarray, dtype: DType) -> np.ndarray:
+    """The type traits' to_float (ggml-quants.c's dequantize_row_*) over all the blocks of ``raw``."""
+    import ggml
+    raw = np.ascontiguousarray(raw)
+    y = np.empty(raw.shape[:-1] + (raw.shape[-1] // dtype.size * dtype.block,), np.float32)
+    ggml.ggml_get_type_traits(_ggml_type(dtype)).contents.to_float(
+        raw.ctypes.data_as(ctypes.c_void_p), y.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), y.size)
+    return y
+
+
+def _blocks(dtype: DType, kind: str) -> np.ndarray:
+    """uint8 [ROWS, BLOCKS * size]. ``real``: ggml's quantizer on seeded normal rows, some with outliers, two all
+    zero, one tiny. ``random``: random bytes (every quant bit pattern is legal) with finite random f16 fields."""
+    rng = np.random.default_rng(34 + TYPES.index(dtype))
+    if kind == "real":
+        pytest.importorskip("ggml")
+        x = rng.standard_normal((ROWS, BLOCKS * dtype.block)).astype(np.float32)
+        x[1:4].flat[rng.integers(0, 3 * x.shape[1], 12)] *= 50.0  # outliers
+        x[4] = 0.0
+        x[5, : dtype.block] = 0.0  # one all-zero block in a row of others
+        x[6] *= 1e-6
+        x[7] = np.abs(x[7])  # all positive: the K-quants' mins at zero
+        return _ggml_quantize(x, dtype)
+    raw = rng.integers(0, 256, (ROWS, BLOCKS, dtype.size), dtype=np.uint8)
+    scale = np.exp2(rng.integers(-24, 12, (ROWS, BLOCKS, 1)))  # subnormal to large
+    f16 = (rng.standard_normal((ROWS, BLOCKS, len(_f16_offsets(dtype)))) * scale).astype(np.float16)
+    f16[0, 0] = 0.0
+    f16[0, 1] = np.float16(6e-8)  # subnormal
+    for i, off in enumerate(_f16_offsets(dtype)):
+        raw[..., off:off + 2] = f16[..., i:i + 1].view(np.uint8)
+    assert np.isfinite(f16).all()
+    return raw.reshape(ROWS, -1)
+
+
+def _same_bits(ours: torch.Tensor, ref: np.ndarray) -> None:
+    ref = torch.from_numpy(np.ascontiguousarray(ref, dtype=np.float32))
+    assert ours.dtype == torch.float32 and ours.shape == ref.shape
+    diff = (ours.view(torch.int32) != ref.view(torch.int32)).nonzero()
+    assert diff.numel() == 0, f"{len(diff)} elements differ, first at {diff[0].tolist()}"
+
+
+@pytest.mark.parametrize("kind", ["real", "random"])
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
+def test_matches_ggml_to_float(dtype, kind):
+    pytest.importorskip("ggml")
+    raw = _blocks(dtype, kind)
+    _same_bits(dequantize(torch.from_numpy(raw), dtype), _ggml_dequantize(raw, dtype))
+
+
+@pytest.mark.parametrize("kind", ["real", "random"])
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
+def test_matches_gguf_quants(dtype, kind):
+    raw = _blocks(dtype, kind)
+    ref = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[dtype.name])
+    _same_bits(dequantize(torch.from_numpy(raw), dtype), ref)
+
+
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
+def test_batched_and_strided(dtype, device):
+    raw = torch.from_numpy(_blocks(dtype, "random"))
+    rows = dequantize(raw, dtype)
+    assert rows.shape == (ROWS, BLOCKS * dtype.block)
+    one_by_one = torch.stack([dequantize(r, dtype) for r in raw])
+    assert torch.equal(rows.view(torch.int32), one_by_one.view(torch.int32))
+
+    batched = dequantize(raw.to(device).view(3, 2, 2, -1), dtype).cpu()
+    assert torch.equal(batched.view(torch.int32), rows.view(3, 2, 2, -1).view(torch.int32))
+
+    every_other = raw[::2]  # row stride twice the row
+    assert torch.equal(dequantize(every_other, dtype).view(torch.int32), rows[::2].view(torch.int32))
+
+    odd = torch.zeros(ROWS, raw.shape[1] + 1 + dtype.size, dtype=torch.uint8)  # odd offset and row stride
+    odd[:, 1:1 + raw.shape[1]] = raw
+    view = odd[:, 1 + dtype.size: 1 + raw.shape[1]]  # blocks 1.. of each row
+    assert not view.is_contiguous()
+    assert torch.equal(dequantize(view, dtype).view(torch.int32), rows[:, dtype.block:].view(torch.int32))
+
+    assert dequantize(raw[:, :0], dtype).shape == (ROWS, 0)
+
+
+Q4, Q8 = DType.Q4_K, DType.Q8_0
+
+
+@pytest.mark.parametrize("dtype, shape, bad", [
+    (Q4, (3, Q4.size + 1), f"q4_k bytes must be uint8 [..., n_blocks * {Q4.size}], got torch.uint8 (3, {Q4.size + 1})"),
+    (Q8, (Q8.size * 2,), f"q8_0 bytes must be uint8 [..., n_blocks * {Q8.size}], got torch.int8 ({Q8.size * 2},)"),
+    (DType.F32, (2, 8), "f32 is not a block type (q8_0, q4_k, q5_k, q6_k); bytes torch.uint8 (2, 8)"),
+])
+def test_errors(dtype, shape, bad):
+    raw = torch.zeros(shape, dtype=torch.uint8)
+    if dtype == DType.Q8_0:
+        raw = raw.view(torch.int8)
+    with pytest.raises(KernelError) as e:
+        dequantize(raw, dtype)
+    assert str(e.value) == f"dequantize: {bad}"
