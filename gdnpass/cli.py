@@ -1,5 +1,6 @@
 """The ``gdnpass`` command: ``run`` (build, plan, fuse, execute a verify forward), ``dump`` (show it), ``capture``
-(llama.cpp's own verify graph of a GGUF model) and ``llama-build`` (the pinned llama.cpp, cached).
+(llama.cpp's own verify graph of a GGUF model), ``llama-build`` (the pinned llama.cpp, cached) and ``quantize``
+(llama.cpp's own quantizer on a GGUF model).
 
 Both go through :mod:`gdnpass.pipeline` and speak the same flags: the graph flags (or ``--graph FILE``), the pass
 flags (``--fuse/--no-fuse`` over ``GDN_FUSION``, ``--between``, ``--alignment``), ``--json``, ``--save FILE``.
@@ -548,6 +549,32 @@ def cmd_llama_build(a: argparse.Namespace) -> int:
     return 0
 
 
+QUANTIZE_DESCRIPTION = (
+    "Quantize a GGUF model file with the pinned llama.cpp's own quantizer (llama_model_quantize, default parameters: "
+    "the mix llama-quantize makes), in a worker process, and print each tensor type's count and share of the bytes. "
+    "gguf (Python) writes Q8_0 only; the K-quants come from here. Rows that are not a multiple of 256 fall back to "
+    "Q5_0 / Q5_1 / Q8_0 (listed). The input must be unquantized (f32, f16 or bf16).")
+
+
+def cmd_quantize(a: argparse.Namespace) -> int:
+    from gdnpass.frontends.llama import quantize
+
+    quantize.check_ftype(a.type)  # (before llama.cpp is built: a first build takes minutes)
+    if a.threads < 1:
+        raise GdnpassError(f"--threads {a.threads}: must be >= 1")
+    res = quantize.quantize(a.input, a.output, a.type, threads=a.threads, force=a.force,
+                            log=lambda line: print(f"gdnpass quantize: {line}", file=sys.stderr))
+    if a.json:
+        print(json_text({"input": str(res.src), "output": str(res.dst), "type": res.ftype,
+                         "llama_ftype": res.ftype_value, "seconds": res.seconds, "bytes": res.nbytes,
+                         "types": {k: {"tensors": n, "bytes": b} for k, (n, b) in res.types.items()},
+                         "tensors": {t.name: t.type for t in res.tensors},
+                         "fallbacks": [vars(f) for f in res.fallbacks]}, indent=1))
+    else:
+        print(quantize.summary_text(res))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # the command
 # ---------------------------------------------------------------------------------------------------------------------
@@ -597,6 +624,20 @@ def make_parser() -> argparse.ArgumentParser:
     b.add_argument("--pack", metavar="DIR", help="write the sources a build needs (~21 MB) and the bindings into "
                                                  "DIR, and build nothing")
     b.set_defaults(func=cmd_llama_build)
+
+    from gdnpass.frontends.llama.quantize import FTYPES  # (no llama.cpp, no torch at import)
+
+    q = sub.add_parser("quantize", help="quantize a GGUF model with llama.cpp's own quantizer (Q8_0, the K-quants)",
+                       description=QUANTIZE_DESCRIPTION)
+    q.add_argument("input", metavar="IN.gguf", help="the model to quantize (f32 / f16 / bf16 weights)")
+    q.add_argument("output", metavar="OUT.gguf", help="the quantized model (written whole, or not at all)")
+    q.add_argument("--type", required=True, metavar="TYPE",
+                   help=f"the llama.cpp mix: {', '.join(FTYPES)} (llama-quantize's Q8_0, Q4_K_M, ...)")
+    q.add_argument("--force", action="store_true", help="replace OUT.gguf if it exists")
+    q.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1),
+                   help="quantizer threads (default: %(default)s)")
+    q.add_argument("--json", action="store_true", help="print the result as JSON (every tensor's type)")
+    q.set_defaults(func=cmd_quantize)
 
     from gdnpass.generate_cli import add_parser as add_generate  # (no torch at import: --help stays instant)
 

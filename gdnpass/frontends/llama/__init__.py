@@ -6,4 +6,6 @@
   and one verify ubatch while the scheduler's eval callback records every node, and reads the reserve graph.
 * :mod:`.capture`: the parent side: runs the worker, turns its records into gdnpass graphs (format v2, named
   buffers, llama.cpp's offsets), and writes the graph file; ``gdnpass capture``.
+* :mod:`.quantize`: llama.cpp's own quantizer (``llama_model_quantize``, in the worker) on a GGUF file: the Q8_0 and
+  K-quant test and benchmark files; ``gdnpass quantize``.
 """

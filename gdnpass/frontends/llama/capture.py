@@ -33,7 +33,7 @@ A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the w
 
 The same worker also runs llama.cpp's speculative loop (:func:`generate`), its verify decode timed (:func:`time_verify`)
 and its tokenizer (:func:`tokenize`: ``llama_tokenize`` / ``llama_token_to_piece`` / ``llama_detokenize`` on a model
-loaded with ``vocab_only``, the referee of :mod:`gdnpass.tokenizer`).
+loaded with ``vocab_only``, the referee of :mod:`gdnpass.tokenizer`) and llama.cpp's quantizer (:mod:`.quantize`).
 """
 
 from __future__ import annotations
@@ -141,10 +141,11 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
     return _call_worker(req, path, install, timeout_s)
 
 
-def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float, prefix: Sequence[str] = (),
-                 env: dict[str, str] | None = None) -> dict:
+def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float | None, prefix: Sequence[str] = (),
+                 env: dict[str, str] | None = None, what: str = "capture") -> dict:
     """Run the worker on one request (under ``prefix``, e.g. a profiler's command line, with ``env`` added to the
-    bindings' environment); its JSON answer, or LlamaError (one line) when llama.cpp refuses or aborts."""
+    bindings' environment); its JSON answer, or LlamaError (one line, opening with ``what``) when llama.cpp refuses
+    or aborts. ``timeout_s`` None: no limit."""
     with tempfile.TemporaryDirectory(prefix="gdnpass-capture-") as tmp:
         req_path, out_path = Path(tmp, "request.json"), Path(tmp, "capture.json")
         req_path.write_text(json.dumps(req))
@@ -153,12 +154,12 @@ def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float
                                    str(out_path)], env={**install.env(), **(env or {})}, capture_output=True,
                                   text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise LlamaError(f"capture: llama.cpp did not finish within {timeout_s:.0f} s on {path.name}") from None
+            raise LlamaError(f"{what}: llama.cpp did not finish within {timeout_s:.0f} s on {path.name}") from None
         if proc.returncode != 0 or not out_path.exists():
-            raise LlamaError(f"capture of {path.name}: {_failure(proc)}")
+            raise LlamaError(f"{what} of {path.name}: {_failure(proc)}")
         out = json.loads(out_path.read_text())
     if not out.get("ok"):
-        raise LlamaError(f"capture of {path.name}: {out.get('error')}")
+        raise LlamaError(f"{what} of {path.name}: {out.get('error')}")
     return out
 
 

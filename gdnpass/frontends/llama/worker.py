@@ -441,6 +441,42 @@ def run_tokenize(req: dict) -> dict:
     return out
 
 
+def run_quantize(req: dict) -> dict:
+    """``mode: quantize``: ``llama_model_quantize`` of ``src`` into ``dst`` with
+    ``llama_model_quantize_default_params()`` but ``ftype`` (the name of a ``LLAMA_FTYPE_*`` constant of the
+    bindings, read from them here) and ``n_threads``. Returns the ftype's value, the seconds and llama.cpp's log
+    lines (its fragments joined into lines: a fallback warning comes in three calls)."""
+    import llama_cpp.llama_cpp as L
+
+    text: list[str] = []
+
+    @L.llama_log_callback
+    def on_log(level, chunk, user_data):  # noqa: ARG001 - ctypes signature
+        text.append((chunk or b"").decode(errors="replace"))
+
+    L.llama_log_set(on_log, None)
+    ftype = getattr(L, req["ftype"], None)
+    if not isinstance(ftype, int):
+        raise Refused(f"the bindings of this llama.cpp build have no {req['ftype']}")
+    L.llama_backend_init()
+    params = L.llama_model_quantize_default_params()
+    params.ftype = ftype
+    params.nthread = int(req["n_threads"])
+    t0 = time.perf_counter()
+    rc = L.llama_model_quantize(req["src"].encode(), req["dst"].encode(), ctypes.byref(params))
+    seconds = time.perf_counter() - t0
+    logs = [x.rstrip() for x in "".join(text).splitlines() if x.strip()]
+    if rc != 0:  # llama_model_quantize caught an exception: "llama_model_quantize: failed to quantize: <what>"
+        at = [i for i, x in enumerate(logs) if "failed to quantize: " in x]
+        if not at:
+            raise Refused(_last_error(logs))
+        msg = logs[at[-1]].split("failed to quantize: ", 1)[1]
+        if "failed to load model" in msg and at[-1] > 0:  # the loader's cause is the line before
+            msg += f" ({logs[at[-1] - 1].split(': ', 1)[-1]})"
+        raise Refused(f"llama_model_quantize failed: {msg}")
+    return {"ftype_value": int(ftype), "seconds": round(seconds, 3), "log": logs}
+
+
 def positions_used(n_prompt: int, n_tokens: int, steps: int) -> int:
     """KV cells :func:`run_time` fills: the prompt, then ``steps`` verifies of ``n_tokens`` tokens, each starting one
     position after the one before."""
@@ -517,7 +553,8 @@ def main(argv: list[str]) -> int:
     with open(req_path) as fh:
         req = json.load(fh)
     try:
-        mode = {"generate": run_generate, "time": run_time, "tokenize": run_tokenize}.get(req.get("mode"), run)
+        mode = {"generate": run_generate, "time": run_time, "tokenize": run_tokenize,
+                "quantize": run_quantize}.get(req.get("mode"), run)
         out = {"ok": True, **mode(req)}
     except Refused as err:
         out = {"ok": False, "error": str(err)}
