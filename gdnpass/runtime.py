@@ -18,8 +18,9 @@ from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Tensor, arena_buffer, inputs, op_label, runs_kernel
 from gdnpass.patterns import RECORDS
 
+# a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
-                DType.I64: torch.int64}
+                DType.I64: torch.int64, **{t: torch.uint8 for t in DType if t.is_quantized}}
 
 Kernel = Callable[[Tensor, list, torch.Tensor], None]
 
@@ -117,13 +118,20 @@ class Executor:
         return self._make_view(t, buffer)
 
     def _make_view(self, t: Tensor, buffer: torch.Tensor | None = None) -> torch.Tensor:
+        """``t``'s 4-D view; a quantized tensor's is its rows' bytes, (ne3, ne2, ne1, row bytes)."""
         base = t.base
         if base.buffer not in self.buffers or base.offset is None:
             raise GraphError(f"tensor {t.name!r}: no memory in this plan (buffer {base.buffer!r})")
-        es = t.type.size
+        es = 1 if t.type.is_quantized else t.type.size
         off = base.offset + t.view_offs
         if off % es or any(nb % es for nb in t.nb):
             raise GraphError(f"tensor {t.name!r}: offset/strides are not multiples of its element size {es}")
+        ne, nb = t.ne, t.nb
+        if t.type.is_quantized:
+            if t.ne[0] % t.type.block or t.nb[0] != t.type.size:
+                raise GraphError(f"tensor {t.name!r}: a {t.type.label} row must be whole blocks packed in order "
+                                 f"(ne0 {t.ne[0]}, nb0 {t.nb[0]})")
+            ne, nb = (t.type.row_bytes(t.ne[0]), *t.ne[1:]), (1, *t.nb[1:])
         if buffer is None:
             buffer = self.buffers[base.buffer]
             key = (base.buffer, t.type)
@@ -134,7 +142,7 @@ class Executor:
             typed = buffer.view(TORCH_DTYPES[t.type])
         if not t.is_empty and off + t.nbytes > buffer.numel():
             raise GraphError(f"tensor {t.name!r}: bytes [{off}, {off + t.nbytes}) run past buffer {base.buffer!r}")
-        return typed.as_strided(tuple(reversed(t.ne)), tuple(nb // es for nb in reversed(t.nb)), off // es)
+        return typed.as_strided(tuple(reversed(ne)), tuple(b // es for b in reversed(nb)), off // es)
 
     def read(self, t: Tensor | str) -> torch.Tensor:
         """A copy of a tensor's current contents, on the CPU."""

@@ -122,3 +122,31 @@ def dequantize(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
                           f"{raw.dtype} {tuple(raw.shape)}")
     blocks = raw.unflatten(-1, (-1, dtype.size))
     return fn(blocks).flatten(-2)
+
+
+# where each type's f16 fields lie in its block (ggml-common.h): d first (q4_K / q5_K: dmin after it), q6_K's d last
+F16_FIELDS: dict[DType, tuple[int, ...]] = {
+    DType.Q8_0: (0,), DType.Q4_K: (0, 2), DType.Q5_K: (0, 2), DType.Q6_K: (DType.Q6_K.size - 2,),
+}
+
+
+def random_blocks(rows: int, n: int, dtype: DType, generator: torch.Generator, std: float) -> torch.Tensor:
+    """Synthetic weights in ``dtype``'s blocks (uint8 [rows, row bytes] of ``n``-element rows): random quant bits
+    (every pattern is legal), the f16 fields set so the values have mean about 0 and standard deviation about
+    ``std``. Values are linear in the f16 fields (``d * A - dmin * B``), so the fields are found from one decode
+    of A and B: no per-type constants."""
+    raw = torch.randint(0, 256, (rows, dtype.row_bytes(n)), dtype=torch.uint8, generator=generator)
+    blocks = raw.view(rows, -1, dtype.size)
+    fields = F16_FIELDS[dtype]
+
+    def decode(*values: float) -> torch.Tensor:
+        for off, v in zip(fields, values):
+            blocks[..., off:off + 2] = torch.tensor([v], dtype=torch.float16).view(torch.uint8)
+        return dequantize(raw, dtype)
+
+    a = decode(1.0, 0.0)
+    b = decode(0.0, -1.0) if len(fields) > 1 else torch.zeros_like(a)
+    ratio = float(a.mean() / b.mean()) if len(fields) > 1 else 0.0  # dmin / d: the mean to 0
+    d = std / max(float((a - ratio * b).std()), 1e-30)
+    decode(d, d * ratio)
+    return raw

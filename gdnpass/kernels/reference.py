@@ -28,13 +28,26 @@ def gdn_scale(S: int) -> float:
 # ---- data movement (exact) ------------------------------------------------------------------------------------------
 
 
-def get_rows(a: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """GET_ROWS: ids I32 ne [n, e1, e2]; ``out[:, i, j, k] = a[:, ids[i, j, k], j, k]`` (f32 unless a is I32)."""
+def values(w: torch.Tensor, dtype) -> torch.Tensor:
+    """A weight's values: ``w`` itself, or for a quantized ``dtype`` (a :class:`gdnpass.ir.DType`; ``w`` its rows'
+    bytes) the f32 values ggml's dequantization gives (:func:`gdnpass.kernels.quants.dequantize`)."""
+    if not dtype.is_quantized:
+        return w
+    from gdnpass.kernels.quants import dequantize
+
+    return dequantize(w, dtype)
+
+
+def get_rows(a: torch.Tensor, ids: torch.Tensor, dtype=None) -> torch.Tensor:
+    """GET_ROWS: ids I32 ne [n, e1, e2]; ``out[:, i, j, k] = a[:, ids[i, j, k], j, k]`` (f32 unless a is I32). A
+    quantized ``dtype``: ``a`` holds the rows' bytes, and the rows taken are dequantized (:func:`values`)."""
     check_row_ids(ids, a.shape[2])  # (ggml asserts it; torch's indexing would raise IndexError, or wrap -1)
     e2, e1 = ids.shape[1], ids.shape[2]
     k = torch.arange(e2, device=a.device).view(-1, 1, 1)
     j = torch.arange(e1, device=a.device).view(1, -1, 1)
     rows = a[k, j, ids[0].long()]  # advanced indexing copies: (e2, e1, n, ne0)
+    if dtype is not None and dtype.is_quantized:
+        return values(rows, dtype)
     return rows if a.dtype == torch.int32 else rows.to(F32)
 
 

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
+from gdnpass.kernels.triton_core import (LAUNCH, QTYPES, SUB, dequant_tile, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
                                         silu_f32, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
@@ -81,14 +81,17 @@ def _check_ids(ids: torch.Tensor, n_rows: int, op: str = "GET_ROWS") -> None:
     check_row_ids(ids, n_rows, op)
 
 
-def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dtype=None) -> None:
     """GET_ROWS into ``out``: ``out[k, j, i, :] = a[k, j, ids[0, k, j, i], :]`` (semantics :func:`reference.get_rows`).
     a ne [ne0, rows, e1, e2] f32/f16/bf16 (out f32) or i32 (out i32), any strides; ids i32 ne [n, e1, e2] any
     strides; out ne [ne0, n, e1, e2] any strides. One program per ELT_BLOCK output elements; values are moved as
     bits (f16 through the exact hardware conversion), so the bytes are the reference's. Raises KernelError for an
-    id outside 0..rows-1 (see :func:`_check_ids`)."""
+    id outside 0..rows-1 (see :func:`_check_ids`). A quantized ``dtype`` (a: the rows' bytes, ne [row bytes, rows,
+    e1, e2], contiguous rows): each row taken is decoded (:func:`_get_rows_quantized`)."""
     if out.numel() == 0:
         return
+    if dtype is not None and dtype.is_quantized:
+        return _get_rows_quantized(a, ids, out, dtype)
     e2, e1, n_ids = ids.shape[1], ids.shape[2], ids.shape[3]
     _require(ids.dtype == torch.int32 and ids.shape[0] == 1, "GET_ROWS ids must be i32 ne [n, e1, e2]")
     _require(a.dtype in _GET_ROWS_SRC, f"GET_ROWS of {a.dtype} rows")
@@ -103,6 +106,47 @@ def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
     _get_rows_kernel[_grid(out.numel())](
         a, ids, _bits(out), out.numel(), out.shape[3], n_ids, e1, a.shape[2], *_strides(a), *_strides(ids)[:3],
         *_strides(out), SRC=_GET_ROWS_SRC[src], BLOCK=ELT_BLOCK, **LAUNCH)
+
+
+ROWS_NS = 8  # sub-blocks per GET_ROWS program: 256 elements (a K-quant block)
+
+
+@triton.jit
+def _get_rows_q_kernel(a_ptr, ids_ptr, y_ptr, K, n_ids, e1, n_rows, a_s1, a_s2, a_s3, i_s0, i_s1, i_s2,
+                       y_s1, y_s2, y_s3, NS: tl.constexpr, QTYPE: tl.constexpr):
+    """Program (i, c, batch): elements [c * 32 * NS, ...) of row ids[i, j, k] of a's batch (j, k) into y's row i.
+    An id outside the rows (only under CUDA-graph capture: the launcher refuses them otherwise) reads nothing and
+    writes NaN, as the plain types' GET_ROWS kernel."""
+    wait_for_previous_kernels()
+    i = tl.program_id(0)
+    j, k = tl.program_id(2) % e1, tl.program_id(2) // e1
+    k0 = tl.program_id(1) * NS * SUB
+    row = tl.load(ids_ptr + i * i_s0 + j * i_s1 + k * i_s2 + tl.arange(0, 1))
+    ok = (row >= 0) & (row < n_rows)
+    at = row.to(tl.int64) * a_s1 + j.to(tl.int64) * a_s2 + k.to(tl.int64) * a_s3
+    v = tl.where(ok[:, None], dequant_tile(a_ptr, at, ok, k0, K, NS, QTYPE), float("nan"))
+    ks = k0 + tl.arange(0, NS * SUB)
+    y_row = y_ptr + i.to(tl.int64) * y_s1 + j.to(tl.int64) * y_s2 + k.to(tl.int64) * y_s3
+    tl.store(y_row + ks[None, :], v, mask=ks[None, :] < K)
+
+
+def _get_rows_quantized(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dtype) -> None:
+    """GET_ROWS of ``dtype`` rows (``a``: their bytes, ne [row bytes, rows, e1, e2] with contiguous rows) into f32
+    ``out`` ne [ne0, n, e1, e2] with contiguous rows: each row decoded as :func:`quants.dequantize` decodes it."""
+    _require(dtype in QTYPES and a.dtype == torch.uint8 and a.stride(3) == 1, f"GET_ROWS of {dtype.label} rows")
+    _require(ids.dtype == torch.int32 and ids.shape[0] == 1 and tuple(a.shape[:2]) == tuple(ids.shape[1:3]),
+             f"GET_ROWS ids {tuple(ids.shape)} do not match rows {tuple(a.shape)}")
+    K = out.shape[3]
+    _require(a.shape[3] == dtype.row_bytes(K) and out.dtype == torch.float32 and out.stride(3) == 1
+             and tuple(out.shape[:3]) == (a.shape[0], a.shape[1], ids.shape[3]),
+             f"GET_ROWS of {dtype.label} rows of {a.shape[3]} bytes into {tuple(out.shape)}")
+    _alias_ok("GET_ROWS", out, ids, a, same_ok=False)
+    _check_ids(ids, a.shape[2])
+    e2, e1, n_ids = ids.shape[1], ids.shape[2], ids.shape[3]
+    i_s = _strides(ids)
+    _get_rows_q_kernel[(n_ids, triton.cdiv(K, ROWS_NS * SUB.value), e1 * e2)](
+        a, ids, out, K, n_ids, e1, a.shape[2], *_strides(a)[1:], *i_s[:3], *_strides(out)[1:],
+        NS=ROWS_NS, QTYPE=QTYPES[dtype], **LAUNCH)
 
 
 # ---- CONCAT ---------------------------------------------------------------------------------------------------------
@@ -442,6 +486,8 @@ def programs(node) -> list[tuple[str, int, int]]:
         return [(kind.lower(), blocks, 1)] if kind in UNARY_KINDS else []
     if op is Op.GLU:
         return [("swiglu", blocks, 1)] if node.op_params.get("kind") == "SWIGLU" else []
+    if op is Op.GET_ROWS and node.src[0].type.is_quantized:  # a program per 256 elements of an output row
+        return [("get_rows_q", node.ne[1] * node.ne[2] * node.ne[3] * triton.cdiv(node.ne[0], ROWS_NS * SUB.value), 1)]
     if op in (Op.SCALE, Op.ADD, Op.MUL, Op.CONCAT, Op.GET_ROWS):
         return [(op.value.lower(), blocks, 1)]
     if op in (Op.CPY, Op.CONT):

@@ -14,8 +14,9 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
-from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _alias_ok, _require, _row_offset, _strides,
-                                         last_to_arrive, split_workspace, wait_for_previous_kernels)
+from gdnpass.ir import DType
+from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, QTYPES, SUB, _alias_ok, _require, _row_offset, _strides,
+                                         dequant_tile, last_to_arrive, split_workspace, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -93,7 +94,7 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
-                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1):
+                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1, QTYPE: tl.constexpr = ""):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
     element offset, :func:`x_columns`), in f32. Returns [BLOCK_M, COLS].
 
@@ -109,7 +110,9 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
 
     A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
     the slice's first element and ``K`` its length: the same code on fewer steps. ``EVICT``: the weight's lines are
-    the first the L2 evicts (each is read once; the activations are read by every program)."""
+    the first the L2 evicts (each is read once; the activations are read by every program). ``QTYPE``: a quantized
+    weight (``w_ptr`` its bytes, ``w_stride`` its row bytes, BLOCK_K whole blocks), each tile decoded to its f32
+    values (:func:`~gdnpass.kernels.triton_quants.dequant_tile`), then summed as an f32 weight's."""
     ks = tl.arange(0, BLOCK_K)
     w_policy: tl.constexpr = "evict_first" if EVICT else ""
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
@@ -118,8 +121,11 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             kmask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                        eviction_policy=w_policy)
+            if QTYPE != "":
+                w = dequant_tile(w_ptr, rows.to(tl.int64) * w_stride, row_mask, k0, K, BLOCK_K // SUB, QTYPE)
+            else:
+                w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                            eviction_policy=w_policy)
             xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
             if w_ptr.dtype.element_ty == tl.bfloat16 and TERMS_ > 1:  # the terms side by side: one dot
                 xt = _bf16_terms(xt, tl.arange(0, x_cols.shape[0])[None, :] // (x_cols.shape[0] // TERMS_))
@@ -139,8 +145,11 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
             kk = k0 + ks
             kmask = kk < K
             # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
-            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                        eviction_policy=w_policy).to(tl.float32)
+            if QTYPE != "":
+                w = dequant_tile(w_ptr, rows.to(tl.int64) * w_stride, row_mask, k0, K, BLOCK_K // SUB, QTYPE)
+            else:
+                w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                            eviction_policy=w_policy).to(tl.float32)
             x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
             acc3 = tl.fma(w[:, None, :], x[None, :, :], acc3)
         acc = tl.sum(acc3, axis=2)
@@ -166,7 +175,7 @@ def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             RESIDUAL: tl.constexpr):
+             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr, QBLOCK: tl.constexpr, QBYTES: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
     (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
     :class:`MatVecTile`)."""
@@ -175,14 +184,15 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
-        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms, QTYPE)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
-        acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
-                          BLOCK_K, DOT, EVICT, terms)
+        # (a quantized weight's slice starts at a whole block: BLOCK_K is whole blocks)
+        acc = matvec_cols(w_ptr + k0 // QBLOCK * QBYTES, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask,
+                          tl.minimum(k_len, K - k0), BLOCK_K, DOT, EVICT, terms, QTYPE)
         PART: tl.constexpr = rows.shape[0] * COLS
         # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
         part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
@@ -207,7 +217,8 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr):
+                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
+                        QTYPE: tl.constexpr, QBLOCK: tl.constexpr, QBYTES: tl.constexpr):
     wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -224,11 +235,11 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     if product == 0:
         _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
                  y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
-                 RESIDUAL)
+                 RESIDUAL, QTYPE, QBLOCK, QBYTES)
     else:  # the pair's second product
         _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
                  y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
-                 False)
+                 False, QTYPE, QBLOCK, QBYTES)
 
 
 class MatVecTile(NamedTuple):
@@ -275,6 +286,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
+    if wtype in _QUANTIZED and M > 256:
+        return _quantized_tile(M, cols, K)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
@@ -320,6 +333,18 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     return MatVecTile(4 if small else 8, cols, 512 if cols <= 2 or small and cols <= 8 else 256, False, 4)
 
 
+_QUANTIZED = frozenset(QTYPES.values())
+
+
+def _quantized_tile(M: int, cols: int, K: int) -> MatVecTile:
+    """A quantized weight's tile (not yet tuned on a GPU): K steps of 256 elements (a K-quant block, eight Q8_0
+    blocks), decoded to f32 in registers, then the f32 forms: FMAs up to 4 columns, 3xTF32 tensor cores beyond.
+    The thin products (<= 256 rows) take the plain types' thin tiles, whose K steps are whole blocks too."""
+    if cols <= 4:
+        return MatVecTile(4 if M <= 1024 else 8, cols, 256, False, 4)
+    return MatVecTile(32, 16, 256, True, 4, _split(K, 256, 4 if M >= 4096 else 8))
+
+
 def _split(K: int, block_k: int, want: int) -> int:
     """K slices of a row block: ``want`` (a power of two), but never more slices than K steps (the launcher
     requires a power of two)."""
@@ -328,34 +353,49 @@ def _split(K: int, block_k: int, want: int) -> int:
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
-def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residual: torch.Tensor | None = None) -> None:
+def weight_type(w: torch.Tensor, dtype: DType | None = None) -> DType:
+    """The DType of mat-vec weight view ``w``: its torch dtype's, or ``dtype`` for a quantized weight (its bytes)."""
+    if dtype is not None and dtype.is_quantized:
+        _require(w.dtype == torch.uint8, f"mul_mat_vec: {dtype.label} weights are given as their bytes, not {w.dtype}")
+        return dtype
+    _require(w.dtype in WTYPES, f"mul_mat_vec of {w.dtype} weights")
+    return DType.parse(WTYPES[w.dtype])
+
+
+def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residual: torch.Tensor | None = None,
+              dtype: DType | None = None) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
     A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
     each against the weight matrix ggml's broadcast gives it. ``residual`` (a single unbatched product): out =
-    w·x + residual, residual laid out as out. ``tile``: a benchmark's override of :func:`mat_vec_tile`."""
+    w·x + residual, residual laid out as out. ``tile``: a benchmark's override of :func:`mat_vec_tile`. ``dtype``:
+    the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes))."""
     (w, out), (w2, out2) = products[0], products[-1]
-    M, K = w.shape[-2], w.shape[-1]
+    wtype = weight_type(w, dtype)
+    M, K = w.shape[-2], w.shape[-1] // wtype.size * wtype.block if wtype.is_quantized else w.shape[-1]
     batched = w.shape[0] * w.shape[1] > 1
     N = mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])
     for v, y in products:
         _require(v.shape == w.shape and v.dtype == w.dtype and v.stride() == w.stride() and y.stride() == out.stride(),
                  "the products of a pair need weights and outputs of one shape, type and layout")
-    _require(w.stride(-1) == 1 and (batched or w.numel() == M * K),
+    _require(w.stride(-1) == 1 and (batched or w.numel() == M * w.shape[-1]),
              "mul_mat_vec needs weight matrices with contiguous rows")
+    _require(not wtype.is_quantized or not batched and w.shape[-1] == wtype.row_bytes(K),
+             f"mul_mat_vec: {wtype.label} rows of whole blocks, unbatched")
     _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
     _require(residual is None or not batched and len(products) == 1 and residual.dtype == torch.float32
              and residual.shape == out.shape and residual.stride() == out.stride(),
              "mul_mat_vec_add: the addend must be f32 laid out as the output, of one unbatched product")
     _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
-    _require(w.dtype in WTYPES and x.dtype == torch.float32, f"mul_mat_vec of {w.dtype} weights and {x.dtype} columns")
+    _require(x.dtype == torch.float32, f"mul_mat_vec of {x.dtype} columns")
     _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
     _require(x.shape[3] == K and out.shape[3] == M and (out.shape[:3] == x.shape[:3] if batched else
                                                            out.numel() == M * N),
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
-    t = tile or mat_vec_tile(M, N, K, WTYPES[w.dtype])
+    t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
+    _require(t.block_k % wtype.block == 0, f"mul_mat_vec: K steps of {t.block_k} split {wtype.label} blocks")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -373,33 +413,35 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None,
+        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), QBLOCK=wtype.block,
+        QBYTES=wtype.size if wtype.is_quantized else 1,  # (a K slice's start: bytes of blocks, or elements)
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
-def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> None:
-    """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows),
-    x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns, out f32 ne [M, N1, N2, N3]; or batched, as attention's
-    KQ and KQV: w ne [K, M, W2, W3] (any batch strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and
-    W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
-    _mat_vecs([(w, out)], x)
+def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DType | None = None) -> None:
+    """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows;
+    or quantized, ``dtype``, its bytes (..., M, row bytes)), x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns,
+    out f32 ne [M, N1, N2, N3]; or batched (plain types), as attention's KQ and KQV: w ne [K, M, W2, W3] (any batch
+    strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
+    _mat_vecs([(w, out)], x, dtype=dtype)
 
 
-def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torch.Tensor) -> None:
+def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torch.Tensor,
+                    dtype: DType | None = None) -> None:
     """MUL_MAT_ADD: out = w·x + r, the mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns) adding r to
     each product as it stores it, so out holds the bytes of the unfused ADD of that product and r. r and out are f32
     views of the product's shape (torch: x's column dims, M); out may be r itself (each element is read before it is
     written, in one program), and overlaps nothing else the launch reads."""
     _alias_ok("mul_mat_vec_add", out, x, w, same_ok=False)
     _alias_ok("mul_mat_vec_add", out, r)
-    _mat_vecs([(w, out)], x, residual=r)
+    _mat_vecs([(w, out)], x, residual=r, dtype=dtype)
 
 
 def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor,
-                     out_b: torch.Tensor) -> None:
+                     out_b: torch.Tensor, dtype: DType | None = None) -> None:
     """MUL_MAT_VEC_PAIR: out_a = w_a·x and out_b = w_b·x (same weight shape, type and strides; outputs of one layout)
     in one launch of the mul_mat_vec kernel, so each product is byte-identical to mul_mat_vec of its weight alone."""
-    _mat_vecs([(w_a, out_a), (w_b, out_b)], x)
+    _mat_vecs([(w_a, out_a), (w_b, out_b)], x, dtype=dtype)
 
 
 # ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
@@ -412,7 +454,7 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if not runs_as_mat_vec(M, N):
         return []  # torch's matmul
-    t = mat_vec_tile(M, N, K, w.type.value[0])
+    t = mat_vec_tile(M, N, K, w.type.label)
     return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
              triton.cdiv(K, t.block_k * t.split_k))]
 

@@ -16,7 +16,7 @@ from typing import Callable
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels.limits import mat_vec_columns, runs_as_mat_vec
+from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
 from gdnpass.opspec.vocab import Adapter, Programs
 
 
@@ -72,7 +72,7 @@ def _rms_norm_cpu(n, out, x):
 _TORCH: dict[Op, Callable] = {
     Op.CONT: lambda n, out, a: _ref().cpy(a, out),
     Op.CPY: lambda n, out, a, dst: _ref().cpy(a, out),
-    Op.GET_ROWS: lambda n, out, a, ids: _ref().get_rows(a, ids),
+    Op.GET_ROWS: lambda n, out, a, ids: _ref().get_rows(a, ids, n.src[0].type),
     Op.SET_ROWS: lambda n, out, rows, ids, dst: _ref().set_rows(dst, rows, ids),
     Op.CONCAT: lambda n, out, a, b: _ref().concat(a, b, int(n.op_params["dim"])),
     Op.SCALE: lambda n, out, x: _ref().scale(x, float(n.op_params["s"]), float(n.op_params.get("b", 0.0))),
@@ -82,7 +82,7 @@ _TORCH: dict[Op, Callable] = {
     Op.GLU: lambda n, out, a, b=None: _ref().glu(n.op_params["kind"], a, b, bool(n.op_params.get("swapped"))),
     Op.RMS_NORM: lambda n, out, x: _ref().rms_norm(x, _eps(n)),
     Op.L2_NORM: lambda n, out, x: _ref().l2_norm(x, _eps(n)),
-    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat(w, x),
+    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat(_ref().values(w, n.src[0].type), x),
     Op.SOFT_MAX: lambda n, out, a, mask=None, sinks=None: _ref().soft_max(
         a, mask, sinks, float(n.op_params["scale"]), float(n.op_params["max_bias"])),
     Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: _ref().flash_attn_ext(
@@ -93,11 +93,12 @@ _TORCH: dict[Op, Callable] = {
 TORCH: dict[Op, Adapter] = {op: computed(fn) for op, fn in _TORCH.items()}
 
 # ggml-cpu's rounding points where they differ from the f32 semantics above (reference.py, "attention ops"): MUL_MAT
-# rounds its activation to an f16/bf16 weight's type, FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
+# rounds its activation to an f16/bf16 weight's type (a quantized weight's product is the f32 one of its values here:
+# ggml-cpu quantizes the activation to q8 for those, which gdnpass does not model), FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
 # f16, RMS_NORM sums its squares in double: what llama.cpp's CPU backend computes (GGML_CPU_BACKEND;
 # tests/kernels/test_attention_ops.py).
 GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
-    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat_cpu(w, x),
+    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat_cpu(_ref().values(w, n.src[0].type), x),
     Op.RMS_NORM: _rms_norm_cpu,
     Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: _ref().flash_attn_ext(
         q, k, v, mask, sinks, *fa_params(n), cpu=True),
@@ -121,10 +122,15 @@ def _tri_scale(node, views, out):
 
 def _tri_mul_mat(node, views, out):
     """The mat-vec for 1-16 columns (of each batch, for attention's batched KQ / KQV); torch's matmul beyond (a
-    prompt's ubatch)."""
+    prompt's ubatch), but a quantized weight's product of many columns runs the mat-vec per 16 columns (torch would
+    first dequantize the whole weight: 4 GB of f32 for a 9B's lm head)."""
     w, x = views
+    wtype = node.src[0].type
     if runs_as_mat_vec(w.shape[2], mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])):
-        _family("matvec").mul_mat_vec(w, x, out)
+        _family("matvec").mul_mat_vec(w, x, out, wtype)
+    elif wtype.is_quantized and x.shape[0] * x.shape[1] == 1:
+        for c in range(0, x.shape[2], MAT_VEC_COLS):
+            _family("matvec").mul_mat_vec(w, x[:, :, c:c + MAT_VEC_COLS], out[:, :, c:c + MAT_VEC_COLS], wtype)
     else:
         TORCH[Op.MUL_MAT](node, views, out)
 
@@ -176,7 +182,7 @@ def rope(keys: tuple[str, ...]) -> tuple[Adapter, Adapter]:
 TRITON: dict[Op, Adapter] = {
     Op.CONT: lambda node, views, out: _family("elementwise").cpy(views[0], out),
     Op.CPY: lambda node, views, out: _family("elementwise").cpy(views[0], out),  # views[1] is the destination
-    Op.GET_ROWS: lambda node, views, out: _family("elementwise").get_rows(views[0], views[1], out),
+    Op.GET_ROWS: lambda node, views, out: _family("elementwise").get_rows(views[0], views[1], out, node.src[0].type),
     Op.SET_ROWS: _tri_set_rows,
     Op.CONCAT: lambda node, views, out: _family("elementwise").concat(views[0], views[1],
                                                                       int(node.op_params["dim"]), out),

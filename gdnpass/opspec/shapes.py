@@ -222,7 +222,8 @@ def rule_mul_mat(n: Tensor, spec: OpSpec) -> Shape:
     req(a.ne[0] == b.ne[0], n, f"inner dims differ: {a.name!r} ne0={a.ne[0]}, {b.name!r} ne0={b.ne[0]}")
     req(_divides(a.ne[2], b.ne[2]) and _divides(a.ne[3], b.ne[3]), n, "batch dims do not broadcast")
     req(a.nb[0] <= a.nb[1], n, f"weight {a.name!r} is transposed")
-    req(a.type in (DType.F32, DType.F16, DType.BF16), n, f"weight type {a.type.label} not supported")
+    req(a.type in (DType.F32, DType.F16, DType.BF16) or a.type.is_quantized, n,
+        f"weight type {a.type.label} not supported")
     req(b.type is DType.F32, n, f"activation {b.name!r} must be f32")
     req(a.has_contiguous_rows() and b.has_contiguous_rows(), n, "sources need contiguous rows")
     req(n.op_params.get("prec", Prec.UNDEFINED.value) in {x.value for x in Prec}, n,

@@ -78,6 +78,9 @@ def variants():
     for src, a in (("f32", "*i32"), ("i32", "*i32"), ("f16", "*fp16"), ("bf16", "*i16")):
         yield (elt._get_rows_kernel, dict(SRC=src, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS,
                dict(a_ptr=a, ids_ptr="*i32", y_ptr="*i32"))
+    for qtype in core.QTYPES.values():  # GET_ROWS of quantized rows (token embeddings)
+        yield (elt._get_rows_q_kernel, dict(NS=elt.ROWS_NS, QTYPE=qtype), core.NUM_WARPS,
+               dict(a_ptr="*u8", ids_ptr="*i32", y_ptr="*fp32"))
     yield norms._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), norms.l2_tile(128)), RMS=False), core.NUM_WARPS
     for S in (32, 128):  # the q/k head sizes of the tiny and the real models
         yield norms._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), norms.l2_tile(S)), RMS=True), core.NUM_WARPS
@@ -91,12 +94,16 @@ def variants():
              (mv.mat_vec_tile(12288, 16, 4096, "f32"), "f32")]      # f32's from 12288 rows
     shapes = {(M, K) for model in ("qwen3.5-9b", "qwen3.5-27b") for M, K, *_ in product_shapes(model)}
     tiles = {(mv.mat_vec_tile(M, N, K, wt), wt) for (M, K), N, wt in
-             itertools.product(shapes, range(1, 17), ("bf16", "f16", "f32"))}
+             itertools.product(shapes, range(1, 17), ("bf16", "f16", "f32", "q4_k"))}
+    # the other block types: each form once (the tiles are the same for every block type; the decoders differ)
+    tiles |= {(mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
+              itertools.product(((32, 1), (32, 8), (4096, 1), (4096, 4), (4096, 16)), core.QTYPES.values())}
     # (MUL_MAT_ADD's residual store: on the split tiles, both forms)
     for (t, wt), residual in [(tw, False) for tw in sorted(tiles) + split] + [(tw, True) for tw in split]:
-        ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
+        ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
+        q = next((d for d in core.QTYPES if d.label == wt), None)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=residual)
+                 RESIDUAL=residual, QTYPE=wt if q else "", QBLOCK=q.block if q else 1, QBYTES=q.size if q else 1)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)

@@ -27,7 +27,7 @@ class Arena:
         self.top = -(-self.top // 64) * 64
         t = self.buf[self.top:self.top + n * size].view(dtype).as_strided(shape, strides)
         self.top += n * size
-        return t.fill_(NAN)
+        return t.fill_(NAN if dtype.is_floating_point else 0xFF)  # (integer bytes: all ones)
 
     def put(self, x: torch.Tensor, row_stride=None) -> torch.Tensor:
         return self.view(tuple(x.shape), x.dtype, row_stride).copy_(x)
@@ -56,6 +56,11 @@ def assert_close(got, want, rtol=1e-5):
     torch.testing.assert_close(got, want, rtol=rtol, atol=rtol * float(want.abs().max()))
 
 
-def node(op, **params):
-    """A stand-in graph node for calling a backend table entry directly: ``backend[op](node(op, ...), src, dst)``."""
-    return SimpleNamespace(op=op, op_params=params)
+def node(op, src_types=(), **params):
+    """A stand-in graph node for calling a backend table entry directly: ``backend[op](node(op, ...), src, dst)``.
+    Its sources say only their types (``src_types``; f32 by default: what the adapters read of a plain type is that
+    it is not quantized)."""
+    from gdnpass.ir import DType
+
+    types = list(src_types) + [DType.F32] * (6 - len(src_types))
+    return SimpleNamespace(op=op, op_params=params, src=[SimpleNamespace(type=t) for t in types])

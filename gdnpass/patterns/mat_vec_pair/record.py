@@ -32,7 +32,8 @@ def _torch(node: Tensor, views: list, out) -> None:
     from gdnpass.kernels import reference as ref
 
     w_a, x, w_b, out_b = views
-    a, b = ref.mul_mat(w_a, x), ref.mul_mat(w_b, x)
+    wtype = node.src[0].type
+    a, b = ref.mul_mat(ref.values(w_a, wtype), x), ref.mul_mat(ref.values(w_b, wtype), x)
     out.copy_(a)
     out_b.copy_(b)
 
@@ -41,7 +42,7 @@ def _triton(node: Tensor, views: list, out) -> None:
     from gdnpass.kernels import triton_matvec
 
     w_a, x, w_b, out_b = views
-    triton_matvec.mul_mat_vec_pair(w_a, w_b, x, out, out_b)
+    triton_matvec.mul_mat_vec_pair(w_a, w_b, x, out, out_b, node.src[0].type)
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:

@@ -42,7 +42,7 @@ def _torch(node: Tensor, views: list, out) -> None:
     from gdnpass.kernels import reference as ref
 
     w, x, r = views
-    out.copy_(ref.add(ref.mul_mat(w, x).reshape(r.shape), r))
+    out.copy_(ref.add(ref.mul_mat(ref.values(w, node.src[0].type), x).reshape(r.shape), r))
 
 
 def _triton(node: Tensor, views: list, out) -> None:
@@ -50,7 +50,7 @@ def _triton(node: Tensor, views: list, out) -> None:
 
     w, x, r = views
     as_product = (*x.shape[:3], w.shape[2])  # (ne3, ne2, ne1, M): the kernel's view of the sum and the addend
-    triton_matvec.mul_mat_vec_add(w, x, r.view(as_product), out.view(as_product))
+    triton_matvec.mul_mat_vec_add(w, x, r.view(as_product), out.view(as_product), node.src[0].type)
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:

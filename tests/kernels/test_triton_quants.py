@@ -1,0 +1,88 @@
+"""The quantized weights in the kernels: GET_ROWS of quantized rows and the mat-vec reading ggml's blocks (Q8_0, Q4_K,
+Q5_K, Q6_K), against the torch reference (:func:`gdnpass.kernels.quants.dequantize`, itself bit for bit ggml's). The
+decoded values are exact, so GET_ROWS is compared bit for bit; the products within the f32 tolerance of the plain
+types' tests (the sums' order is the kernel's), and a pair / a product with its residual ADD byte-identical to the
+single product, as for the plain types."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnpass.errors import KernelError
+from gdnpass.ir import DType
+from gdnpass.kernels import reference as ref
+from gdnpass.kernels import triton_core as core
+from gdnpass.kernels import triton_elementwise as elt
+from gdnpass.kernels import triton_matvec as mv
+from gdnpass.kernels.quants import dequantize, random_blocks
+from support.arena import DEVICE, Arena, assert_close, rnd
+from support.compare import assert_bits, assert_same_bytes
+
+QTYPES = [t for t in DType if t.is_quantized]
+
+
+def _weights(a: Arena, dtype: DType, rows: int, K: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return a.put(random_blocks(rows, K, dtype, g, 0.05).view(1, 1, rows, -1).to(DEVICE))
+
+
+@pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
+def test_get_rows_of_quantized_rows_are_the_references_bits(dtype):
+    """Token embeddings: rows of a quantized matrix by id (repeated, out of order), in two batches (e1 = 2), rows of
+    two programs (512 elements)."""
+    a = Arena()
+    K, rows = 512, 7
+    w = a.put(torch.cat([_weights(a, dtype, rows, K, s) for s in (1, 2)], dim=1))  # (1, e1 = 2, rows, bytes)
+    ids = a.put(torch.tensor([[3, 0, 6, 3], [1, 1, 5, 2]], dtype=torch.int32, device=DEVICE).view(1, 1, 2, 4))
+    out = a.view((1, 2, 4, K))
+    a.run(lambda: elt.get_rows(w, ids, out, dtype), out)
+    assert_bits(out, ref.get_rows(w, ids, dtype), "GET_ROWS of quantized rows")
+    assert_bits(out[0, 1, 2], dequantize(w[0, 1, 5], dtype), "row 5 of batch 1")
+
+
+@pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
+@pytest.mark.parametrize("n", [1, 3, 8, 16])
+def test_mul_mat_vec_reads_quantized_blocks(dtype, n):
+    """The mat-vec on the blocks: within f32 summation tolerance of the reference (f64 products of the dequantized
+    values) at the tiles mat_vec_tile gives the model's shapes (thin rows, FMA and tensor-core forms; split K), at a
+    small M (the interpreter pays per program); the pair byte-identical to the single products."""
+    M, K = (8, 512) if n in (1, 8) else (40, 768)  # thin (alpha/beta) and wide; rows not a multiple of the tile
+    tile = mv.mat_vec_tile(4096, n, 4096, dtype.label)._replace(split_k=1 if n < 8 else 2) \
+        if M != 8 else None
+    a = Arena(1 << 24)
+    w, w2 = _weights(a, dtype, M, K, 1), _weights(a, dtype, M, K, 2)
+    x = a.put(rnd(1, 1, n, K), row_stride=K + 24)
+    y, y2, p, p2 = (a.view((1, 1, n, M)) for _ in range(4))
+    a.run(lambda: (mv._mat_vecs([(w, y)], x, tile, dtype=dtype), mv._mat_vecs([(w2, y2)], x, tile, dtype=dtype),
+                   mv._mat_vecs([(w, p), (w2, p2)], x, tile, dtype=dtype)), y, y2, p, p2)
+    for got, v in ((y, w), (y2, w2)):
+        want = x.double() @ dequantize(v, dtype).double().transpose(-1, -2)
+        assert_close(got, want.float(), rtol=1e-4 if (tile and tile.dot) else 1e-5)
+    assert_same_bytes(p, y, "pair, first product")
+    assert_same_bytes(p2, y2, "pair, second product")
+    assert not core._SPLIT_WORKSPACE.get(w.device, (None, torch.zeros(1)))[1].any(), "tickets left non-zero"
+
+
+@pytest.mark.parametrize("dtype", [DType.Q8_0, DType.Q6_K], ids=lambda t: t.label)
+def test_mul_mat_vec_add_on_quantized_blocks_is_the_product_plus_the_addend(dtype):
+    """MUL_MAT_ADD's kernel on a quantized weight: the bytes of the single product's, then the f32 ADD."""
+    M, K, n = 16, 512, 3
+    a = Arena(1 << 24)
+    w = _weights(a, dtype, M, K)
+    x, r = a.put(rnd(1, 1, n, K)), a.put(rnd(1, 1, n, M))
+    y, s = a.view((1, 1, n, M)), a.view((1, 1, n, M))
+    a.run(lambda: (mv.mul_mat_vec(w, x, y, dtype), mv.mul_mat_vec_add(w, x, r, s, dtype)), y, s)
+    assert_bits(s, y + r, "product + addend")
+
+
+def test_quantized_launch_refusals():
+    a = Arena()
+    w = _weights(a, DType.Q4_K, 8, 256)
+    x, y = a.put(rnd(1, 1, 1, 256)), a.view((1, 1, 1, 8))
+    with pytest.raises(KernelError, match="q4_k weights are given as their bytes"):
+        mv.mul_mat_vec(w.view(torch.int8), x, y, DType.Q4_K)
+    with pytest.raises(KernelError, match="K steps of 32 split q4_k blocks"):
+        mv._mat_vecs([(w, y)], x, mv.MatVecTile(4, 1, 32, False, 4), dtype=DType.Q4_K)
+    with pytest.raises(KernelError, match="mul_mat_vec of torch.uint8 weights"):
+        mv.mul_mat_vec(w, x, y)  # bytes without their type
