@@ -42,7 +42,7 @@ from gdnpass.bench import ceilings
 from gdnpass.bench.floors import gather_copy_us
 from gdnpass.bench.forward import bench_forward, bench_pass
 from gdnpass.patterns import REGISTRY
-from gdnpass.bench.matvec import PAIR_TARGET, bench_mat_vec, bench_pair
+from gdnpass.bench.matvec import PAIR_TARGET, bench_mat_vec, bench_pair, bench_quantized
 
 
 def verdict(ok: bool) -> str:
@@ -105,7 +105,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer points and rounds")
     p.add_argument("--json", help="write all numbers to this file")
-    p.add_argument("--only", help="comma-separated sections: ops,matvec,chain,dedup,pair,attention,forward,whole,"
+    p.add_argument("--only", help="comma-separated sections: ops,matvec,quant,chain,dedup,pair,attention,forward,whole,"
                                   "upstream,pass "
                                   "(upstream: llama.cpp built with CUDA and timed on the same GPU, next to whole)")
     p.add_argument("--without", metavar="PATTERN", help="forward, whole: also time fusion on without this "
@@ -113,6 +113,8 @@ def main() -> int:
     p.add_argument("--source", help="upstream: a folder `gdnpass llama-build --pack` wrote (machines without a "
                                     "registry)")
     p.add_argument("--gguf", help="upstream: the model file (default: written once, see benchmarks/upstream.py)")
+    p.add_argument("--wtype", default="bf16", help="forward, whole: the projections' and the embedding's weight "
+                                                   "type (bf16; q8_0, q4_k, ...: random blocks; not with upstream)")
     a = p.parse_args()
     if a.without and a.without not in [x.name for x in REGISTRY]:
         p.error(f"--without: no pattern {a.without!r} (registered: {', '.join(x.name for x in REGISTRY)})")
@@ -166,6 +168,17 @@ def main() -> int:
                   f"{r['us']:8.2f} | {r['GBps']:5.0f} | {r['share']:4.0%} | {target} | {r['read_us']:8.2f} "
                   f"({pct(r['read_us']):4.0%}) | {r['cublas_us']:8.2f} ({pct(r['cublas_us']):4.0%}) | "
                   f"{tuple(r['tile'])}", flush=True)
+
+    if want("quant"):
+        cols = [1, 4, 8, 16] if a.quick else list(range(1, 17))
+        out["quant"] = qs = bench_quantized("qwen3.5-9b", cols, ceil)
+        print(f"\n## thin MUL_MAT of quantized weights (the mat-vec reading ggml's blocks): stored bytes / kernel time "
+              f"as % of the read bandwidth ({ceil.read_GBps:.0f} GB/s), next to the same product in bf16")
+        print("wtype product (rows x K) cols | us | % of read BW | bf16 us | us / bf16 us | tile")
+        for r in qs:
+            print(f"{r['wtype']:4s} {r['names'][:28]:28s} {r['M']:6d}x{r['K']:<5d} {r['cols']:2d} | {r['us']:8.2f} | "
+                  f"{r['share']:4.0%} | {r['bf16_us']:8.2f} | {r['us'] / r['bf16_us']:4.2f} | {tuple(r['tile'])}",
+                  flush=True)
 
     if want("chain"):
         out["chain"] = []
@@ -222,12 +235,12 @@ def main() -> int:
         if not want(section):
             continue
         out[section] = []
-        print("\n## verify forward, " + ("whole qwen3.5-9b (32 layers, own bf16 weights, lm head)" if whole else
+        print("\n## verify forward, " + (f"whole qwen3.5-9b (32 layers, own {a.wtype} weights, lm head)" if whole else
                                          "24 GDN layers (+FFN, shared weights)") + ", DFlash taps, fusion off vs on")
         print("T rows | kernels off -> on (per GDN layer) | kernel us off -> on | alpha/beta us off -> on | "
               "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
         for T, rows in upstream.CASES:
-            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole, without=a.without)
+            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole, without=a.without, wtype=a.wtype)
             out[section].append(r)
             off, on = r["off"], r["on"]
             d = (off["kernels"] - on["kernels"]) / r["gdn_layers"]
@@ -238,6 +251,13 @@ def main() -> int:
                   f"{off['kernel_us']:.1f} -> {on['kernel_us']:.1f} | {pick('alpha/beta', 'kernel_us')} "
                   f"({pick('alpha/beta', 'kernels')} kernels) | {pick('ffn', 'kernel_us')} | "
                   f"{off['us_per_forward']:.1f} -> {on['us_per_forward']:.1f}", flush=True)
+            if whole:
+                try:
+                    floor = ceil.floor_us(on["weight_bytes"])
+                    print(f"  weights read {on['weight_bytes'] / 1e9:.2f} GB ({a.wtype}); floor (weight bytes / read BW) "
+                          f"{floor:.0f} us; fusion on / floor = {on['us_per_forward'] / floor:.2f}", flush=True)
+                except ceilings.FloorRefused as e:
+                    print(f"  floor refused ({e})", flush=True)
             if a.without:
                 w = r["without"]
                 print(f"  {a.without}'s share at T={T}: on without it -> on: {w['kernels']} -> {on['kernels']} "

@@ -26,6 +26,9 @@ DESCRIPTION = ("A graph-rewrite fusion pass for the Gated-Delta-Net layers of Qw
                "chain and the alpha/beta mat-vecs where the plan proves it legal, execute it.")
 EPILOG = "GDN_FUSION=1 turns the pass on (--fuse / --no-fuse override it). 'gdnpass COMMAND --help' for each command."
 DEFAULT_LAYERS = 4
+# the types a projection weight may have: gdnpass.ir.DType's float and block types (spelled out: --help imports no
+# IR; tests/test_cli.py holds it to DType)
+WEIGHT_TYPES = ["f32", "f16", "bf16", "q8_0", "q4_k", "q5_k", "q6_k"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -58,8 +61,9 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whole", action=Given, nargs=0, const=True, default=False,
                    help="the whole forward of the preset (token embedding, every layer incl. full attention, lm head) "
                         "instead of its first --layers GDN layers; --gguf implies it")
-    g.add_argument("--wtype", action=Given, default="bf16", choices=["f32", "f16", "bf16"],
-                   help="type of the large projection weights (default: bf16; with --gguf the file's types)")
+    g.add_argument("--wtype", action=Given, default="bf16", choices=WEIGHT_TYPES,
+                   help="type of the large projection weights and the token embedding (default: bf16; a block type: "
+                        "ggml's blocks of random quants; with --gguf the file's types)")
     g.add_argument("--ab-wtype", action=Given, default="f32", choices=["f32", "f16", "bf16"],
                    help="type of the alpha/beta weights (default: f32)")
     g.add_argument("--snapshot-layout", action=Given, default="rows", choices=["rows", "dedup", "dedup-t"],

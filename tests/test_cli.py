@@ -177,3 +177,10 @@ def test_help_imports_neither_torch_nor_triton():
             "print(sorted(m for m in ('torch', 'triton', 'numpy', 'networkx') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_the_weight_types_are_the_irs_float_and_block_types():
+    from gdnpass.cli import WEIGHT_TYPES
+    from gdnpass.ir import DType
+
+    assert WEIGHT_TYPES == [t.label for t in DType if t.is_quantized or t.label in ("f32", "f16", "bf16")]

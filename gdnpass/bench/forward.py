@@ -115,14 +115,15 @@ def weight_bytes_read(g) -> int:
     return total
 
 
-def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: str | None = None) -> dict:
+def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: str | None = None,
+                  wtype: str = "bf16") -> dict:
     """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
-    its own bf16 weights (token embedding, attention layers, lm head), after upstream's prompt (n_past
-    upstream.N_PROMPT). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
+    its own weights (token embedding, attention layers, lm head; the projections and the embedding ``wtype``: bf16,
+    or a block type's random blocks), after upstream's prompt (n_past upstream.N_PROMPT). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
     programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
     with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
     cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
-                       n_past=upstream.N_PROMPT if whole else 0)
+                       n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
     res = {}
     runs = {}
     # (name, fused, the pattern left out, programmatic dependent launch); "serial": fusion on, each kernel launched
@@ -156,7 +157,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     for name in times:
         res[name]["us_per_forward"] = statistics.median(times[name]) * 1e3
     res["T"], res["rows"], res["gdn_layers"], res["left_out"] = T, rows, len(cfg.shape.gdn_layers), without
-    res["pdl"] = PDL_SUPPORTED
+    res["pdl"], res["wtype"] = PDL_SUPPORTED, wtype
     return res
 
 

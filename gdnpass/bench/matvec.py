@@ -169,6 +169,52 @@ def bench_mat_vec(models: list[str], cols: list[int], ceil: Ceilings) -> list[di
     return out
 
 
+def quantized_weight(dtype, M: int, K: int, seed: int = 0) -> torch.Tensor:
+    """An M x K weight of block type ``dtype`` on the GPU, its bytes (1, 1, M, row bytes): 64 rows of
+    :func:`gdnpass.kernels.quants.random_blocks`, repeated (drawing gigabytes on the CPU would dominate)."""
+    from gdnpass.kernels.quants import random_blocks
+
+    tile = random_blocks(min(M, 64), K, dtype, torch.Generator().manual_seed(seed), K ** -0.5).cuda()
+    return tile.repeat(-(-M // tile.shape[0]), 1)[:M].reshape(1, 1, M, -1).contiguous()
+
+
+def bench_quantized(model: str, cols: list[int], ceil: Ceilings) -> list[dict]:
+    """Every product of ``model`` of >= 8 MB in bf16 (as :func:`bench_mat_vec`), its weights in each block type the
+    mat-vec reads, at ``cols`` columns: the chosen tile per launch over rotated copies, the stored bytes (blocks +
+    activations + outputs) over that time against the read bandwidth, next to the same product's bf16 time."""
+    from gdnpass.ir import DType
+
+    out = []
+    for p in product_shapes(model):
+        n_w = 2 if p.pair else 1
+        if n_w * p.M * p.K * 2 < MID:
+            continue
+        bf16 = [_rotated((torch.randn(1, 1, p.M, p.K, device="cuda") / 64).to(torch.bfloat16)) for _ in range(n_w)]
+        for dtype in (t for t in DType if t.is_quantized):
+            ws = [_rotated(quantized_weight(dtype, p.M, p.K, i)) for i in range(n_w)]
+            wbytes = n_w * p.M * dtype.row_bytes(p.K)
+            for n in cols:
+                x = torch.randn(1, 1, n, p.K, device="cuda")
+                ys = [torch.empty(1, 1, n, p.M, device="cuda") for _ in range(n_w)]
+
+                def launch(v, q=dtype):
+                    if p.pair:
+                        mv.mul_mat_vec_pair(v[0], v[1], x, *ys, q)
+                    else:
+                        mv.mul_mat_vec(v[0], x, ys[0], q)
+                copies = list(zip(*ws))
+                us = _per_launch_us(lambda: [launch(v) for v in copies], len(copies))
+                plain = list(zip(*bf16))
+                bf16_us = _per_launch_us(lambda: [launch(v, None) for v in plain], len(plain))
+                nbytes = wbytes + n * p.K * 4 + n_w * n * p.M * 4
+                out.append(dict(model=model, wtype=dtype.label, names=p.names, M=p.M, K=p.K, cols=n, bytes=nbytes,
+                                us=us, bf16_us=bf16_us, share=nbytes / (us * 1e3) / ceil.read_GBps,
+                                tile=mv.mat_vec_tile(p.M, n, p.K, dtype.label)))
+            del ws
+        del bf16
+    return out
+
+
 def bench_pair(cols: list[int], ceil: Ceilings, E: int = 4096, M: int = 32) -> list[dict]:
     """The alpha/beta pair (E 4096, M 32: qwen3.5-9b's), f32 and bf16 weights: two single mat-vec launches vs one
     pair launch, against (empty kernel + its bytes over the read bandwidth)."""

@@ -42,6 +42,12 @@ CHAIN = ChainScope()
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 
 
+def mat_vec_weight(dtype) -> bool:
+    """Whether the mat-vec reads weights of ``dtype`` (a :class:`gdnpass.ir.DType`): f32, f16, bf16 and ggml's
+    block types (their bytes, decoded in the kernel)."""
+    return dtype.label in ("f32", "f16", "bf16") or dtype.is_quantized
+
+
 def runs_as_mat_vec(rows: int, cols: int) -> bool:  # noqa: ARG001 - every row count: thin and wide products alike
     """Whether a single-matrix MUL_MAT of ``rows`` outputs and ``cols`` columns runs the Triton mat-vec; the pair
     matcher accepts exactly these, so a pair is always byte-identical to its two unfused products."""

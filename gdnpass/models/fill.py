@@ -89,11 +89,22 @@ def _decode_inputs(graph: Graph, recorded: dict[str, str]) -> dict[str, list]:
 
 _TILE = 1 << 20        # leafs above this many elements repeat one random block ...
 _BLOCK = (1 << 16) + 97  # ... of this many values: an odd period, so no two rows of a matrix are equal
+_QROWS = 67              # a quantized leaf's rows repeat with this (odd) period
 
 
 def _init_into(dst: torch.Tensor, t: Tensor, g: torch.Generator) -> None:
     """Write ``t``'s initial values (:func:`_init_values`) into its view ``dst``. A big contiguous leaf is written
-    in one broadcast copy of its block (cache-resident source: a fill of gigabytes runs at memory bandwidth)."""
+    in one broadcast copy of its block (cache-resident source: a fill of gigabytes runs at memory bandwidth). A
+    quantized leaf gets random blocks (:func:`gdnpass.kernels.quants.random_blocks`) at its role's magnitude, up to
+    _QROWS rows of them repeated."""
+    if t.type.is_quantized:
+        from gdnpass.kernels.quants import random_blocks
+
+        rows = dst.reshape(-1, dst.shape[-1])  # (a leaf's rows: packed)
+        std = float(_role(t, torch.ones(1)))
+        tile = random_blocks(min(rows.shape[0], _QROWS), t.ne[0], t.type, g, std).to(rows.device)
+        rows.copy_(tile.repeat(-(-rows.shape[0] // tile.shape[0]), 1)[: rows.shape[0]])
+        return
     if t.nelements > _TILE and dst.is_contiguous():
         block = _role(t, torch.randn(_BLOCK, generator=g)).to(dst.dtype)
         flat = dst.reshape(-1)  # a view: dst is contiguous

@@ -3,8 +3,9 @@
 :func:`open_model` reads only the header and the tensor index (the ``gguf`` package memory-maps the file; nothing
 is read from the data section, and torch is not imported), so ``gdnpass dump --gguf`` of a large file is quick.
 :meth:`GgufModel.config` gives the :class:`VerifyConfig` of a whole verify forward of the model,
-:meth:`GgufModel.build` its graph with every weight in the file's type (quantized weights become f32: they are
-dequantized on load), :meth:`GgufModel.load_weights` writes the weights into an executor's buffers.
+:meth:`GgufModel.build` its graph with every weight in the file's type (ggml's block types the kernels read, Q8_0
+and the K-quants Q4_K, Q5_K, Q6_K, stay blocks, byte for byte the file's; the other quantized types become f32:
+they are dequantized on load), :meth:`GgufModel.load_weights` writes the weights into an executor's buffers.
 
 Only arch ``qwen35`` is built. ``qwen35moe`` and ``qwen3next`` are refused with what gdnpass lacks for them.
 """
@@ -21,9 +22,10 @@ from gdnpass.models.gguf_read import GgufError, _gguf, _Header, open_reader
 from gdnpass.models.gguf_write import ARCH, check_tensors, header_shape
 from gdnpass.models.hparams import ModelShape, VerifyConfig
 
-# GGML types gdnpass holds as they are, and the quantized ones it dequantizes to f32 on load (gguf.quants does it)
-_PLAIN = {"F32": DType.F32, "F16": DType.F16, "BF16": DType.BF16}
-DEQUANTIZED = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+# GGML types gdnpass holds as they are (the block types: their bytes), and the quantized ones it dequantizes to f32
+# on load (gguf.quants does it)
+_PLAIN = {t.name: t for t in (DType.F32, DType.F16, DType.BF16, *(d for d in DType if d.is_quantized))}
+DEQUANTIZED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K")
 
 # what the other archs of the family need that gdnpass does not build (issue 17)
 _REFUSED = {
@@ -41,7 +43,7 @@ class GgufModel:
     dequantized: list[str] = field(default_factory=list)  # tensors held as f32 after dequantizing
 
     def weight_types(self) -> dict[str, DType]:
-        """The DType the graph gives each weight: the file's, or f32 for a quantized one."""
+        """The DType the graph gives each weight: the file's, or f32 for one dequantized on load."""
         return {n: _PLAIN.get(t, DType.F32) for n, t in self.types.items()}
 
     def config(self, layers: int | None = None, **kw) -> VerifyConfig:
@@ -76,7 +78,7 @@ class GgufModel:
         for t in graph.leafs:
             if t.buffer == "weights" and t.view_src is None and t.name in self.types:
                 file_t = self.types[t.name]
-                held = t.nelements * (4 if file_t in DEQUANTIZED else _PLAIN[file_t].size)
+                held = t.nelements * 4 if file_t in DEQUANTIZED else _PLAIN[file_t].row_bytes(t.nelements)
                 most = max(most, held + (t.nbytes if _PLAIN.get(file_t, DType.F32) is not t.type else 0))
         return most
 
@@ -98,6 +100,15 @@ class GgufModel:
                 arr = gguf.quants.dequantize(src.data, src.tensor_type)  # (a new array)
             else:
                 arr = np.array(src.data, copy=True)  # (the memmap is read-only; torch wants a writable array)
+            view = executor.view(t)
+            if t.type.is_quantized:  # the blocks, byte for byte (the view: the rows' bytes)
+                value = torch.from_numpy(arr.view(np.uint8).reshape(-1))
+                if value.numel() != t.nbytes:
+                    raise GgufError(f"{self.path}: tensor {t.name!r} has {value.numel()} bytes, the graph "
+                                    f"{t.nbytes}")
+                view.copy_(value.reshape(view.shape))
+                done += t.nbytes
+                continue
             if src.tensor_type.name == "BF16":  # numpy has no bfloat16: the file's uint16 words are the bits
                 value = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
             else:
@@ -105,7 +116,6 @@ class GgufModel:
             want = tuple(reversed(t.ne))
             if value.numel() != t.nelements:
                 raise GgufError(f"{self.path}: tensor {t.name!r} has {value.numel()} elements, the graph {t.nelements}")
-            view = executor.view(t)
             view.copy_(value.reshape(want).to(view.dtype))
             done += t.nbytes
         return done

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from gdnpass.ir import (GGML_MAX_DIMS, DType, Glu, GraphError, Op, Prec, Tensor, Unary, contiguous_strides,
                         is_contiguous_n)
+from gdnpass.kernels.limits import mat_vec_weight
 from gdnpass.opspec.vocab import OpSpec
 
 NE = tuple[int, int, int, int]
@@ -221,9 +222,10 @@ def rule_mul_mat(n: Tensor, spec: OpSpec) -> Shape:
     a, b = n.src
     req(a.ne[0] == b.ne[0], n, f"inner dims differ: {a.name!r} ne0={a.ne[0]}, {b.name!r} ne0={b.ne[0]}")
     req(_divides(a.ne[2], b.ne[2]) and _divides(a.ne[3], b.ne[3]), n, "batch dims do not broadcast")
+    req(a.ne[0] % a.type.block == 0, n, f"weight {a.name!r}: rows of {a.ne[0]} are not whole {a.type.label} blocks "
+                                        f"of {a.type.block}")
     req(a.nb[0] <= a.nb[1], n, f"weight {a.name!r} is transposed")
-    req(a.type in (DType.F32, DType.F16, DType.BF16) or a.type.is_quantized, n,
-        f"weight type {a.type.label} not supported")
+    req(mat_vec_weight(a.type), n, f"weight type {a.type.label} not supported")
     req(b.type is DType.F32, n, f"activation {b.name!r} must be f32")
     req(a.has_contiguous_rows() and b.has_contiguous_rows(), n, "sources need contiguous rows")
     req(n.op_params.get("prec", Prec.UNDEFINED.value) in {x.value for x in Prec}, n,

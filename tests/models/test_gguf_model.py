@@ -12,6 +12,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from gdnpass.frontends.compare import signature  # noqa: E402
+from gdnpass.kernels import reference as ref
 from gdnpass.ir import DType  # noqa: E402
 from gdnpass.models import VerifyConfig, build_verify_graph  # noqa: E402
 from gdnpass.models.fill import fill  # noqa: E402
@@ -56,8 +57,9 @@ def test_weights_load_byte_for_byte(bf16_file):
         assert ex.bytes_of(t) == want, name
 
 
-def test_quantized_weights_are_dequantized(tmp_path):
-    """A Q8_0 tensor is held as f32: its values are gguf's dequantization of the file's blocks."""
+def test_block_types_stay_blocks_and_others_are_dequantized(tmp_path):
+    """A Q8_0 tensor is held as its blocks, byte for byte the file's (its values: ggml's dequantization, the kernels'
+    reference); a Q5_0 tensor, a type the kernels do not read, is held as f32: gguf's dequantization of its blocks."""
     path = write_gguf("tiny-qwen35", tmp_path / "q.gguf", wtype="f32", seed=2)
     src = {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
     w = gguf.GGUFWriter(tmp_path / "q8.gguf", "qwen35")
@@ -66,10 +68,11 @@ def test_quantized_weights_are_dequantized(tmp_path):
         if f.name.startswith("GGUF.") or f.name == "general.architecture":
             continue
         w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
+    quantized = {"blk.0.ffn_up.weight": gguf.GGMLQuantizationType.Q8_0,
+                 "blk.0.ffn_gate.weight": gguf.GGMLQuantizationType.Q5_0}
     for name, arr in src.items():
-        if name == "blk.0.ffn_up.weight":
-            w.add_tensor(name, gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0),
-                         raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        if name in quantized:
+            w.add_tensor(name, gguf.quants.quantize(arr, quantized[name]), raw_dtype=quantized[name])
         else:
             w.add_tensor(name, arr)
     w.write_header_to_file()
@@ -77,16 +80,21 @@ def test_quantized_weights_are_dequantized(tmp_path):
     w.write_tensors_to_file()
     w.close()
     m = open_model(tmp_path / "q8.gguf")
-    assert m.dequantized == ["blk.0.ffn_up.weight"]
+    assert m.dequantized == ["blk.0.ffn_gate.weight"]
     res = run(m.build(m.config(n_tokens=2, n_rs_seq=1)), PassOptions(fusion=False))
-    t = next(x for x in res.graph.leafs if x.name == "blk.0.ffn_up.weight")
-    assert t.type is DType.F32
+    held = {x.name: x for x in res.graph.leafs}
+    assert held["blk.0.ffn_up.weight"].type is DType.Q8_0 and held["blk.0.ffn_gate.weight"].type is DType.F32
     ex = Executor(res.graph)
     fill(ex, seed=0)
     m.load_weights(ex, res.graph)
-    q = next(x for x in gguf.GGUFReader(tmp_path / "q8.gguf").tensors if x.name == "blk.0.ffn_up.weight")
-    want = torch.from_numpy(gguf.quants.dequantize(np.array(q.data), q.tensor_type).astype(np.float32))
-    assert torch.equal(ex.read(t).reshape(want.shape), want)
+    file = {x.name: x for x in gguf.GGUFReader(tmp_path / "q8.gguf").tensors}
+    q8 = held["blk.0.ffn_up.weight"]
+    assert ex.bytes_of(q8) == np.array(file[q8.name].data).tobytes()
+    assert torch.equal(ref.values(ex.read(q8), DType.Q8_0).reshape(-1), torch.from_numpy(
+        gguf.quants.dequantize(np.array(file[q8.name].data), file[q8.name].tensor_type).reshape(-1)))
+    q5 = file["blk.0.ffn_gate.weight"]
+    want = torch.from_numpy(gguf.quants.dequantize(np.array(q5.data), q5.tensor_type).astype(np.float32))
+    assert torch.equal(ex.read(held[q5.name]).reshape(want.shape), want)
 
 
 @pytest.mark.parametrize("arch,needs", [("qwen3next", "fused ssm_in"), ("qwen35moe", "mixture-of-experts"),

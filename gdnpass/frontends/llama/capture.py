@@ -54,7 +54,7 @@ from gdnpass.errors import GraphError, LlamaError
 from gdnpass.frontends.llama import build
 from gdnpass.frontends.llama.worker import positions_used
 from gdnpass.frontends.structs import TensorStruct, to_graph
-from gdnpass.ir import BufferSpec, Graph, Tensor
+from gdnpass.ir import BufferSpec, DType, Graph, Tensor
 
 # one hint per ggml assert a user can cause with the context settings
 _ASSERT_HINTS = {
@@ -292,15 +292,18 @@ def buffer_names(buffers: dict[str, dict], structs: list[TensorStruct]) -> dict[
 
 
 DEQUANTIZED_BUFFER = 1  # the stand-in buffer's key among the recorded buffer addresses (no real pointer is 1)
-_PLAIN_TYPES = ("f32", "f16", "bf16", "i32", "i64")  # gdnpass's DType labels
+# the types gdnpass holds as llama.cpp does: every DType (ggml spells the K-quants q4_K); a weight of another type
+# gets an f32 stand-in, as gdnpass dequantizes it on load
+_PLAIN_TYPES = tuple(t.label for t in DType)
 
 
 def dequantize_stand_ins(out: dict) -> dict[str, str]:
-    """Turn every quantized weight record of ``out`` (the verify and the reserve graph's) into an f32 stand-in placed
-    in the ``dequantized`` buffer, as gdnpass holds a quantized weight after loading it; name -> ggml type."""
+    """Turn every weight record of ``out`` (the verify and the reserve graph's) of a type gdnpass dequantizes on load
+    (Q4_0, Q5_0, ...: not a :class:`DType`) into an f32 stand-in placed in the ``dequantized`` buffer, as gdnpass
+    holds such a weight after loading it; name -> ggml type."""
     weights = {int(k) for k, b in out["buffers"].items() if b["usage"] == "weights"}
     recs = [c for part in ("verify", "reserve") for c in out[part]["tensors"]
-            if c["buffer"] in weights and c["op_name"] == "NONE" and c["type_name"] not in _PLAIN_TYPES]
+            if c["buffer"] in weights and c["op_name"] == "NONE" and c["type_name"].lower() not in _PLAIN_TYPES]
     if not recs:
         return {}
     base, size, where, kinds = 1 << 40, 0, {}, {}

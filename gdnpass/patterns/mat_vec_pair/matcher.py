@@ -7,7 +7,8 @@ writes B's product early (at A's position) and reads B's weight and x early; the
 
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-6):
  1. [pair.different-src1] both read the same src1 tensor.
- 2. [pair.type] both weights have the same type (f32, f16 or bf16) and x is f32.
+ 2. [pair.type] both weights have the same type (one the mat-vec reads: f32, f16, bf16 or a block type) and x is
+    f32.
  3. [pair.n-cols] each weight is one matrix and the product runs the Triton mat-vec unfused
     (``kernels.limits.runs_as_mat_vec``: 1..MAT_VEC_COLS columns), so the pair is byte-identical to the two
     products.
@@ -33,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
+from gdnpass.kernels import limits
 from gdnpass.kernels.limits import MAT_VEC_COLS
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, first_collision,
                                      rule)
@@ -90,7 +92,7 @@ def _same_src1(c: PairCapture, ctx):
 @rule("pair.type")
 def _types(c: PairCapture, ctx):
     wa, wb = c.w_a, c.w_b
-    if wa.type is not wb.type or wa.type not in (DType.F32, DType.F16, DType.BF16) or c.x.type is not DType.F32:
+    if wa.type is not wb.type or not limits.mat_vec_weight(wa.type) or c.x.type is not DType.F32:
         return Why(c.b, f"weight types {wa.type.label}/{wb.type.label} (x {c.x.type.label}) do not pair")
 
 

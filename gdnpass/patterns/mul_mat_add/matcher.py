@@ -11,7 +11,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  1. [mul-mat-add.product] the ADD is no view (an in-place op) and reads the whole product in its element order:
     the MUL_MAT's output itself, or one packed view of all of it.
  2. [mul-mat-add.addend] the ADD's other operand has the sum's shape (no broadcast).
- 3. [mul-mat-add.type] the weight is f32, f16 or bf16; x, the product, the addend and the sum are f32.
+ 3. [mul-mat-add.type] the weight is one the mat-vec reads (f32, f16, bf16 or a block type); x, the product, the
+    addend and the sum are f32.
  4. [mul-mat-add.n-cols] the weight is one matrix and the product runs the Triton mat-vec unfused
     (``kernels.limits.runs_as_mat_vec``: 1..MAT_VEC_COLS columns): the sum holds the unfused product's bytes.
  5. [mul-mat-add.layout] the sum and the addend are packed, the product's rows per column (the record's scope).
@@ -31,6 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Op, Tensor
+from gdnpass.kernels import limits
 from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule, same_elements)
@@ -125,8 +127,8 @@ def _addend(c: MatAddCapture, ctx):
 
 @rule("mul-mat-add.type")
 def _type(c: MatAddCapture, ctx):
-    if c.w.type not in (DType.F32, DType.F16, DType.BF16):
-        return Why(c.w, f"{c.w.name!r} is {c.w.type.label}: the mat-vec takes f32, f16 or bf16 weights")
+    if not limits.mat_vec_weight(c.w.type):
+        return Why(c.w, f"{c.w.name!r} is {c.w.type.label}: the mat-vec does not read that type")
     for t in (c.x, c.mm, c.r, c.add):
         if t.type is not DType.F32:
             return Why(t, f"{t.name!r} is {t.type.label}: the mat-vec's columns and sum are f32")

@@ -179,7 +179,6 @@ def test_unmodelled_type_is_a_clear_error():
 def test_block_types_import_with_ggml_strides_and_sizes(dtype):
     """A quantized weight keeps ggml's block layout: nb, ggml_nbytes and ggml_row_size as ggml computes them."""
     with fg.GgmlSession() as s:
-        x = s.new_tensor("input", "inp_x", F32, (512, 3), input=True)
         w = s.g.ggml_new_tensor_3d(s.leaf_ctx["weights"], getattr(s.g, f"GGML_TYPE_{dtype.name}"), 512, 5, 2)
         s.expand(s.g.ggml_get_rows(s.ctx, w, s.new_tensor("input", "ids", DType.I32, (3, 2), input=True)))
         imp = s.import_graph()
