@@ -32,7 +32,7 @@ import torch
 import triton
 
 from gdnpass.bench import ceilings
-from gdnpass.bench.matvec import DTYPES, column_counts, operands, product_shapes, rotation, shape_list
+from gdnpass.bench.matvec import DTYPES, QUANTIZED, column_counts, operands, product_shapes, rotation, shape_list
 from gdnpass.kernels import triton_matvec as mv
 
 SHAPES = [(p.M, p.K) for p in product_shapes("qwen3.5-9b") if 256 < p.M < 100_000]  # but the thin and the lm head
@@ -42,6 +42,13 @@ TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tens
 
 def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16"):
     cols = 1 << (N - 1).bit_length()
+    if wt in QUANTIZED:  # the int8 form (matvec_cols_q): 16 columns, K steps of whole groups of 32, split to fill
+        for bm, bk, w, st in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (2, 3, 4) if deep else (3,)):
+            if bm * bk <= 8192 and bm <= max(16, M):
+                for s in (1, 2, 4, 8, 16):
+                    if s * bk <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
+                        yield mv.MatVecTile(bm, 16, bk, True, w, s, st)
+        return
     dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
         for bk, w in itertools.product((1024, 2048, 4096), (4, 8, 16)):
@@ -101,7 +108,7 @@ def compile_case(case) -> int:
     refused = 0
     for t in tiles:
         try:
-            mv._mat_vecs(prods, x, t)
+            mv._mat_vecs(prods, x, t, dtype=QUANTIZED.get(wt))
         except Exception:  # noqa: BLE001 - a tile the compiler refuses (registers, shared memory)
             refused += 1
     torch.cuda.synchronize()
@@ -112,8 +119,11 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
     """(tile, median us, rel err) of each tile that compiles, is within TOLERANCE and (split-K) deterministic."""
     from torch.profiler import ProfilerActivity, profile
 
+    from gdnpass.kernels.quants import mul_mat_q
+
     prods, x = products(wt, M, K, N, pair)
-    refs = [x[0, 0] @ w[0, 0].float().t() for w, _ in prods]
+    q = QUANTIZED.get(wt)
+    refs = [mul_mat_q(w, x, q)[0, 0] if q else x[0, 0] @ w[0, 0].float().t() for w, _ in prods]
     # the launches a replay makes: one per copy of the weights, so each reads its weights from memory (matvec.rotation)
     n_copies = rotation(sum(w.numel() * w.element_size() for w, _ in prods))
     rotated = [prods] + [[(w.clone(), y) for w, y in prods] for _ in range(n_copies - 1)]
@@ -122,12 +132,12 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
         for _, y in prods:
             y.fill_(float("nan"))  # an element the tile leaves unwritten fails the check below
         try:
-            mv._mat_vecs(prods, x, t)
+            mv._mat_vecs(prods, x, t, dtype=q)
         except Exception:  # noqa: BLE001
             continue
         err = max(((y[0, 0] - ref).abs().max() / ref.abs().max()).item() for (_, y), ref in zip(prods, refs))
         first = [y.clone() for _, y in prods]
-        mv._mat_vecs(prods, x, t)  # again: the slice order of a split-K tile must not vary
+        mv._mat_vecs(prods, x, t, dtype=q)  # again: the slice order of a split-K tile must not vary
         if not err <= TOLERANCE or not all(torch.equal(f.view(torch.int32), y.view(torch.int32))
                                            for f, (_, y) in zip(first, prods)):
             print(f"  {t}: WRONG or NOT DETERMINISTIC (rel err {err:.2e})", flush=True)
@@ -135,7 +145,7 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             for ps in rotated:
-                mv._mat_vecs(ps, x, t)
+                mv._mat_vecs(ps, x, t, dtype=q)
         graphs.append(g)
         kept.append((t, err))
     torch.cuda.synchronize()
@@ -154,7 +164,8 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--budget-s", type=float, default=420.0)
-    p.add_argument("--wtypes", default="bf16", help="comma-separated weight types: bf16, f16, f32 (default bf16)")
+    p.add_argument("--wtypes", default="bf16", help="comma-separated weight types: bf16, f16, f32 or block types "
+                                                    "(q8_0, q4_k, q5_k, q6_k; default bf16)")
     p.add_argument("--shapes", type=shape_list, help="rows x K list, e.g. 8192x4096,4096x12288 (default: SHAPES)")
     p.add_argument("--cols", type=column_counts, help="column counts 1..16, e.g. 4,8 (default: 2,4,8,16)")
     p.add_argument("--procs", type=int, default=16, help="compile worker processes")
@@ -164,8 +175,8 @@ def main() -> int:
                                                        "K steps")
     a = p.parse_args()
     wtypes = a.wtypes.split(",")
-    if not set(wtypes) <= set(DTYPES):
-        p.error(f"--wtypes: {a.wtypes!r} is not a list of {', '.join(DTYPES)}")
+    if not set(wtypes) <= {*DTYPES, *QUANTIZED}:
+        p.error(f"--wtypes: {a.wtypes!r} is not a list of {', '.join([*DTYPES, *QUANTIZED])}")
     t_end = time.time() + a.budget_s
     shapes, cols = a.shapes or SHAPES, a.cols or COLS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -192,7 +203,8 @@ def main() -> int:
             continue
         default = dict((t, us) for t, us, _ in timed).get(tiles[0], float("nan"))
         n_w = 2 if a.pair else 1
-        nbytes = n_w * (M * K * DTYPES[wt].itemsize + N * M * 4) + N * K * 4
+        wbytes = M * QUANTIZED[wt].row_bytes(K) if wt in QUANTIZED else M * K * DTYPES[wt].itemsize
+        nbytes = n_w * (wbytes + N * M * 4) + N * K * 4
         rows += [dict(wtype=wt, M=M, K=K, N=N, pair=a.pair, tile=list(t), us=us, GBps=nbytes / (us * 1e3),
                       default=t == tiles[0]) for t, us, _ in timed]
         for t, us, err in sorted(timed, key=lambda r: r[1])[:3]:

@@ -14,6 +14,7 @@ import torch
 
 from gdnpass.bench.ceilings import Ceilings, FloorRefused, read_chunks, stream_read
 from gdnpass.bench.timing import kernel_us
+from gdnpass.ir import DType
 from gdnpass.kernels import triton_matvec as mv
 
 # issue 32's targets: a product's share of the read bandwidth, by the bytes of its weight
@@ -67,6 +68,7 @@ def product_shapes(model: str) -> tuple[Product, ...]:
 
 
 DTYPES = {name: dtype for dtype, name in mv.WTYPES.items()}  # "bf16" -> torch.bfloat16, ...
+QUANTIZED = {t.label: t for t in DType if t.is_quantized}    # "q4_k" -> DType.Q4_K, ...
 WNAMES = mv.WTYPES  # torch.bfloat16 -> "bf16", ...
 
 
@@ -79,9 +81,13 @@ def rotation(nbytes: int) -> int:
 
 
 def operands(wt: str, M: int, K: int, N: int, seed: int = 0):
-    """(w, x, y) of one product: an M x K weight of type ``wt`` (a :data:`DTYPES` name), N columns of x, y empty."""
+    """(w, x, y) of one product: an M x K weight of type ``wt`` (a :data:`DTYPES` name, or a block type's label: its
+    bytes, :func:`quantized_weight`), N columns of x, y empty."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    w = (torch.randn(1, 1, M, K, device="cuda", generator=g) / 64).to(DTYPES[wt])
+    if wt in QUANTIZED:
+        w = quantized_weight(QUANTIZED[wt], M, K, seed)
+    else:
+        w = (torch.randn(1, 1, M, K, device="cuda", generator=g) / 64).to(DTYPES[wt])
     x = torch.randn(1, 1, N, K, device="cuda", generator=g)
     return w, x, torch.empty(1, 1, N, M, device="cuda")
 
@@ -182,8 +188,6 @@ def bench_quantized(model: str, cols: list[int], ceil: Ceilings) -> list[dict]:
     """Every product of ``model`` of >= 8 MB in bf16 (as :func:`bench_mat_vec`), its weights in each block type the
     mat-vec reads, at ``cols`` columns: the chosen tile per launch over rotated copies, the stored bytes (blocks +
     activations + outputs) over that time against the read bandwidth, next to the same product's bf16 time."""
-    from gdnpass.ir import DType
-
     out = []
     for p in product_shapes(model):
         n_w = 2 if p.pair else 1

@@ -28,7 +28,7 @@ ggml's C may or may not be compiled with) changes a bit.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -56,9 +56,19 @@ def _bits(b: torch.Tensor, shifts: list[int], mask: int) -> torch.Tensor:
     return (b.unsqueeze(-2) >> s) & mask
 
 
-def _q8_0(blocks: torch.Tensor) -> torch.Tensor:
+class Parts(NamedTuple):
+    """A block type's values as ``scale * q - offset`` per group of ``S`` elements (ggml's order of operations):
+    q the integer quants [..., groups, S] (int16), scale and offset f32 [..., groups] (offset None: none). The
+    mat-vec reads weights in this form (:func:`mul_mat_q`)."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor | None
+
+
+def _q8_0(blocks: torch.Tensor) -> Parts:
     d, qs = _split(blocks, DType.Q8_0, 2, DType.Q8_0.block)
-    return qs.view(torch.int8).float() * _f16(d)
+    return Parts(qs.view(torch.int8).to(torch.int16).unsqueeze(-2), _f16(d), None)
 
 
 def _scale_min_k4(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,54 +84,61 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
     return _bits(qs.unflatten(-1, (-1, 32)), [0, 4], 15).flatten(-3, -2)
 
 
-def _k_affine(d: torch.Tensor, dmin: torch.Tensor, scales: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``d1 * q - m1`` with ``d1 = d * sc``, ``m1 = dmin * m`` per sub-block: q [..., 8, 32] -> [..., 256]."""
+def _k_affine(d: torch.Tensor, dmin: torch.Tensor, scales: torch.Tensor, q: torch.Tensor) -> Parts:
+    """``d1 * q - m1`` with ``d1 = d * sc``, ``m1 = dmin * m`` per sub-block of 32."""
     sc, m = _scale_min_k4(scales)
-    d1 = (_f16(d) * sc.float()).unsqueeze(-1)
-    m1 = (_f16(dmin) * m.float()).unsqueeze(-1)
-    return (d1 * q.float() - m1).flatten(-2)
+    return Parts(q.to(torch.int16), _f16(d) * sc.float(), _f16(dmin) * m.float())
 
 
-def _q4_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q4_k(blocks: torch.Tensor) -> Parts:
     n = DType.Q4_K.block
     d, dmin, scales, qs = _split(blocks, DType.Q4_K, 2, 2, K_SCALE_SIZE, n // 2)
     return _k_affine(d, dmin, scales, _nibbles(qs))
 
 
-def _q5_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q5_k(blocks: torch.Tensor) -> Parts:
     n = DType.Q5_K.block
     d, dmin, scales, qh, qs = _split(blocks, DType.Q5_K, 2, 2, K_SCALE_SIZE, n // 8, n // 2)
     return _k_affine(d, dmin, scales, _nibbles(qs) | (_bits(qh, list(range(8)), 1) << 4))
 
 
-def _q6_k(blocks: torch.Tensor) -> torch.Tensor:
+def _q6_k(blocks: torch.Tensor) -> Parts:
     n = DType.Q6_K.block
     ql, qh, scales, d = _split(blocks, DType.Q6_K, n // 2, n // 4, n // 16, 2)
     ql = ql.unflatten(-1, (-1, 2, 32))                      # [..., half, 2, 32]
     lo = torch.cat([ql & 15, ql >> 4], dim=-2)              # [..., half, k = 0..3, 32]
     hi = _bits(qh.unflatten(-1, (-1, 32)), [0, 2, 4, 6], 3)  # [..., half, k, 32]
-    q = ((lo | (hi << 4)).to(torch.int8) - 32).reshape(*blocks.shape[:-1], n // 16, 16)
-    dsc = (_f16(d) * scales.view(torch.int8).float()).unsqueeze(-1)
-    return (dsc * q.float()).flatten(-2)
+    q = ((lo | (hi << 4)).to(torch.int16) - 32).reshape(*blocks.shape[:-1], n // 16, 16)
+    return Parts(q, _f16(d) * scales.view(torch.int8).float(), None)
 
 
-DEQUANTIZE: dict[DType, Callable[[torch.Tensor], torch.Tensor]] = {
+DECOMPOSE: dict[DType, Callable[[torch.Tensor], Parts]] = {
     DType.Q8_0: _q8_0, DType.Q4_K: _q4_k, DType.Q5_K: _q5_k, DType.Q6_K: _q6_k,
 }
+DEQUANTIZE = DECOMPOSE  # (the types dequantize reads)
+
+
+def parts(raw: torch.Tensor, dtype: DType) -> Parts:
+    """:class:`Parts` of ``dtype`` bytes [..., n_blocks * dtype.size] (the checks of :func:`dequantize`): groups
+    over all blocks, [..., groups, S]."""
+    fn = DECOMPOSE.get(dtype)
+    if fn is None:
+        raise KernelError(f"dequantize: {dtype.label} is not a block type ({', '.join(t.label for t in DECOMPOSE)}); "
+                          f"bytes {raw.dtype} {tuple(raw.shape)}")
+    if raw.dtype != torch.uint8 or raw.dim() == 0 or raw.shape[-1] % dtype.size:
+        raise KernelError(f"dequantize: {dtype.label} bytes must be uint8 [..., n_blocks * {dtype.size}], got "
+                          f"{raw.dtype} {tuple(raw.shape)}")
+    p = fn(raw.unflatten(-1, (-1, dtype.size)))
+    flat = (lambda t: t.flatten(-2, -1))  # noqa: E731  (blocks x groups -> groups)
+    return Parts(p.q.flatten(-3, -2), flat(p.scale), None if p.offset is None else flat(p.offset))
 
 
 def dequantize(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     """ggml's dequantize_row of ``dtype`` over the last dim: uint8 [..., n_blocks * dtype.size] (any device; the
     last dim contiguous) -> float32 [..., n_blocks * dtype.block]."""
-    fn = DEQUANTIZE.get(dtype)
-    if fn is None:
-        raise KernelError(f"dequantize: {dtype.label} is not a block type ({', '.join(t.label for t in DEQUANTIZE)}); "
-                          f"bytes {raw.dtype} {tuple(raw.shape)}")
-    if raw.dtype != torch.uint8 or raw.dim() == 0 or raw.shape[-1] % dtype.size:
-        raise KernelError(f"dequantize: {dtype.label} bytes must be uint8 [..., n_blocks * {dtype.size}], got "
-                          f"{raw.dtype} {tuple(raw.shape)}")
-    blocks = raw.unflatten(-1, (-1, dtype.size))
-    return fn(blocks).flatten(-2)
+    q, scale, offset = parts(raw, dtype)
+    v = scale.unsqueeze(-1) * q.float()
+    return (v if offset is None else v - offset.unsqueeze(-1)).flatten(-2)
 
 
 # where each type's f16 fields lie in its block (ggml-common.h): d first (q4_K / q5_K: dmin after it), q6_K's d last
@@ -150,3 +167,48 @@ def random_blocks(rows: int, n: int, dtype: DType, generator: torch.Generator, s
     d = std / max(float((a - ratio * b).std()), 1e-30)
     decode(d, d * ratio)
     return raw
+
+
+# ---- the product with quantized weights --------------------------------------------------------------------------
+
+X_GROUP = 32  # the activations' quantization group (llama.cpp's q8_1 block)
+
+
+def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Activations [..., K] (K a multiple of 32) quantized per group of 32 as llama.cpp's q8_1 blocks: d = amax / 127,
+    q = roundf(x * (127 / amax)) (halves away from zero; 0 where amax is 0; llama.cpp's CUDA path divides by d,
+    its CPU path multiplies by 1 / d: one ulp apart at most) and the group's sum s = Σx (f32; the kernel's:
+    :func:`gdnpass.kernels.triton_matvec.quantize_x_groups`). Returns q [..., groups, 32] (int16),
+    d, s [..., groups]."""
+    g = x.float().unflatten(-1, (-1, X_GROUP))
+    amax = g.abs().amax(-1)
+    d = amax / 127
+    v = g * (127 / torch.where(amax > 0, amax, 1.0)).unsqueeze(-1)
+    t = v.trunc()
+    f = v - t
+    q = t + torch.where(f >= 0.5, 1.0, torch.where(f <= -0.5, -1.0, 0.0))
+    q = torch.where(amax.unsqueeze(-1) > 0, q, 0.0)
+    return q.to(torch.int16), d, g.sum(-1)
+
+
+def mul_mat_q(w: torch.Tensor, x: torch.Tensor, dtype: DType, rows_per_chunk: int = 4096) -> torch.Tensor:
+    """MUL_MAT of a quantized weight as gdnpass computes it (the reference of the mat-vec's
+    :func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, and llama.cpp's mmvq scheme): w the weight's bytes
+    (..., M, row bytes) of one matrix, x f32 (..., K) columns; per group of the weight (:func:`parts`) and of
+    the activations (:func:`quantize_x`) the integer dot of the quants, times both scales, minus the weight's offset
+    times the activations' group sum. Sums in f64, one rounding to f32 at the end (the kernel sums in f32: they
+    agree to f32 summation accuracy). Returns (..., N, M) f32 like ``reference.mul_mat``."""
+    q, scale, offset = parts(w.reshape(-1, w.shape[-1]), dtype)       # [M, G, S], [M, G]
+    S = q.shape[-1]
+    qx, dx, sx = quantize_x(x.reshape(-1, x.shape[-1]))              # [N, K/32, 32], [N, K/32]
+    qx = qx.reshape(qx.shape[0], -1, S).double()                      # [N, G, S]
+    dx = dx.double().repeat_interleave(X_GROUP // S, dim=-1)          # [N, G]
+    out = []
+    for m0 in range(0, q.shape[0], rows_per_chunk):
+        qm, am = q[m0:m0 + rows_per_chunk].double(), scale[m0:m0 + rows_per_chunk].double()
+        dots = torch.einsum("mgs,ngs->nmg", qm, qx)                    # exact: small integers
+        y = (dots * am.unsqueeze(0) * dx.unsqueeze(1)).sum(-1)
+        if offset is not None:
+            y = y - (offset[m0:m0 + rows_per_chunk].double().unsqueeze(0) * sx.double().unsqueeze(1)).sum(-1)
+        out.append(y)
+    return torch.cat(out, dim=-1).float().reshape(*x.shape[:-1], q.shape[0])

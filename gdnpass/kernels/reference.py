@@ -28,26 +28,19 @@ def gdn_scale(S: int) -> float:
 # ---- data movement (exact) ------------------------------------------------------------------------------------------
 
 
-def values(w: torch.Tensor, dtype) -> torch.Tensor:
-    """A weight's values: ``w`` itself, or for a quantized ``dtype`` (a :class:`gdnpass.ir.DType`; ``w`` its rows'
-    bytes) the f32 values ggml's dequantization gives (:func:`gdnpass.kernels.quants.dequantize`)."""
-    if not dtype.is_quantized:
-        return w
-    from gdnpass.kernels.quants import dequantize
-
-    return dequantize(w, dtype)
-
-
 def get_rows(a: torch.Tensor, ids: torch.Tensor, dtype=None) -> torch.Tensor:
     """GET_ROWS: ids I32 ne [n, e1, e2]; ``out[:, i, j, k] = a[:, ids[i, j, k], j, k]`` (f32 unless a is I32). A
-    quantized ``dtype``: ``a`` holds the rows' bytes, and the rows taken are dequantized (:func:`values`)."""
+    quantized ``dtype`` (a :class:`gdnpass.ir.DType`): ``a`` holds the rows' bytes, and the rows taken are ggml's
+    dequantization of them (:func:`gdnpass.kernels.quants.dequantize`)."""
     check_row_ids(ids, a.shape[2])  # (ggml asserts it; torch's indexing would raise IndexError, or wrap -1)
     e2, e1 = ids.shape[1], ids.shape[2]
     k = torch.arange(e2, device=a.device).view(-1, 1, 1)
     j = torch.arange(e1, device=a.device).view(1, -1, 1)
     rows = a[k, j, ids[0].long()]  # advanced indexing copies: (e2, e1, n, ne0)
     if dtype is not None and dtype.is_quantized:
-        return values(rows, dtype)
+        from gdnpass.kernels.quants import dequantize
+
+        return dequantize(rows, dtype)
     return rows if a.dtype == torch.int32 else rows.to(F32)
 
 
@@ -162,9 +155,15 @@ def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True).clamp_min(f32(e * e)))
 
 
-def mul_mat(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def mul_mat(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
     """MUL_MAT: w ne [K, M, W2, W3], x ne [K, N, B2, B3] -> ne [M, N, B2, B3], out = x @ wᵀ in f32.
-    Batch broadcast as ggml: x batch i2 uses weight batch i2 // (B2 // W2) (likewise dim 3)."""
+    Batch broadcast as ggml: x batch i2 uses weight batch i2 // (B2 // W2) (likewise dim 3). A quantized ``dtype``
+    (w: the bytes of one matrix): the activations quantized to int8 per 32 as llama.cpp does
+    (:func:`gdnpass.kernels.quants.mul_mat_q`)."""
+    if dtype is not None and dtype.is_quantized:
+        from gdnpass.kernels.quants import mul_mat_q
+
+        return mul_mat_q(w, x, dtype)
     w = w.to(F32).repeat_interleave(x.shape[1] // w.shape[1], 1).repeat_interleave(x.shape[0] // w.shape[0], 0)
     return x.to(F32) @ w.transpose(-1, -2)
 
@@ -536,8 +535,10 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return (acc * inv[..., None]).transpose(1, 2).contiguous()
 
 
-def mul_mat_cpu(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def mul_mat_cpu(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
     """MUL_MAT as ggml-cpu computes it: the activation x rounded to the weight's vec_dot type first (f16 weights:
     x to f16; bf16: x to bf16, nearest even: ``from_float`` of ggml_compute_forward_mul_mat), then the f32
     product of :func:`mul_mat` (the CPU's f32 sums run in its own order: SIMD lanes or llamafile tiles)."""
+    if dtype is not None and dtype.is_quantized:  # (ggml-cpu's q8 blocks of x: not modelled, gdnpass's instead)
+        return mul_mat(w, x, dtype)
     return mul_mat(w, _round_to(x, w.dtype if w.dtype in (torch.float16, torch.bfloat16) else F32))

@@ -306,20 +306,20 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 
 
 # ---- ggml's block formats -------------------------------------------------------------------------------------------
-# A quantized weight's tile decoded inside a kernel (the mat-vec's and GET_ROWS'), from the file's bytes as the weights
-# buffer holds them. The torch reference is gdnpass.kernels.quants.dequantize (the layouts are described there). A
-# tile is NS sub-blocks of 32 elements of BLOCK_M rows from element k0 (a multiple of 32), the unit all of these
-# formats scale by: per sub-block the scale fields are loaded once ([BLOCK_M, NS, 1]), per element only its quant
-# bits. Every value is ggml's exactly (each product of an f16 scale, an integer sub-block scale and a quant is exact
-# in f32: the reference's docstring), so kernel and reference agree bit for bit.
+# A quantized weight read inside a kernel (the mat-vec's and GET_ROWS'), from the file's bytes as the weights buffer
+# holds them: one group of 32 elements of BLOCK_M rows at a time (the unit each of these formats scales by; Q6_K's
+# 16-element scales are two per group), as ``scale * q - offset`` (gdnpass.kernels.quants.parts, the torch
+# reference; the layouts are described there). Every value ``scale * q - offset`` is ggml's exactly (each product of
+# an f16 scale, an integer sub-block scale and a quant is exact in f32: the reference's docstring).
 
-SUB = tl.constexpr(32)  # elements per sub-block: the tile's unit
+SUB = tl.constexpr(32)  # elements per group
 
 # the kernels' QTYPE: each quantized type's label; its block's bytes (DType.size) as the kernels' constants
 QTYPES = {t: t.label for t in DType if t.is_quantized}
 Q8_0_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (tl.constexpr(t.size) for t in
                                                   (DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K))
-Q8_0_BLOCK, QK_K = tl.constexpr(DType.Q8_0.block), tl.constexpr(DType.Q4_K.block)
+QK_K = tl.constexpr(DType.Q4_K.block)
+GROUPS_K = tl.constexpr(DType.Q4_K.block // 32)  # groups of a K-quant block
 
 
 @triton.jit
@@ -336,53 +336,67 @@ def _f16(p, mask):
 
 @triton.jit
 def _scale_min_k4(sc_ptr, j, mask):
-    """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of a Q4_K / Q5_K block (12 packed bytes at sc_ptr)."""
+    """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of Q4_K / Q5_K blocks (12 packed bytes at sc_ptr),
+    elementwise over ``j`` (0..7) and ``sc_ptr``, as f32."""
     lo = j < 4
     a = _byte(sc_ptr + j, mask)                                  # scales[j]
-    b = _byte(sc_ptr + tl.where(lo, j + 4, j), mask)             # scales[j + 4] (j < 4)
+    b = _byte(sc_ptr + tl.where(lo, j + 4, j - 4), mask)         # scales[j + 4] (j < 4), scales[j - 4] (j >= 4)
     c = _byte(sc_ptr + tl.where(lo, j, j + 4), mask)             # scales[j + 4] (j >= 4)
-    e = _byte(sc_ptr + tl.where(lo, j, j - 4), mask)             # scales[j - 4] (j >= 4)
-    sc = tl.where(lo, a & 63, (c & 0xF) | ((e >> 6) << 4))
+    sc = tl.where(lo, a & 63, (c & 0xF) | ((b >> 6) << 4))
     m = tl.where(lo, b & 63, (c >> 4) | ((a >> 6) << 4))
     return sc.to(tl.float32), m.to(tl.float32)
 
 
 @triton.jit
-def dequant_tile(w_ptr, row_off, row_mask, k0, K, NS: tl.constexpr, QTYPE: tl.constexpr):
-    """The f32 values of elements [k0, k0 + 32 * NS) of the weight rows at byte offsets ``row_off`` ([BLOCK_M] int64)
-    from ``w_ptr`` (uint8): [BLOCK_M, NS * 32], zero where a row is masked or an element at or past K."""
-    s = tl.arange(0, NS)[None, :, None]
+def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
+    """Groups ``g`` ([G] indices: elements [32g, 32g + 32)) of the weight rows at byte offsets ``row_off`` ([BLOCK_M]
+    int64) from ``w_ptr`` (uint8): (q, scale, scale2, offset), q the int32 quants [G, BLOCK_M, 32], the others
+    [G, BLOCK_M]; element l's value is ``scale * q - offset`` (Q6_K: ``scale`` for l < 16, ``scale2`` after; no
+    offset: zero). Masked rows and groups read nothing (zeros)."""
     lane = tl.arange(0, SUB)[None, None, :]
-    first = k0 + s * SUB                                          # each sub-block's first element
-    mask = row_mask[:, None, None] & (first < K)                  # [BLOCK_M, NS, 1]
-    rows = w_ptr + row_off[:, None, None]
-    if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block per sub-block, value d * q
-        blk = rows + (first // Q8_0_BLOCK) * Q8_0_BYTES
-        v = _f16(blk, mask) * _byte(blk + 2 + lane, mask).to(tl.int8).to(tl.float32)
+    rows = (w_ptr + row_off)[None, :]                             # [1, BLOCK_M]
+    mask = g_mask[:, None] & row_mask[None, :]                    # [G, BLOCK_M]
+    m3 = mask[:, :, None]
+    if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block per group, value d * q
+        blk = rows + g[:, None] * Q8_0_BYTES
+        q = _byte(blk[:, :, None] + 2 + lane, m3).to(tl.int8).to(tl.int32)
+        a = _f16(blk, mask)
+        a2, b = a, tl.zeros_like(a)
     elif QTYPE == "q4_k" or QTYPE == "q5_k":
         # {f16 d, dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]}: sub-block j's element l is nibble j % 2 of
-        # qs[32 * (j // 2) + l] (Q5_K: plus 16 if bit j of qh[l]); value d * sc_j * q - dmin * m_j
+        # qs[32 * (j // 2) + l] (Q5_K: plus 16 if bit j of qh[l]); value (d * sc_j) * q - dmin * m_j
         SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
         QS: tl.constexpr = SIZE - QK_K // 2
-        blk = rows + (first // QK_K) * SIZE
-        j = (first % QK_K) // SUB
+        blk = rows + (g // GROUPS_K)[:, None] * SIZE
+        j = (g % GROUPS_K)[:, None]
         sc, m = _scale_min_k4(blk + 4, j, mask)
-        q = (_byte(blk + QS + 32 * (j // 2) + lane, mask) >> (4 * (j % 2))) & 0xF
+        q = (_byte(blk[:, :, None] + QS + (32 * (j // 2))[:, :, None] + lane, m3) >> (4 * (j % 2))[:, :, None]) & 0xF
         if QTYPE == "q5_k":
-            q += ((_byte(blk + 16 + lane, mask) >> j) & 1) << 4
-        v = (_f16(blk, mask) * sc) * q.to(tl.float32) - _f16(blk + 2, mask) * m
+            q += ((_byte(blk[:, :, None] + 16 + lane, m3) >> j[:, :, None]) & 1) << 4
+        a = _f16(blk, mask) * sc
+        a2, b = a, _f16(blk + 2, mask) * m
     else:
-        tl.static_assert(QTYPE == "q6_k", "dequant_tile: an unknown block type")
-        # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: half n = j // 4 of the block, quarter g = j % 4; element l is
-        # nibble g // 2 of ql[64n + 32(g % 2) + l] below bits 2g, 2g + 1 of qh[32n + l], minus 32, times
-        # d * scales[8n + 2g + l // 16]
-        blk = rows + (first // QK_K) * Q6_K_BYTES
-        j = (first % QK_K) // SUB
-        n, g = j // 4, j % 4
-        lo = (_byte(blk + 64 * n + 32 * (g % 2) + lane, mask) >> (4 * (g // 2))) & 0xF
-        hi = (_byte(blk + 128 + 32 * n + lane, mask) >> (2 * g)) & 3
+        tl.static_assert(QTYPE == "q6_k", "quantized_groups: an unknown block type")
+        # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: half n = j // 4 of the block, quarter p = j % 4; element l is
+        # nibble p // 2 of ql[64n + 32(p % 2) + l] below bits 2p, 2p + 1 of qh[32n + l], minus 32, times
+        # d * scales[8n + 2p + l // 16]
+        blk = rows + (g // GROUPS_K)[:, None] * Q6_K_BYTES
+        j = (g % GROUPS_K)[:, None]
+        n, p = j // 4, j % 4
+        lo = (_byte(blk[:, :, None] + (64 * n + 32 * (p % 2))[:, :, None] + lane, m3)
+              >> (4 * (p // 2))[:, :, None]) & 0xF
+        hi = (_byte(blk[:, :, None] + (128 + 32 * n)[:, :, None] + lane, m3) >> (2 * p)[:, :, None]) & 3
         q = (lo | (hi << 4)) - 32
-        sc_at = blk + 192 + 8 * n + 2 * g
-        sc = tl.where(lane < 16, _byte(sc_at, mask).to(tl.int8), _byte(sc_at + 1, mask).to(tl.int8))
-        v = (_f16(blk + Q6_K_BYTES - 2, mask) * sc.to(tl.float32)) * q.to(tl.float32)
-    return tl.reshape(tl.where(mask, v, 0.0), [row_off.shape[0], NS * SUB])
+        d = _f16(blk + Q6_K_BYTES - 2, mask)
+        sc = blk + 192 + 8 * n + 2 * p
+        a = d * _byte(sc, mask).to(tl.int8).to(tl.float32)
+        a2, b = d * _byte(sc + 1, mask).to(tl.int8).to(tl.float32), tl.zeros_like(a)
+    return q, a, a2, b
+
+
+@triton.jit
+def dequantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
+    """Groups ``g`` of the rows as their f32 values [G, BLOCK_M, 32]: ggml's dequantization, bit for bit."""
+    q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
+    scale = tl.where(tl.arange(0, SUB)[None, None, :] < 16, a[:, :, None], a2[:, :, None])
+    return scale * q.to(tl.float32) - b[:, :, None]

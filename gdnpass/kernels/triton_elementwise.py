@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (LAUNCH, QTYPES, SUB, dequant_tile, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
+from gdnpass.kernels.triton_core import (LAUNCH, QTYPES, SUB, dequantized_groups, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
                                         silu_f32, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
@@ -120,14 +120,15 @@ def _get_rows_q_kernel(a_ptr, ids_ptr, y_ptr, K, n_ids, e1, n_rows, a_s1, a_s2, 
     wait_for_previous_kernels()
     i = tl.program_id(0)
     j, k = tl.program_id(2) % e1, tl.program_id(2) // e1
-    k0 = tl.program_id(1) * NS * SUB
     row = tl.load(ids_ptr + i * i_s0 + j * i_s1 + k * i_s2 + tl.arange(0, 1))
     ok = (row >= 0) & (row < n_rows)
     at = row.to(tl.int64) * a_s1 + j.to(tl.int64) * a_s2 + k.to(tl.int64) * a_s3
-    v = tl.where(ok[:, None], dequant_tile(a_ptr, at, ok, k0, K, NS, QTYPE), float("nan"))
-    ks = k0 + tl.arange(0, NS * SUB)
     y_row = y_ptr + i.to(tl.int64) * y_s1 + j.to(tl.int64) * y_s2 + k.to(tl.int64) * y_s3
-    tl.store(y_row + ks[None, :], v, mask=ks[None, :] < K)
+    g = tl.program_id(1) * NS + tl.arange(0, NS)                 # its groups of 32
+    ks = g[:, None] * SUB + tl.arange(0, SUB)[None, :]           # [NS, 32]
+    v = dequantized_groups(a_ptr, at, ok, g, g * SUB < K, QTYPE)  # [NS, 1, 32]
+    v = tl.where(ok[None, :, None], v, float("nan"))
+    tl.store(y_row + ks[:, None, :], v, mask=(ks < K)[:, None, :])
 
 
 def _get_rows_quantized(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dtype) -> None:

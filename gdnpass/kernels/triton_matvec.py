@@ -16,7 +16,7 @@ import triton.language as tl
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, QTYPES, SUB, _alias_ok, _require, _row_offset, _strides,
-                                         dequant_tile, last_to_arrive, split_workspace, wait_for_previous_kernels)
+                                         last_to_arrive, quantized_groups, split_workspace, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -94,7 +94,7 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
-                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1, QTYPE: tl.constexpr = ""):
+                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
     element offset, :func:`x_columns`), in f32. Returns [BLOCK_M, COLS].
 
@@ -110,9 +110,8 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
 
     A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
     the slice's first element and ``K`` its length: the same code on fewer steps. ``EVICT``: the weight's lines are
-    the first the L2 evicts (each is read once; the activations are read by every program). ``QTYPE``: a quantized
-    weight (``w_ptr`` its bytes, ``w_stride`` its row bytes, BLOCK_K whole blocks), each tile decoded to its f32
-    values (:func:`~gdnpass.kernels.triton_quants.dequant_tile`), then summed as an f32 weight's."""
+    the first the L2 evicts (each is read once; the activations are read by every program). Quantized weights have
+    their own form, :func:`matvec_cols_q`."""
     ks = tl.arange(0, BLOCK_K)
     w_policy: tl.constexpr = "evict_first" if EVICT else ""
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
@@ -121,11 +120,8 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
         for k0 in range(0, K, BLOCK_K):
             kk = k0 + ks
             kmask = kk < K
-            if QTYPE != "":
-                w = dequant_tile(w_ptr, rows.to(tl.int64) * w_stride, row_mask, k0, K, BLOCK_K // SUB, QTYPE)
-            else:
-                w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                            eviction_policy=w_policy)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy=w_policy)
             xt = tl.load(x_ptr + x_cols[None, :] + kk[:, None], mask=kmask[:, None] & col_mask[None, :], other=0.0)
             if w_ptr.dtype.element_ty == tl.bfloat16 and TERMS_ > 1:  # the terms side by side: one dot
                 xt = _bf16_terms(xt, tl.arange(0, x_cols.shape[0])[None, :] // (x_cols.shape[0] // TERMS_))
@@ -145,14 +141,68 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
             kk = k0 + ks
             kmask = kk < K
             # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
-            if QTYPE != "":
-                w = dequant_tile(w_ptr, rows.to(tl.int64) * w_stride, row_mask, k0, K, BLOCK_K // SUB, QTYPE)
-            else:
-                w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
-                            eviction_policy=w_policy).to(tl.float32)
+            w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
+                        eviction_policy=w_policy).to(tl.float32)
             x = tl.load(x_ptr + x_cols[:, None] + kk[None, :], mask=col_mask[:, None] & kmask[None, :], other=0.0)
             acc3 = tl.fma(w[:, None, :], x[None, :, :], acc3)
         acc = tl.sum(acc3, axis=2)
+    return acc
+
+
+@triton.jit
+def _round_away(v):
+    """roundf: to the nearest integer, halves away from zero (exact: the truncation and the fraction are)."""
+    t = v.to(tl.int32).to(tl.float32)
+    f = v - t
+    return t + tl.where(f >= 0.5, 1.0, tl.where(f <= -0.5, -1.0, 0.0))
+
+
+@triton.jit
+def quantize_x_groups(x_ptr, x_cols, col_mask, g, g_mask):
+    """The activation columns' groups ``g`` ([G] indices of 32 elements) quantized as llama.cpp's q8_1 blocks: per
+    column and group q = roundf(x * (127 / amax)) (0 where amax is 0) as int8 [G, 32, COLS], d = amax / 127 and the
+    group's sum s = Σx, [G, COLS] (f32). The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
+    ks = g[:, None, None] * SUB + tl.arange(0, SUB)[None, :, None]
+    xt = tl.load(x_ptr + x_cols[None, None, :] + ks, mask=g_mask[:, None, None] & col_mask[None, None, :], other=0.0)
+    amax = tl.max(tl.abs(xt), axis=1)
+    big = tl.where(amax > 0, amax, 1.0)
+    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), big)
+    q = tl.where(amax[:, None, :] > 0, _round_away(xt * inv[:, None, :]), 0.0)
+    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    return q.to(tl.int8), d, tl.sum(xt, axis=1)
+
+
+@triton.jit
+def matvec_cols_q(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, k_lo, k_hi, BLOCK_K: tl.constexpr,
+                  QTYPE: tl.constexpr):
+    """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 32) for a block of rows of a quantized weight
+    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), as llama.cpp's mmvq computes it: the activations quantized
+    to int8 per group of 32 (:func:`quantize_x_groups`), each group's integer dot on the tensor cores (exact, in
+    int32; the BLOCK_K // 32 groups of a step as one batched dot), scaled by the weight's and the activations'
+    scales in f32, minus the weight's offset times the group's sum
+    (:func:`~gdnpass.kernels.triton_core.quantized_groups`), the step's groups summed in order. Q6_K scales each
+    16 elements: two dots, each with the other half of the weight masked. Returns [BLOCK_M, COLS] f32; the torch
+    reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    G: tl.constexpr = BLOCK_K // SUB
+    row_off = rows.to(tl.int64) * w_stride
+    lane = tl.arange(0, SUB)[None, None, :]
+    acc = tl.zeros([rows.shape[0], x_cols.shape[0]], tl.float32)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        g = k0 // SUB + tl.arange(0, G)
+        g_mask = g * SUB < k_hi
+        qx, dx, sx = quantize_x_groups(x_ptr, x_cols, col_mask, g, g_mask)
+        q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
+        if QTYPE == "q6_k":
+            lo = tl.dot(tl.where(lane < 16, q, 0).to(tl.int8), qx, out_dtype=tl.int32)
+            hi = tl.dot(tl.where(lane >= 16, q, 0).to(tl.int8), qx, out_dtype=tl.int32)
+            part = (a[:, :, None] * dx[:, None, :]) * lo.to(tl.float32) \
+                + (a2[:, :, None] * dx[:, None, :]) * hi.to(tl.float32)
+        else:
+            p = tl.dot(q.to(tl.int8), qx, out_dtype=tl.int32)
+            part = (a[:, :, None] * dx[:, None, :]) * p.to(tl.float32)
+            if QTYPE == "q4_k" or QTYPE == "q5_k":
+                part -= b[:, :, None] * sx[:, None, :]
+        acc += tl.sum(part, axis=0)
     return acc
 
 
@@ -175,7 +225,7 @@ def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr, QBLOCK: tl.constexpr, QBYTES: tl.constexpr):
+             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
     (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
     :class:`MatVecTile`)."""
@@ -184,15 +234,21 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
-        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms, QTYPE)
+        if QTYPE != "":
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, 0, K, BLOCK_K, QTYPE)
+        else:
+            acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
-        # (a quantized weight's slice starts at a whole block: BLOCK_K is whole blocks)
-        acc = matvec_cols(w_ptr + k0 // QBLOCK * QBYTES, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask,
-                          tl.minimum(k_len, K - k0), BLOCK_K, DOT, EVICT, terms, QTYPE)
+        if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, k0, tl.minimum(k0 + k_len, K),
+                                BLOCK_K, QTYPE)
+        else:
+            acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
+                              BLOCK_K, DOT, EVICT, terms)
         PART: tl.constexpr = rows.shape[0] * COLS
         # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
         part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
@@ -218,7 +274,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
-                        QTYPE: tl.constexpr, QBLOCK: tl.constexpr, QBYTES: tl.constexpr):
+                        QTYPE: tl.constexpr):
     wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -235,11 +291,11 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     if product == 0:
         _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
                  y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
-                 RESIDUAL, QTYPE, QBLOCK, QBYTES)
+                 RESIDUAL, QTYPE)
     else:  # the pair's second product
         _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
                  y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
-                 False, QTYPE, QBLOCK, QBYTES)
+                 False, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -268,9 +324,9 @@ class MatVecTile(NamedTuple):
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
-    """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16") weights: a function of the
-    shape and type alone, so both products of a pair (one launch, one tile) are byte-identical to their single
-    mat-vecs.
+    """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16" or a block type's label)
+    weights: a function of the shape and type alone, so both products of a pair (one launch, one tile) are
+    byte-identical to their single mat-vecs. Block types: :func:`_quantized_tile`.
 
     Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
     outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
@@ -286,8 +342,8 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
-    if wtype in _QUANTIZED and M > 256:
-        return _quantized_tile(M, cols, K)
+    if wtype in _QUANTIZED:
+        return _quantized_tile(M, K)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
@@ -336,13 +392,15 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 _QUANTIZED = frozenset(QTYPES.values())
 
 
-def _quantized_tile(M: int, cols: int, K: int) -> MatVecTile:
-    """A quantized weight's tile (not yet tuned on a GPU): K steps of 256 elements (a K-quant block, eight Q8_0
-    blocks), decoded to f32 in registers, then the f32 forms: FMAs up to 4 columns, 3xTF32 tensor cores beyond.
-    The thin products (<= 256 rows) take the plain types' thin tiles, whose K steps are whole blocks too."""
-    if cols <= 4:
-        return MatVecTile(4 if M <= 1024 else 8, cols, 256, False, 4)
-    return MatVecTile(32, 16, 256, True, 4, _split(K, 256, 4 if M >= 4096 else 8))
+def _quantized_tile(M: int, K: int) -> MatVecTile:
+    """A quantized weight's tile (:func:`matvec_cols_q`; not yet tuned): 4 groups of 32 per K step, 16 columns (the
+    int8 dot's narrowest), 16-row blocks for the thin products, 32 beyond, K split until the launch has >= 256
+    programs (at most 16 slices)."""
+    block_m = 16 if M <= 256 else 32
+    want, blocks = 1, triton.cdiv(M, block_m)
+    while blocks * want < 256 and want < 16:
+        want *= 2
+    return MatVecTile(block_m, 16, 4 * SUB.value, True, 4, _split(K, 4 * SUB.value, want))
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -395,7 +453,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(t.block_k % wtype.block == 0, f"mul_mat_vec: K steps of {t.block_k} split {wtype.label} blocks")
+    _require(not wtype.is_quantized or t.block_k % SUB.value == 0 and t.cols >= 16,
+             f"mul_mat_vec: {wtype.label} weights need K steps of whole groups of {SUB.value} and 16 columns")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -413,8 +472,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), QBLOCK=wtype.block,
-        QBYTES=wtype.size if wtype.is_quantized else 1,  # (a K slice's start: bytes of blocks, or elements)
+        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""),
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 

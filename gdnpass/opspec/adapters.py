@@ -82,7 +82,7 @@ _TORCH: dict[Op, Callable] = {
     Op.GLU: lambda n, out, a, b=None: _ref().glu(n.op_params["kind"], a, b, bool(n.op_params.get("swapped"))),
     Op.RMS_NORM: lambda n, out, x: _ref().rms_norm(x, _eps(n)),
     Op.L2_NORM: lambda n, out, x: _ref().l2_norm(x, _eps(n)),
-    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat(_ref().values(w, n.src[0].type), x),
+    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat(w, x, n.src[0].type),
     Op.SOFT_MAX: lambda n, out, a, mask=None, sinks=None: _ref().soft_max(
         a, mask, sinks, float(n.op_params["scale"]), float(n.op_params["max_bias"])),
     Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: _ref().flash_attn_ext(
@@ -93,12 +93,12 @@ _TORCH: dict[Op, Callable] = {
 TORCH: dict[Op, Adapter] = {op: computed(fn) for op, fn in _TORCH.items()}
 
 # ggml-cpu's rounding points where they differ from the f32 semantics above (reference.py, "attention ops"): MUL_MAT
-# rounds its activation to an f16/bf16 weight's type (a quantized weight's product is the f32 one of its values here:
-# ggml-cpu quantizes the activation to q8 for those, which gdnpass does not model), FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
+# rounds its activation to an f16/bf16 weight's type (a quantized weight's product is gdnpass's own q8 scheme here:
+# ggml-cpu's q8_0 / q8_K blocks of the activation differ from it), FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
 # f16, RMS_NORM sums its squares in double: what llama.cpp's CPU backend computes (GGML_CPU_BACKEND;
 # tests/kernels/test_attention_ops.py).
 GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
-    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat_cpu(_ref().values(w, n.src[0].type), x),
+    Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat_cpu(w, x, n.src[0].type),
     Op.RMS_NORM: _rms_norm_cpu,
     Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: _ref().flash_attn_ext(
         q, k, v, mask, sinks, *fa_params(n), cpu=True),

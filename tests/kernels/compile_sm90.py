@@ -101,9 +101,8 @@ def variants():
     # (MUL_MAT_ADD's residual store: on the split tiles, both forms)
     for (t, wt), residual in [(tw, False) for tw in sorted(tiles) + split] + [(tw, True) for tw in split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
-        q = next((d for d in core.QTYPES if d.label == wt), None)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=residual, QTYPE=wt if q else "", QBLOCK=q.block if q else 1, QBYTES=q.size if q else 1)
+                 RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "")
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
