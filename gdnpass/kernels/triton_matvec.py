@@ -393,14 +393,16 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 
 def _quantized_tile(M: int, K: int) -> MatVecTile:
-    """A quantized weight's tile (:func:`matvec_cols_q`; not yet tuned): 4 groups of 32 per K step, 16 columns (the
-    int8 dot's narrowest), 16-row blocks for the thin products, 32 beyond, K split until the launch has >= 256
-    programs (at most 16 slices)."""
+    """A quantized weight's tile (:func:`matvec_cols_q`): a K-quant block (8 groups of 32) per K step, 16 columns
+    (the int8 dot's narrowest), 16-row blocks for the thin products, 32 beyond, K split until the launch has >= 768
+    programs (at most 16 slices). From ``tune_matvec.py --wtypes q4_k,q8_0,q6_k --shapes 4096x4096,12288x4096
+    --cols 1,8`` (H200, 2026-12-03): 2.0-2.7x faster than the first guess (64-row blocks, K steps of 32), still a
+    few percent of the read bandwidth (docs/performance.md)."""
     block_m = 16 if M <= 256 else 32
     want, blocks = 1, triton.cdiv(M, block_m)
-    while blocks * want < 256 and want < 16:
+    while blocks * want < 768 and want < 16:
         want *= 2
-    return MatVecTile(block_m, 16, 4 * SUB.value, True, 4, _split(K, 4 * SUB.value, want))
+    return MatVecTile(block_m, 16, 8 * SUB.value, True, 4, _split(K, 8 * SUB.value, want))
 
 
 def _split(K: int, block_k: int, want: int) -> int:
