@@ -191,24 +191,62 @@ def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return q.to(torch.int16), d, g.sum(-1)
 
 
-def mul_mat_q(w: torch.Tensor, x: torch.Tensor, dtype: DType, rows_per_chunk: int = 4096) -> torch.Tensor:
-    """MUL_MAT of a quantized weight as gdnpass computes it (the reference of the mat-vec's
-    :func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, and llama.cpp's mmvq scheme): w the weight's bytes
-    (..., M, row bytes) of one matrix, x f32 (..., K) columns; per group of the weight (:func:`parts`) and of
-    the activations (:func:`quantize_x`) the integer dot of the quants, times both scales, minus the weight's offset
-    times the activations' group sum. Sums in f64, one rounding to f32 at the end (the kernel sums in f32: they
-    agree to f32 summation accuracy). Returns (..., N, M) f32 like ``reference.mul_mat``."""
+def _round_even(v: torch.Tensor) -> torch.Tensor:
+    """Round half to even (ggml-cpu's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST))."""
+    return torch.round(v)
+
+
+def quantize_x_ggml_cpu(x: torch.Tensor, dtype: DType) -> tuple[torch.Tensor, torch.Tensor]:
+    """The activations as ggml-cpu quantizes them for a ``dtype`` weight (its vec_dot type; the pinned llama.cpp's
+    x86 AVX2 build): Q8_0 weights take q8_0 blocks of 32 (d = f16(amax / 127); q = round-to-even(x * (127 / amax))),
+    the K-quants q8_K blocks of 256 (quantize_row_q8_K_ref: iscale = -127 / max with max the element of the largest
+    magnitude, q = min(127, round-to-even(iscale * x)), d = 1 / iscale). Returns q [..., K] (int16) and d per
+    element [..., K] (f64)."""
+    xf = x.float()
+    if dtype is DType.Q8_0:
+        g = xf.unflatten(-1, (-1, 32))
+        amax = g.abs().amax(-1)
+        d = (amax / 127).half().double()
+        inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1.0), 0.0)
+        q = _round_even(g * inv.unsqueeze(-1))
+        return q.flatten(-2).to(torch.int16), d.repeat_interleave(32, dim=-1)
+    g = xf.unflatten(-1, (-1, DType.Q4_K.block))
+    at = g.abs().argmax(-1, keepdim=True)  # (the first of equal magnitudes, as ggml's strict >)
+    mx = torch.gather(g, -1, at).squeeze(-1)
+    iscale = torch.where(mx != 0, -127 / torch.where(mx != 0, mx, 1.0), 0.0)
+    q = torch.clamp(_round_even(g * iscale.unsqueeze(-1)), max=127)
+    d = torch.where(mx != 0, 1 / torch.where(mx != 0, iscale, 1.0), 0.0).double()
+    return q.flatten(-2).to(torch.int16), d.repeat_interleave(DType.Q4_K.block, dim=-1)
+
+
+def mul_mat_q(w: torch.Tensor, x: torch.Tensor, dtype: DType, *, cpu: bool = False,
+              rows_per_chunk: int = 4096) -> torch.Tensor:
+    """MUL_MAT of a quantized weight: w the weight's bytes (..., M, row bytes) of one matrix, x f32 (..., K)
+    columns. Per group of the weight (:func:`parts`: ``scale * q - offset``) the integer dot of its quants with the
+    quantized activations', times both scales, minus the weight's offset times the activations' group sum. gdnpass's
+    scheme (the reference of the mat-vec's :func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, llama.cpp's CUDA
+    mmvq scheme): :func:`quantize_x`, the offsets against the exact sums Σx; ``cpu``: ggml-cpu's
+    (:func:`quantize_x_ggml_cpu`, the offsets against the quantized sums, as its bsums), the referee's arithmetic.
+    Sums in f64, one rounding to f32 at the end (the kernels sum in f32: they agree to f32 summation accuracy).
+    Returns (..., N, M) f32 like ``reference.mul_mat``."""
     q, scale, offset = parts(w.reshape(-1, w.shape[-1]), dtype)       # [M, G, S], [M, G]
     S = q.shape[-1]
-    qx, dx, sx = quantize_x(x.reshape(-1, x.shape[-1]))              # [N, K/32, 32], [N, K/32]
-    qx = qx.reshape(qx.shape[0], -1, S).double()                      # [N, G, S]
-    dx = dx.double().repeat_interleave(X_GROUP // S, dim=-1)          # [N, G]
+    x2 = x.reshape(-1, x.shape[-1])
+    if cpu:
+        qx, dx = quantize_x_ggml_cpu(x2, dtype)                       # [N, K], [N, K]
+        qx, dx = qx.reshape(qx.shape[0], -1, S).double(), dx.reshape(dx.shape[0], -1, S)[..., 0]
+        sx = dx * qx.sum(-1)                                          # [N, G]: d times the quants' sum
+    else:
+        qx, dx, sx = quantize_x(x2)                                   # [N, K/32, 32], [N, K/32]
+        qx = qx.reshape(qx.shape[0], -1, S).double()                  # [N, G, S]
+        dx = dx.double().repeat_interleave(X_GROUP // S, dim=-1)      # [N, G]
+        sx = sx.double()
     out = []
     for m0 in range(0, q.shape[0], rows_per_chunk):
         qm, am = q[m0:m0 + rows_per_chunk].double(), scale[m0:m0 + rows_per_chunk].double()
         dots = torch.einsum("mgs,ngs->nmg", qm, qx)                    # exact: small integers
         y = (dots * am.unsqueeze(0) * dx.unsqueeze(1)).sum(-1)
         if offset is not None:
-            y = y - (offset[m0:m0 + rows_per_chunk].double().unsqueeze(0) * sx.double().unsqueeze(1)).sum(-1)
+            y = y - (offset[m0:m0 + rows_per_chunk].double().unsqueeze(0) * sx.unsqueeze(1)).sum(-1)
         out.append(y)
     return torch.cat(out, dim=-1).float().reshape(*x.shape[:-1], q.shape[0])

@@ -537,8 +537,11 @@ def flash_attn_ext(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
 
 def mul_mat_cpu(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
     """MUL_MAT as ggml-cpu computes it: the activation x rounded to the weight's vec_dot type first (f16 weights:
-    x to f16; bf16: x to bf16, nearest even: ``from_float`` of ggml_compute_forward_mul_mat), then the f32
-    product of :func:`mul_mat` (the CPU's f32 sums run in its own order: SIMD lanes or llamafile tiles)."""
-    if dtype is not None and dtype.is_quantized:  # (ggml-cpu's q8 blocks of x: not modelled, gdnpass's instead)
-        return mul_mat(w, x, dtype)
+    x to f16; bf16: x to bf16, nearest even: ``from_float`` of ggml_compute_forward_mul_mat; a quantized weight:
+    x in q8_0 / q8_K blocks, :func:`gdnpass.kernels.quants.quantize_x_ggml_cpu`), then the f32 product of
+    :func:`mul_mat` (the CPU's f32 sums run in its own order: SIMD lanes or llamafile tiles)."""
+    if dtype is not None and dtype.is_quantized:  # the activation in ggml-cpu's q8_0 / q8_K blocks
+        from gdnpass.kernels.quants import mul_mat_q
+
+        return mul_mat_q(w, x, dtype, cpu=True)
     return mul_mat(w, _round_to(x, w.dtype if w.dtype in (torch.float16, torch.bfloat16) else F32))

@@ -93,8 +93,7 @@ _TORCH: dict[Op, Callable] = {
 TORCH: dict[Op, Adapter] = {op: computed(fn) for op, fn in _TORCH.items()}
 
 # ggml-cpu's rounding points where they differ from the f32 semantics above (reference.py, "attention ops"): MUL_MAT
-# rounds its activation to an f16/bf16 weight's type (a quantized weight's product is gdnpass's own q8 scheme here:
-# ggml-cpu's q8_0 / q8_K blocks of the activation differ from it), FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
+# rounds its activation to an f16/bf16 weight's type (a quantized weight's: to ggml-cpu's q8_0 / q8_K blocks), FLASH_ATTN_EXT rounds Q to K's type and accumulates an f16 V in
 # f16, RMS_NORM sums its squares in double: what llama.cpp's CPU backend computes (GGML_CPU_BACKEND;
 # tests/kernels/test_attention_ops.py).
 GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
