@@ -117,7 +117,8 @@ class Model:
     def describe(self) -> str:
         m = self.shape
         return (f"{self.name} ({m.n_layer} layers: GDN {m.gdn_layers}, attention {m.attn_layers}; vocab "
-                f"{m.vocab_size})" + ("" if self.gguf is not None else f", generated {self.wtype} weights"))
+                f"{m.vocab_size}); " + (f"weights {self.gguf.weights_summary()}" if self.gguf is not None
+                                        else f"generated {self.wtype} weights"))
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -191,3 +191,14 @@ def test_bad_requests_are_refused_before_llama_cpp_is_built(capsys, tmp_path, mo
     rc, _, err = cli_run(capsys, "quantize", src, tmp_path / "o.gguf")
     assert rc == 2 and "--type" in err  # (argparse: the type is required)
     assert out.read_text() == "the user's file\n" and not (tmp_path / "o.gguf").exists()
+
+
+def test_generate_runs_a_q4_k_m_file_identically_fused_and_unfused(quantized, capsys):
+    """`gdnpass generate --gguf <llama.cpp's Q4_K_M file> --check`: the blocks held as the file has them, the loop's
+    tokens, accepted counts and logits bytes identical with fusion off and on; the header says the types' shares."""
+    res = quantized("k256", "q4_k_m")
+    rc, out, err = cli_run(capsys, "generate", "--gguf", res.dst, "--prompt", "The quick brown fox",
+                           "--n-predict", "6", "--check")
+    assert rc == 0, err
+    assert "weights Q4_K x28 (" in out and "Q6_K x5 (" in out, out
+    assert "fusion off vs on: identical tokens, accepted counts and logits bytes at every step" in out, out
