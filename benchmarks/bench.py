@@ -115,6 +115,10 @@ def main() -> int:
     p.add_argument("--gguf", help="upstream: the model file (default: written once, see benchmarks/upstream.py)")
     p.add_argument("--wtype", default="bf16", help="forward, whole: the projections' and the embedding's weight "
                                                    "type (bf16; q8_0, q4_k, ...: random blocks; not with upstream)")
+    p.add_argument("--quantize", metavar="MIX", help="upstream and whole: the model file quantized by llama.cpp's "
+                                                     "quantizer (q4_k_m, q8_0, ...), both timed on it (ours with "
+                                                     "seeded weights of the file's types)")
+    p.add_argument("--no-ncu", action="store_true", help="upstream: wall times only (no ncu kernel durations)")
     a = p.parse_args()
     if a.without and a.without not in [x.name for x in REGISTRY]:
         p.error(f"--without: no pattern {a.without!r} (registered: {', '.join(x.name for x in REGISTRY)})")
@@ -127,7 +131,7 @@ def main() -> int:
         def prepare():
             os.nice(10)  # (Linux: this thread, and the compilers and writer threads it starts, yield to the timing)
             return upstream.prepare("qwen3.5-9b", a.source, a.gguf, lambda line: print(line, file=sys.stderr,
-                                                                                         flush=True))
+                                                                                         flush=True), a.quantize)
         prepared = ThreadPoolExecutor(1).submit(prepare)
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     out["triton"] = triton.__version__
@@ -240,7 +244,8 @@ def main() -> int:
         print("T rows | kernels off -> on (per GDN layer) | kernel us off -> on | alpha/beta us off -> on | "
               "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
         for T, rows in upstream.CASES:
-            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole, without=a.without, wtype=a.wtype)
+            r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole, without=a.without, wtype=a.wtype,
+                              gguf=prepared.result()[1] if whole and a.quantize and prepared is not None else None)
             out[section].append(r)
             off, on = r["off"], r["on"]
             d = (off["kernels"] - on["kernels"]) / r["gdn_layers"]
@@ -279,7 +284,8 @@ def main() -> int:
         install, gguf = prepared.result()
         torch.cuda.empty_cache()  # (llama.cpp runs in its own process: leave it the GPU memory)
         out["upstream"] = up = upstream.measure(install, gguf, "qwen3.5-9b",
-                                                lambda line: print(line, file=sys.stderr, flush=True))
+                                                lambda line: print(line, file=sys.stderr, flush=True),
+                                                kernels=not a.no_ncu)
         upstream.print_tables(up)
         print_versus(out.get("whole"), up, ceil)
 

@@ -22,9 +22,11 @@ from gdnpass.pipeline import PassOptions
 from gdnpass.runtime import Executor, launches, node_launches
 
 
-def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None):
-    """The forward planned, fused (every registered pattern but ``without``) or not, on the GPU, filled."""
-    res = pipeline.run(cfg, PassOptions(fusion=fused), fuse_now=without is None)
+def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None):
+    """The forward planned, fused (every registered pattern but ``without``) or not, on the GPU, filled (``model``:
+    a GgufModel whose graph it is, its weight types; the weights are seeded, not the file's)."""
+    res = pipeline.run(cfg if model is None else model.build(cfg), PassOptions(fusion=fused),
+                       fuse_now=without is None)
     g, report = res.graph, res.report
     if without is not None:
         report = fuse(g, enabled=True, patterns=[p for p in PATTERNS if p.name != without])
@@ -116,14 +118,23 @@ def weight_bytes_read(g) -> int:
 
 
 def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: str | None = None,
-                  wtype: str = "bf16") -> dict:
+                  wtype: str = "bf16", gguf=None) -> dict:
     """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
     its own weights (token embedding, attention layers, lm head; the projections and the embedding ``wtype``: bf16,
-    or a block type's random blocks), after upstream's prompt (n_past upstream.N_PROMPT). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
+    or a block type's random blocks), after upstream's prompt (n_past upstream.N_PROMPT); ``gguf``: the whole
+    forward of that model file, with its weight types (seeded values). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
     programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
     with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
-    cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
-                       n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
+    model = None
+    if gguf is not None:
+        from gdnpass.models.gguf_model import open_model
+
+        model = open_model(gguf)
+        cfg = model.config(n_tokens=T, n_rs_seq=rows - 1, dflash=True, n_past=upstream.N_PROMPT)
+        wtype = model.weights_summary()
+    else:
+        cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
+                           n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
     res = {}
     runs = {}
     # (name, fused, the pattern left out, programmatic dependent launch); "serial": fusion on, each kernel launched
@@ -132,7 +143,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     variants += ([("without", True, without, True)] if without else [])
     variants += ([("serial", True, None, False)] if PDL_SUPPORTED else [])
     for name, fused, left_out, pdl in variants:
-        g, ex, report = forward_executor(cfg, fused, left_out)
+        g, ex, report = forward_executor(cfg, fused, left_out, model)
         with programmatic_launch(False):  # kernel durations of serial launches: under PDL a kernel's would count
             kernels = forward_kernels(g, ex)  # the time it waits for its predecessor
         res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **kernels,

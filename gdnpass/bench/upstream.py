@@ -43,8 +43,10 @@ def default_gguf(model: str) -> Path:
     return base / f"gdnpass-{model}-bf16.gguf"
 
 
-def prepare(model: str, source: str | None, gguf: str | None, say=print) -> tuple[build.Install, Path]:
-    """The CUDA build and the model file (each made when missing)."""
+def prepare(model: str, source: str | None, gguf: str | None, say=print,
+            quantize: str | None = None) -> tuple[build.Install, Path]:
+    """The CUDA build and the model file (each made when missing); ``quantize`` (a mix: q4_k_m, q8_0, ...): that
+    file quantized by llama.cpp's own quantizer, next to it (made when missing)."""
     from gdnpass.models.gguf_write import write_gguf
 
     install = build.ensure(log=lambda line: say(f"[llama-build] {line}"), variant="cuda", source=source)
@@ -52,6 +54,15 @@ def prepare(model: str, source: str | None, gguf: str | None, say=print) -> tupl
     if not path.is_file():
         say(f"[gguf] writing {model} (bf16 projections, f32 alpha/beta) to {path}")
         write_gguf(model, path, wtype="bf16", ab_wtype="f32", workers=min(16, os.cpu_count() or 1))
+    if quantize:
+        from gdnpass.frontends.llama.quantize import quantize as llama_quantize
+
+        dst = path.with_name(f"{path.stem}-{quantize}.gguf")
+        if not dst.is_file():
+            say(f"[gguf] quantizing {path.name} to {quantize} (llama.cpp's quantizer)")
+            res = llama_quantize(path, dst, quantize, install=install, threads=min(16, os.cpu_count() or 1))
+            say("[gguf] " + ", ".join(res.summary_lines()))
+        path = dst
     return install, path
 
 
@@ -174,9 +185,10 @@ def chain_table(kernels: list[tuple[str, float]]) -> dict:
     return table
 
 
-def measure(install: build.Install, gguf: Path, model: str, say=print) -> dict:
-    """ncu kernels per verify (one process per width) and wall times (one process, CUDA graphs on)."""
-    ncu = find_ncu()
+def measure(install: build.Install, gguf: Path, model: str, say=print, kernels: bool = True) -> dict:
+    """ncu kernels per verify (one process per width; ``kernels`` False: none) and wall times (one process, CUDA
+    graphs on)."""
+    ncu = find_ncu() if kernels else None
     taps = layer_inputs(model)
     out: dict = {"model": model, "gguf": str(gguf), "taps": taps, "cases": []}
     walls = capture.time_verify(gguf, [(T, rows - 1) for T, rows in CASES], n_prompt=N_PROMPT, n_ctx=N_CTX,
