@@ -20,13 +20,14 @@ from hypothesis import strategies as st
 
 gguf = pytest.importorskip("gguf")
 
-from gdnpass import cli, runtime, serialize  # noqa: E402
+from gdnpass import runtime, serialize  # noqa: E402
 from gdnpass.errors import GdnpassError, GraphError  # noqa: E402
 from gdnpass.models import PRESETS, VerifyConfig, build_verify_graph  # noqa: E402
 from gdnpass.models import gguf_write  # noqa: E402
 from gdnpass.models.gguf_model import open_model  # noqa: E402
 from gdnpass.models.gguf_write import GGUF_KEYS, tensor_plan, write_gguf  # noqa: E402
 from gdnpass.outputs import json_text  # noqa: E402
+from support.cli import cli_run, refused  # noqa: E402
 
 V = gguf.GGUFValueType
 TINY = ["--model", "tiny-dc4-h64", "--layers", "1"]
@@ -35,26 +36,6 @@ KEEP = "the user's file\n"
 # a whole qwen35 model small enough to write, mutate and build many times a second: 4 layers (attention at 3), a
 # non-square qkv (E 64, 2*64 + 128 channels), 64 tokens (no tokenizer)
 SHAPE = dataclasses.replace(PRESETS["tiny-qwen35-b"], name="hostile", n_embd=64, n_layer=4, n_ff=64, vocab_size=64)
-
-
-def cli_run(capsys, *argv) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``gdnpass argv``; never a traceback."""
-    try:
-        rc = cli.main([str(x) for x in argv])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err, err
-    return rc, out, err
-
-
-def refused(capsys, *argv, says: tuple[str, ...] = ()) -> str:
-    """``gdnpass argv`` is a one-line error, exit 2, whose line holds every string of ``says``."""
-    rc, _, err = cli_run(capsys, *argv)
-    assert rc == 2 and err.count("\n") == 1, (rc, err)
-    for s in says:
-        assert s in err, (s, err)
-    return err
 
 
 @pytest.fixture

@@ -18,12 +18,12 @@ from gdnpass.ir import DType
 
 pytest.importorskip("gguf")
 
-from gdnpass import cli  # noqa: E402
 from gdnpass.errors import LlamaError  # noqa: E402
 from gdnpass.frontends.llama import capture as cap_mod  # noqa: E402
 from gdnpass.frontends.llama.quantize import (BASE_TYPES, FTYPES, QK_K, QuantizeResult, quantize,  # noqa: E402
                                               read_tensors, tiny_k256)
 from gdnpass.models.gguf_write import write_gguf  # noqa: E402
+from support.cli import cli_run, refused  # noqa: E402
 
 MODELS = {"tiny-qwen35": "tiny-qwen35", "k256": tiny_k256()}
 MIXES = ("q8_0", "q4_k_m", "q6_k")
@@ -123,26 +123,6 @@ def test_llama_cpp_runs_the_k_quant_file(llama, quantized):
 
 
 # ---- the command ---------------------------------------------------------------------------------------------------
-def cli_run(capsys, *argv) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of ``gdnpass argv``; never a traceback."""
-    try:
-        rc = cli.main([str(x) for x in argv])
-    except SystemExit as e:
-        rc = e.code
-    out, err = capsys.readouterr()
-    assert "Traceback" not in err, err
-    return rc, out, err
-
-
-def refused(capsys, *argv, says: tuple[str, ...] = ()) -> str:
-    """``gdnpass argv`` is a one-line error, exit 2, whose line holds every string of ``says``."""
-    rc, _, err = cli_run(capsys, *argv)
-    assert rc == 2 and err.count("\n") == 1, (rc, err)
-    for s in says:
-        assert s in err, (s, err)
-    return err
-
-
 def test_cli_prints_one_line_per_type(llama, capsys, inputs, tmp_path):
     out = tmp_path / "q.gguf"
     rc, text, _ = cli_run(capsys, "quantize", inputs["tiny-qwen35"], out, "--type", "Q4_K_M", "--threads", "2")
