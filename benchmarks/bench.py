@@ -125,7 +125,8 @@ def main() -> int:
     only = set(a.only.split(",")) if a.only else None
     want = (lambda s: only is None or s in only)
     prepared = None
-    if want("upstream"):  # llama.cpp's CUDA build and the GGUF file take minutes of CPU: made while the GPU works
+    if want("upstream") or a.quantize:  # llama.cpp's CUDA build and the GGUF file take minutes of CPU: made while
+        # the GPU works (--quantize: the whole verify waits for the quantized file)
         from concurrent.futures import ThreadPoolExecutor
 
         def prepare():
@@ -280,7 +281,7 @@ def main() -> int:
                     print(f"\nT={r['T']} fusion {name}: kernels by op (count, us): " +
                           "; ".join(f"{g['kernel']} {g['count']} {g['us']:.0f}" for g in r[name]["by_op"][:24]))
 
-    if prepared is not None:
+    if prepared is not None and want("upstream"):
         install, gguf = prepared.result()
         torch.cuda.empty_cache()  # (llama.cpp runs in its own process: leave it the GPU memory)
         out["upstream"] = up = upstream.measure(install, gguf, "qwen3.5-9b",
