@@ -231,12 +231,15 @@ class Executor:
 
 
 def probe_points(graph: Graph, probes: list[Tensor]) -> dict[int, list[Tensor]]:
-    """node index -> tensors to read just before that node runs (its last reader), or len(nodes) for the end."""
+    """node index -> tensors to read just before that node runs (the last node after the tensor's writer that reads
+    its bytes), or len(nodes) for the end. Only readers after the writer count: a CPY lists its destination among
+    its sources, and a read there would take the bytes from before the copy."""
     at: dict[int, list[Tensor]] = {}
     for t in probes:
         lo, hi = t.view_offs, t.view_offs + t.nbytes
+        writer = next((i for i, n in enumerate(graph.nodes) if n is t or any(o is t for o in n.outs)), -1)
         last = len(graph.nodes)
-        for i, n in enumerate(graph.nodes):
+        for i, n in enumerate(graph.nodes[writer + 1:], writer + 1):
             if runs_kernel(n) and any(s.base is t.base and s.view_offs < hi and lo < s.view_offs + s.nbytes
                                       for s in inputs(n)):
                 last = i

@@ -88,6 +88,23 @@ def test_perturbed_graphs_fuse_soundly():
     assert sum(stats.necessary.values()) > 0 and stats.narrow_only[chain] > 0
 
 
+def test_a_copy_is_probed_after_it_copies():
+    """Found by the search (2026-12-03): a write into the state cache after the state was read, before the GDN.
+    Fused and unfused leave the same cache bytes, but the check probed the CPY of the snapshot into the cache just
+    before its "last reader", which was the CPY itself (it lists its destination among its sources): the bytes from
+    before the copy, which the inserted write had changed in one run and not yet in the other. A probe is read
+    after its writer (runtime.probe_points)."""
+    from gdnpass.runtime import probe_points
+
+    s = Sample("tiny-dc3-h32", 1, 0, ffn=False, reorder=False, ids=(0,),
+               inserts=(Insert(after=35, kind="exp", region="cache_s_l0[0]", rel=0, nbytes=4),))
+    g = build(s)
+    cpy = next(n for n in g.nodes if n.op is Op.CPY and n.name.startswith("ssm_state_update"))
+    (at,) = [i for i, ts in probe_points(g, [cpy]).items() if cpy in ts]
+    assert at > g.nodes.index(cpy)
+    assert check_fusion(g, ids=list(s.ids), seed=s.seed).identical
+
+
 def tiny() -> Sample:
     s = Sample("tiny-dc4-h64", 4, 3)
     return replace(s, ids=tuple(default_ids(s.cfg)))
