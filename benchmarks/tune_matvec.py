@@ -42,12 +42,12 @@ TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tens
 
 def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16"):
     cols = 1 << (N - 1).bit_length()
-    if wt in QUANTIZED:  # the int8 form (matvec_cols_q): 16 columns, K steps of whole groups of 32, split to fill
-        for bm, bk, w, st in itertools.product((16, 32, 64), (64, 128, 256), (4, 8), (2, 3, 4) if deep else (3,)):
-            if bm * bk <= 8192 and bm <= max(16, M):
+    if wt in QUANTIZED:  # the dp4a form (matvec_cols_q): a K-quant block per step, split to fill the GPU
+        for bm, w, st in itertools.product((4, 8, 16, 32, 64), (4, 8), (2, 3, 4) if deep else (3,)):
+            if bm * cols <= 512 and bm <= max(4, M):
                 for s in (1, 2, 4, 8, 16):
-                    if s * bk <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
-                        yield mv.MatVecTile(bm, 16, bk, True, w, s, st)
+                    if s * 256 <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
+                        yield mv.MatVecTile(bm, cols, 256, False, w, s, st)
         return
     dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs

@@ -144,7 +144,7 @@ def _alias_ok(op: str, out: torch.Tensor, *srcs: torch.Tensor, same_ok: bool = T
 # outgrown pair stays alive in _RETIRED, since a captured CUDA graph keeps its addresses. Growing allocates, which
 # CUDA-graph capture forbids: the first launch of a shape must come before capture (the executor warms up first).
 _SPLIT_WORKSPACE: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
-_RETIRED: list[tuple[torch.Tensor, torch.Tensor]] = []
+_RETIRED: list[tuple[torch.Tensor, ...]] = []
 
 
 def split_workspace(device: torch.device, partials: int, tickets: int, who: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -163,6 +163,27 @@ def split_workspace(device: torch.device, partials: int, tickets: int, who: str)
     ws = (torch.empty(partials, dtype=torch.float32, device=device),
           torch.zeros(tickets, dtype=torch.int32, device=device))
     _SPLIT_WORKSPACE[device] = ws
+    return ws
+
+
+# The activation workspace of each device: a quantized product's activations as int8 groups with their scales and sums
+# (the mat-vec's pre-pass writes it, the product reads it), under the split workspace's rules: one stream, grown
+# before capture, outgrown buffers kept alive.
+_ACTIVATION_WORKSPACE: dict[torch.device, torch.Tensor] = {}
+
+
+def activation_workspace(device: torch.device, nbytes: int, who: str) -> torch.Tensor:
+    """At least ``nbytes`` bytes (uint8, 16-byte aligned) of ``device``'s activation workspace."""
+    ws = _ACTIVATION_WORKSPACE.get(device)
+    if ws is not None and ws.numel() >= nbytes:
+        return ws
+    _require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
+             f"{who}: the activation workspace would grow (to {nbytes} bytes) inside CUDA-graph capture; launch the "
+             "graph once before capturing it")
+    if ws is not None:
+        _RETIRED.append((ws,))
+        nbytes = max(nbytes, 2 * ws.numel())
+    ws = _ACTIVATION_WORKSPACE[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws
 
 
@@ -400,3 +421,30 @@ def dequantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr)
     q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
     scale = tl.where(tl.arange(0, SUB)[None, None, :] < 16, a[:, :, None], a2[:, :, None])
     return scale * q.to(tl.float32) - b[:, :, None]
+
+
+if INTERPRETED:
+    @triton.jit
+    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
+        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
+        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic (here emulated, byte by byte)."""
+        acc = c
+        for k in tl.static_range(4):
+            if UNSIGNED_A:
+                ak = (a >> (8 * k)) & 0xFF
+            else:
+                ak = (a << (24 - 8 * k)) >> 24
+            acc += ak * ((b << (24 - 8 * k)) >> 24)
+        return acc
+else:
+    @triton.jit
+    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
+        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
+        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic."""
+        a, b = tl.broadcast(a, b)
+        c = tl.zeros(a.shape, tl.int32) + c
+        if UNSIGNED_A:
+            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)

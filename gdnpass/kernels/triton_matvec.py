@@ -15,8 +15,10 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
 from gdnpass.ir import DType
-from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, QTYPES, SUB, _alias_ok, _require, _row_offset, _strides,
-                                         last_to_arrive, quantized_groups, split_workspace, wait_for_previous_kernels)
+from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
+                                         QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
+                                         activation_workspace, dp4a, last_to_arrive, split_workspace,
+                                         wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -157,52 +159,139 @@ def _round_away(v):
     return t + tl.where(f >= 0.5, 1.0, tl.where(f <= -0.5, -1.0, 0.0))
 
 
+X_GROUPS = 8  # groups of 32 per program of the activations' pre-pass
+
+
 @triton.jit
-def quantize_x_groups(x_ptr, x_cols, col_mask, g, g_mask):
-    """The activation columns' groups ``g`` ([G] indices of 32 elements) quantized as llama.cpp's q8_1 blocks: per
-    column and group q = roundf(x * (127 / amax)) (0 where amax is 0) as int8 [G, 32, COLS], d = amax / 127 and the
-    group's sum s = Σx, [G, COLS] (f32). The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
-    ks = g[:, None, None] * SUB + tl.arange(0, SUB)[None, :, None]
-    xt = tl.load(x_ptr + x_cols[None, None, :] + ks, mask=g_mask[:, None, None] & col_mask[None, None, :], other=0.0)
+def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, ne1, ne2, x_s1, x_s2, x_s3, G: tl.constexpr):
+    """A quantized product's pre-pass, program (column c, groups [G i, G i + G)): the column's groups of 32 as llama.cpp's
+    q8_1 blocks, q = roundf(x * (127 / amax)) (0 where amax is 0) as int8 at q[c, k], d = amax / 127 and the group's
+    sum s = Σx at d[c, g], s[c, g] (f32). The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
+    wait_for_previous_kernels()
+    c = tl.program_id(0)
+    g = tl.program_id(1) * G + tl.arange(0, G)
+    ks = g[:, None] * SUB + tl.arange(0, SUB)[None, :]
+    mask = ks < K
+    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + ks, mask=mask, other=0.0)
     amax = tl.max(tl.abs(xt), axis=1)
-    big = tl.where(amax > 0, amax, 1.0)
-    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), big)
-    q = tl.where(amax[:, None, :] > 0, _round_away(xt * inv[:, None, :]), 0.0)
-    d = tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
-    return q.to(tl.int8), d, tl.sum(xt, axis=1)
+    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
+    q = tl.where(amax[:, None] > 0, _round_away(xt * inv[:, None]), 0.0)
+    tl.store(q_ptr + c.to(tl.int64) * K + ks, q.to(tl.int8), mask=mask)
+    at = c.to(tl.int64) * (K // SUB) + g
+    tl.store(d_ptr + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=g * SUB < K)
+    tl.store(s_ptr + at, tl.sum(xt, axis=1), mask=g * SUB < K)
 
 
 @triton.jit
-def matvec_cols_q(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, k_lo, k_hi, BLOCK_K: tl.constexpr,
-                  QTYPE: tl.constexpr):
-    """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 32) for a block of rows of a quantized weight
-    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), as llama.cpp's mmvq computes it: the activations quantized
-    to int8 per group of 32 (:func:`quantize_x_groups`), each group's integer dot on the tensor cores (exact, in
-    int32; the BLOCK_K // 32 groups of a step as one batched dot), scaled by the weight's and the activations'
-    scales in f32, minus the weight's offset times the group's sum
-    (:func:`~gdnpass.kernels.triton_core.quantized_groups`), the step's groups summed in order. Q6_K scales each
-    16 elements: two dots, each with the other half of the weight masked. Returns [BLOCK_M, COLS] f32; the torch
-    reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
-    G: tl.constexpr = BLOCK_K // SUB
-    row_off = rows.to(tl.int64) * w_stride
-    lane = tl.arange(0, SUB)[None, None, :]
-    acc = tl.zeros([rows.shape[0], x_cols.shape[0]], tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        g = k0 // SUB + tl.arange(0, G)
-        g_mask = g * SUB < k_hi
-        qx, dx, sx = quantize_x_groups(x_ptr, x_cols, col_mask, g, g_mask)
-        q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
-        if QTYPE == "q6_k":
-            lo = tl.dot(tl.where(lane < 16, q, 0).to(tl.int8), qx, out_dtype=tl.int32)
-            hi = tl.dot(tl.where(lane >= 16, q, 0).to(tl.int8), qx, out_dtype=tl.int32)
-            part = (a[:, :, None] * dx[:, None, :]) * lo.to(tl.float32) \
-                + (a2[:, :, None] * dx[:, None, :]) * hi.to(tl.float32)
+def _words(w16, at, mask):
+    """The little-endian 32-bit words whose halves are at 16-bit offsets ``at`` and ``at + 1`` (2-byte aligned)."""
+    return (tl.load(w16 + at, mask=mask, other=0).to(tl.int32) & 0xFFFF) | \
+        (tl.load(w16 + at + 1, mask=mask, other=0).to(tl.int32) << 16)
+
+
+@triton.jit
+def _f16_bits(h):
+    """An f16 given as the low 16 bits of an int32, as f32."""
+    return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _group_dots(q, xw, UNSIGNED: tl.constexpr = False):
+    """Σ over a group's 8 words of dp4a(weight word, activation word): q [BLOCK_M, G, 8], xw [G, 8, COLS] ->
+    [BLOCK_M, G, COLS] int32 (exact)."""
+    return tl.sum(dp4a(q[:, :, :, None], xw[None, :, :, :], 0, UNSIGNED), axis=2)
+
+
+@triton.jit
+def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K, k_lo, k_hi, QTYPE: tl.constexpr):
+    """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
+    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), as llama.cpp's mmvq computes it. The activations come
+    quantized by the pre-pass (:func:`_quantize_x_kernel`: int8 per group of 32, its scale d and sum s, in the
+    activation workspace ``ws_ptr``: q [N, K] int8, then d, s [N, K / 32] f32); the weight is read in 32-bit words
+    of 4 quants (Q4_K / Q5_K words, Q8_0 / Q6_K pairs of 16-bit halves: their blocks are only 2-byte aligned), each
+    group's integer dot one dp4a per word and column (exact), then per group in f32 the weight's scale times d times
+    the dot, minus the weight's offset (the K-quants' dmin * m) times s; Q6_K's 6-bit quants are unsigned, their
+    -32 taken off with the activation's byte sums, and it scales each half group apart. One K-quant block (8
+    groups) per step. Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    xq = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True)             # [N, K / 4] words of 4 int8
+    xd = (ws_ptr + N * K).to(tl.pointer_type(tl.float32), bitcast=True)  # [N, K / 32]
+    xs = xd + N * (K // SUB)
+    wi = tl.arange(0, 8)                                                 # a group's words
+    c_w = cols.to(tl.int64)[None, None, :] * (K // 4)
+    c_g = cols.to(tl.int64)[None, :] * (K // SUB)
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    for k0 in range(k_lo, k_hi, QK_K):
+        sb = k0 // QK_K
+        if QTYPE == "q4_k" or QTYPE == "q5_k":
+            # groups 2p and 2p + 1 share qs words 8p..8p+7 (their low and high nibbles)
+            p = tl.arange(0, 4)
+            ge = sb * GROUPS_K + 2 * p
+            xm = col_mask[None, None, :]
+            x_e = tl.load(xq + c_w + (ge * 8)[:, None, None] + wi[None, :, None], mask=xm, other=0)
+            x_o = tl.load(xq + c_w + (ge * 8 + 8)[:, None, None] + wi[None, :, None], mask=xm, other=0)
+            xm2 = col_mask[None, :]
+            d_e = tl.load(xd + c_g + ge[:, None], mask=xm2, other=0.0)
+            d_o = tl.load(xd + c_g + ge[:, None] + 1, mask=xm2, other=0.0)
+            s_e = tl.load(xs + c_g + ge[:, None], mask=xm2, other=0.0)
+            s_o = tl.load(xs + c_g + ge[:, None] + 1, mask=xm2, other=0.0)
+            SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
+            QS: tl.constexpr = (SIZE - QK_K // 2) // 4                  # the first qs word
+            w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+            blk = rows.to(tl.int64) * (w_stride // 4) + sb * (SIZE // 4)  # [BLOCK_M] word offsets
+            m2 = row_mask[:, None]
+            m3 = row_mask[:, None, None]
+            q = tl.load(w32 + blk[:, None, None] + QS + (8 * p)[None, :, None] + wi[None, None, :], mask=m3, other=0)
+            lo, hi = q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F
+            if QTYPE == "q5_k":
+                qh = tl.load(w32 + blk[:, None, None] + 4 + wi[None, None, :], mask=m3, other=0)
+                lo |= ((qh >> (2 * p)[None, :, None]) & 0x01010101) << 4
+                hi |= ((qh >> (2 * p + 1)[None, :, None]) & 0x01010101) << 4
+            dm = tl.load(w32 + blk, mask=row_mask, other=0)
+            d, dmin = _f16_bits(dm), _f16_bits(dm >> 16)
+            sc_at = w_ptr + (rows.to(tl.int64) * w_stride + sb * SIZE + 4)[:, None]
+            sc_e, m_e = _scale_min_k4(sc_at, (2 * p)[None, :], m2)
+            sc_o, m_o = _scale_min_k4(sc_at, (2 * p + 1)[None, :], m2)
+            part = ((d[:, None] * sc_e)[:, :, None] * d_e[None]) * _group_dots(lo, x_e).to(tl.float32) \
+                - (dmin[:, None] * m_e)[:, :, None] * s_e[None] \
+                + ((d[:, None] * sc_o)[:, :, None] * d_o[None]) * _group_dots(hi, x_o).to(tl.float32) \
+                - (dmin[:, None] * m_o)[:, :, None] * s_o[None]
         else:
-            p = tl.dot(q.to(tl.int8), qx, out_dtype=tl.int32)
-            part = (a[:, :, None] * dx[:, None, :]) * p.to(tl.float32)
-            if QTYPE == "q4_k" or QTYPE == "q5_k":
-                part -= b[:, :, None] * sx[:, None, :]
-        acc += tl.sum(part, axis=0)
+            g = sb * GROUPS_K + tl.arange(0, GROUPS_K)                  # the step's 8 groups (Q8_0: blocks)
+            gm = g * SUB < k_hi
+            xm = gm[:, None, None] & col_mask[None, None, :]
+            xw = tl.load(xq + c_w + (g * 8)[:, None, None] + wi[None, :, None], mask=xm, other=0)
+            dx = tl.load(xd + c_g + g[:, None], mask=gm[:, None] & col_mask[None, :], other=0.0)
+            w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+            row_h = rows.to(tl.int64) * (w_stride // 2)
+            m2 = row_mask[:, None] & gm[None, :]
+            m3 = m2[:, :, None]
+            if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: 17 halves a block
+                blk = row_h[:, None] + (g * (Q8_0_BYTES // 2))[None, :]   # [BLOCK_M, 8]
+                d = _f16_bits(tl.load(w16 + blk, mask=m2, other=0).to(tl.int32))
+                q = _words(w16, blk[:, :, None] + 1 + 2 * wi[None, None, :], m3)
+                part = (d[:, :, None] * dx[None]) * _group_dots(q, xw).to(tl.float32)
+            else:
+                tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
+                # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + p (half n, quarter p)
+                j = tl.arange(0, GROUPS_K)
+                n, p = j // 4, j % 4
+                blk = row_h + sb * (Q6_K_BYTES // 2)                      # [BLOCK_M] half offsets
+                ql = _words(w16, blk[:, None, None] + (2 * (16 * n + 8 * (p % 2)))[None, :, None]
+                            + 2 * wi[None, None, :], m3)
+                qh = _words(w16, blk[:, None, None] + (64 + 16 * n)[None, :, None] + 2 * wi[None, None, :], m3)
+                q = ((ql >> (4 * (p // 2))[None, :, None]) & 0x0F0F0F0F) | \
+                    (((qh >> (2 * p)[None, :, None]) & 0x03030303) << 4)
+                t = dp4a(q[:, :, :, None], xw[None, :, :, :], 0, True)    # [BLOCK_M, 8, 8, COLS], q unsigned
+                xb = dp4a(tl.full(xw.shape, 0x01010101, tl.int32), xw, 0)  # the activation words' byte sums
+                first = wi[None, :, None] < 4                             # the half group of scale 2p (words 0-3)
+                s_a = tl.sum(tl.where(first[None], t, 0), axis=2) - 32 * tl.sum(tl.where(first, xb, 0), axis=1)[None]
+                s_b = tl.sum(tl.where(first[None], 0, t), axis=2) - 32 * tl.sum(tl.where(first, 0, xb), axis=1)[None]
+                h = tl.load(w16 + blk[:, None] + (96 + 4 * n + p)[None, :], mask=m2, other=0).to(tl.int32)
+                d = _f16_bits(tl.load(w16 + blk + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
+                a = d[:, None] * ((h << 24) >> 24).to(tl.float32)       # scales[8n + 2p]
+                a2 = d[:, None] * (h >> 8).to(tl.float32)               # scales[8n + 2p + 1]
+                part = (a[:, :, None] * dx[None]) * s_a.to(tl.float32) + (a2[:, :, None] * dx[None]) * s_b.to(tl.float32)
+        acc += tl.sum(part, axis=1)
     return acc
 
 
@@ -235,7 +324,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
         if QTYPE != "":
-            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, 0, K, BLOCK_K, QTYPE)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, cols, col_mask, N, K, 0, K, QTYPE)
         else:
             acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
@@ -244,8 +333,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
         if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, k0, tl.minimum(k0 + k_len, K),
-                                BLOCK_K, QTYPE)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, cols, col_mask, N, K, k0,
+                                tl.minimum(k0 + k_len, K), QTYPE)
         else:
             acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
                               BLOCK_K, DOT, EVICT, terms)
@@ -343,7 +432,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if wtype in _QUANTIZED:
-        return _quantized_tile(M, K)
+        return _quantized_tile(M, cols, K)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
@@ -392,17 +481,16 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 _QUANTIZED = frozenset(QTYPES.values())
 
 
-def _quantized_tile(M: int, K: int) -> MatVecTile:
-    """A quantized weight's tile (:func:`matvec_cols_q`): a K-quant block (8 groups of 32) per K step, 16 columns
-    (the int8 dot's narrowest), 16-row blocks for the thin products, 32 beyond, K split until the launch has >= 768
-    programs (at most 16 slices). From ``tune_matvec.py --wtypes q4_k,q8_0,q6_k --shapes 4096x4096,12288x4096
-    --cols 1,8`` (H200, 2026-12-03): 2.0-2.7x faster than the first guess (64-row blocks, K steps of 32), still a
-    few percent of the read bandwidth (docs/performance.md)."""
-    block_m = 16 if M <= 256 else 32
+def _quantized_tile(M: int, cols: int, K: int) -> MatVecTile:
+    """A quantized weight's tile (:func:`matvec_cols_q`): a K-quant block (8 groups of 32) per K step, 32-row blocks
+    up to 4 columns, 16 to 8, 4 beyond (the dp4a products of a step are rows x 64 words x columns), K split until
+    the launch has >= 768 programs (at most 16 slices). Not yet timed on a GPU (the dp4a form is newer than the last
+    device session; docs/performance.md has the int8-dot form's sweep)."""
+    block_m = 32 if cols <= 4 else 16 if cols <= 8 else 4
     want, blocks = 1, triton.cdiv(M, block_m)
     while blocks * want < 768 and want < 16:
         want *= 2
-    return MatVecTile(block_m, 16, 8 * SUB.value, True, 4, _split(K, 8 * SUB.value, want))
+    return MatVecTile(block_m, cols, QK_K.value, False, 4, _split(K, QK_K.value, want))
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -455,8 +543,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(not wtype.is_quantized or t.block_k % SUB.value == 0 and t.cols >= 16,
-             f"mul_mat_vec: {wtype.label} weights need K steps of whole groups of {SUB.value} and 16 columns")
+    _require(not wtype.is_quantized or t.block_k == QK_K.value and K % SUB.value == 0,
+             f"mul_mat_vec: {wtype.label} weights need K steps of {QK_K.value} and rows of whole groups of "
+             f"{SUB.value}")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -470,6 +559,12 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     else:
         cols_x, cols_y = (x.shape[2], x.shape[1], xs[1], xs[2], xs[3]), ys
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
+    if wtype.is_quantized:  # the pre-pass: the activations as int8 groups, their scales and sums, in the workspace
+        acts = activation_workspace(x.device, N * K + 2 * N * (K // SUB.value) * 4, "mul_mat_vec")
+        _quantize_x_kernel[(N, triton.cdiv(K // SUB.value, X_GROUPS))](
+            x, acts, acts[N * K:].view(torch.float32), acts[N * K + N * (K // SUB.value) * 4:].view(torch.float32),
+            K, *cols_x[:2], *cols_x[2:], G=X_GROUPS, **LAUNCH)
+        x = acts
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual,
@@ -509,14 +604,16 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
 
 def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     """The mat-vec's programs for weight ``w`` and activation ``x`` (graph tensors), ``products`` weights of that
-    shape in one launch (the pair's 2); empty for a product of over 16 columns (torch's matmul)."""
+    shape in one launch (the pair's 2), after a quantized weight's pre-pass (its own launch); empty for a product
+    of over 16 columns (torch's matmul)."""
     batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
     K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if not runs_as_mat_vec(M, N):
         return []  # torch's matmul
     t = mat_vec_tile(M, N, K, w.type.label)
-    return [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
-             triton.cdiv(K, t.block_k * t.split_k))]
+    pre = [("quantize_x", N * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
+    return pre + [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
+                   triton.cdiv(K, t.block_k * t.split_k))]
 
 
 def programs(node) -> list[tuple[str, int, int]]:

@@ -61,6 +61,8 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs
 
 
 def variants():
+    # a quantized product's pre-pass: the activations as int8 groups (the workspace: bytes, then f32 scales and sums)
+    yield (mv._quantize_x_kernel, dict(G=mv.X_GROUPS), core.NUM_WARPS, dict(q_ptr="*i8"))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=ssm.CONV_BLOCK_C, N_T=n_t), core.NUM_WARPS
     for kind in elt.UNARY_KINDS:
@@ -101,10 +103,11 @@ def variants():
     # (MUL_MAT_ADD's residual store: on the split tiles, both forms)
     for (t, wt), residual in [(tw, False) for tw in sorted(tiles) + split] + [(tw, True) for tw in split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
+        x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "")
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
+               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
