@@ -182,3 +182,18 @@ def test_generate_runs_a_q4_k_m_file_identically_fused_and_unfused(quantized, ca
     assert rc == 0, err
     assert "weights Q4_K x28 (" in out and "Q6_K x5 (" in out, out
     assert "fusion off vs on: identical tokens, accepted counts and logits bytes at every step" in out, out
+
+
+def test_the_weights_buffer_holds_the_files_tensor_bytes(quantized):
+    """Issue 34: a quantized file's weights take their bytes in the file, no more: every weight leaf of the graph
+    (Q4_K, Q6_K, F32) is exactly its tensor's bytes, and the weights buffer is their sum up to the alignment."""
+    from gdnpass.models.gguf_model import open_model
+    from gdnpass.pipeline import PassOptions, run
+
+    model = open_model(quantized("k256", "q4_k_m").dst)
+    g = run(model.build(model.config(n_tokens=2, n_rs_seq=1)), PassOptions(fusion=False)).graph
+    leafs = [t for t in g.leafs if t.buffer == "weights" and t.view_src is None]
+    assert {t.type.label for t in leafs} == {"q4_k", "q6_k", "f32"}
+    assert all(t.nbytes == model.nbytes[t.name] for t in leafs)
+    file_bytes = sum(model.nbytes[t.name] for t in leafs)
+    assert file_bytes <= g.buffers["weights"] <= file_bytes + len(leafs) * g.alignment
