@@ -115,7 +115,6 @@ def _q6_k(blocks: torch.Tensor) -> Parts:
 DECOMPOSE: dict[DType, Callable[[torch.Tensor], Parts]] = {
     DType.Q8_0: _q8_0, DType.Q4_K: _q4_k, DType.Q5_K: _q5_k, DType.Q6_K: _q6_k,
 }
-DEQUANTIZE = DECOMPOSE  # (the types dequantize reads)
 
 
 def parts(raw: torch.Tensor, dtype: DType) -> Parts:
@@ -178,7 +177,7 @@ def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     """Activations [..., K] (K a multiple of 32) quantized per group of 32 as llama.cpp's q8_1 blocks: d = amax / 127,
     q = roundf(x * (127 / amax)) (halves away from zero; 0 where amax is 0; llama.cpp's CUDA path divides by d,
     its CPU path multiplies by 1 / d: one ulp apart at most) and the group's sum s = Σx (f32; the kernel's:
-    :func:`gdnpass.kernels.triton_matvec.quantize_x_groups`). Returns q [..., groups, 32] (int16),
+    :func:`gdnpass.kernels.triton_matvec._quantize_x_kernel`). Returns q [..., groups, 32] (int16),
     d, s [..., groups]."""
     g = x.float().unflatten(-1, (-1, X_GROUP))
     amax = g.abs().amax(-1)
@@ -191,30 +190,26 @@ def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
     return q.to(torch.int16), d, g.sum(-1)
 
 
-def _round_even(v: torch.Tensor) -> torch.Tensor:
-    """Round half to even (ggml-cpu's nearest_int and _mm256_round_ps(_MM_ROUND_NEAREST))."""
-    return torch.round(v)
-
-
 def quantize_x_ggml_cpu(x: torch.Tensor, dtype: DType) -> tuple[torch.Tensor, torch.Tensor]:
     """The activations as ggml-cpu quantizes them for a ``dtype`` weight (its vec_dot type; the pinned llama.cpp's
     x86 AVX2 build): Q8_0 weights take q8_0 blocks of 32 (d = f16(amax / 127); q = round-to-even(x * (127 / amax))),
     the K-quants q8_K blocks of 256 (quantize_row_q8_K_ref: iscale = -127 / max with max the element of the largest
     magnitude, q = min(127, round-to-even(iscale * x)), d = 1 / iscale). Returns q [..., K] (int16) and d per
     element [..., K] (f64)."""
-    xf = x.float()
+    xf = x.float()  # (torch.round: half to even, as ggml-cpu's nearest_int and _mm256_round_ps)
     if dtype is DType.Q8_0:
-        g = xf.unflatten(-1, (-1, 32))
+        n = DType.Q8_0.block
+        g = xf.unflatten(-1, (-1, n))
         amax = g.abs().amax(-1)
         d = (amax / 127).half().double()
         inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1.0), 0.0)
-        q = _round_even(g * inv.unsqueeze(-1))
-        return q.flatten(-2).to(torch.int16), d.repeat_interleave(32, dim=-1)
+        q = torch.round(g * inv.unsqueeze(-1))
+        return q.flatten(-2).to(torch.int16), d.repeat_interleave(n, dim=-1)
     g = xf.unflatten(-1, (-1, DType.Q4_K.block))
     at = g.abs().argmax(-1, keepdim=True)  # (the first of equal magnitudes, as ggml's strict >)
     mx = torch.gather(g, -1, at).squeeze(-1)
     iscale = torch.where(mx != 0, -127 / torch.where(mx != 0, mx, 1.0), 0.0)
-    q = torch.clamp(_round_even(g * iscale.unsqueeze(-1)), max=127)
+    q = torch.clamp(torch.round(g * iscale.unsqueeze(-1)), max=127)
     d = torch.where(mx != 0, 1 / torch.where(mx != 0, iscale, 1.0), 0.0).double()
     return q.flatten(-2).to(torch.int16), d.repeat_interleave(DType.Q4_K.block, dim=-1)
 

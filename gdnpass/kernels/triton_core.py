@@ -327,11 +327,10 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 
 
 # ---- ggml's block formats -------------------------------------------------------------------------------------------
-# A quantized weight read inside a kernel (the mat-vec's and GET_ROWS'), from the file's bytes as the weights buffer
-# holds them: one group of 32 elements of BLOCK_M rows at a time (the unit each of these formats scales by; Q6_K's
-# 16-element scales are two per group), as ``scale * q - offset`` (gdnpass.kernels.quants.parts, the torch
-# reference; the layouts are described there). Every value ``scale * q - offset`` is ggml's exactly (each product of
-# an f16 scale, an integer sub-block scale and a quant is exact in f32: the reference's docstring).
+# What the kernels that read a quantized weight from the file's bytes share (the mat-vec's words and dp4a,
+# triton_matvec.matvec_cols_q; GET_ROWS' decoded groups, triton_elementwise): the types' constants, groups of 32
+# elements (the unit each of these formats scales by; Q6_K's 16-element scales are two per group), the f16 fields
+# and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts are described there).
 
 SUB = tl.constexpr(32)  # elements per group
 
@@ -349,10 +348,15 @@ def _byte(p, mask):
 
 
 @triton.jit
+def f16_bits(h):
+    """An f16 given as the low 16 bits of an int32, as f32."""
+    return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def _f16(p, mask):
     """The little-endian f16 at byte address ``p`` (any even address), as f32."""
-    bits = _byte(p, mask) | (_byte(p + 1, mask) << 8)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return f16_bits(_byte(p, mask) | (_byte(p + 1, mask) << 8))
 
 
 @triton.jit
@@ -366,85 +370,3 @@ def _scale_min_k4(sc_ptr, j, mask):
     sc = tl.where(lo, a & 63, (c & 0xF) | ((b >> 6) << 4))
     m = tl.where(lo, b & 63, (c >> 4) | ((a >> 6) << 4))
     return sc.to(tl.float32), m.to(tl.float32)
-
-
-@triton.jit
-def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
-    """Groups ``g`` ([G] indices: elements [32g, 32g + 32)) of the weight rows at byte offsets ``row_off`` ([BLOCK_M]
-    int64) from ``w_ptr`` (uint8): (q, scale, scale2, offset), q the int32 quants [G, BLOCK_M, 32], the others
-    [G, BLOCK_M]; element l's value is ``scale * q - offset`` (Q6_K: ``scale`` for l < 16, ``scale2`` after; no
-    offset: zero). Masked rows and groups read nothing (zeros)."""
-    lane = tl.arange(0, SUB)[None, None, :]
-    rows = (w_ptr + row_off)[None, :]                             # [1, BLOCK_M]
-    mask = g_mask[:, None] & row_mask[None, :]                    # [G, BLOCK_M]
-    m3 = mask[:, :, None]
-    if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block per group, value d * q
-        blk = rows + g[:, None] * Q8_0_BYTES
-        q = _byte(blk[:, :, None] + 2 + lane, m3).to(tl.int8).to(tl.int32)
-        a = _f16(blk, mask)
-        a2, b = a, tl.zeros_like(a)
-    elif QTYPE == "q4_k" or QTYPE == "q5_k":
-        # {f16 d, dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]}: sub-block j's element l is nibble j % 2 of
-        # qs[32 * (j // 2) + l] (Q5_K: plus 16 if bit j of qh[l]); value (d * sc_j) * q - dmin * m_j
-        SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
-        QS: tl.constexpr = SIZE - QK_K // 2
-        blk = rows + (g // GROUPS_K)[:, None] * SIZE
-        j = (g % GROUPS_K)[:, None]
-        sc, m = _scale_min_k4(blk + 4, j, mask)
-        q = (_byte(blk[:, :, None] + QS + (32 * (j // 2))[:, :, None] + lane, m3) >> (4 * (j % 2))[:, :, None]) & 0xF
-        if QTYPE == "q5_k":
-            q += ((_byte(blk[:, :, None] + 16 + lane, m3) >> j[:, :, None]) & 1) << 4
-        a = _f16(blk, mask) * sc
-        a2, b = a, _f16(blk + 2, mask) * m
-    else:
-        tl.static_assert(QTYPE == "q6_k", "quantized_groups: an unknown block type")
-        # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: half n = j // 4 of the block, quarter p = j % 4; element l is
-        # nibble p // 2 of ql[64n + 32(p % 2) + l] below bits 2p, 2p + 1 of qh[32n + l], minus 32, times
-        # d * scales[8n + 2p + l // 16]
-        blk = rows + (g // GROUPS_K)[:, None] * Q6_K_BYTES
-        j = (g % GROUPS_K)[:, None]
-        n, p = j // 4, j % 4
-        lo = (_byte(blk[:, :, None] + (64 * n + 32 * (p % 2))[:, :, None] + lane, m3)
-              >> (4 * (p // 2))[:, :, None]) & 0xF
-        hi = (_byte(blk[:, :, None] + (128 + 32 * n)[:, :, None] + lane, m3) >> (2 * p)[:, :, None]) & 3
-        q = (lo | (hi << 4)) - 32
-        d = _f16(blk + Q6_K_BYTES - 2, mask)
-        sc = blk + 192 + 8 * n + 2 * p
-        a = d * _byte(sc, mask).to(tl.int8).to(tl.float32)
-        a2, b = d * _byte(sc + 1, mask).to(tl.int8).to(tl.float32), tl.zeros_like(a)
-    return q, a, a2, b
-
-
-@triton.jit
-def dequantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
-    """Groups ``g`` of the rows as their f32 values [G, BLOCK_M, 32]: ggml's dequantization, bit for bit."""
-    q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
-    scale = tl.where(tl.arange(0, SUB)[None, None, :] < 16, a[:, :, None], a2[:, :, None])
-    return scale * q.to(tl.float32) - b[:, :, None]
-
-
-if INTERPRETED:
-    @triton.jit
-    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
-        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
-        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic (here emulated, byte by byte)."""
-        acc = c
-        for k in tl.static_range(4):
-            if UNSIGNED_A:
-                ak = (a >> (8 * k)) & 0xFF
-            else:
-                ak = (a << (24 - 8 * k)) >> 24
-            acc += ak * ((b << (24 - 8 * k)) >> 24)
-        return acc
-else:
-    @triton.jit
-    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
-        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
-        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic."""
-        a, b = tl.broadcast(a, b)
-        c = tl.zeros(a.shape, tl.int32) + c
-        if UNSIGNED_A:
-            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                         is_pure=True, pack=1)

@@ -15,8 +15,10 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (LAUNCH, QTYPES, SUB, dequantized_groups, _alias_ok, _repeats, _require, _row_offset, _strides, exp_f32, log_f32,
-                                        silu_f32, wait_for_previous_kernels)
+from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
+                                         QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
+                                         _scale_min_k4, _strides, exp_f32, log_f32, silu_f32,
+                                         wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -109,6 +111,61 @@ def get_rows(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dtype=None) 
 
 
 ROWS_NS = 8  # sub-blocks per GET_ROWS program: 256 elements (a K-quant block)
+
+
+@triton.jit
+def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
+    """Groups ``g`` ([G] indices: elements [32g, 32g + 32)) of the weight rows at byte offsets ``row_off`` ([BLOCK_M]
+    int64) from ``w_ptr`` (uint8): (q, scale, scale2, offset), q the int32 quants [G, BLOCK_M, 32], the others
+    [G, BLOCK_M]; element l's value is ``scale * q - offset`` (Q6_K: ``scale`` for l < 16, ``scale2`` after; no
+    offset: zero). Masked rows and groups read nothing (zeros)."""
+    lane = tl.arange(0, SUB)[None, None, :]
+    rows = (w_ptr + row_off)[None, :]                             # [1, BLOCK_M]
+    mask = g_mask[:, None] & row_mask[None, :]                    # [G, BLOCK_M]
+    m3 = mask[:, :, None]
+    if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block per group, value d * q
+        blk = rows + g[:, None] * Q8_0_BYTES
+        q = _byte(blk[:, :, None] + 2 + lane, m3).to(tl.int8).to(tl.int32)
+        a = _f16(blk, mask)
+        a2, b = a, tl.zeros_like(a)
+    elif QTYPE == "q4_k" or QTYPE == "q5_k":
+        # {f16 d, dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]}: sub-block j's element l is nibble j % 2 of
+        # qs[32 * (j // 2) + l] (Q5_K: plus 16 if bit j of qh[l]); value (d * sc_j) * q - dmin * m_j
+        SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
+        QS: tl.constexpr = SIZE - QK_K // 2
+        blk = rows + (g // GROUPS_K)[:, None] * SIZE
+        j = (g % GROUPS_K)[:, None]
+        sc, m = _scale_min_k4(blk + 4, j, mask)
+        q = (_byte(blk[:, :, None] + QS + (32 * (j // 2))[:, :, None] + lane, m3) >> (4 * (j % 2))[:, :, None]) & 0xF
+        if QTYPE == "q5_k":
+            q += ((_byte(blk[:, :, None] + 16 + lane, m3) >> j[:, :, None]) & 1) << 4
+        a = _f16(blk, mask) * sc
+        a2, b = a, _f16(blk + 2, mask) * m
+    else:
+        tl.static_assert(QTYPE == "q6_k", "quantized_groups: an unknown block type")
+        # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: half n = j // 4 of the block, quarter p = j % 4; element l is
+        # nibble p // 2 of ql[64n + 32(p % 2) + l] below bits 2p, 2p + 1 of qh[32n + l], minus 32, times
+        # d * scales[8n + 2p + l // 16]
+        blk = rows + (g // GROUPS_K)[:, None] * Q6_K_BYTES
+        j = (g % GROUPS_K)[:, None]
+        n, p = j // 4, j % 4
+        lo = (_byte(blk[:, :, None] + (64 * n + 32 * (p % 2))[:, :, None] + lane, m3)
+              >> (4 * (p // 2))[:, :, None]) & 0xF
+        hi = (_byte(blk[:, :, None] + (128 + 32 * n)[:, :, None] + lane, m3) >> (2 * p)[:, :, None]) & 3
+        q = (lo | (hi << 4)) - 32
+        d = _f16(blk + Q6_K_BYTES - 2, mask)
+        sc = blk + 192 + 8 * n + 2 * p
+        a = d * _byte(sc, mask).to(tl.int8).to(tl.float32)
+        a2, b = d * _byte(sc + 1, mask).to(tl.int8).to(tl.float32), tl.zeros_like(a)
+    return q, a, a2, b
+
+
+@triton.jit
+def dequantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
+    """Groups ``g`` of the rows as their f32 values [G, BLOCK_M, 32]: ggml's dequantization, bit for bit."""
+    q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
+    scale = tl.where(tl.arange(0, SUB)[None, None, :] < 16, a[:, :, None], a2[:, :, None])
+    return scale * q.to(tl.float32) - b[:, :, None]
 
 
 @triton.jit

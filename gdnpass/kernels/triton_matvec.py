@@ -17,7 +17,7 @@ from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_ve
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
-                                         activation_workspace, dp4a, last_to_arrive, split_workspace,
+                                         activation_workspace, f16_bits, last_to_arrive, split_workspace,
                                          wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
@@ -189,10 +189,31 @@ def _words(w16, at, mask):
         (tl.load(w16 + at + 1, mask=mask, other=0).to(tl.int32) << 16)
 
 
-@triton.jit
-def _f16_bits(h):
-    """An f16 given as the low 16 bits of an int32, as f32."""
-    return (h & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+if INTERPRETED:
+    @triton.jit
+    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
+        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
+        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic (here emulated, byte by byte)."""
+        acc = c
+        for k in tl.static_range(4):
+            if UNSIGNED_A:
+                ak = (a >> (8 * k)) & 0xFF
+            else:
+                ak = (a << (24 - 8 * k)) >> 24
+            acc += ak * ((b << (24 - 8 * k)) >> 24)
+        return acc
+else:
+    @triton.jit
+    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
+        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
+        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic."""
+        a, b = tl.broadcast(a, b)
+        c = tl.zeros(a.shape, tl.int32) + c
+        if UNSIGNED_A:
+            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
+                                             dtype=tl.int32, is_pure=True, pack=1)
+        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
 
 
 @triton.jit
@@ -247,7 +268,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                 lo |= ((qh >> (2 * p)[None, :, None]) & 0x01010101) << 4
                 hi |= ((qh >> (2 * p + 1)[None, :, None]) & 0x01010101) << 4
             dm = tl.load(w32 + blk, mask=row_mask, other=0)
-            d, dmin = _f16_bits(dm), _f16_bits(dm >> 16)
+            d, dmin = f16_bits(dm), f16_bits(dm >> 16)
             sc_at = w_ptr + (rows.to(tl.int64) * w_stride + sb * SIZE + 4)[:, None]
             sc_e, m_e = _scale_min_k4(sc_at, (2 * p)[None, :], m2)
             sc_o, m_o = _scale_min_k4(sc_at, (2 * p + 1)[None, :], m2)
@@ -267,7 +288,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
             m3 = m2[:, :, None]
             if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: 17 halves a block
                 blk = row_h[:, None] + (g * (Q8_0_BYTES // 2))[None, :]   # [BLOCK_M, 8]
-                d = _f16_bits(tl.load(w16 + blk, mask=m2, other=0).to(tl.int32))
+                d = f16_bits(tl.load(w16 + blk, mask=m2, other=0).to(tl.int32))
                 q = _words(w16, blk[:, :, None] + 1 + 2 * wi[None, None, :], m3)
                 part = (d[:, :, None] * dx[None]) * _group_dots(q, xw).to(tl.float32)
             else:
@@ -287,7 +308,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                 s_a = tl.sum(tl.where(first[None], t, 0), axis=2) - 32 * tl.sum(tl.where(first, xb, 0), axis=1)[None]
                 s_b = tl.sum(tl.where(first[None], 0, t), axis=2) - 32 * tl.sum(tl.where(first, 0, xb), axis=1)[None]
                 h = tl.load(w16 + blk[:, None] + (96 + 4 * n + p)[None, :], mask=m2, other=0).to(tl.int32)
-                d = _f16_bits(tl.load(w16 + blk + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
+                d = f16_bits(tl.load(w16 + blk + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
                 a = d[:, None] * ((h << 24) >> 24).to(tl.float32)       # scales[8n + 2p]
                 a2 = d[:, None] * (h >> 8).to(tl.float32)               # scales[8n + 2p + 1]
                 part = (a[:, :, None] * dx[None]) * s_a.to(tl.float32) + (a2[:, :, None] * dx[None]) * s_b.to(tl.float32)
@@ -543,9 +564,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(not wtype.is_quantized or t.block_k == QK_K.value and K % SUB.value == 0,
-             f"mul_mat_vec: {wtype.label} weights need K steps of {QK_K.value} and rows of whole groups of "
-             f"{SUB.value}")
+    _require(not wtype.is_quantized or t.block_k == QK_K.value,
+             f"mul_mat_vec: {wtype.label} weights need K steps of {QK_K.value}")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:

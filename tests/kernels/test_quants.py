@@ -12,15 +12,10 @@ import torch
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import DType
-from gdnpass.kernels.quants import DEQUANTIZE, dequantize
+from gdnpass.kernels.quants import DECOMPOSE, F16_FIELDS, dequantize
 
-TYPES = list(DEQUANTIZE)
+TYPES = list(DECOMPOSE)
 ROWS, BLOCKS = 12, 4  # rows of ROWS x 4 blocks each
-
-
-def _f16_offsets(dtype: DType) -> tuple[int, ...]:
-    """Where a block's f16 fields are (ggml-common.h): d first (and dmin after it), q6_K's d last."""
-    return {DType.Q8_0: (0,), DType.Q4_K: (0, 2), DType.Q5_K: (0, 2), DType.Q6_K: (dtype.size - 2,)}[dtype]
 
 
 def _ggml_type(dtype: DType) -> int:
@@ -64,10 +59,10 @@ def _blocks(dtype: DType, kind: str) -> np.ndarray:
         return _ggml_quantize(x, dtype)
     raw = rng.integers(0, 256, (ROWS, BLOCKS, dtype.size), dtype=np.uint8)
     scale = np.exp2(rng.integers(-24, 12, (ROWS, BLOCKS, 1)))  # subnormal to large
-    f16 = (rng.standard_normal((ROWS, BLOCKS, len(_f16_offsets(dtype)))) * scale).astype(np.float16)
+    f16 = (rng.standard_normal((ROWS, BLOCKS, len(F16_FIELDS[dtype]))) * scale).astype(np.float16)
     f16[0, 0] = 0.0
     f16[0, 1] = np.float16(6e-8)  # subnormal
-    for i, off in enumerate(_f16_offsets(dtype)):
+    for i, off in enumerate(F16_FIELDS[dtype]):
         raw[..., off:off + 2] = f16[..., i:i + 1].view(np.uint8)
     assert np.isfinite(f16).all()
     return raw.reshape(ROWS, -1)
