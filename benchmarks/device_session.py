@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in three parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4 [--out DIR]
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
 alpha/beta pair against the read bandwidth, the whole qwen3.5-9b verify, ours off / on / on without the newest
@@ -14,6 +14,10 @@ Part 3: the 800-case exactness sweep in both hint modes, in parallel (``warm_com
 ``test_sweep_gpu_all_800``, which takes over 250 s per mode in one pytest process), then the other GPU tests
 (``pytest -m gpu``, the sweep test left out: every model tile launched, the ceilings), and ``run --check`` of 8 layers
 of the 9B at T = 8 on the GPU.
+
+Part 4 (issue 34): the quantized kernels compiled (test_triton_quants.py), the quantized products at the 9B's
+shapes (``bench.py --quick --only quant``), ``run --check`` of 8 layers of the 9B with Q4_K weights, and ncu's
+reading of one Q4_K launch (``one_matvec.py``).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
@@ -33,7 +37,7 @@ from gdnpass.bench.session import run_step, steps
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", type=int, choices=(1, 2, 3), required=True)
+    p.add_argument("--part", type=int, choices=(1, 2, 3, 4), required=True)
     p.add_argument("--source", help="part 1: a folder `gdnpass llama-build --pack` wrote")
     p.add_argument("--out", default=os.environ.get("OUT") or "device-session", help="logs and JSON (default: $OUT)")
     a = p.parse_args()

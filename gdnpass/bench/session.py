@@ -31,6 +31,19 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                 "--without", REGISTRY[-1].name, *(["--source", source] if source else []),
                                 "--json", str(out / "whole-upstream.json")], 460),
         ]
+    if part == 4:
+        return [
+            # issue 34: the quantized kernels compiled (exactness first), the products of every block type at the 9B's
+            # shapes, the fused 9B layers with Q4_K weights checked byte for byte, and ncu's reading of one launch
+            ("quant-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_triton_quants.py"], 150),
+            ("quant-bench", [PY, "benchmarks/bench.py", "--quick", "--only", "quant",
+                             "--json", str(out / "quant-bench.json")], 200),
+            ("quant-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
+                             "--tokens", "8", "--rs-seq", "7", "--wtype", "q4_k", "--device", "cuda", "--check"], 90),
+            ("quant-ncu", ["ncu", "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
+                           "--section", "WarpStateStats", "-k", "regex:mul_mat_vec", "-c", "3",
+                           PY, "benchmarks/one_matvec.py", "q4_k", "12288", "4096", "4"], 60),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
