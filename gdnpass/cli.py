@@ -61,6 +61,9 @@ def _add_graph_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--whole", action=Given, nargs=0, const=True, default=False,
                    help="the whole forward of the preset (token embedding, every layer incl. full attention, lm head) "
                         "instead of its first --layers GDN layers; --gguf implies it")
+    g.add_argument("--mtp", action=Given, nargs=0, const=True, default=False,
+                   help="with --gguf: the model's MTP head instead of the trunk (one ubatch of --tokens tokens in "
+                        "llama.cpp's MTP context: docs/mtp.md)")
     g.add_argument("--wtype", action=Given, default="bf16", choices=WEIGHT_TYPES,
                    help="type of the large projection weights and the token embedding (default: bf16; a block type: "
                         "ggml's blocks of random quants; with --gguf the file's types)")
@@ -166,6 +169,17 @@ def whole_title(name: str, n_all: int, cfg, weights: str) -> str:
 
 def _source(a: argparse.Namespace):
     model = _model(a)
+    if getattr(a, "mtp", False):
+        if model is None:
+            raise GdnpassError("--mtp needs --gguf FILE: the MTP head is a model file's (its nextn blocks)")
+        mixed = [d for d in ("rs_seq", "layers", "seqs", "qk_norm") if d in given(a)]
+        if mixed:
+            raise GdnpassError(f"{_flag(mixed[0])} does nothing with --mtp: the MTP head is one attention block of one "
+                               "sequence, without rollback planes; drop the flag")
+        graph = model.build(model.mtp_config(n_tokens=a.tokens))
+        graph.meta["source"] = (f"{model.path.name}, MTP head (block {model.shape.mtp_layer}): n_t={a.tokens}; "
+                                f"weights {model.weights_summary(graph)}")
+        return graph
     if model is None:
         if a.graph or not getattr(a, "whole", False):
             return a.graph or verify_config(a)
@@ -491,12 +505,20 @@ def _add_capture_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--prompt", type=int, default=8, help="prompt tokens decoded before the verify (default: 8)")
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"], help="default: auto")
     g.add_argument("--threads", type=int, default=2, help="default: 2")
+    g.add_argument("--mtp", action="store_true",
+                   help="capture the model's MTP head instead: an MTP context (LLAMA_CONTEXT_TYPE_MTP, ctx_other = the "
+                        "target) decodes the verify tokens after the target, each with the target's hidden state of "
+                        "the token before (docs/mtp.md); --rs-seq is the target's")
+    g.add_argument("--mtp-outputs", default="all", choices=["all", "last", "none"],
+                   help="with --mtp: the MTP ubatch's rows with logits (llama.cpp's draft step asks for its one token, "
+                        "its process hook for none; default: all)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
 
 
 # capture.Settings field -> the flag that sets it
 CAPTURE_FLAGS = {"n_tokens": "--tokens", "n_rs_seq": "--rs-seq", "n_ubatch": "--ubatch", "n_batch": "--batch",
-                 "n_ctx": "--ctx", "n_prompt": "--prompt", "flash_attn": "--flash-attn", "n_threads": "--threads"}
+                 "n_ctx": "--ctx", "n_prompt": "--prompt", "flash_attn": "--flash-attn", "n_threads": "--threads",
+                 "mtp": "--mtp", "mtp_outputs": "--mtp-outputs"}
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
@@ -507,10 +529,15 @@ def cmd_capture(a: argparse.Namespace) -> int:
 
     settings = capture.Settings(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_ubatch=a.ubatch,
                                 n_batch=a.batch or max(2048, a.ubatch), n_ctx=a.ctx, n_prompt=a.prompt,
-                                flash_attn=a.flash_attn, n_threads=a.threads)
+                                flash_attn=a.flash_attn, n_threads=a.threads, mtp=a.mtp, mtp_outputs=a.mtp_outputs)
     # everything a user can get wrong, before llama.cpp is built (a first build downloads and compiles for minutes)
     settings.check(lambda field: CAPTURE_FLAGS[field])
     shape = open_model(a.gguf).shape  # the header and every tensor, validated
+    if a.mtp and shape.nextn_predict_layers != 1:
+        raise GdnpassError(f"--mtp: {a.gguf} has {shape.nextn_predict_layers} MTP blocks (qwen35.nextn_predict_layers)"
+                           "; llama.cpp's qwen35 MTP graph runs exactly one")
+    if a.mtp_outputs != "all" and not a.mtp:
+        raise GdnpassError(f"--mtp-outputs {a.mtp_outputs} does nothing without --mtp; drop the flag")
     if a.ctx > shape.context_length:
         raise GdnpassError(f"--ctx {a.ctx}: more than the model's context_length {shape.context_length} ({a.gguf})")
     outputs = [(a.output, "-o")] + ([(a.reserve, "--reserve")] if a.reserve else [])

@@ -350,6 +350,24 @@ def test_capture_checks_its_flags_before_building_llama_cpp(capsys, base, tmp_pa
     refused(capsys, "capture", "--gguf", base, "-o", out, "--ctx", "100000", says=("--ctx", "context_length 4096"))
 
 
+
+def test_mtp_flags_are_refused_where_they_cannot_work(capsys, base, tmp_path, monkeypatch):
+    """Issue 35: --mtp without a file, on a file without an MTP block, beside flags the head does not take;
+    capture --mtp likewise, before llama.cpp is built."""
+    from gdnpass.frontends.llama import build
+
+    monkeypatch.setattr(build, "ensure", lambda *a, **k: pytest.fail("capture built llama.cpp before its checks"))
+    refused(capsys, "dump", "--mtp", *TINY, says=("--mtp needs --gguf FILE",))
+    refused(capsys, "dump", "--gguf", base, "--mtp", says=(str(base), "nextn_predict_layers is 0", "no MTP head"))
+    mtp = write_gguf(dataclasses.replace(SHAPE, nextn_predict_layers=1), tmp_path / "mtp.gguf", tokenizer="none")
+    refused(capsys, "dump", "--gguf", mtp, "--mtp", "--rs-seq", "2", says=("--rs-seq does nothing with --mtp",))
+    out = tmp_path / "v.json"
+    refused(capsys, "capture", "--gguf", base, "-o", out, "--mtp", says=("--mtp", str(base), "0 MTP blocks"))
+    refused(capsys, "capture", "--gguf", mtp, "-o", out, "--mtp-outputs", "none",
+            says=("--mtp-outputs none does nothing without --mtp",))
+    rc, text, _ = cli_run(capsys, "dump", "--gguf", mtp, "--mtp", "--tokens", "2")  # (and the head itself dumps)
+    assert rc == 0 and "MTP head (block 4)" in text, text
+
 @pytest.mark.parametrize("cut", [0, 3, 20, 100, 2000, -1])
 def test_a_truncated_gguf_says_truncated(capsys, base, tmp_path, cut):
     f = tmp_path / "cut.gguf"

@@ -355,9 +355,10 @@ class VerifyBuilder:
 def build_verify(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> VerifyBuilder:
     """The verify forward of ``cfg``'s GDN layers on ``f``: llm_build_qwen35's layer loop (attn_norm, the linear
     attention, the residual, the FFN; DFlash taps flagged OUTPUT), then the last hidden state as the output.
-    With ``cfg.whole``: the whole forward instead (:func:`build_whole`)."""
+    With ``cfg.whole``: the whole forward instead (:func:`build_whole`), with ``cfg.mtp`` the MTP head's
+    (:func:`build_mtp`)."""
     if cfg.whole:
-        return build_whole(f, cfg, weight_types)
+        return (build_mtp if cfg.mtp else build_whole)(f, cfg, weight_types)
     b = VerifyBuilder(f, cfg, weight_types)
     m = cfg.shape
     inpL = f.new_tensor("input", "inp_embd", F32, (m.n_embd, cfg.n_tokens * cfg.n_seqs), input=True)
@@ -416,6 +417,67 @@ def build_whole(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | N
     # tied embeddings: the loader hands back token_embd itself for the TENSOR_DUPLICATED output when both live in one
     # buffer type, as on the CPU (llama-model-loader.cpp create_tensor): one leaf, one copy of the weights
     head = tok_embd if m.tie_embeddings else model_weight("output.weight", wt, (m.n_embd, m.vocab_size))
+    cur = f.set_output(b.cb(f.mul_mat(head, cur), "result_output", -1))
+    f.expand(cur)
+    return b
+
+
+# the optional MTP tensors a file written by gdnpass.models.gguf_write holds (gguf_write.NEXTN_OPTIONAL: the graph
+# reads what the file has; a build without a file assumes the writer's)
+_WRITTEN_NEXTN = ("nextn.shared_head_norm.weight",)
+
+
+def build_mtp(f: Facade, cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> VerifyBuilder:
+    """llama_model_qwen35::graph_mtp (src/models/qwen35.cpp, 0c1e570): one ubatch of the MTP head in an MTP context
+    (LLAMA_CONTEXT_TYPE_MTP, the graph type LLM_GRAPH_TYPE_DECODER_MTP) with its own KV cache of the one MTP block
+    ``il`` = n_layer (``cache_k_l<il>`` / ``cache_v_l<il>``). Inputs: the ubatch's token ids (unnamed in llama.cpp:
+    ggml calls the leaf ``leaf_<i>``) and ``mtp_h_input``, the target's ``h_nextn`` rows the caller pairs with them
+    (token at position p with the target's hidden state at p - 1), positions, ``out_ids``, the KV inputs.
+
+    The token's embedding (``nextn.embed_tokens``, else ``token_embd``) and the hidden state are each RMS-normed
+    (``nextn.enorm`` / ``nextn.hnorm``), concatenated [E + E] and projected back to E (``nextn.eh_proj``); then one
+    full-attention block as the trunk's (the attention layer and the FFN of :class:`VerifyBuilder`, block ``il``'s
+    weights), the head's norm (``nextn.shared_head_norm``, else ``output_norm``) as ``h_nextn`` (OUTPUT: the next
+    draft step's hidden state), the output rows and the lm head (``nextn.shared_head_head``, else the trunk's)."""
+    b = VerifyBuilder(f, cfg, weight_types)
+    m, n_t, il = cfg.shape, cfg.n_tokens, cfg.shape.mtp_layer
+    wt, E = DType.parse(cfg.wtype), m.n_embd
+    has = (lambda n: f"blk.{il}.{n}" in b.types) if b.types else (lambda n: n in _WRITTEN_NEXTN)  # noqa: E731
+    made: dict[str, Any] = {}
+
+    def model_weight(name: str, type_: DType, ne):  # one leaf per tensor (the tied lm head is token_embd's)
+        if name not in made:
+            made[name] = f.new_tensor("weights", name, b.types.get(name, type_), ne)
+        return made[name]
+
+    tokens = b.tokens = f.new_tensor("input", "", DType.I32, (n_t,), input=True)  # (inp->embd: made, never read)
+    emb = b.weight("nextn.embed_tokens.weight", il, wt, (E, m.vocab_size)) if has("nextn.embed_tokens.weight") \
+        else model_weight("token_embd.weight", wt, (E, m.vocab_size))
+    tok_embd = b.cb(f.get_rows(emb, tokens), "mtp_tok_embd", il)
+    h = f.new_tensor("input", "mtp_h_input", F32, (E, n_t), input=True)
+    b.inp_pos = f.new_tensor("input", "inp_pos", DType.I32, (n_t * 4,), input=True)
+    out_ids = f.new_tensor("input", "out_ids", DType.I32, (cfg.outputs,), input=True)
+
+    def norm(x, weight, name: str, il_: int = il):  # build_norm(LLM_NORM_RMS) and its cb
+        return b.cb(f.mul(b.cb(f.rms_norm(x, m.eps), "norm", il_), weight), name, il_)
+
+    h_norm = norm(h, b.weight("nextn.hnorm.weight", il, F32, (E,)), "mtp_hnorm")
+    e_norm = norm(tok_embd, b.weight("nextn.enorm.weight", il, F32, (E,)), "mtp_enorm")
+    cat = b.cb(f.concat(e_norm, h_norm, 0), "mtp_concat", il)
+    cur = b.cb(f.mul_mat(b.weight("nextn.eh_proj.weight", il, wt, (2 * E, E)), cat), "mtp_eh_proj", il)
+    inpSA = cur
+    cur = norm(cur, b.weight("attn_norm.weight", il, F32, (E,)), "mtp_attn_norm")
+    cur = b.cb(b.build_layer_attn(cur, il), "mtp_attn_out", il)
+    cur = b.cb(f.add(cur, inpSA), "mtp_attn_residual", il)
+    cur = b.cb(b.build_ffn(cur, il), "mtp_post_ffn", il)
+    head_norm = b.weight("nextn.shared_head_norm.weight", il, F32, (E,)) if has("nextn.shared_head_norm.weight") \
+        else model_weight("output_norm.weight", F32, (E,))
+    cur = f.set_output(norm(cur, head_norm, "h_nextn", -1))
+    cur = b.cb(f.get_rows(cur, out_ids), "mtp_shared_head_norm", -1)
+    if has("nextn.shared_head_head.weight"):
+        head = b.weight("nextn.shared_head_head.weight", il, wt, (E, m.vocab_size))
+    else:
+        head = model_weight("token_embd.weight" if m.tie_embeddings else "output.weight", wt, (E, m.vocab_size))
     cur = f.set_output(b.cb(f.mul_mat(head, cur), "result_output", -1))
     f.expand(cur)
     return b

@@ -63,6 +63,8 @@ def _input_values(graph: Graph, seed: int, ids: list[int] | None, leafs: list[Te
         by_name = _decode_inputs(graph, recorded)
     elif cfg is not None:  # a whole forward: every input as llama.cpp sets it
         by_name = input_values(cfg, seed, ids)
+        if meta.get("token_input"):  # (the MTP head's token ids: an unnamed leaf, named by ggml's rule)
+            by_name[meta["token_input"]] = by_name.pop("inp_tokens")
     else:
         vals = ids if ids is not None else ids_from_meta(meta)
         return {t.uid: vals for t in leafs if t.type is DType.I32} if vals is not None else {}

@@ -52,6 +52,14 @@ class GgufModel:
         ``kw``: n_tokens, n_rs_seq, ... as VerifyConfig takes them)."""
         return VerifyConfig(model=self.shape.first_layers(layers) if layers else self.shape, whole=True, **kw)
 
+    def mtp_config(self, **kw) -> VerifyConfig:
+        """One ubatch of the model's MTP head (llama.cpp's LLAMA_CONTEXT_TYPE_MTP graph: docs/mtp.md); ``kw`` as
+        :meth:`config`. GraphError naming the file when it has no MTP block."""
+        if self.shape.nextn_predict_layers != 1:
+            raise GgufError(f"{self.path}: qwen35.nextn_predict_layers is {self.shape.nextn_predict_layers}: no MTP "
+                            "head to build (llama.cpp's qwen35 MTP graph runs exactly one MTP block)")
+        return VerifyConfig(model=self.shape, whole=True, mtp=True, **kw)
+
     def weights_summary(self, graph: Graph | None = None) -> str:
         """The weights ``graph`` takes from the file (default: every tensor gdnpass reads), by type, with each type's
         share of their bytes in the file: 'Q4_K x28 (74.1%), Q6_K x5 (23.0%), F32 x23 (2.9%)'; a type dequantized
@@ -143,7 +151,7 @@ def open_model(path: str | os.PathLike) -> GgufModel:
         raise GgufError(f"{path}: architecture {arch!r}; gdnpass builds {ARCH!r} models")
     shape, n_block = header_shape(reader, path)  # the metadata, validated as a whole
     check_tensors(reader, shape, n_block, path)  # every tensor llama.cpp's shape, before anything is built
-    types = {t.name: t.tensor_type.name for t in reader.tensors if not _mtp(t.name, shape)}
+    types = {t.name: t.tensor_type.name for t in reader.tensors}  # (the MTP blocks' too: the MTP head reads them)
     nbytes = {t.name: int(t.n_bytes) for t in reader.tensors if t.name in types}
     bad = sorted({v for v in types.values() if v not in _PLAIN and v not in DEQUANTIZED})
     if bad:
@@ -151,8 +159,3 @@ def open_model(path: str | os.PathLike) -> GgufModel:
                         f"dequantizes {', '.join(DEQUANTIZED)})")
     return GgufModel(path, shape, types, sorted(n for n, t in types.items() if t in DEQUANTIZED), nbytes)
 
-
-def _mtp(name: str, shape: ModelShape) -> bool:
-    """A tensor of an MTP block (past the trunk's layers): gdnpass neither builds nor reads them."""
-    parts = name.split(".")
-    return parts[0] == "blk" and len(parts) > 1 and parts[1].isdigit() and int(parts[1]) >= shape.n_layer

@@ -49,7 +49,7 @@ _CHUNK = 1 << 23  # elements generated and written at a time
 GGUF_KEYS: tuple[tuple[str, str, str, bool], ...] = (
     ("context_length", "context_length", "u32", True),
     ("embedding_length", "n_embd", "u32", True),
-    ("block_count", "n_layer", "u32", True),
+    ("block_count", "block_count", "u32", True),  # n_layer + nextn_predict_layers
     ("feed_forward_length", "ffn_dim", "u32", True),
     ("vocab_size", "vocab_size", "u32", False),
     ("attention.head_count", "head_count", "u32", True),
@@ -72,15 +72,20 @@ _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}  # gguf.LlamaFileType A
 
 def gguf_metadata(shape: ModelShape) -> dict[str, Any]:
     """The ``qwen35.*`` key/values :func:`write_gguf` writes for ``shape`` (full key names, in writing order)."""
-    return {f"{ARCH}.{key}": (list(getattr(shape, attr)) if typ.endswith("]") else getattr(shape, attr))
-            for key, attr, typ, _ in GGUF_KEYS}
+    out = {f"{ARCH}.{key}": (list(getattr(shape, attr)) if typ.endswith("]") else getattr(shape, attr))
+           for key, attr, typ, _ in GGUF_KEYS}
+    if shape.nextn_predict_layers:  # (only when there are MTP blocks: a trunk-only file's bytes are unchanged)
+        out[NEXTN_KEY] = shape.nextn_predict_layers
+    return out
 
 
 # GGUF key (without "qwen35.") of each ModelShape field, for messages about a file (GGUF_KEYS names some fields by
 # the properties that alias them: ffn_dim is n_ff, ssm_conv_kernel is d_conv, ...)
-_ALIASES = {"ffn_dim": "n_ff", "ssm_conv_kernel": "d_conv", "ssm_state_size": "head_dim",
+_ALIASES = {"block_count": "n_layer", "ffn_dim": "n_ff", "ssm_conv_kernel": "d_conv", "ssm_state_size": "head_dim",
             "ssm_group_count": "n_k_heads", "ssm_time_step_rank": "n_v_heads"}
-FIELD_KEYS = {_ALIASES.get(attr, attr): f"{ARCH}.{key}" for key, attr, _, _ in GGUF_KEYS}
+NEXTN_KEY = f"{ARCH}.nextn_predict_layers"  # the MTP blocks after the trunk (written when there are any)
+FIELD_KEYS = {_ALIASES.get(attr, attr): f"{ARCH}.{key}" for key, attr, _, _ in GGUF_KEYS} | \
+    {"nextn_predict_layers": NEXTN_KEY}
 
 
 def check_shape(shape: ModelShape) -> None:
@@ -194,9 +199,14 @@ def _pack_long_arrays(w) -> None:
 
 # ---- the tensors: llama.cpp's names and shapes, and how each is filled ---------------------------------------------
 # A tensor is (name, numpy shape (ne reversed), kind); kind picks the type and the values.
-def tensor_plan(shape: ModelShape) -> list[tuple[str, tuple[int, ...], str]]:
-    """Every tensor of the trunk in writing order: (name, numpy shape = ggml ne reversed, kind), kind one of
-    "mat" (a projection, ``wtype``), "ab" (ssm_alpha/beta, ``ab_wtype``), "norm", "conv", "dt", "a" (f32)."""
+def tensor_plan(shape: ModelShape, nextn: tuple[str, ...] = ("shared_head_norm",)) -> list[tuple[str, tuple[int, ...],
+                                                                                                 str]]:
+    """Every tensor of the model in writing order: (name, numpy shape = ggml ne reversed, kind), kind one of
+    "mat" (a projection, ``wtype``), "ab" (ssm_alpha/beta, ``ab_wtype``), "norm", "conv", "dt", "a" (f32). The trunk,
+    then the ``nextn_predict_layers`` MTP blocks (blk.<n_layer>..) as llama.cpp's qwen35 ``load_block_mtp`` reads
+    them: a full-attention block and its ``nextn.*`` tensors, with the optional ones named in ``nextn``
+    (:data:`NEXTN_OPTIONAL`: ``shared_head_norm``, ``embed_tokens``, ``shared_head_head``; default the head's own
+    norm alone)."""
     m = shape
     E, V, F = m.n_embd, m.vocab_size, m.ffn_dim
     qd, kvd = m.head_count * m.key_length, m.head_count_kv * m.key_length
@@ -204,6 +214,17 @@ def tensor_plan(shape: ModelShape) -> list[tuple[str, tuple[int, ...], str]]:
                                                  ("output_norm.weight", (E,), "norm")]
     if not m.tie_embeddings:
         t.append(("output.weight", (V, E), "mat"))
+
+    def attention(b: str) -> list[tuple[str, tuple[int, ...], str]]:
+        return [(b + "attn_q.weight", (2 * qd, E), "mat"),  # queries and their sigmoid output gate
+                (b + "attn_k.weight", (kvd, E), "mat"),
+                (b + "attn_v.weight", (m.head_count_kv * m.value_length, E), "mat"),
+                (b + "attn_output.weight", (E, qd), "mat"),
+                (b + "attn_q_norm.weight", (m.key_length,), "norm"),
+                (b + "attn_k_norm.weight", (m.key_length,), "norm")]
+
+    ffn = lambda b: [(b + "ffn_gate.weight", (F, E), "mat"), (b + "ffn_down.weight", (E, F), "mat"),  # noqa: E731
+                     (b + "ffn_up.weight", (F, E), "mat")]
     gdn = set(m.gdn_layers)
     for il in range(m.n_layer):
         b = f"blk.{il}."
@@ -220,15 +241,36 @@ def tensor_plan(shape: ModelShape) -> list[tuple[str, tuple[int, ...], str]]:
                   (b + "ssm_norm.weight", (m.head_dim,), "norm"),
                   (b + "ssm_out.weight", (E, m.value_dim), "mat")]
         else:
-            t += [(b + "attn_q.weight", (2 * qd, E), "mat"),  # queries and their sigmoid output gate
-                  (b + "attn_k.weight", (kvd, E), "mat"),
-                  (b + "attn_v.weight", (m.head_count_kv * m.value_length, E), "mat"),
-                  (b + "attn_output.weight", (E, qd), "mat"),
-                  (b + "attn_q_norm.weight", (m.key_length,), "norm"),
-                  (b + "attn_k_norm.weight", (m.key_length,), "norm")]
-        t += [(b + "ffn_gate.weight", (F, E), "mat"), (b + "ffn_down.weight", (E, F), "mat"),
-              (b + "ffn_up.weight", (F, E), "mat")]
+            t += attention(b)
+        t += ffn(b)
+    for il in range(m.n_layer, m.block_count):  # the MTP blocks: always full attention, then their nextn.* tensors
+        b = f"blk.{il}."
+        t += [(b + "attn_norm.weight", (E,), "norm"), (b + "post_attention_norm.weight", (E,), "norm"),
+              *attention(b), *ffn(b),
+              (b + "nextn.eh_proj.weight", (E, 2 * E), "mat"),  # [2E -> E]: the concat of the two normed inputs
+              (b + "nextn.enorm.weight", (E,), "norm"),          # the next token's embedding's norm
+              (b + "nextn.hnorm.weight", (E,), "norm")]          # the target's hidden state's norm
+        t += [(b + f"nextn.{n}.weight", (E,) if n == "shared_head_norm" else (V, E),
+               "norm" if n == "shared_head_norm" else "mat") for n in NEXTN_NAMES if n in nextn]
     return t
+
+
+# The MTP block's tensors llama.cpp's qwen35 loader marks TENSOR_NOT_REQUIRED, with what its graph takes without them:
+# a file may hold them or not (the writer writes shared_head_norm, the head's own final norm, as Qwen3.5's MTP weights
+# have one: HF's mtp.norm; embed_tokens and shared_head_head are the trunk's token_embd and lm head when absent)
+NEXTN_OPTIONAL = {"nextn.embed_tokens.weight": "token_embd.weight", "nextn.shared_head_head.weight": "output.weight",
+                  "nextn.shared_head_norm.weight": "output_norm.weight"}
+
+
+NEXTN_NAMES = tuple(n.split(".")[1] for n in NEXTN_OPTIONAL)  # their short names, write_gguf(nextn=...)
+
+
+def optional_tensors(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """The optional MTP tensors a file of ``shape`` may hold (:data:`NEXTN_OPTIONAL`), name -> ggml ne."""
+    E, V = shape.n_embd, shape.vocab_size
+    ne = {"nextn.embed_tokens.weight": (E, V), "nextn.shared_head_head.weight": (E, V),
+          "nextn.shared_head_norm.weight": (E,)}
+    return {f"blk.{il}.{n}": ne[n] for il in range(shape.n_layer, shape.block_count) for n in NEXTN_OPTIONAL}
 
 
 # uniform (lo, hi) per kind: "mat"/"ab" std 0.02 (half-width 0.02*sqrt(3)); norms 1 +- 0.05; the conv taps std ~0.3;
@@ -296,7 +338,8 @@ def add_kv(w, key: str, value: Any) -> None:
 
 
 def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str = "f32", seed: int = 0,
-               ab_wtype: str | None = None, tokenizer: str = "bpe", workers: int = min(8, os.cpu_count() or 1)) -> Path:
+               ab_wtype: str | None = None, tokenizer: str = "bpe", workers: int = min(8, os.cpu_count() or 1),
+               nextn: tuple[str, ...] = ("shared_head_norm",)) -> Path:
     """Write ``shape`` (a :class:`ModelShape` or a preset name) as a qwen35 GGUF file at ``path`` and return the path.
 
     ``wtype`` is the type of the projections and the token embedding / output (``f32``, ``f16``, ``bf16`` or
@@ -308,6 +351,9 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
     adds vocab_size dummy tokens; feed ids). The file is written
     under a temporary name next to ``path`` and renamed into place, so ``path`` is never left half-written.
     ``workers`` threads generate the tensors (qwen3.5-9b in bf16: ~70 s on one core); the bytes do not depend on it.
+    ``nextn``: the optional tensors of each MTP block (``shape.nextn_predict_layers``) to write, of
+    :data:`NEXTN_NAMES` (default the head's own norm, ``shared_head_norm``; without ``embed_tokens`` and
+    ``shared_head_head`` the head reads the trunk's token embedding and lm head).
     """
     gguf = _gguf()
     shape = get_model(shape) if isinstance(shape, str) else shape
@@ -320,8 +366,12 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
     if tokenizer not in TOKENIZERS:
         raise GgufError(f"tokenizer {tokenizer!r} is not supported (supported: {', '.join(TOKENIZERS)})")
     check_shape(shape)
+    nextn = (nextn,) if isinstance(nextn, str) else tuple(nextn)
+    bad = [n for n in nextn if n not in NEXTN_NAMES]
+    if bad:
+        raise GgufError(f"nextn {bad[0]!r} is not an optional MTP tensor (known: {', '.join(NEXTN_NAMES)})")
     tok_kv = tokenizer_metadata(shape.vocab_size, tokenizer)
-    plan = tensor_plan(shape)
+    plan = tensor_plan(shape, tuple(nextn))
     types = {"mat": wtype, "ab": ab_wtype}
     odd = [(n, np_shape[-1]) for n, np_shape, kind in plan if types.get(kind) == "q8_0" and np_shape[-1] % 32]
     if odd:
@@ -342,6 +392,8 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
     for key, attr, typ, _ in GGUF_KEYS:
         v = getattr(shape, attr)
         adders[typ](f"{ARCH}.{key}", float(v) if typ == "f32" else v)
+    if shape.nextn_predict_layers:
+        w.add_uint32(NEXTN_KEY, shape.nextn_predict_layers)
     for key, v in tok_kv.items():
         add_kv(w, key, v)
 
@@ -474,6 +526,7 @@ def header_shape(reader, path: Path) -> tuple[ModelShape, int]:
         rope_dimension_sections=tuple(int(x) for x in secs),  # type: ignore[arg-type]
         rope_freq_base=_f32_value(h.real(K + "rope.freq_base", 10000.0)),
         tie_embeddings="output.weight" not in {t.name for t in reader.tensors},
+        nextn_predict_layers=n_mtp,
     )
     problems = shape.problems(lambda f: FIELD_KEYS.get(f, f))
     if problems:
@@ -482,20 +535,25 @@ def header_shape(reader, path: Path) -> tuple[ModelShape, int]:
 
 
 def check_tensors(reader, shape: ModelShape, n_block: int, path: Path) -> None:
-    """Every tensor of the file is one :func:`tensor_plan` lists for ``shape``, with llama.cpp's ``ne`` (what
-    ``create_tensor`` checks, and what the builder declares), and the plan's tensors are all there; tensors of
-    the MTP blocks (blk.N, N from the trunk's n_layer up to block_count) are not read. GgufError naming the first
-    tensor at fault."""
-    plan = {name: tuple(reversed(np_shape)) for name, np_shape, _ in tensor_plan(shape)}
-    mtp = tuple(f"blk.{i}." for i in range(shape.n_layer, n_block))
+    """Every tensor of the file is one :func:`tensor_plan` lists for ``shape`` (the MTP blocks' included) or an
+    optional MTP tensor (:func:`optional_tensors`), with llama.cpp's ``ne`` (what ``create_tensor`` checks, and what
+    the builder declares), and the plan's required tensors are all there (an MTP block's: all or none).
+    GgufError naming the first tensor at fault."""
+    optional = optional_tensors(shape)
+    plan = {name: tuple(reversed(np_shape)) for name, np_shape, _ in tensor_plan(shape)} | optional
     have = {}
     for t in reader.tensors:
         if t.name in plan:
             have[t.name] = tuple(int(x) for x in t.shape)
-        elif not t.name.startswith(mtp):
+        else:
+            n_mtp = shape.nextn_predict_layers
             raise GgufError(f"{path}: tensor {t.name!r} is not part of a qwen35 model of this header ({shape.n_layer} "
-                            f"layers{f', {n_block - shape.n_layer} MTP' if n_block > shape.n_layer else ''})")
-    missing = [n for n in plan if n not in have]
+                            f"layers{f', {n_mtp} MTP' if n_mtp else ''})")
+    mtp = tuple(f"blk.{il}." for il in range(shape.n_layer, shape.block_count))
+    # a file whose MTP blocks hold no tensor at all still has its trunk (llama.cpp loads it without load_mtp, which
+    # skips them); the MTP head of such a file cannot be built (GgufModel.build names what it lacks)
+    stripped = not any(n.startswith(mtp) for n in have) if mtp else False
+    missing = [n for n in plan if n not in have and n not in optional and not (stripped and n.startswith(mtp))]
     if missing:
         raise GgufError(f"{path}: tensor {missing[0]!r} is missing" + (f" (+{len(missing) - 1} more)"
                                                                        if len(missing) > 1 else ""))
@@ -525,10 +583,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tokenizer", default="bpe", choices=TOKENIZERS,
                    help="bpe: a small byte-level BPE (the file takes text); none: token ids only")
+    p.add_argument("--mtp", type=int, default=None, metavar="N",
+                   help="N MTP (NextN) blocks after the trunk (qwen35.nextn_predict_layers; default: the preset's, 0 "
+                        "for every preset); llama.cpp's MTP head runs one")
     a = p.parse_args(argv)
     try:
         t0 = time.perf_counter()
-        out = write_gguf(a.model, a.path, wtype=a.wtype, seed=a.seed, ab_wtype=a.ab_wtype, tokenizer=a.tokenizer)
+        shape = get_model(a.model)
+        if a.mtp is not None:
+            if a.mtp < 0:
+                raise GgufError(f"--mtp {a.mtp}: the number of MTP blocks must be >= 0")
+            shape = dataclasses.replace(shape, nextn_predict_layers=a.mtp)
+        out = write_gguf(shape, a.path, wtype=a.wtype, seed=a.seed, ab_wtype=a.ab_wtype, tokenizer=a.tokenizer)
     except GdnpassError as e:
         print(f"{p.prog}: error: {e}", file=sys.stderr)
         return 2

@@ -51,6 +51,19 @@ class ModelShape:
     rope_dimension_sections: tuple[int, int, int, int] = (11, 11, 10, 0)  # qwen35.rope.dimension_sections (pairs)
     rope_freq_base: float = 1e7         # qwen35.rope.freq_base
     tie_embeddings: bool = False        # no output.weight: the output projection is token_embd (llama.cpp's fallback)
+    # qwen35.nextn_predict_layers: MTP (NextN) blocks after the trunk's n_layer, blk.<n_layer>.. (block_count counts
+    # them too); each is a full-attention block with its nextn.* tensors (docs/mtp.md)
+    nextn_predict_layers: int = 0
+
+    @property
+    def block_count(self) -> int:
+        """qwen35.block_count: the trunk's layers and the MTP blocks after them."""
+        return self.n_layer + self.nextn_predict_layers
+
+    @property
+    def mtp_layer(self) -> int:
+        """The block index of the (first) MTP block: llama.cpp's ``hparams.n_layer()``."""
+        return self.n_layer
 
     @property
     def ssm_conv_kernel(self) -> int:
@@ -130,6 +143,11 @@ class ModelShape:
             "value_length", "vocab_size", "context_length", "full_attention_interval") if getattr(m, f) < 1]
         if m.n_layer > MAX_LAYERS:
             p.append(f"{k('n_layer')} {m.n_layer} is more than llama.cpp's LLAMA_MAX_LAYERS ({MAX_LAYERS})")
+        if m.nextn_predict_layers < 0:
+            p.append(f"{k('nextn_predict_layers')} must be >= 0, is {m.nextn_predict_layers}")
+        elif m.n_layer <= MAX_LAYERS < m.block_count:
+            p.append(f"{k('n_layer')} {m.n_layer} + {k('nextn_predict_layers')} {m.nextn_predict_layers} MTP blocks "
+                     f"is more than llama.cpp's LLAMA_MAX_LAYERS ({MAX_LAYERS})")
         if m.d_conv < 2:
             p.append(f"{k('d_conv')} must be >= 2 (a convolution over past tokens), is {m.d_conv}")
         if m.n_ff < 0:
@@ -163,10 +181,11 @@ class ModelShape:
 
     def first_layers(self, n: int) -> "ModelShape":
         """The model cut after its first ``n`` layers, in its own pattern: attention layers count (qwen3.5-9b's first
-        4 are GDN 0, 1, 2 and attention 3), the embedding, output norm and lm head stay."""
+        4 are GDN 0, 1, 2 and attention 3), the embedding, output norm and lm head stay. A cut model has no MTP block
+        (it sits after the last layer: blk.<n_layer>)."""
         if not 1 <= n <= self.n_layer:
             raise GraphError(f"{self.name} has {self.n_layer} layers: cannot take the first {n}")
-        return replace(self, n_layer=n)
+        return self if n == self.n_layer else replace(self, n_layer=n, nextn_predict_layers=0)
 
 
 # The released models' values are their HF configs' (text_config of Qwen/Qwen3.5-9B, -4B, -27B: hidden_size,
@@ -297,6 +316,9 @@ class VerifyConfig:
     n_past: int = 0            # tokens in the KV cache before this ubatch (its first position)
     n_outputs: int | None = None  # rows with logits, the ubatch's last (None: every token, as a verify asks; 0: none,
                                   # as llama.cpp's prefill asks: the lm head then has no columns)
+    # the MTP head instead of the trunk (issue 35): llama.cpp's LLAMA_CONTEXT_TYPE_MTP graph (qwen35.cpp graph_mtp)
+    # of one ubatch, its own KV cache of the one MTP block (whole forward settings: kv_size, n_kv, n_past, n_outputs)
+    mtp: bool = False
 
     def check(self) -> None:
         m = get_model(self.model)
@@ -323,6 +345,11 @@ class VerifyConfig:
             _need(1 <= self.n_kv <= self.kv_size, "n_kv", f"must be 1..kv_size ({self.kv_size}), is {self.n_kv}")
             _need(0 <= self.n_past and self.n_past + self.n_tokens <= self.n_kv, "n_past",
                   f"{self.n_past} + {self.n_tokens} tokens do not fit n_kv {self.n_kv}")
+        if self.mtp:
+            _need(self.whole, "mtp", "the MTP head is a whole graph of its own (set whole too)")
+            _need(m.nextn_predict_layers == 1, "mtp", f"model {m.name!r} has {m.nextn_predict_layers} MTP blocks "
+                  "(nextn_predict_layers); llama.cpp's qwen35 MTP graph runs exactly one")
+            _need(self.n_seqs == 1, "n_seqs", "the MTP head is built for one sequence")
         n_t = self.n_tokens * self.n_seqs
         _need(self.n_outputs is None or (self.whole and 0 <= self.n_outputs <= n_t), "n_outputs",
               f"must be 0..{n_t} tokens of a whole forward (None: all), is {self.n_outputs}")

@@ -135,14 +135,19 @@ class IrFacade:
 
     def expand(self, t: Tensor) -> None:
         self.graph.expand(t)
+        for i, leaf in enumerate(self.graph.leafs):  # ggml_visit_parents names an unnamed leaf by its position
+            if not leaf.name:
+                leaf.name = f"leaf_{i}"
 
 
 def build_verify_graph(cfg: VerifyConfig, weight_types: dict[str, DType] | None = None) -> Graph:
     """The verify forward of ``cfg`` (its GDN layers, or with ``cfg.whole`` the whole model), in llama.cpp's node
     order, unplanned. ``weight_types``: a model file's tensor types by name (they override ``cfg.wtype``)."""
     f = IrFacade()
-    build_verify(f, cfg, weight_types)
+    b = build_verify(f, cfg, weight_types)
     f.graph.meta = verify_meta(cfg)
+    if cfg.mtp:  # the MTP graph's token ids are an unnamed leaf in llama.cpp (ggml's leaf_<i>): the fill finds it here
+        f.graph.meta["token_input"] = b.tokens.name
     return f.graph
 
 

@@ -98,7 +98,7 @@ def test_read_converter_style_header(tmp_path):
     w.write_tensors_to_file()
     w.close()
     got = read_shape(p)
-    assert got == dataclasses.replace(shape, name="from-hf", tie_embeddings=True)
+    assert got == dataclasses.replace(shape, name="from-hf", tie_embeddings=True, nextn_predict_layers=1)
 
 
 # ---- determinism -----------------------------------------------------------------------------------------------

@@ -77,6 +77,14 @@ class Settings:
     seed: int = 0              # picks the token ids
     record_memory: bool = False  # keep the compute and cache buffers' bytes as the verify graph starts (Capture.memory)
     record_nodes: bool = False   # keep every verify node's bytes just after it runs (Capture.node_data)
+    # the MTP head's graph instead of the target's (issue 35, docs/mtp.md): the model loaded with load_mtp, an MTP
+    # context (LLAMA_CONTEXT_TYPE_MTP, ctx_other = the target, n_rs_seq 0) beside the target; the prompt and the
+    # verify tokens go through the target, each batch followed by the MTP context's batch of the same tokens (each
+    # paired with the target's hidden state of the token before), and the MTP batch of the verify tokens is recorded,
+    # with logits for "all", the "last" or "none" of its rows (llama.cpp's draft steps ask for one, its process hook
+    # for none)
+    mtp: bool = False
+    mtp_outputs: str = "all"
 
     def check(self, name=None) -> None:
         """GraphError, one line, for settings llama.cpp or the capture cannot take; ``name(field)`` names a field
@@ -93,6 +101,8 @@ class Settings:
              f"{self.n_ctx} cannot hold {self.n_prompt} prompt + {self.n_tokens} verify tokens")
         need(self.flash_attn in ("auto", "on", "off"), "flash_attn", f"must be auto, on or off, is {self.flash_attn!r}")
         need(self.n_threads >= 1, "n_threads", f"must be >= 1, is {self.n_threads}")
+        need(self.mtp_outputs in ("all", "last", "none"), "mtp_outputs",
+             f"must be all, last or none, is {self.mtp_outputs!r}")
         for f in ("n_ctx", "n_ubatch", "n_batch", "n_threads"):  # (llama_context_params holds them in 32 bits)
             need(getattr(self, f) < 2**31, f, f"must be below 2^31, is {getattr(self, f)}")
 
@@ -137,7 +147,7 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
            "n_ctx": settings.n_ctx, "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch,
            "n_rs_seq": settings.n_rs_seq, "flash_attn": settings.flash_attn, "n_threads": settings.n_threads,
            "prompt": prompt, "verify": verify, "record_memory": settings.record_memory,
-           "record_nodes": settings.record_nodes}
+           "record_nodes": settings.record_nodes, "mtp": settings.mtp, "mtp_outputs": settings.mtp_outputs}
     return _call_worker(req, path, install, timeout_s)
 
 
@@ -446,10 +456,13 @@ def summary(cap: Capture) -> dict:
 def summary_text(s: dict, path: str) -> str:
     st = s["settings"]
     bufs = ", ".join(f"{k} {v['size'] / 2**20:.2f} MiB" for k, v in s["buffers"].items())
+    mtp = st.get("mtp")
+    what = (f"MTP ubatch of {st['n_tokens']} tokens ({mtp['n_outputs']} with logits) in the MTP context (n_rs_seq "
+            f"{st['n_rs_seq']}; the target's {mtp['n_rs_seq_target']})" if mtp else
+            f"verify ubatch of {st['n_tokens']} tokens, n_rs_seq {st['n_rs_seq']}")
     lines = [
-        f"gdnpass capture: {s['gguf']} on llama.cpp {s['llama_cpp']}: verify ubatch of {st['n_tokens']} tokens, "
-        f"n_rs_seq {st['n_rs_seq']}, n_ubatch {st['n_ubatch']} (reserve graph {st['reserve']['n_tokens']} tokens), "
-        f"n_ctx {st['n_ctx']}, after a {st['n_prompt']}-token prompt",
+        f"gdnpass capture: {s['gguf']} on llama.cpp {s['llama_cpp']}: {what}, n_ubatch {st['n_ubatch']} (reserve graph "
+        f"{st['reserve']['n_tokens']} tokens), n_ctx {st['n_ctx']}, after a {st['n_prompt']}-token prompt",
         f"  nodes {s['nodes']} ({s['zero_size_nodes']} zero-size), leafs {s['leafs']}; GDN layers {s['gdn_layers']}, "
         f"attention layers {s['attention_layers']} (flash attention: {s['flash_attn']})",
         f"  buffers: {bufs}",

@@ -54,6 +54,8 @@ GGML_OBJECT_SIZE = 32  # sizeof(struct ggml_object) (ggml.c, private): offs, siz
 _USAGE = {0: "any", 1: "weights", 2: "compute"}  # enum ggml_backend_buffer_usage
 _RESERVE_SYMBOL = "_Z19llama_graph_reserveP13llama_contextjjj"  # llama-ext.h, C++ linkage
 _LAYER_INP_SYMBOL = "_Z30llama_set_embeddings_layer_inpP13llama_contextjb"  # llama-ext.h, C++ linkage
+_SET_NEXTN_SYMBOL = "_Z26llama_set_embeddings_nextnP13llama_contextbb"  # llama-ext.h: (ctx, value, masked)
+_GET_NEXTN_SYMBOL = "_Z26llama_get_embeddings_nextnP13llama_context"  # llama-ext.h: the h_nextn rows
 FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _NO_DATA_OPS = ("NONE", "VIEW", "RESHAPE", "PERMUTE", "TRANSPOSE")  # ggml ops that compute nothing (record_nodes)
 _TYPE_SIZES = {"f32": 4, "f16": 2, "bf16": 2, "i32": 4, "i64": 8}  # the types gdnpass models (record_nodes)
@@ -171,7 +173,8 @@ def run(req: dict) -> dict:
         return False  # "not needed": the scheduler computes the graph in one go
 
     phase[0] = "context"
-    ctx = make_context(L, model, req, logs, req["n_rs_seq"], on_eval)
+    mtp = MtpPair(L, model, req, logs, on_eval) if req.get("mtp") else None
+    ctx = mtp.ctx if mtp else make_context(L, model, req, logs, req["n_rs_seq"], on_eval)
 
     vocab = L.llama_model_get_vocab(model)
     n_vocab = L.llama_vocab_n_tokens(vocab)
@@ -180,18 +183,28 @@ def run(req: dict) -> dict:
 
     t0 = time.perf_counter()
     phase[0] = "prompt"
-    decode(L, ctx, logs, prompt, 0, "last")
+    if mtp:
+        mtp.step(prompt, 0, "none")
+    else:
+        decode(L, ctx, logs, prompt, 0, "last")
     if record_memory:  # the buffers the prompt's graph reads besides the model and the compute buffer: the caches
         for c in read_reachable(prompt_order, PINNED_TENSOR, names).values():
             if c.buffer and c.buffer not in cache_buffers and int(g.ggml_backend_buffer_get_usage(c.buffer)) == 0:
                 cache_buffers.append(c.buffer)
     phase[0] = "verify"
-    recording[0] = True
-    decode(L, ctx, logs, verify, len(prompt), "all")
+    n_out = len(verify)
+    if mtp:  # the target's verify first (not recorded: the callback is the MTP context's), then the MTP ubatch
+        n_out = {"all": len(verify), "last": 1, "none": 0}[req["mtp_outputs"]]
+        mtp.target(verify, len(prompt))
+        recording[0] = True
+        mtp.head(verify, len(prompt), req["mtp_outputs"])
+    else:
+        recording[0] = True
+        decode(L, ctx, logs, verify, len(prompt), "all")
     recording[0] = False
     verify_tensors = read_reachable(order, PINNED_TENSOR, names)
     logits_p = L.llama_get_logits(ctx)
-    logits = ctypes.string_at(logits_p, 4 * n_vocab * len(verify)) if logits_p else b""
+    logits = ctypes.string_at(logits_p, 4 * n_vocab * n_out) if logits_p and n_out else b""
 
     # the worst-case graph the compute buffer was planned for (llama_context::sched_reserve's last reserve)
     phase[0] = "reserve"
@@ -237,9 +250,91 @@ def run(req: dict) -> dict:
         "log": logs,
         "capture_s": round(time.perf_counter() - t0, 3),
     }
+    if mtp:
+        out["settings"]["mtp"] = {"n_layer_nextn": int(L.llama_model_n_layer_nextn(model)), "outputs":
+                                  req["mtp_outputs"], "n_outputs": n_out, "n_ctx_target": int(L.llama_n_ctx(mtp.tgt)),
+                                  "n_rs_seq_target": int(L.llama_n_rs_seq(mtp.tgt))}
+        out["h_input"] = base64.b64encode(mtp.last_h).decode()
+        L.llama_free(mtp.tgt)
     L.llama_free(ctx)
     L.llama_model_free(model)
     return out
+
+
+class MtpPair:
+    """A target context and its MTP context (``LLAMA_CONTEXT_TYPE_MTP``, ``ctx_other`` = the target, no rollback
+    planes, the eval callback ``cb_eval``), driven as llama.cpp's MTP drafter drives them
+    (common/speculative.cpp ``common_speculative_impl_draft_mtp``): the target emits its ``h_nextn`` rows for every
+    token (``llama_set_embeddings_nextn(tgt, true, masked false)``), the MTP context its own for the output rows
+    (masked true); every target batch is followed by an MTP batch of the same tokens at the same positions, token k
+    paired with the target's hidden state of token k - 1 (the first with the last row of the batch before: zeros at
+    the start), its ``process`` hook."""
+
+    def __init__(self, L, model, req: dict, logs: list[str], cb_eval) -> None:
+        self.L, self.logs = L, logs
+        lib = ctypes.CDLL(os.path.join(req["lib_dir"], "libllama.so"))
+        self.set_nextn = getattr(lib, _SET_NEXTN_SYMBOL)
+        self.set_nextn.argtypes, self.set_nextn.restype = [ctypes.c_void_p, ctypes.c_bool, ctypes.c_bool], None
+        self.get_nextn = getattr(lib, _GET_NEXTN_SYMBOL)
+        self.get_nextn.argtypes, self.get_nextn.restype = [ctypes.c_void_p], ctypes.POINTER(ctypes.c_float)
+        if int(L.llama_model_n_layer_nextn(model)) < 1:
+            raise Refused(f"{req['gguf']} has no MTP block (llama_model_n_layer_nextn is 0)")
+        self.tgt = make_context(L, model, req, logs, req["n_rs_seq"])
+        self.set_nextn(self.tgt, True, False)
+        # the MTP context: the target's n_ctx, no snapshot planes (common_speculative_init_result sets both)
+        self.ctx = make_context(L, model, {**req, "n_ctx": int(L.llama_n_ctx(self.tgt))}, logs, 0, cb_eval,
+                                ctx_type=L.LLAMA_CONTEXT_TYPE_MTP, ctx_other=self.tgt)
+        self.set_nextn(self.ctx, True, True)
+        self.n_embd = int(L.llama_model_n_embd(model))
+        self.pending = bytes(4 * self.n_embd)  # the hidden state paired with the next batch's first token
+        self.last_h = b""                      # the h rows of the last MTP batch (what mtp_h_input held)
+
+    def target(self, tokens: list[int], pos0: int) -> bytes:
+        """The target's decode of ``tokens`` (logits for every row) and its h_nextn rows."""
+        decode(self.L, self.tgt, self.logs, tokens, pos0, "all")
+        p = self.get_nextn(self.tgt)
+        if not p:
+            raise Refused("llama_get_embeddings_nextn returned no rows for the target's batch")
+        self.h_tgt = ctypes.string_at(p, 4 * self.n_embd * len(tokens))
+        return self.h_tgt
+
+    def head(self, tokens: list[int], pos0: int, outputs: str, h: bytes | None = None) -> None:
+        """The MTP context's batch of ``tokens`` at pos0.., each with its paired hidden state, logits for "all",
+        the "last" or "none" of its rows. ``h``: the rows to pair; default the process hook's pairing of the target's
+        last batch (of these tokens): the pending row, then that batch's rows but its last, which becomes the pending
+        row."""
+        L, row = self.L, 4 * self.n_embd
+        if h is None:
+            n = len(tokens)
+            rows = self.pending + self.h_tgt[: (n - 1) * row]
+            self.pending = self.h_tgt[(n - 1) * row: n * row]
+        else:
+            rows = h
+        self.last_h = rows
+        buf = ctypes.create_string_buffer(rows, len(rows))
+        b = L.llama_batch_ext_init(self.ctx)
+        try:
+            for i, tok in enumerate(tokens):
+                idx = L.llama_batch_ext_add_token(b, 0, tok)
+                if idx < 0:
+                    raise Refused(f"llama_batch_ext_add_token returned {idx} for token {i} of the MTP batch")
+                L.llama_batch_ext_set_pos(b, idx, (L.llama_pos * 4)(pos0 + i, 0, 0, 0))
+                data = ctypes.cast(ctypes.byref(buf, i * row), ctypes.POINTER(ctypes.c_float))
+                if not L.llama_batch_ext_set_embd_token(b, idx, L.llama_embd(data, 1, self.n_embd)):
+                    raise Refused(f"llama_batch_ext_set_embd_token refused row {i} of the MTP batch")
+                if outputs == "all" or outputs == "last" and i == len(tokens) - 1:
+                    L.llama_batch_ext_set_output_logits(b, idx, True)
+            rc = L.llama_process(self.ctx, L.LLAMA_PROCESS_TYPE_DECODE, b)
+            if rc != 0:
+                raise Refused(f"llama_process of the MTP context returned {rc} for {len(tokens)} tokens at position "
+                              f"{pos0}: " + _last_error(self.logs))
+        finally:
+            L.llama_batch_ext_free(b)
+
+    def step(self, tokens: list[int], pos0: int, outputs: str) -> None:
+        """A target batch and the MTP process hook's batch after it."""
+        self.target(tokens, pos0)
+        self.head(tokens, pos0, outputs)
 
 
 def run_generate(req: dict) -> dict:
@@ -501,16 +596,22 @@ def load_model(L, req: dict, logs: list[str]):
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = int(req.get("n_gpu_layers", 0))
+    mp.load_mtp = bool(req.get("mtp"))  # the MTP blocks' tensors (skipped by default: TENSOR_SKIP)
     model = L.llama_model_load_from_file(req["gguf"].encode(), mp)
     if not model:
         raise Refused(f"llama.cpp could not load {req['gguf']}: " + _last_error(logs, 2))
     return model
 
 
-def make_context(L, model, req: dict, logs: list[str], n_rs_seq: int, cb_eval=None):
+def make_context(L, model, req: dict, logs: list[str], n_rs_seq: int, cb_eval=None, ctx_type: int = 0,
+                 ctx_other=None):
     """A one-sequence context with the request's n_ctx / n_batch / n_ubatch / threads / flash attention and
-    ``n_rs_seq`` rollback planes; ``cb_eval``: the scheduler's eval callback (None: none)."""
+    ``n_rs_seq`` rollback planes; ``cb_eval``: the scheduler's eval callback (None: none); ``ctx_type`` (an
+    ``LLAMA_CONTEXT_TYPE_*``) and ``ctx_other`` (another context) as llama_context_params takes them."""
     cp = L.llama_context_default_params()
+    cp.ctx_type = ctx_type
+    if ctx_other is not None:
+        cp.ctx_other = ctx_other
     cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
     cp.n_seq_max, cp.n_rs_seq = 1, n_rs_seq
     cp.n_threads = cp.n_threads_batch = req["n_threads"]
