@@ -16,8 +16,9 @@ Part 3: the 800-case exactness sweep in both hint modes, in parallel (``warm_com
 of the 9B at T = 8 on the GPU.
 
 Part 4 (issue 34): the quantized kernels compiled (test_triton_quants.py), the quantized products at the 9B's
-shapes (``bench.py --quick --only quant``), ``run --check`` of 8 layers of the 9B with Q4_K weights, and ncu's
-reading of one Q4_K launch (``one_matvec.py``).
+shapes (``bench.py --quick --only quant``), the whole 9B verify with Q4_K and with Q8_0 weights (``--only whole
+--wtype``), ``run --check`` of 8 layers of the 9B with Q4_K weights, and ncu's reading of one Q4_K launch
+(``one_matvec.py``).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

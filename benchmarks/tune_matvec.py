@@ -42,12 +42,14 @@ TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tens
 
 def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16"):
     cols = 1 << (N - 1).bit_length()
-    if wt in QUANTIZED:  # the dp4a form (matvec_cols_q): a K-quant block per step, split to fill the GPU
-        for bm, w, st in itertools.product((4, 8, 16, 32, 64), (4, 8), (2, 3, 4) if deep else (3,)):
-            if bm * cols <= 512 and bm <= max(4, M):
+    if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 16), a K-quant block per step,
+        # split to fill the GPU (on 2026-12-04 it beat the dp4a form it replaced at every shape and width)
+        forms = ((32, 4), (64, 4), (128, 4), (128, 8))
+        for (bm, w), st in itertools.product(forms, (2, 3, 4) if deep else (3,)):
+            if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
                     if s * 256 <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
-                        yield mv.MatVecTile(bm, cols, 256, False, w, s, st)
+                        yield mv.MatVecTile(bm, max(16, cols), 256, True, w, s, st)
         return
     dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
@@ -154,7 +156,9 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
             for _ in range(reps):
                 g.replay()
         torch.cuda.synchronize()
-    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    # (the mat-vec's own kernels: a quantized product's launch is its activations' pre-pass, then the mat-vec)
+    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+          and "mul_mat_vec" in e.name]
     per = reps * n_copies
     if len(ks) != per * len(graphs):
         raise RuntimeError(f"{len(ks)} kernels for {len(graphs)} graphs of {n_copies} launches x {reps} replays")

@@ -34,15 +34,18 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     if part == 4:
         return [
             # issue 34: the quantized kernels compiled (exactness first), the products of every block type at the 9B's
-            # shapes, the fused 9B layers with Q4_K weights checked byte for byte, and ncu's reading of one launch
-            ("quant-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_triton_quants.py"], 150),
+            # shapes, the whole 9B verify with Q4_K and with Q8_0 weights, the fused 9B layers with Q4_K weights
+            # checked byte for byte, and ncu's reading of one launch
+            ("quant-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_triton_quants.py"], 100),
             ("quant-bench", [PY, "benchmarks/bench.py", "--quick", "--only", "quant",
-                             "--json", str(out / "quant-bench.json")], 200),
+                             "--json", str(out / "quant-bench.json")], 180),
+            *((f"whole-{w}", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w,
+                              "--json", str(out / f"whole-{w}.json")], 110) for w in ("q4_k", "q8_0")),
             ("quant-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
-                             "--tokens", "8", "--rs-seq", "7", "--wtype", "q4_k", "--device", "cuda", "--check"], 90),
-            ("quant-ncu", ["ncu", "--section", "SpeedOfLight", "--section", "Occupancy", "--section", "LaunchStats",
-                           "--section", "WarpStateStats", "-k", "regex:mul_mat_vec", "-c", "3",
-                           PY, "benchmarks/one_matvec.py", "q4_k", "12288", "4096", "4"], 60),
+                             "--tokens", "8", "--rs-seq", "7", "--wtype", "q4_k", "--device", "cuda", "--check"], 50),
+            ("quant-ncu", ["ncu", "--section", "SpeedOfLight", "--section", "Occupancy", "--section",
+                           "WarpStateStats", "--section", "MemoryWorkloadAnalysis", "-k", "regex:mul_mat_vec", "-c", "1",
+                           PY, "benchmarks/one_matvec.py", "q4_k", "12288", "4096", "4"], 30),
         ]
     if part == 3:
         return [

@@ -183,136 +183,113 @@ def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, ne1, ne2, x_s1, x_s2, x_s3
 
 
 @triton.jit
-def _words(w16, at, mask):
-    """The little-endian 32-bit words whose halves are at 16-bit offsets ``at`` and ``at + 1`` (2-byte aligned)."""
-    return (tl.load(w16 + at, mask=mask, other=0).to(tl.int32) & 0xFFFF) | \
-        (tl.load(w16 + at + 1, mask=mask, other=0).to(tl.int32) << 16)
-
-
-if INTERPRETED:
-    @triton.jit
-    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
-        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
-        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic (here emulated, byte by byte)."""
-        acc = c
-        for k in tl.static_range(4):
-            if UNSIGNED_A:
-                ak = (a >> (8 * k)) & 0xFF
-            else:
-                ak = (a << (24 - 8 * k)) >> 24
-            acc += ak * ((b << (24 - 8 * k)) >> 24)
-        return acc
-else:
-    @triton.jit
-    def dp4a(a, b, c, UNSIGNED_A: tl.constexpr = False):
-        """c + the dot of the four bytes of ``a`` (signed, or unsigned with UNSIGNED_A) with the four signed bytes of
-        ``b``, per element of int32 tensors: PTX's dp4a, exact integer arithmetic."""
-        a, b = tl.broadcast(a, b)
-        c = tl.zeros(a.shape, tl.int32) + c
-        if UNSIGNED_A:
-            return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c],
-                                             dtype=tl.int32, is_pure=True, pack=1)
-        return tl.inline_asm_elementwise("dp4a.s32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                         is_pure=True, pack=1)
+def _scale_min_words(s0, s1, s2, j: tl.constexpr):
+    """get_scale_min_k4 of sub-block ``j`` (a constant) from the 12 scale bytes of Q4_K / Q5_K blocks given as three
+    little-endian words (bytes 0-3, 4-7, 8-11), elementwise: its 6-bit scale and min as f32."""
+    if j < 4:
+        sc = (s0 >> (8 * j)) & 63
+        m = (s1 >> (8 * j)) & 63
+    else:
+        i: tl.constexpr = j - 4
+        sc = ((s2 >> (8 * i)) & 0xF) | (((s0 >> (8 * i + 6)) & 3) << 4)
+        m = ((s2 >> (8 * i + 4)) & 0xF) | (((s1 >> (8 * i + 6)) & 3) << 4)
+    return sc.to(tl.float32), m.to(tl.float32)
 
 
 @triton.jit
-def _group_dots(q, xw, UNSIGNED: tl.constexpr = False):
-    """Σ over a group's 8 words of dp4a(weight word, activation word): q [BLOCK_M, G, 8], xw [G, 8, COLS] ->
-    [BLOCK_M, G, COLS] int32 (exact)."""
-    return tl.sum(dp4a(q[:, :, :, None], xw[None, :, :, :], 0, UNSIGNED), axis=2)
+def _group_dot(a, x_ptr, cols, col_mask, K, k):
+    """The integer dots of the weight quants ``a`` [BLOCK_M, 32] (int8) with the activations' quants of group
+    [k, k + 32) of every column (the pre-pass's int8 rows [N, K] at ``x_ptr``): [BLOCK_M, COLS] int32, on the
+    tensor cores (exact)."""
+    e = tl.arange(0, SUB)
+    xq = tl.load(x_ptr + cols[None, :].to(tl.int64) * K + k + e[:, None], mask=col_mask[None, :], other=0)
+    return tl.dot(a, xq, out_dtype=tl.int32)
 
 
 @triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K, k_lo, k_hi, QTYPE: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
-    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), as llama.cpp's mmvq computes it. The activations come
+    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), in llama.cpp's numerics (mmvq's). The activations come
     quantized by the pre-pass (:func:`_quantize_x_kernel`: int8 per group of 32, its scale d and sum s, in the
-    activation workspace ``ws_ptr``: q [N, K] int8, then d, s [N, K / 32] f32); the weight is read in 32-bit words
-    of 4 quants (Q4_K / Q5_K words, Q8_0 / Q6_K pairs of 16-bit halves: their blocks are only 2-byte aligned), each
-    group's integer dot one dp4a per word and column (exact), then per group in f32 the weight's scale times d times
-    the dot, minus the weight's offset (the K-quants' dmin * m) times s; Q6_K's 6-bit quants are unsigned, their
-    -32 taken off with the activation's byte sums, and it scales each half group apart. One K-quant block (8
-    groups) per step. Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
-    xq = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True)             # [N, K / 4] words of 4 int8
+    activation workspace ``ws_ptr``: q [N, K] int8, then d, s [N, K / 32] f32). Each group's integer dot of the
+    weight's quants (decoded to int8 in the dot's operand layout, 4 consecutive bytes a thread: Q4_K / Q5_K's
+    nibbles as they lie, the low ones one group and the high ones the next) with every column's quants is one int8
+    ``tl.dot`` on the tensor cores (exact; the columns padded to 16, the smallest dot), then per group in f32 the
+    weight's scale times d times the dot, minus the weight's offset (the K-quants' dmin * m) times s. Q6_K's groups
+    of 32 take two scales: the dot of each half (the other half's quants zero) is scaled by its own. One K-quant
+    block (8 groups) per step. Returns [BLOCK_M, COLS] f32; the torch reference is
+    :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)             # [N, K] int8
     xd = (ws_ptr + N * K).to(tl.pointer_type(tl.float32), bitcast=True)  # [N, K / 32]
     xs = xd + N * (K // SUB)
-    wi = tl.arange(0, 8)                                                 # a group's words
-    c_w = cols.to(tl.int64)[None, None, :] * (K // 4)
-    c_g = cols.to(tl.int64)[None, :] * (K // SUB)
+    c_g = cols.to(tl.int64) * (K // SUB)
+    e = tl.arange(0, SUB)
+    w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
+    rm = row_mask[:, None]
     acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q4_k" or QTYPE == "q5_k":
-            # groups 2p and 2p + 1 share qs words 8p..8p+7 (their low and high nibbles)
-            p = tl.arange(0, 4)
-            ge = sb * GROUPS_K + 2 * p
-            xm = col_mask[None, None, :]
-            x_e = tl.load(xq + c_w + (ge * 8)[:, None, None] + wi[None, :, None], mask=xm, other=0)
-            x_o = tl.load(xq + c_w + (ge * 8 + 8)[:, None, None] + wi[None, :, None], mask=xm, other=0)
-            xm2 = col_mask[None, :]
-            d_e = tl.load(xd + c_g + ge[:, None], mask=xm2, other=0.0)
-            d_o = tl.load(xd + c_g + ge[:, None] + 1, mask=xm2, other=0.0)
-            s_e = tl.load(xs + c_g + ge[:, None], mask=xm2, other=0.0)
-            s_o = tl.load(xs + c_g + ge[:, None] + 1, mask=xm2, other=0.0)
             SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
-            QS: tl.constexpr = (SIZE - QK_K // 2) // 4                  # the first qs word
             w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-            blk = rows.to(tl.int64) * (w_stride // 4) + sb * (SIZE // 4)  # [BLOCK_M] word offsets
-            m2 = row_mask[:, None]
-            m3 = row_mask[:, None, None]
-            q = tl.load(w32 + blk[:, None, None] + QS + (8 * p)[None, :, None] + wi[None, None, :], mask=m3, other=0)
-            lo, hi = q & 0x0F0F0F0F, (q >> 4) & 0x0F0F0F0F
-            if QTYPE == "q5_k":
-                qh = tl.load(w32 + blk[:, None, None] + 4 + wi[None, None, :], mask=m3, other=0)
-                lo |= ((qh >> (2 * p)[None, :, None]) & 0x01010101) << 4
-                hi |= ((qh >> (2 * p + 1)[None, :, None]) & 0x01010101) << 4
-            dm = tl.load(w32 + blk, mask=row_mask, other=0)
+            blk = w_row + sb * SIZE                                      # [BLOCK_M] the block's bytes
+            dm = tl.load(w32 + blk // 4, mask=row_mask, other=0)
             d, dmin = f16_bits(dm), f16_bits(dm >> 16)
-            sc_at = w_ptr + (rows.to(tl.int64) * w_stride + sb * SIZE + 4)[:, None]
-            sc_e, m_e = _scale_min_k4(sc_at, (2 * p)[None, :], m2)
-            sc_o, m_o = _scale_min_k4(sc_at, (2 * p + 1)[None, :], m2)
-            part = ((d[:, None] * sc_e)[:, :, None] * d_e[None]) * _group_dots(lo, x_e).to(tl.float32) \
-                - (dmin[:, None] * m_e)[:, :, None] * s_e[None] \
-                + ((d[:, None] * sc_o)[:, :, None] * d_o[None]) * _group_dots(hi, x_o).to(tl.float32) \
-                - (dmin[:, None] * m_o)[:, :, None] * s_o[None]
-        else:
-            g = sb * GROUPS_K + tl.arange(0, GROUPS_K)                  # the step's 8 groups (Q8_0: blocks)
-            gm = g * SUB < k_hi
-            xm = gm[:, None, None] & col_mask[None, None, :]
-            xw = tl.load(xq + c_w + (g * 8)[:, None, None] + wi[None, :, None], mask=xm, other=0)
-            dx = tl.load(xd + c_g + g[:, None], mask=gm[:, None] & col_mask[None, :], other=0.0)
+            s0 = tl.load(w32 + blk // 4 + 1, mask=row_mask, other=0)     # scales[0:4], [4:8], [8:12]
+            s1 = tl.load(w32 + blk // 4 + 2, mask=row_mask, other=0)
+            s2 = tl.load(w32 + blk // 4 + 3, mask=row_mask, other=0)
+            if QTYPE == "q5_k":
+                qh = tl.load(w_ptr + blk[:, None] + 16 + e[None, :], mask=rm, other=0)
+            for p in tl.static_range(4):
+                # bytes 32p..32p+31 of qs: their low nibbles are group 2p, their high nibbles group 2p + 1
+                qb = tl.load(w_ptr + blk[:, None] + (SIZE - QK_K // 2) + 32 * p + e[None, :], mask=rm, other=0)
+                lo, hi = qb & 0xF, qb >> 4
+                if QTYPE == "q5_k":
+                    lo |= ((qh >> (2 * p)) & 1) << 4
+                    hi |= ((qh >> (2 * p + 1)) & 1) << 4
+                g = sb * GROUPS_K + 2 * p
+                t_e = _group_dot(lo.to(tl.int8), x8, cols, col_mask, K, g * SUB).to(tl.float32)
+                t_o = _group_dot(hi.to(tl.int8), x8, cols, col_mask, K, g * SUB + SUB).to(tl.float32)
+                sc_e, m_e = _scale_min_words(s0, s1, s2, 2 * p)
+                sc_o, m_o = _scale_min_words(s0, s1, s2, 2 * p + 1)
+                d_e = tl.load(xd + c_g + g, mask=col_mask, other=0.0)
+                d_o = tl.load(xd + c_g + g + 1, mask=col_mask, other=0.0)
+                s_e = tl.load(xs + c_g + g, mask=col_mask, other=0.0)
+                s_o = tl.load(xs + c_g + g + 1, mask=col_mask, other=0.0)
+                acc += (d * sc_e)[:, None] * d_e[None, :] * t_e - (dmin * m_e)[:, None] * s_e[None, :] \
+                    + (d * sc_o)[:, None] * d_o[None, :] * t_o - (dmin * m_o)[:, None] * s_o[None, :]
+        elif QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
             w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
-            row_h = rows.to(tl.int64) * (w_stride // 2)
-            m2 = row_mask[:, None] & gm[None, :]
-            m3 = m2[:, :, None]
-            if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: 17 halves a block
-                blk = row_h[:, None] + (g * (Q8_0_BYTES // 2))[None, :]   # [BLOCK_M, 8]
-                d = f16_bits(tl.load(w16 + blk, mask=m2, other=0).to(tl.int32))
-                q = _words(w16, blk[:, :, None] + 1 + 2 * wi[None, None, :], m3)
-                part = (d[:, :, None] * dx[None]) * _group_dots(q, xw).to(tl.float32)
-            else:
-                tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
-                # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + p (half n, quarter p)
-                j = tl.arange(0, GROUPS_K)
-                n, p = j // 4, j % 4
-                blk = row_h + sb * (Q6_K_BYTES // 2)                      # [BLOCK_M] half offsets
-                ql = _words(w16, blk[:, None, None] + (2 * (16 * n + 8 * (p % 2)))[None, :, None]
-                            + 2 * wi[None, None, :], m3)
-                qh = _words(w16, blk[:, None, None] + (64 + 16 * n)[None, :, None] + 2 * wi[None, None, :], m3)
-                q = ((ql >> (4 * (p // 2))[None, :, None]) & 0x0F0F0F0F) | \
-                    (((qh >> (2 * p)[None, :, None]) & 0x03030303) << 4)
-                t = dp4a(q[:, :, :, None], xw[None, :, :, :], 0, True)    # [BLOCK_M, 8, 8, COLS], q unsigned
-                xb = dp4a(tl.full(xw.shape, 0x01010101, tl.int32), xw, 0)  # the activation words' byte sums
-                first = wi[None, :, None] < 4                             # the half group of scale 2p (words 0-3)
-                s_a = tl.sum(tl.where(first[None], t, 0), axis=2) - 32 * tl.sum(tl.where(first, xb, 0), axis=1)[None]
-                s_b = tl.sum(tl.where(first[None], 0, t), axis=2) - 32 * tl.sum(tl.where(first, 0, xb), axis=1)[None]
-                h = tl.load(w16 + blk[:, None] + (96 + 4 * n + p)[None, :], mask=m2, other=0).to(tl.int32)
-                d = f16_bits(tl.load(w16 + blk + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
-                a = d[:, None] * ((h << 24) >> 24).to(tl.float32)       # scales[8n + 2p]
-                a2 = d[:, None] * (h >> 8).to(tl.float32)               # scales[8n + 2p + 1]
-                part = (a[:, :, None] * dx[None]) * s_a.to(tl.float32) + (a2[:, :, None] * dx[None]) * s_b.to(tl.float32)
-        acc += tl.sum(part, axis=1)
+            for j in tl.static_range(GROUPS_K):
+                g = sb * GROUPS_K + j
+                on = g * SUB < k_hi
+                blk = w_row + g * Q8_0_BYTES
+                d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
+                q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
+                t = _group_dot(q, x8, cols, col_mask & on, K, g * SUB).to(tl.float32)
+                dx = tl.load(xd + c_g + g, mask=col_mask & on, other=0.0)
+                acc += d[:, None] * dx[None, :] * t
+        else:
+            tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
+            # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + k (half n, quarter k) takes the low
+            # (k < 2) or high nibbles of ql[64n + 32(k & 1) + l] and bits 2k, 2k + 1 of qh[32n + l]
+            w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+            blk = w_row + sb * Q6_K_BYTES
+            d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
+            first = e[None, :] < 16                                       # the half group of the even scale
+            for n in tl.static_range(2):
+                qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
+                for k in tl.static_range(4):
+                    ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * (k % 2) + e[None, :], mask=rm, other=0)
+                    q = (((ql >> (4 * (k // 2))) & 0xF) | (((qh >> (2 * k)) & 3) << 4)).to(tl.int8) - 32
+                    g = sb * GROUPS_K + 4 * n + k
+                    t_a = _group_dot(tl.where(first, q, 0), x8, cols, col_mask, K, g * SUB).to(tl.float32)
+                    t_b = _group_dot(tl.where(first, 0, q), x8, cols, col_mask, K, g * SUB).to(tl.float32)
+                    h = tl.load(w16 + blk // 2 + 96 + 4 * n + k, mask=row_mask, other=0).to(tl.int32)
+                    a = d * ((h << 24) >> 24).to(tl.float32)              # scales[8n + 2k]
+                    a2 = d * (h >> 8).to(tl.float32)                      # scales[8n + 2k + 1]
+                    dx = tl.load(xd + c_g + g, mask=col_mask, other=0.0)
+                    acc += (a[:, None] * dx[None, :]) * t_a + (a2[:, None] * dx[None, :]) * t_b
     return acc
 
 
@@ -453,7 +430,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if wtype in _QUANTIZED:
-        return _quantized_tile(M, cols, K)
+        return _quantized_tile(M, cols, K, wtype)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
@@ -502,16 +479,17 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 _QUANTIZED = frozenset(QTYPES.values())
 
 
-def _quantized_tile(M: int, cols: int, K: int) -> MatVecTile:
-    """A quantized weight's tile (:func:`matvec_cols_q`): a K-quant block (8 groups of 32) per K step, 32-row blocks
-    up to 4 columns, 16 to 8, 4 beyond (the dp4a products of a step are rows x 64 words x columns), K split until
-    the launch has >= 768 programs (at most 16 slices). Not yet timed on a GPU (the dp4a form is newer than the last
-    device session; docs/performance.md has the int8-dot form's sweep)."""
-    block_m = 32 if cols <= 4 else 16 if cols <= 8 else 4
+def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
+    """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16): a K-quant block (8 groups of 32)
+    per K step, 64-row blocks (128 for Q8_0), 4 warps, K split until the launch has >= 256 programs (>= 512 above
+    4096 rows). From the H200 sweep of 2026-12-04 (``tune_matvec.py --wtypes q4_k,q6_k,q8_0 --shapes
+    4096x4096,12288x4096 --cols 1,4,8,16``, docs/performance.md): within 3% of each case's best but Q8_0 at one
+    column of 12288 rows (8%)."""
+    block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
-    while blocks * want < 768 and want < 16:
+    while blocks * want < (512 if M > 4096 else 256) and want < 16:
         want *= 2
-    return MatVecTile(block_m, cols, QK_K.value, False, 4, _split(K, QK_K.value, want))
+    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want))
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -564,8 +542,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(not wtype.is_quantized or t.block_k == QK_K.value,
-             f"mul_mat_vec: {wtype.label} weights need K steps of {QK_K.value}")
+    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols >= 16,
+             f"mul_mat_vec: {wtype.label} weights need the tensor-core form (dot), K steps of {QK_K.value} and "
+             "tiles of >= 16 rows and columns")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:

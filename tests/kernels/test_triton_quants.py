@@ -44,12 +44,12 @@ def test_get_rows_of_quantized_rows_are_the_references_bits(dtype):
 @pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
 @pytest.mark.parametrize("n", [1, 3, 16])
 def test_mul_mat_vec_reads_quantized_blocks(dtype, n):
-    """The mat-vec on the blocks (the activations' int8 groups from the pre-pass, the weight in 32-bit words, dp4a
-    per word, as llama.cpp's mmvq; the interpreter emulates dp4a byte by byte, exactly): within f32 summation
-    accuracy of its reference (quants.mul_mat_q, f64 sums) at the tiles mat_vec_tile gives (thin rows; wide rows;
-    K split), at a small M (the interpreter pays per program); within 2% of the largest output of the exact product
-    of the dequantized weight (what the activations' int8 rounding costs); the pair byte-identical to the single
-    products; the tickets zero after."""
+    """The mat-vec on the blocks (the activations' int8 groups from the pre-pass, each group's integer dot on the
+    tensor cores, exact: llama.cpp's mmvq numerics): within f32 summation accuracy of its reference
+    (quants.mul_mat_q, f64 sums) at the tiles mat_vec_tile gives (thin rows; wide rows; K split, one slice empty),
+    at a small M (the interpreter pays per program); within 2% of the largest output of the exact product of the
+    dequantized weight (what the activations' int8 rounding costs); the pair byte-identical to the single products;
+    the tickets zero after."""
     M, K = (8, 512) if n == 1 else (40, 768)  # thin (alpha/beta) and wide; rows not a multiple of the tile
     tile = mv.mat_vec_tile(M if n == 1 else 4096, n, K, dtype.label)
     if n == 16:
@@ -98,7 +98,7 @@ def test_quantized_launch_refusals():
     x, y = a.put(rnd(1, 1, 1, 256)), a.view((1, 1, 1, 8))
     with pytest.raises(KernelError, match="q4_k weights are given as their bytes"):
         mv.mul_mat_vec(w.view(torch.int8), x, y, DType.Q4_K)
-    with pytest.raises(KernelError, match="q4_k weights need K steps of 256"):
+    with pytest.raises(KernelError, match="q4_k weights need the tensor-core form"):
         mv._mat_vecs([(w, y)], x, mv.MatVecTile(16, 4, 32, True, 4), dtype=DType.Q4_K)
     with pytest.raises(KernelError, match="mul_mat_vec of torch.uint8 weights"):
         mv.mul_mat_vec(w, x, y)  # bytes without their type
