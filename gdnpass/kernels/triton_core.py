@@ -327,7 +327,7 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 
 
 # ---- ggml's block formats -------------------------------------------------------------------------------------------
-# What the kernels that read a quantized weight from the file's bytes share (the mat-vec's words and dp4a,
+# What the kernels that read a quantized weight from the file's bytes share (the mat-vec's int8 dots,
 # triton_matvec.matvec_cols_q; GET_ROWS' decoded groups, triton_elementwise): the types' constants, groups of 32
 # elements (the unit each of these formats scales by; Q6_K's 16-element scales are two per group), the f16 fields
 # and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts are described there).
@@ -360,13 +360,15 @@ def _f16(p, mask):
 
 
 @triton.jit
-def _scale_min_k4(sc_ptr, j, mask):
-    """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of Q4_K / Q5_K blocks (12 packed bytes at sc_ptr),
-    elementwise over ``j`` (0..7) and ``sc_ptr``, as f32."""
+def _scale_min_k4(s0, s1, s2, j):
+    """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of Q4_K / Q5_K blocks, their 12 packed scale bytes
+    given as three little-endian int32 words (bytes 0-3, 4-7, 8-11), elementwise over the words and ``j`` (0..7: a
+    constant or a tensor), as f32."""
+    sh = 8 * (j % 4)
+    a = (s0 >> sh) & 0xFF                                        # scales[j % 4]
+    b = (s1 >> sh) & 0xFF                                        # scales[4 + j % 4]
+    c = (s2 >> sh) & 0xFF                                        # scales[8 + j % 4]
     lo = j < 4
-    a = _byte(sc_ptr + j, mask)                                  # scales[j]
-    b = _byte(sc_ptr + tl.where(lo, j + 4, j - 4), mask)         # scales[j + 4] (j < 4), scales[j - 4] (j >= 4)
-    c = _byte(sc_ptr + tl.where(lo, j, j + 4), mask)             # scales[j + 4] (j >= 4)
-    sc = tl.where(lo, a & 63, (c & 0xF) | ((b >> 6) << 4))
-    m = tl.where(lo, b & 63, (c >> 4) | ((a >> 6) << 4))
+    sc = tl.where(lo, a & 63, (c & 0xF) | ((a >> 6) << 4))
+    m = tl.where(lo, b & 63, (c >> 4) | ((b >> 6) << 4))
     return sc.to(tl.float32), m.to(tl.float32)

@@ -135,7 +135,10 @@ def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
         QS: tl.constexpr = SIZE - QK_K // 2
         blk = rows + (g // GROUPS_K)[:, None] * SIZE
         j = (g % GROUPS_K)[:, None]
-        sc, m = _scale_min_k4(blk + 4, j, mask)
+        w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        sw = (row_off[None, :] + (g // GROUPS_K)[:, None] * SIZE) // 4 + 1  # the scale bytes' three words
+        sc, m = _scale_min_k4(tl.load(w32 + sw, mask=mask, other=0), tl.load(w32 + sw + 1, mask=mask, other=0),
+                              tl.load(w32 + sw + 2, mask=mask, other=0), j)
         q = (_byte(blk[:, :, None] + QS + (32 * (j // 2))[:, :, None] + lane, m3) >> (4 * (j % 2))[:, :, None]) & 0xF
         if QTYPE == "q5_k":
             q += ((_byte(blk[:, :, None] + 16 + lane, m3) >> j[:, :, None]) & 1) << 4

@@ -183,20 +183,6 @@ def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, ne1, ne2, x_s1, x_s2, x_s3
 
 
 @triton.jit
-def _scale_min_words(s0, s1, s2, j: tl.constexpr):
-    """get_scale_min_k4 of sub-block ``j`` (a constant) from the 12 scale bytes of Q4_K / Q5_K blocks given as three
-    little-endian words (bytes 0-3, 4-7, 8-11), elementwise: its 6-bit scale and min as f32."""
-    if j < 4:
-        sc = (s0 >> (8 * j)) & 63
-        m = (s1 >> (8 * j)) & 63
-    else:
-        i: tl.constexpr = j - 4
-        sc = ((s2 >> (8 * i)) & 0xF) | (((s0 >> (8 * i + 6)) & 3) << 4)
-        m = ((s2 >> (8 * i + 4)) & 0xF) | (((s1 >> (8 * i + 6)) & 3) << 4)
-    return sc.to(tl.float32), m.to(tl.float32)
-
-
-@triton.jit
 def _group_dot(a, x_ptr, cols, col_mask, K, k):
     """The integer dots of the weight quants ``a`` [BLOCK_M, 32] (int8) with the activations' quants of group
     [k, k + 32) of every column (the pre-pass's int8 rows [N, K] at ``x_ptr``): [BLOCK_M, COLS] int32, on the
@@ -250,8 +236,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                 g = sb * GROUPS_K + 2 * p
                 t_e = _group_dot(lo.to(tl.int8), x8, cols, col_mask, K, g * SUB).to(tl.float32)
                 t_o = _group_dot(hi.to(tl.int8), x8, cols, col_mask, K, g * SUB + SUB).to(tl.float32)
-                sc_e, m_e = _scale_min_words(s0, s1, s2, 2 * p)
-                sc_o, m_o = _scale_min_words(s0, s1, s2, 2 * p + 1)
+                sc_e, m_e = _scale_min_k4(s0, s1, s2, 2 * p)
+                sc_o, m_o = _scale_min_k4(s0, s1, s2, 2 * p + 1)
                 d_e = tl.load(xd + c_g + g, mask=col_mask, other=0.0)
                 d_o = tl.load(xd + c_g + g + 1, mask=col_mask, other=0.0)
                 s_e = tl.load(xs + c_g + g, mask=col_mask, other=0.0)
