@@ -15,7 +15,8 @@ from typing import Callable, Iterable
 import torch
 
 from gdnpass.errors import KernelError, ResourceError
-from gdnpass.ir import DType, Graph, GraphError, Tensor, arena_buffer, inputs, op_label, runs_kernel
+from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
+from gdnpass.kernels.limits import mat_vec_columns, mat_vec_launches, runs_as_mat_vec
 from gdnpass.patterns import RECORDS
 
 # a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
@@ -29,7 +30,13 @@ def node_launches(n: Tensor) -> int:
     """Kernel launches of one execution of node ``n`` (0 for views and empty nodes)."""
     if not runs_kernel(n):
         return 0
-    return RECORDS[n.op].launches(n) if n.op.is_fused else 1
+    if n.op.is_fused:
+        return RECORDS[n.op].launches(n)
+    if n.op is Op.MUL_MAT:
+        w, x = n.src[0], n.src[1]
+        if runs_as_mat_vec(w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)):
+            return mat_vec_launches(w)
+    return 1
 
 
 def launches(graph: Graph) -> Counter:

@@ -267,3 +267,20 @@ def test_forward_stays_finite_through_every_layer():
     got = ex.run(probes=outs)
     for name, x in got.items():
         assert torch.isfinite(x).all() and x.abs().max() < 1e4, name
+
+
+def test_a_quantized_product_counts_its_pre_pass_launch():
+    """A mat-vec of a quantized weight is two launches (the activations' pre-pass, then the mat-vec), single or
+    fused into the pair or MUL_MAT_ADD; a plain weight's is one (the alpha/beta products stay f32)."""
+    from gdnpass.fusion import fuse
+    from gdnpass.ir import Op
+    from gdnpass.runtime import node_launches
+
+    g = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, wtype="q4_k"))
+    counts = {(n.src[0].type.label, node_launches(n)) for n in g.nodes if n.op is Op.MUL_MAT}
+    assert counts == {("q4_k", 2), ("f32", 1)}, counts
+    plan(g)
+    fuse(g, enabled=True)
+    products = [n for n in g.nodes if n.op in (Op.MUL_MAT_VEC_PAIR, Op.MUL_MAT_ADD)]
+    assert products and all(node_launches(n) == (2 if n.src[0].type.is_quantized else 1) for n in products)
+    assert any(n.src[0].type.is_quantized for n in products)

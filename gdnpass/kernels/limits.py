@@ -54,6 +54,12 @@ def runs_as_mat_vec(rows: int, cols: int) -> bool:  # noqa: ARG001 - every row c
     return 1 <= cols <= MAT_VEC_COLS
 
 
+def mat_vec_launches(w) -> int:
+    """Kernel launches of one mat-vec (single, pair or MUL_MAT_ADD) of weight ``w`` (a graph tensor): two for a
+    quantized weight, its activations' pre-pass and then the mat-vec (triton_matvec), one otherwise."""
+    return 2 if w.type.is_quantized else 1
+
+
 def mat_vec_columns(w_batches: int, x_ne: Sequence[int]) -> int:
     """The activation columns of a MUL_MAT as the mat-vec counts them, x ne [K, N1, N2, N3]: all N1·N2·N3 against a
     single weight matrix (``w_batches`` 1); N1 per batch against a weight with batch dimensions (attention's KQ and
