@@ -23,10 +23,11 @@
 * ``node_data`` (with ``Settings(record_nodes=True)``): every computing verify node's bytes just after llama.cpp ran
   it, by node index (through the node's strides, from its first byte): a node-by-node referee of gdnpass's kernels.
 
-A quantized weight (Q8_0, the K-quants, ...) becomes what gdnpass makes of it when it loads a model file: an f32
-leaf (contiguous f32 strides) in a ``dequantized`` buffer of its own (role weights, gdnpass's, not llama.cpp's), so
-the graph is comparable node for node with gdnpass's builder and executable; ``meta.llama.dequantized`` names each
-such leaf and its ggml type.
+A quantized weight becomes what gdnpass makes of it when it loads a model file: one of the block types gdnpass holds
+(Q8_0, Q4_K, Q5_K, Q6_K) stays as llama.cpp has it; another (Q4_0, Q5_0, ...) becomes an f32 leaf (contiguous f32
+strides) in a ``dequantized`` buffer of its own (role weights, gdnpass's, not llama.cpp's), so the graph is
+comparable node for node with gdnpass's builder and executable; ``meta.llama.dequantized`` names each such leaf and
+its ggml type.
 
 A ggml assert (for example ``n_ubatch`` not above ``n_rs_seq + 1``) aborts the worker; it becomes one
 :class:`~gdnpass.errors.LlamaError` line quoting the assert.
