@@ -183,13 +183,18 @@ def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, ne1, ne2, x_s1, x_s2, x_s3
 
 
 @triton.jit
-def _group_dot(a, x_ptr, cols, col_mask, K, k):
-    """The integer dots of the weight quants ``a`` [BLOCK_M, 32] (int8) with the activations' quants of group
-    [k, k + 32) of every column (the pre-pass's int8 rows [N, K] at ``x_ptr``): [BLOCK_M, COLS] int32, on the
-    tensor cores (exact)."""
+def _group_x(x_ptr, cols, col_mask, K, k):
+    """The activations' quants of group [k, k + 32) of every column (the pre-pass's int8 rows [N, K] at ``x_ptr``),
+    as a dot's right operand [32, COLS]."""
     e = tl.arange(0, SUB)
-    xq = tl.load(x_ptr + cols[None, :].to(tl.int64) * K + k + e[:, None], mask=col_mask[None, :], other=0)
-    return tl.dot(a, xq, out_dtype=tl.int32)
+    return tl.load(x_ptr + cols[None, :].to(tl.int64) * K + k + e[:, None], mask=col_mask[None, :], other=0)
+
+
+@triton.jit
+def _group_dot(a, xq):
+    """The integer dots of the weight quants ``a`` [BLOCK_M, 32] (int8) with a group's activation quants ``xq``
+    [32, COLS] (:func:`_group_x`): [BLOCK_M, COLS] as f32, summed exactly in int32 on the tensor cores."""
+    return tl.dot(a, xq, out_dtype=tl.int32).to(tl.float32)
 
 
 @triton.jit
@@ -234,8 +239,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                     lo |= ((qh >> (2 * p)) & 1) << 4
                     hi |= ((qh >> (2 * p + 1)) & 1) << 4
                 g = sb * GROUPS_K + 2 * p
-                t_e = _group_dot(lo.to(tl.int8), x8, cols, col_mask, K, g * SUB).to(tl.float32)
-                t_o = _group_dot(hi.to(tl.int8), x8, cols, col_mask, K, g * SUB + SUB).to(tl.float32)
+                t_e = _group_dot(lo.to(tl.int8), _group_x(x8, cols, col_mask, K, g * SUB))
+                t_o = _group_dot(hi.to(tl.int8), _group_x(x8, cols, col_mask, K, g * SUB + SUB))
                 sc_e, m_e = _scale_min_k4(s0, s1, s2, 2 * p)
                 sc_o, m_o = _scale_min_k4(s0, s1, s2, 2 * p + 1)
                 d_e = tl.load(xd + c_g + g, mask=col_mask, other=0.0)
@@ -252,7 +257,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                 blk = w_row + g * Q8_0_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
                 q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
-                t = _group_dot(q, x8, cols, col_mask & on, K, g * SUB).to(tl.float32)
+                t = _group_dot(q, _group_x(x8, cols, col_mask & on, K, g * SUB))
                 dx = tl.load(xd + c_g + g, mask=col_mask & on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
         else:
@@ -269,8 +274,9 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                     ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * (k % 2) + e[None, :], mask=rm, other=0)
                     q = (((ql >> (4 * (k // 2))) & 0xF) | (((qh >> (2 * k)) & 3) << 4)).to(tl.int8) - 32
                     g = sb * GROUPS_K + 4 * n + k
-                    t_a = _group_dot(tl.where(first, q, 0), x8, cols, col_mask, K, g * SUB).to(tl.float32)
-                    t_b = _group_dot(tl.where(first, 0, q), x8, cols, col_mask, K, g * SUB).to(tl.float32)
+                    xq = _group_x(x8, cols, col_mask, K, g * SUB)             # one load for both halves' dots
+                    t_a = _group_dot(tl.where(first, q, 0), xq)
+                    t_b = _group_dot(tl.where(first, 0, q), xq)
                     h = tl.load(w16 + blk // 2 + 96 + 4 * n + k, mask=row_mask, other=0).to(tl.int32)
                     a = d * ((h << 24) >> 24).to(tl.float32)              # scales[8n + 2k]
                     a2 = d * (h >> 8).to(tl.float32)                      # scales[8n + 2k + 1]
