@@ -102,10 +102,11 @@ class Model:
         shape = get_model(name)
         return cls(shape, shape.name, wtype=wtype, ab_wtype=ab_wtype, seed=seed)
 
-    def config(self, **kw) -> VerifyConfig:
+    def config(self, mtp: bool = False, **kw) -> VerifyConfig:
+        """A ubatch of the trunk, or with ``mtp`` of the MTP head (refused, naming the file, without an MTP block)."""
         if self.gguf is not None:
-            return self.gguf.config(**kw)
-        return VerifyConfig(model=self.shape, whole=True, wtype=self.wtype, ab_wtype=self.ab_wtype, **kw)
+            return self.gguf.mtp_config(**kw) if mtp else self.gguf.config(**kw)
+        return VerifyConfig(model=self.shape, whole=True, mtp=mtp, wtype=self.wtype, ab_wtype=self.ab_wtype, **kw)
 
     def build(self, cfg: VerifyConfig) -> Graph:
         if self.gguf is not None:
@@ -144,6 +145,7 @@ class Settings:
     poison: bool = False            # NaN in every plane a ubatch must not read, garbage in freed KV cells
     check_planes: bool = True       # refuse (StalePlane) to read a plane that does not hold the current state
     margins: bool = False           # also bring each row's top-2 logit margin to the host (the divergence rule)
+    mtp: bool = False               # the MTP context (LLAMA_CONTEXT_TYPE_MTP): the head's graphs, a KV cache only
 
     @property
     def rs_seq(self) -> int:
@@ -173,6 +175,8 @@ class Settings:
              f"n_ubatch {self.ubatch} must be greater than n_rs_seq + 1 = {self.rs_seq + 1} (llama.cpp asserts it)")
         need(self.n_ctx >= 2, f"n_ctx must be >= 2, is {self.n_ctx}")
         need(not self.cuda_graphs or self.device.startswith("cuda"), "cuda_graphs needs device cuda")
+        need(not self.mtp or self.rs_seq == 0, "mtp: the MTP context has no recurrent memory, so n_rs_seq must be 0 "
+             "(common_speculative_init_result sets it so)")
 
     def options(self) -> pipeline.PassOptions:
         return pipeline.PassOptions(fusion=self.fusion, alignment=self.alignment, between=self.between)
@@ -212,8 +216,18 @@ def _what(p: int | None) -> str:
 # the engine: a llama.cpp context of one sequence over gdnpass graphs
 # ---------------------------------------------------------------------------------------------------------------------
 
-# the inputs llama.cpp's set_input writes for every ubatch (gdnpass.models.inputs.input_values gives their values)
-INPUTS = ("inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask", "rs_s_copy")
+# the inputs llama.cpp's set_input writes for every ubatch (gdnpass.models.inputs.input_values gives their values);
+# the MTP head's token ids are an unnamed leaf (graph.meta["token_input"]), and its hidden-state rows the caller's
+INPUTS = ("inp_tokens", "inp_pos", "out_ids", "attn_inp_k_idxs", "attn_inp_v_idxs", "attn_inp_kq_mask", "rs_s_copy",
+          "mtp_h_input")
+
+
+def output_node(g: Graph, name: str):
+    """The node named ``name``, or the fused node that replaced it (it writes the same bytes)."""
+    for t in g.nodes:
+        if t.name == name or name in t.op_params.get("replaced", ()):
+            return t
+    raise GraphError(f"no node named {name!r} (nor a fused node replacing it) in the graph")
 
 
 def _flat(view: np.ndarray, name: str) -> np.ndarray:
@@ -279,6 +293,7 @@ class Slot:
     inputs: dict[str, np.ndarray]    # input name -> the flat numpy view it is written through (host stage on CUDA)
     stage: "Stage | None"            # CUDA: the inputs' bytes on the host, copied over in one go per ubatch
     logits: object                   # the result_output tensor
+    h: object                        # the h_nextn tensor [n_embd, n_t] (every row: what an MTP head reads)
     head: GreedyHead | None
     cuda_graph: object = None
     runs: int = 0
@@ -331,6 +346,7 @@ class Engine:
         self.n_rs = settings.rs_seq
         self.options = settings.options()
         self.vocab = model.shape.vocab_size
+        self.recurrent = not settings.mtp  # the MTP context's memory is a plain KV cache (llama.cpp: no rs planes)
         self.reserve = pipeline.reserve_plan(model.build(self._config(settings.ubatch, self.kv_size)), self.options)
         self.slots: dict[tuple[int, int, int], Slot] = {}
         self.shared: dict[str, torch.Tensor] = {}
@@ -340,10 +356,11 @@ class Engine:
         self.rs_idx = 0      # llama_memory_recurrent::rs_idx[seq]: the plane the next ubatch reads
         self.kv_used = 0     # KV cells 0 .. kv_used-1 hold this sequence's positions
         self.ubatches = 0
+        self._last: Slot | None = None  # the last ubatch's graph (its h_nextn rows are readable until the next)
         self._synced = True  # the stream has been waited for since the last staged input copy
 
     def _config(self, n_t: int, n_kv: int, n_out: int | None = None) -> VerifyConfig:
-        return self.model.config(n_tokens=n_t, n_rs_seq=self.n_rs, kv_size=self.kv_size, n_kv=n_kv,
+        return self.model.config(mtp=self.s.mtp, n_tokens=n_t, n_rs_seq=self.n_rs, kv_size=self.kv_size, n_kv=n_kv,
                                  flash_attn=self.s.flash_attn, n_outputs=n_out)
 
     @property
@@ -377,13 +394,14 @@ class Engine:
             self._layout = layout
             self._init_memory(ex, g)
             self.shared = {k: ex.buffers[k] for k in ("weights", "cache", "arena") if k in ex.buffers}
-        leafs = {t.name: t for t in g.leafs if t.name in INPUTS}
+        names = {**{n: n for n in INPUTS}, g.meta.get("token_input"): "inp_tokens"}
+        leafs = {names[t.name]: t for t in g.leafs if t.name in names}
         stage = self._stage(ex, list(leafs.values())) if ex.device.type == "cuda" else None
         inputs = {n: _flat((ex.view_in(t, stage.host) if stage else ex.view(t)).numpy(), n) for n, t in leafs.items()}
         logits = g.find("result_output")
         head = GreedyHead(ex.view(logits).reshape(n_out, self.vocab), self.s.margins) if n_out else None
         slot = Slot(n_t, n_kv, n_out, cfg, g, ex, res.report, res.binding.reallocated, InputWriter(cfg), inputs,
-                    stage, logits, head)
+                    stage, logits, output_node(g, "h_nextn"), head)
         self.slots[key] = slot
         if self.s.cuda_graphs:
             self._capture(slot)
@@ -409,7 +427,8 @@ class Engine:
         """Capture the ubatch's device work as one CUDA graph; the caches are kept as they were (the capture's
         warm-up run, which compiles the kernels, writes them)."""
         keep = self.shared["cache"].clone()
-        self._write_inputs(slot, [0] * slot.n_t, 0, 0)
+        self._write_inputs(slot, [0] * slot.n_t, 0, 0, np.zeros((slot.n_t, self.model.shape.n_embd), np.float32)
+                           if self.s.mtp else None)
         self._forward(slot)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -448,7 +467,9 @@ class Engine:
         if p0 <= 0:
             self.reset()
             return True
-        if p0 <= self.cell_pos:
+        if not self.recurrent:  # a KV cache alone: any tail goes
+            self.cell_pos = min(self.cell_pos, p0 - 1)
+        elif p0 <= self.cell_pos:
             rollback = self.cell_pos - (p0 - 1)
             if self.rs_idx != 0 or not 1 <= rollback <= self.n_rs:
                 return False
@@ -492,20 +513,29 @@ class Engine:
                     flat.view(-1, self.kv_size)[:, c0:c1].fill_(1000.0)
 
     # ---- one ubatch -----------------------------------------------------------------------------------------------
-    def _write_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int) -> None:
-        """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. reading ``plane``."""
+    def _write_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int, h: np.ndarray | None) -> None:
+        """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. reading ``plane`` (and,
+        for the MTP head, the hidden-state rows ``h`` paired with the tokens)."""
         if slot.stage is not None and not self._synced:
             slot.stage.copied.synchronize()  # the last ubatch's copy out of the host stage is done
         slot.writer.write(slot.inputs, tokens, s0, default_ids(slot.cfg, plane))
+        if self.s.mtp:
+            slot.inputs["mtp_h_input"][...] = h.reshape(-1)
         if slot.stage is not None:
             slot.stage.push()
             self._synced = False
 
-    def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True) -> Verdict | None:
-        """``llama_decode`` of one ubatch of sequence 0, with logits for every token (``logits``) or none (a
-        prefill's ubatch). It reads plane ``rs_idx`` (then 0 again, as ``s_copy`` resets it). Returns each row's
-        greedy token (and top-2 margin with ``Settings.margins``); nothing else waits for the device."""
+    def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True,
+               h: np.ndarray | None = None, n_out: int | None = None) -> Verdict | None:
+        """``llama_decode`` of one ubatch of sequence 0, with logits for every token (``logits``; ``n_out``: the
+        last n_out rows only) or none (a prefill's ubatch). It reads plane ``rs_idx`` (then 0 again, as ``s_copy``
+        resets it). The MTP head (``Settings.mtp``) also takes ``h``, the (n_t, n_embd) float32 hidden-state rows
+        paired with the tokens. Returns each row's greedy token (and top-2 margin with ``Settings.margins``);
+        nothing else waits for the device."""
         n_t = len(tokens)
+        if self.s.mtp != (h is not None) or h is not None and h.shape != (n_t, self.model.shape.n_embd):
+            raise GraphError(f"the MTP head's ubatch takes hidden-state rows ({n_t}, {self.model.shape.n_embd}) with "
+                             "its tokens, and only the MTP head takes them")
         if not 1 <= n_t <= self.s.ubatch:
             raise GraphError(f"a ubatch has 1..{self.s.ubatch} tokens, not {n_t}")
         bad = [t for t in tokens if not 0 <= int(t) < self.vocab]
@@ -515,19 +545,21 @@ class Engine:
         if s0 + n_t > self.kv_size:
             raise ResourceError(f"the context is full: {s0} + {n_t} tokens do not fit n_ctx {self.kv_size}")
         r, self.rs_idx = self.rs_idx, 0
-        if self.s.check_planes if check is None else check:
+        if self.recurrent and (self.s.check_planes if check is None else check):
             self.planes.require(r, s0)
-        slot = self.slot(n_t, n_kv_for(s0 + n_t, self.kv_size), n_t if logits else 0)
+        slot = self.slot(n_t, n_kv_for(s0 + n_t, self.kv_size), (n_t if n_out is None else n_out) if logits else 0)
         if self.s.poison:
             self._poison_planes(keep=r)
-        self._write_inputs(slot, tokens, s0, r)
+        self._write_inputs(slot, tokens, s0, r, h)
         if slot.cuda_graph is not None:
             slot.cuda_graph.replay()
         else:
             self._forward(slot)
         slot.runs += 1
         self.ubatches += 1
-        self.planes.advance(s0, n_t)
+        self._last = slot
+        if self.recurrent:
+            self.planes.advance(s0, n_t)
         self.cell_pos, self.kv_used = s0 + n_t - 1, s0 + n_t
         if slot.head is None:
             return None
@@ -535,18 +567,29 @@ class Engine:
         self._synced = True  # (fetch waited for the stream: every staged copy is done)
         return verdict
 
+    def h_nextn(self) -> np.ndarray:
+        """The last ubatch's ``h_nextn`` rows, (n_t, n_embd) float32 on the host: the trunk's final-normed hidden
+        state of every token (llama_set_embeddings_nextn(ctx, true, masked false) copies every row), or the MTP
+        head's own. Read it before the next ubatch overwrites it."""
+        slot = self._last
+        if slot is None:
+            raise GraphError("no ubatch has run: there are no h_nextn rows to read")
+        return slot.executor.read(slot.h).reshape(slot.n_t, self.model.shape.n_embd).numpy()
+
     def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
         """:meth:`verify`, returning the (n_t, vocab) float32 logits on the CPU."""
         return self.verify(tokens, check).logits()
 
-    def prefill(self, tokens: Sequence[int]) -> int:
+    def prefill(self, tokens: Sequence[int], after=None) -> int:
         """Decode ``tokens`` in llama.cpp's ubatches, asking for no logits (as llama.cpp's prefill does); returns how
-        many ubatches."""
+        many ubatches. ``after()`` is called after each ubatch (e.g. to read its h_nextn rows)."""
         parts = split_ubatches(len(tokens), self.s.ubatch, self.n_rs + 1 if self.n_rs else 0)
         for a, b in parts:
             self.verify(tokens[a:b], logits=False)
+            if after is not None:
+                after()
         return len(parts)
 
 
 __all__ = ["Engine", "GreedyHead", "KV_PAD", "Model", "Planes", "Settings", "Slot", "StalePlane", "Verdict",
-           "n_kv_for", "split_ubatches"]
+           "n_kv_for", "output_node", "split_ubatches"]

@@ -17,6 +17,11 @@ context (pinned commit 0c1e570):
 * **roll back** as llama.cpp does, ``llama_memory_seq_rm(mem, seq, p0 = n_past, -1)``
   (:meth:`~gdnpass.engine.Engine.seq_rm`): the next ubatch reads plane ``n_t - 1 - accepted``.
 
+A drafter with ``needs_h`` (the MTP head, :class:`gdnpass.mtp_drafter.MtpDrafter`) also gets llama.cpp's
+``common_speculative_process`` / ``common_speculative_accept`` hooks: ``process(tokens, pos0, h)`` after every
+target batch (the prefill's, as one batch, and each verify's) with the target's ``h_nextn`` rows of every token,
+and ``accept(accepted, n_past)`` after the rollback.
+
 Then the comparisons the checks and tests make of two runs: :func:`differences` (fused vs unfused, byte for byte)
 and :func:`divergence` (the divergence rule, for runs whose arithmetic differs).
 """
@@ -28,6 +33,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Collection, Sequence
 
+import numpy as np
 import torch
 
 from gdnpass.drafters import Drafter, NoDraft, accept_greedy, draft_budget
@@ -137,8 +143,15 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
     K = engine.s.draft_max
     res = Result(prompt, [], [], K, drafter.name)
     engine.reset()
+    hooks = getattr(drafter, "needs_h", False)  # a model drafter: it reads the target's h_nextn rows
+    if hooks:
+        drafter.reset()
     t0 = time.perf_counter()
-    res.prefill_ubatches = engine.prefill(prompt[:-1])
+    h_rows: list = []
+    res.prefill_ubatches = engine.prefill(prompt[:-1], after=(lambda: h_rows.append(engine.h_nextn())) if hooks
+                                          else None)
+    if hooks and h_rows:  # (llama.cpp hands the drafter the prompt's batch, whatever ubatches decoded it)
+        drafter.process(prompt[:-1], 0, np.concatenate(h_rows))
     if engine.s.device.startswith("cuda"):
         torch.cuda.synchronize()  # (the prefill's ubatches ask for nothing back: wait for them here, not in step 1)
     res.prefill_seconds = time.perf_counter() - t0
@@ -152,6 +165,8 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
         budget = draft_budget(K, engine.kv_size, n_past, n_predict, len(res.tokens))
         draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
         verdict = engine.verify([id_last, *draft])
+        if hooks:
+            drafter.process([id_last, *draft], n_past, engine.h_nextn())
         ids = accept_greedy(draft, verdict.ids.__getitem__)
         if any(r < len(ids) for r in verdict.nonfinite):  # (a row the step's tokens come from)
             raise GdnpassError(f"step {len(res.steps)} (n_past {n_past}): the logits of row "
@@ -161,6 +176,8 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
             id_last = tok
         if not engine.seq_rm(len(history)):
             raise GdnpassError(f"llama_memory_seq_rm refused the rollback to {len(history)} (a loop bug)")
+        if hooks:
+            drafter.accept(len(ids) - 1, len(history))
         logits = verdict.logits() if keep_logits or hash_logits else None
         digest = hashlib.sha256(logits.numpy().tobytes()).hexdigest() if hash_logits else None
         res.steps.append(Step(len(draft) + 1, len(draft), len(ids) - 1, engine.rs_idx,

@@ -46,7 +46,8 @@ class InputWriter:
     def write(self, out: dict[str, np.ndarray], tokens: Sequence[int], n_past: int, ids: Sequence[int]) -> None:
         """Write the inputs of a ubatch of ``tokens`` at positions ``n_past``.. reading ``ids`` (``rs_s_copy``) into
         ``out`` (name -> flat array; inputs the graph lacks may be absent)."""
-        out["rs_s_copy"][...] = ids
+        if "rs_s_copy" in out:  # (the MTP head has no recurrent memory)
+            out["rs_s_copy"][...] = ids
         if not self.cfg.whole:
             return
         n_t = self.n_t

@@ -19,6 +19,14 @@ Two things it does differently from ``gdnpass generate`` (both from its source):
 * it stops once it has generated more than ``-n`` tokens (``n_predict > params.n_predict``), and a draft whose
   budget is 0 is not truncated (``common_speculative_draft`` truncates only for ``n_max > 0``), so it generates a
   few tokens more than ``-n``; tokens are compared on the common prefix.
+
+With ``draft_mtp=K`` it drafts with the model's MTP head instead (``--spec-type draft-mtp --spec-draft-n-max K``):
+a model drafter, so the target has ``n_rs_seq = K`` rollback planes and no checkpoints (``common_context_can_seq_rm``
+is ``RS``), as gdnpass's loop; the MTP context's KV cache is cut back with ``llama_memory_seq_rm``. Its head always
+drafts K tokens (``p_min`` 0, ``n_min`` 0), truncated to the step's budget only when that is above 0: the step at
+budget 0 (gdnpass's last, a one-token decode) verifies K drafts there, and it runs one more such step once it has
+exactly ``-n`` tokens. With ``verbose`` (``-v``) its log has a line per step (``accepted A/D draft tokens, the last
+target token is: (ID)``): :attr:`PeerRun.steps`.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from gdnpass.frontends.llama import build
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+) t/s")
 _ENCODED = re.compile(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _COUNTS = {k: re.compile(rf"\b{k}\s*=\s*(\d+)") for k in ("n_draft", "n_predict", "n_drafted", "n_accept")}
+_STEP = re.compile(r"accepted (\d+)/(\d+) draft tokens, the last target token is: \((\d+)\)")
 
 
 @dataclass
@@ -50,6 +59,7 @@ class PeerRun:
     tokens_per_second: float  # its own "speed" of the decode loop
     encode_seconds: float
     log: list[str] = field(default_factory=list)  # stderr lines that say how it ran (CUDA, checkpoints, stats)
+    steps: list[tuple[int, int, int]] = field(default_factory=list)  # (accepted, drafted, last token) (verbose)
 
     @property
     def accept_rate(self) -> float:
@@ -64,14 +74,18 @@ class PeerRun:
         return body[len(prompt):].removesuffix(b"\n\n").removesuffix(b"\n\n")
 
 
-def command(install: build.Install, gguf: str | Path, prompt: str, n_predict: int, size_n: int, size_m: int, *,
-            n_ctx: int = 256, n_gpu_layers: int = 99, threads: int = 4) -> list[str]:
-    """The command line: greedy (``--temp 0 --top-k 1``), the n-gram drafter ``ngram-simple`` with its sizes, every
-    layer on the GPU. (Not ``-lv 4``: at that verbosity this build's log lost its closing statistics.)"""
+def command(install: build.Install, gguf: str | Path, prompt: str, n_predict: int, size_n: int | None = None,
+            size_m: int | None = None, *, draft_mtp: int | None = None, verbose: bool = False, n_ctx: int = 256,
+            n_gpu_layers: int = 99, threads: int = 4) -> list[str]:
+    """The command line: greedy (``--temp 0 --top-k 1``), the n-gram drafter ``ngram-simple`` with its sizes (or,
+    with ``draft_mtp`` = K, the MTP head drafting K), every layer on the GPU. (Not ``-lv 4``: at that verbosity
+    this build's log lost its closing statistics; ``verbose``: ``-v``, the per-step lines.)"""
+    spec = (["--spec-type", "draft-mtp", "--spec-draft-n-max", str(draft_mtp)] if draft_mtp is not None else
+            ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(size_n),
+             "--spec-ngram-simple-size-m", str(size_m)])
     return [str(install.tool(build.SPECULATIVE_TOOL)), "-m", str(gguf), "-p", prompt, "-n", str(n_predict),
             "-c", str(n_ctx), "-ngl", str(n_gpu_layers), "-t", str(threads), "--temp", "0", "--top-k", "1",
-            "--seed", "0", "--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", str(size_n),
-            "--spec-ngram-simple-size-m", str(size_m)]
+            "--seed", "0", *spec, *(["-v"] if verbose else [])]
 
 
 # The tool's logger is a leaked singleton whose worker thread may not have written the last lines when the process
@@ -80,8 +94,8 @@ def command(install: build.Install, gguf: str | Path, prompt: str, n_predict: in
 TRIES = 3
 
 
-def run(install: build.Install, gguf: str | Path, prompt: str, n_predict: int, size_n: int, size_m: int, *,
-        timeout_s: float = 300.0, **kw) -> PeerRun:
+def run(install: build.Install, gguf: str | Path, prompt: str, n_predict: int, size_n: int | None = None,
+        size_m: int | None = None, *, timeout_s: float = 300.0, **kw) -> PeerRun:
     """Run the tool (again when its log lost its closing statistics, :data:`TRIES` times at most); LlamaError (one
     line) when it fails or prints something this reader does not know."""
     for attempt in range(TRIES):
@@ -115,4 +129,4 @@ def _run_once(cmd: list[str], install: build.Install, timeout_s: float) -> PeerR
             if re.search(r"CUDA|offload|checkpoint|statistics|accept|n_draft|decoded|encoded|perf_print", x)]
     return PeerRun(cmd, proc.stdout, int(enc.group(1)), int(counts["n_predict"].group(1)), int(counts["n_drafted"].group(1)),
                    int(counts["n_accept"].group(1)), float(dec.group(2)), float(dec.group(3)), float(enc.group(2)),
-                   keep[-60:])
+                   keep[-60:], [tuple(map(int, m.groups())) for m in _STEP.finditer(err)])
