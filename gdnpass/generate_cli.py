@@ -47,8 +47,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     d.add_argument("--prompt-ids", metavar="IDS", type=_ids, default=None,
                    help="the prompt as token ids, e.g. 1,2,3 (default, with neither: 1..8)")
     d.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
-    d.add_argument("--draft", default="ngram", choices=["ngram", "planted", "none"],
-                   help="drafter: llama.cpp's n-gram prompt lookup (common_ngram_simple_draft), the planted test "
+    d.add_argument("--draft", default="ngram", choices=["ngram", "mtp", "planted", "none"],
+                   help="drafter: llama.cpp's n-gram prompt lookup (common_ngram_simple_draft), the model's own MTP "
+                        "head (a file with an MTP block; llama.cpp's draft-mtp), the planted test "
                         "drafter (the true greedy continuation with mistakes planted at chosen positions: runs a "
                         "plain greedy decode first), or none (plain one-token greedy decode) (default: ngram)")
     d.add_argument("--draft-max", type=int, default=4, metavar="K", help="most draft tokens per step (default: 4)")
@@ -108,9 +109,13 @@ def cmd_generate(a: argparse.Namespace) -> int:
     from gdnpass.engine import Engine, Model, Settings
     from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
     from gdnpass.fusion import env_enabled
+    from gdnpass.mtp_drafter import MtpDrafter, has_head
     from gdnpass.progress import step
 
     model = Model.from_gguf(a.gguf) if a.gguf else Model.preset(a.model, wtype=a.wtype, seed=a.seed)
+    why = has_head(model) if a.draft == "mtp" else None
+    if why:
+        raise GdnpassError(f"--draft mtp: {why}")
     fusion = env_enabled() if a.fuse is None else a.fuse
     K = a.draft_max
     if K < 0:
@@ -143,9 +148,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
     ngram_n = a.ngram_n if a.ngram_n is not None else default_n
     ngram_m = a.ngram_m if a.ngram_m is not None else default_m
 
-    def drafter():
+    def drafter(settings):
         if a.draft == "ngram":
             return NgramSimple(ngram_n, ngram_m)
+        if a.draft == "mtp":  # (its own context of the target's settings: fused when the target is)
+            return MtpDrafter(model, settings)
         if a.draft == "planted":
             return Planted(plain.tokens, len(prompt), vocab, a.plant_accept or cycle_schedule(K),
                            a.plant_lengths or ())
@@ -153,9 +160,10 @@ def cmd_generate(a: argparse.Namespace) -> int:
 
     runs = [False, True] if a.check else [fusion]
     stream = tok is not None and not a.json and not a.check  # the text as it is accepted, on stdout
-    results, engines = [], []
+    results = []
     for on in runs:
-        eng = Engine(model, Settings(**base, fusion=on))
+        settings = Settings(**base, fusion=on)
+        eng, drafts = Engine(model, settings), drafter(settings)
         label = f"generate (fusion {'on' if on else 'off'})" if a.check else "generate"
         on_tokens = None
         if stream:
@@ -163,12 +171,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
             print(tok.decode(prompt), end="", flush=True)
             on_tokens = lambda ids: print(out.feed(ids), end="", flush=True)  # noqa: E731
         with step(label, "tokens", quiet=a.quiet or stream) as prog:
-            results.append(gen.generate(eng, prompt, drafter(), a.n_predict, eog=eog, hash_logits=a.check,
+            results.append(gen.generate(eng, prompt, drafts, a.n_predict, eog=eog, hash_logits=a.check,
                                         progress=prog, on_tokens=on_tokens))
         if stream:
             print(out.flush(), end="\n\n", flush=True)
-        engines.append(eng)
-    res, eng = results[-1], engines[-1]
+    res = results[-1]  # (eng and drafts: the last run's)
     diffs = gen.differences(results[0], results[1]) if a.check else None
     vs_plain = (gen.divergence(res.tokens, res.margins, plain.tokens, plain.margins, SELF_TOLERANCE)
                 if plain is not None else None)
@@ -180,12 +187,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
                      "backend": a.backend or ("triton" if a.device.startswith("cuda") else "torch"),
                      "cuda_graphs": base["cuda_graphs"],
                      "drafter": {"ngram": {"size_n": ngram_n, "size_m": ngram_m}}.get(a.draft, a.draft)},
-        "graphs": [{"n_t": s.n_t, "n_kv": s.n_kv, "n_outputs": s.n_out, "nodes": len(s.graph.nodes), "runs": s.runs,
-                    "bound_to_reserve": not s.reallocated,
-                    "fusion": s.report.counts() if s.report and s.report.enabled else None}
-                   for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t))],
+        "graphs": _graphs(eng),
         "reserve": {"n_tokens": eng.s.ubatch, "n_kv": eng.kv_size, "arena_bytes": eng.reserve.buffers["arena"]},
     })
+    if isinstance(drafts, MtpDrafter):  # the head's own context: its graphs (draft steps of 1 token, process batches)
+        summary["mtp_graphs"] = _graphs(drafts.head)
     if tok is not None:
         summary["text"] = tok.decode(res.tokens)
     if diffs is not None:
@@ -207,6 +213,14 @@ def cmd_generate(a: argparse.Namespace) -> int:
 # the same tokens through ubatches of other widths differ by float rounding only (measured on the tiny models: at
 # most 1e-5 absolute, f32 weights); a divergence needs both top-2 margins below twice that bound. docs/generate.md.
 SELF_TOLERANCE = 1e-4
+
+
+def _graphs(eng) -> list[dict]:
+    """Each cached graph of an engine: its shape, runs, binding and fusion counts."""
+    return [{"n_t": s.n_t, "n_kv": s.n_kv, "n_outputs": s.n_out, "nodes": len(s.graph.nodes), "runs": s.runs,
+             "bound_to_reserve": not s.reallocated,
+             "fusion": s.report.counts() if s.report and s.report.enabled else None}
+            for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t, s.n_out))]
 
 
 def _tokenizer(a: argparse.Namespace, model):
@@ -248,6 +262,9 @@ def _text(s: dict, res, diffs, vs_plain) -> str:
         + f", bound to one reserve plan of {st['n_ubatch']} tokens ({s['reserve']['arena_bytes'] / 2**20:.2f} MiB "
           "arena)",
     ]
+    if "mtp_graphs" in s:  # (the MTP head's context: one-token draft steps, and the target's batches without outputs)
+        lines.append(f"  MTP head graphs: {len(s['mtp_graphs'])} (n_t, n_kv, n_outputs) " + ", ".join(
+            f"({g['n_t']}, {g['n_kv']}, {g['n_outputs']})" for g in s["mtp_graphs"]))
     # the closing line, as llama.cpp's speculative-simple closes (its "decoded ... speed", n_drafted, n_accept)
     lines.append(f"decoded {len(res.tokens)} tokens in {res.seconds:.3f} s, speed: {res.tokens_per_second:.1f} t/s; "
                  f"{len(res.steps)} steps, {res.ms_per_step:.2f} ms/step; n_drafted {res.drafted}, n_accept "

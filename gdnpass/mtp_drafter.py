@@ -73,9 +73,7 @@ class MtpDrafter:
         too (in its ubatches, no outputs), token k paired with row k - 1 and the first with ``pending_h``."""
         if not len(tokens):
             return
-        if self.head.n_past != pos0:
-            raise GdnpassError(f"MTP head: its cache holds {self.head.n_past} positions, the batch starts at {pos0} "
-                               "(a loop bug)")
+        self._at(pos0)
         rows = np.concatenate([self.pending[None], h[:-1]])
         for a, b in split_ubatches(len(tokens), self.head.s.ubatch):
             self.head.verify(tokens[a:b], logits=False, h=rows[a:b])
@@ -83,6 +81,7 @@ class MtpDrafter:
 
     def draft(self, history: Sequence[int], id_last: int, n_max: int) -> list[int]:
         pos0 = len(history)
+        self._at(pos0)
         out: list[int] = []
         tok, h = id_last, self.pending
         for i in range(n_max):
@@ -95,6 +94,13 @@ class MtpDrafter:
                 h = self.head.h_nextn()[-1]
         self.head.seq_rm(pos0)  # the draft's own cells go before the verify (process rewrites them)
         return out
+
+    def _at(self, pos0: int) -> None:
+        """The head's cache must hold exactly the positions before ``pos0`` (what process wrote for the accepted
+        tokens): a batch at ``pos0`` then sees what llama.cpp's MTP context sees."""
+        if self.head.n_past != pos0:
+            raise GdnpassError(f"MTP head: its cache holds {self.head.n_past} positions, the batch starts at {pos0} "
+                               "(a loop bug)")
 
     def accept(self, n_accepted: int, n_past: int) -> None:
         """The verify accepted ``n_accepted`` drafts; the target now holds ``n_past`` positions."""

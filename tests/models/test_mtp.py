@@ -18,6 +18,7 @@ from gdnpass.models import PRESETS, VerifyConfig, build_verify_graph  # noqa: E4
 from gdnpass.models.gguf_model import open_model  # noqa: E402
 from gdnpass.models.gguf_write import (GgufError, explicit, gguf_metadata, main, read_shape,  # noqa: E402
                                        tensor_plan, write_gguf)
+from support.gguf_edit import rewrite_gguf  # noqa: E402
 
 MTP = dataclasses.replace(PRESETS["tiny-qwen35"], name="tiny-mtp", nextn_predict_layers=1)
 
@@ -95,27 +96,11 @@ def test_open_model_keeps_the_mtp_tensor_types_and_builds_the_trunk_unchanged(mt
 
 
 # ---- bad files: one line naming the tensor ---------------------------------------------------------------------------
-def _rewrite(src, dst, keep=lambda name: True, change=lambda name, a: a):
-    r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, "qwen35")
-    for f in r.fields.values():
-        if not f.name.startswith("GGUF.") and f.name != "general.architecture":
-            w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
-    for t in r.tensors:
-        if keep(t.name):
-            w.add_tensor(t.name, change(t.name, np.array(t.data)), raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def test_a_partial_mtp_block_is_refused_naming_the_tensor(mtp_file, tmp_path):
-    bad = _rewrite(mtp_file, tmp_path / "b.gguf", keep=lambda n: n != "blk.4.nextn.hnorm.weight")
+    bad = rewrite_gguf(mtp_file, tmp_path / "b.gguf", keep=lambda n: n != "blk.4.nextn.hnorm.weight")
     with pytest.raises(GgufError, match=r"b\.gguf: tensor 'blk\.4\.nextn\.hnorm\.weight' is missing$"):
         open_model(bad)
-    odd = _rewrite(mtp_file, tmp_path / "t.gguf",
+    odd = rewrite_gguf(mtp_file, tmp_path / "t.gguf",
                    change=lambda n, a: a.T.copy() if n == "blk.4.nextn.eh_proj.weight" else a)
     with pytest.raises(GgufError, match=r"tensor 'blk\.4\.nextn\.eh_proj\.weight' has ne \[256, 512\], the header "
                                         r"makes it \[512, 256\] \(transposed\?\)"):
@@ -125,7 +110,7 @@ def test_a_partial_mtp_block_is_refused_naming_the_tensor(mtp_file, tmp_path):
 def test_a_stripped_mtp_block_loads_the_trunk_and_refuses_the_head(mtp_file, tmp_path):
     """No tensor of the MTP block at all (llama.cpp loads that file too, without load_mtp): the trunk builds; the
     head is refused naming what the file lacks."""
-    bare = open_model(_rewrite(mtp_file, tmp_path / "s.gguf", keep=lambda n: not n.startswith("blk.4.")))
+    bare = open_model(rewrite_gguf(mtp_file, tmp_path / "s.gguf", keep=lambda n: not n.startswith("blk.4.")))
     assert bare.build(bare.config(n_tokens=2)).nodes
     with pytest.raises(GraphError, match=r"s\.gguf: the graph needs .*blk\.4\..*absent from the file"):
         bare.build(bare.mtp_config(n_tokens=2))
