@@ -15,6 +15,10 @@ tokens (possibly none: the step is then a one-token decode). These are the argum
   0..K, short drafts and one-token decodes occur where a test wants them;
 * :class:`NoDraft`: never drafts (plain one-token greedy decode through the same loop).
 
+The model's own MTP head (:class:`gdnpass.mtp_drafter.MtpDrafter`, torch) lives apart; a drafter like it, with
+``needs_h``, also gets the loop's ``reset()``, ``process(tokens, pos0, h)`` and ``accept(accepted, n_past)`` hooks
+(llama.cpp's ``common_speculative_process`` / ``common_speculative_accept``).
+
 The loop's own rules live here too, once, for both loops that run them (gdnpass's :func:`gdnpass.generate.generate`
 and the llama.cpp referee loop in :mod:`gdnpass.frontends.llama.worker`):
 
