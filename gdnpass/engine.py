@@ -22,6 +22,11 @@ written and are stale. Each ubatch checks that the plane it reads holds the stat
 ``n_past`` in both caches (:class:`StalePlane` otherwise: a bug). ``Settings.poison`` makes the check physical:
 before each ubatch every plane but the one read is NaN and every freed KV cell is garbage, so reading anything else
 changes the logits.
+
+With ``Settings.mtp`` the engine is an MTP context instead (``LLAMA_CONTEXT_TYPE_MTP``, docs/mtp.md): the MTP head's
+graphs over a KV cache of the MTP block alone (no recurrent memory, so ``seq_rm`` frees any tail and no plane is
+tracked), each ubatch taking the hidden-state rows paired with its tokens. Every ubatch's ``h_nextn`` rows, the
+trunk's or the head's, can be read back (:meth:`Engine.h_nextn`): what an MTP drafter pairs its tokens with.
 """
 
 from __future__ import annotations
