@@ -19,7 +19,7 @@ import math
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from gdnpass.ir import DType
+from gdnpass.ir import DType, GraphError
 from gdnpass.models.hparams import VerifyConfig, default_ids, dflash_target_layers, qk_rms_params
 
 F32 = DType.F32
@@ -223,6 +223,9 @@ class VerifyBuilder:
     def build_ffn(self, cur, il: int):
         """llm_build_qwen35's FFN block: attn_post_norm, build_ffn (gate/up/down, SILU, PAR), residual."""
         f, m, wt = self.f, self.m, DType.parse(self.cfg.wtype)
+        if m.is_moe:  # (a dense FFN in its place would be a wrong graph of the right shape)
+            raise GraphError(f"model {m.name!r} ({m.arch}): its mixture-of-experts FFN is not built yet (the router, "
+                             "ARGSORT top-k, MUL_MAT_ID experts, the shared expert; issue 36)")
         ffn_residual = cur
         x = f.mul(f.rms_norm(cur, m.eps), self.weight("post_attention_norm.weight", il, F32, (m.n_embd,)))
         x = self.cb(x, "attn_post_norm", il)

@@ -7,7 +7,9 @@ is read from the data section, and torch is not imported), so ``gdnpass dump --g
 and the K-quants Q4_K, Q5_K, Q6_K, stay blocks, byte for byte the file's; the other quantized types become f32:
 they are dequantized on load), :meth:`GgufModel.load_weights` writes the weights into an executor's buffers.
 
-Only arch ``qwen35`` is built. ``qwen35moe`` and ``qwen3next`` are refused with what gdnpass lacks for them.
+Archs ``qwen35`` and ``qwen35moe`` (Qwen3.5's MoE models: the same trunk, an expert FFN; its header and tensors are
+read and checked, the builder refuses its expert FFN by name until it builds it) are read. ``qwen3next`` is refused
+with what gdnpass lacks for it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from gdnpass.errors import GraphError
 from gdnpass.ir import DType, Graph
 from gdnpass.models.gguf_read import GgufError, _gguf, _Header, open_reader
-from gdnpass.models.gguf_write import ARCH, check_tensors, header_shape
+from gdnpass.models.gguf_write import ARCHS, check_tensors, header_shape
 from gdnpass.models.hparams import ModelShape, VerifyConfig
 
 # GGML types gdnpass holds as they are (the block types: their bytes), and the quantized ones it dequantizes to f32
@@ -27,9 +29,8 @@ from gdnpass.models.hparams import ModelShape, VerifyConfig
 _PLAIN = {t.name: t for t in (DType.F32, DType.F16, DType.BF16, *(d for d in DType if d.is_quantized))}
 DEQUANTIZED = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K")
 
-# what the other archs of the family need that gdnpass does not build (issue 17)
+# what the other archs of the family need that gdnpass does not build (issue 17; qwen35moe is read since issue 36)
 _REFUSED = {
-    "qwen35moe": "a mixture-of-experts FFN in every layer (ffn_*_exps, the router); gdnpass builds a dense FFN",
     "qwen3next": "a mixture-of-experts FFN in every layer and the fused ssm_in / ssm_ba projections; llama.cpp also "
                  "has no rollback (n_rs_seq) for it",
 }
@@ -147,8 +148,8 @@ def open_model(path: str | os.PathLike) -> GgufModel:
     arch = _Header(reader, path).text("general.architecture")
     if arch in _REFUSED:
         raise GgufError(f"{path}: architecture {arch!r} is not built by gdnpass: it needs {_REFUSED[arch]}")
-    if arch != ARCH:
-        raise GgufError(f"{path}: architecture {arch!r}; gdnpass builds {ARCH!r} models")
+    if arch not in ARCHS:
+        raise GgufError(f"{path}: architecture {arch!r}; gdnpass builds {' and '.join(map(repr, ARCHS))} models")
     shape, n_block = header_shape(reader, path)  # the metadata, validated as a whole
     check_tensors(reader, shape, n_block, path)  # every tensor llama.cpp's shape, before anything is built
     types = {t.name: t.tensor_type.name for t in reader.tensors}  # (the MTP blocks' too: the MTP head reads them)

@@ -38,6 +38,8 @@ from gdnpass.models.gguf_read import GGML_MAX_DIMS, _INTS, GgufError, _gguf, _He
 from gdnpass.models.hparams import MAX_LAYERS, ModelShape, get_model
 
 ARCH = "qwen35"
+MOE_ARCH = "qwen35moe"  # Qwen3.5's MoE models: the same trunk, a mixture-of-experts FFN (ModelShape.n_expert > 0)
+ARCHS = (ARCH, MOE_ARCH)
 WTYPES = ("f32", "f16", "bf16", "q8_0")
 Q8_0_BLOCK = (32, 34)  # Q8_0: 32 values per block of 34 bytes (an f16 scale, 32 int8)
 _CHUNK = 1 << 23  # elements generated and written at a time
@@ -67,15 +69,33 @@ GGUF_KEYS: tuple[tuple[str, str, str, bool], ...] = (
     ("ssm.inner_size", "ssm_inner_size", "u32", True),
     ("full_attention_interval", "full_attention_interval", "u32", False),
 )
+# the expert keys a qwen35moe file adds (llama.cpp reads expert_count and expert_used_count in load_hparams for
+# every arch, the widths in qwen35moe's load_arch_hparams; both widths optional there, defaulted in load_arch_tensors
+# to feed_forward_length / expert_used_count and feed_forward_length: read_shape applies those defaults)
+MOE_KEYS: tuple[tuple[str, str, str, bool], ...] = (
+    ("expert_count", "n_expert", "u32", True),
+    ("expert_used_count", "n_expert_used", "u32", True),
+    ("expert_feed_forward_length", "n_ff_exp", "u32", False),
+    ("expert_shared_feed_forward_length", "n_ff_shexp", "u32", False),
+)
+
+
+def shape_keys(shape: ModelShape) -> tuple[tuple[str, str, str, bool], ...]:
+    """The hparam keys of ``shape``'s arch (without the arch prefix), in writing order."""
+    return GGUF_KEYS + (MOE_KEYS if shape.is_moe else ())
+
+
 _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32, "q8_0": 7}  # gguf.LlamaFileType ALL_F32, MOSTLY_F16, _BF16, _Q8_0
 
 
 def gguf_metadata(shape: ModelShape) -> dict[str, Any]:
-    """The ``qwen35.*`` key/values :func:`write_gguf` writes for ``shape`` (full key names, in writing order)."""
-    out = {f"{ARCH}.{key}": (list(getattr(shape, attr)) if typ.endswith("]") else getattr(shape, attr))
-           for key, attr, typ, _ in GGUF_KEYS}
+    """The ``<arch>.*`` key/values :func:`write_gguf` writes for ``shape`` (full key names, in writing order; arch
+    qwen35, or qwen35moe for a shape with experts)."""
+    a = shape.arch
+    out = {f"{a}.{key}": (list(getattr(shape, attr)) if typ.endswith("]") else getattr(shape, attr))
+           for key, attr, typ, _ in shape_keys(shape)}
     if shape.nextn_predict_layers:  # (only when there are MTP blocks: a trunk-only file's bytes are unchanged)
-        out[NEXTN_KEY] = shape.nextn_predict_layers
+        out[f"{a}.nextn_predict_layers"] = shape.nextn_predict_layers
     return out
 
 
@@ -84,16 +104,23 @@ def gguf_metadata(shape: ModelShape) -> dict[str, Any]:
 _ALIASES = {"block_count": "n_layer", "ffn_dim": "n_ff", "ssm_conv_kernel": "d_conv", "ssm_state_size": "head_dim",
             "ssm_group_count": "n_k_heads", "ssm_time_step_rank": "n_v_heads"}
 NEXTN_KEY = f"{ARCH}.nextn_predict_layers"  # the MTP blocks after the trunk (written when there are any)
-FIELD_KEYS = {_ALIASES.get(attr, attr): f"{ARCH}.{key}" for key, attr, _, _ in GGUF_KEYS} | \
-    {"nextn_predict_layers": NEXTN_KEY}
+
+
+def field_keys(arch: str = ARCH) -> dict[str, str]:
+    """ModelShape field -> its full GGUF key in a file of ``arch``."""
+    return {_ALIASES.get(attr, attr): f"{arch}.{key}" for key, attr, _, _ in GGUF_KEYS + MOE_KEYS} | \
+        {"nextn_predict_layers": f"{arch}.nextn_predict_layers"}
+
+
+FIELD_KEYS = field_keys(ARCH)
 
 
 def check_shape(shape: ModelShape) -> None:
-    """Raise :class:`GgufError` if llama.cpp's qwen35 loader or graph could not take ``shape``
+    """Raise :class:`GgufError` if llama.cpp's qwen35 (qwen35moe) loader or graph could not take ``shape``
     (:meth:`ModelShape.problems`, the one list of those rules)."""
     problems = shape.problems()
     if problems:
-        raise GgufError(f"model {shape.name!r} cannot be a qwen35 GGUF: {'; '.join(problems)}")
+        raise GgufError(f"model {shape.name!r} cannot be a {shape.arch} GGUF: {'; '.join(problems)}")
 
 
 # ---- the tokenizer: a small real byte-level BPE, Qwen's kind -------------------------------------------------------
@@ -202,7 +229,8 @@ def _pack_long_arrays(w) -> None:
 def tensor_plan(shape: ModelShape, nextn: tuple[str, ...] = ("shared_head_norm",)) -> list[tuple[str, tuple[int, ...],
                                                                                                  str]]:
     """Every tensor of the model in writing order: (name, numpy shape = ggml ne reversed, kind), kind one of
-    "mat" (a projection, ``wtype``), "ab" (ssm_alpha/beta, ``ab_wtype``), "norm", "conv", "dt", "a" (f32). The trunk,
+    "mat" (a projection, ``wtype``), "ab" (ssm_alpha/beta, ``ab_wtype``), "norm", "conv", "dt", "a", "gate" (the
+    router and the shared expert's gate: f32, as llama.cpp's converter keeps FFN_GATE_INP). The trunk,
     then the ``nextn_predict_layers`` MTP blocks (blk.<n_layer>..) as llama.cpp's qwen35 ``load_block_mtp`` reads
     them: a full-attention block and its ``nextn.*`` tensors, with the optional ones named in ``nextn``
     (:data:`NEXTN_OPTIONAL`: ``shared_head_norm``, ``embed_tokens``, ``shared_head_head``; default the head's own
@@ -223,8 +251,9 @@ def tensor_plan(shape: ModelShape, nextn: tuple[str, ...] = ("shared_head_norm",
                 (b + "attn_q_norm.weight", (m.key_length,), "norm"),
                 (b + "attn_k_norm.weight", (m.key_length,), "norm")]
 
-    ffn = lambda b: [(b + "ffn_gate.weight", (F, E), "mat"), (b + "ffn_down.weight", (E, F), "mat"),  # noqa: E731
-                     (b + "ffn_up.weight", (F, E), "mat")]
+    dense = lambda b: [(b + "ffn_gate.weight", (F, E), "mat"), (b + "ffn_down.weight", (E, F), "mat"),  # noqa: E731
+                       (b + "ffn_up.weight", (F, E), "mat")]
+    ffn = moe_ffn_tensors(m) if m.is_moe else dense
     gdn = set(m.gdn_layers)
     for il in range(m.n_layer):
         b = f"blk.{il}."
@@ -255,6 +284,24 @@ def tensor_plan(shape: ModelShape, nextn: tuple[str, ...] = ("shared_head_norm",
     return t
 
 
+def moe_ffn_tensors(m: ModelShape) -> Callable[[str], list[tuple[str, tuple[int, ...], str]]]:
+    """The FFN tensors of one qwen35moe block (prefix ``blk.N.``), in the order llama.cpp's qwen35moe
+    ``load_block_trunk`` creates them, numpy shapes (ne reversed): the router ffn_gate_inp ne [E, n_expert]; the
+    experts' ffn_down_exps [n_ff_exp, E, n_expert], ffn_gate_exps and ffn_up_exps [E, n_ff_exp, n_expert] (the
+    loader takes a merged ffn_gate_up_exps instead when a file has one; the writer writes them apart, as the
+    converter does); the shared expert's gate ffn_gate_inp_shexp [E] (one logit per token) and its
+    ffn_gate_shexp / ffn_up_shexp [E, n_ff_shexp], ffn_down_shexp [n_ff_shexp, E]."""
+    E, X, Fe, Fs = m.n_embd, m.n_expert, m.n_ff_exp, m.n_ff_shexp
+    return lambda b: [(b + "ffn_gate_inp.weight", (X, E), "gate"),
+                      (b + "ffn_down_exps.weight", (X, E, Fe), "mat"),
+                      (b + "ffn_gate_exps.weight", (X, Fe, E), "mat"),
+                      (b + "ffn_up_exps.weight", (X, Fe, E), "mat"),
+                      (b + "ffn_gate_inp_shexp.weight", (E,), "gate"),
+                      (b + "ffn_gate_shexp.weight", (Fs, E), "mat"),
+                      (b + "ffn_up_shexp.weight", (Fs, E), "mat"),
+                      (b + "ffn_down_shexp.weight", (E, Fs), "mat")]
+
+
 # The MTP block's tensors llama.cpp's qwen35 loader marks TENSOR_NOT_REQUIRED, with what its graph takes without them:
 # a file may hold them or not (the writer writes shared_head_norm, the head's own final norm, as Qwen3.5's MTP weights
 # have one: HF's mtp.norm; embed_tokens and shared_head_head are the trunk's token_embd and lm head when absent)
@@ -275,9 +322,10 @@ def optional_tensors(shape: ModelShape) -> dict[str, tuple[int, ...]]:
 
 # uniform (lo, hi) per kind: "mat"/"ab" std 0.02 (half-width 0.02*sqrt(3)); norms 1 +- 0.05; the conv taps std ~0.3;
 # ssm_a = -exp(A_log) negative, here in [-1, -0.1] (decays exp(softplus(.)*a) that neither vanish nor explode);
-# dt_bias small
+# dt_bias small; "gate" (router, shared-expert gate) std ~0.1: router logits of the tiny shapes ~1.6 apart, so
+# no two experts are near a tie that a 1e-7 rounding difference could flip
 _RANGES = {"mat": (-0.0346, 0.0346), "ab": (-0.0346, 0.0346), "norm": (0.95, 1.05), "conv": (-0.5, 0.5),
-           "dt": (-0.1, 0.1), "a": (-1.0, -0.1)}
+           "dt": (-0.1, 0.1), "a": (-1.0, -0.1), "gate": (-0.17, 0.17)}
 
 
 def _chunks(name: str, n: int, kind: str, seed: int) -> Iterator[np.ndarray]:
@@ -340,7 +388,8 @@ def add_kv(w, key: str, value: Any) -> None:
 def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str = "f32", seed: int = 0,
                ab_wtype: str | None = None, tokenizer: str = "bpe", workers: int = min(8, os.cpu_count() or 1),
                nextn: tuple[str, ...] = ("shared_head_norm",)) -> Path:
-    """Write ``shape`` (a :class:`ModelShape` or a preset name) as a qwen35 GGUF file at ``path`` and return the path.
+    """Write ``shape`` (a :class:`ModelShape` or a preset name) as a qwen35 GGUF file at ``path`` and return the path
+    (arch qwen35moe, with its expert keys and tensors, for a shape with experts: :attr:`ModelShape.arch`).
 
     ``wtype`` is the type of the projections and the token embedding / output (``f32``, ``f16``, ``bf16`` or
     ``q8_0``: every such row's length must then be a multiple of 32); ``ab_wtype`` that of ssm_alpha/ssm_beta
@@ -382,18 +431,19 @@ def write_gguf(shape: ModelShape | str, path: str | os.PathLike, *, wtype: str =
         raise GgufError(f"cannot write {path}: it is a directory")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
 
-    w = gguf.GGUFWriter(None, ARCH)
+    arch = shape.arch
+    w = gguf.GGUFWriter(None, arch)
     _pack_long_arrays(w)
     w.add_name(shape.name)
     w.add_type("model")
     w.add_file_type(_FILE_TYPE[wtype])
     adders: dict[str, Callable[[str, Any], None]] = {"u32": w.add_uint32, "f32": w.add_float32,
                                                      "i32[4]": lambda k, v: w.add_array(k, [int(x) for x in v])}
-    for key, attr, typ, _ in GGUF_KEYS:
+    for key, attr, typ, _ in shape_keys(shape):
         v = getattr(shape, attr)
-        adders[typ](f"{ARCH}.{key}", float(v) if typ == "f32" else v)
+        adders[typ](f"{arch}.{key}", float(v) if typ == "f32" else v)
     if shape.nextn_predict_layers:
-        w.add_uint32(NEXTN_KEY, shape.nextn_predict_layers)
+        w.add_uint32(f"{arch}.nextn_predict_layers", shape.nextn_predict_layers)
     for key, v in tok_kv.items():
         add_kv(w, key, v)
 
@@ -465,15 +515,18 @@ def header_shape(reader, path: Path) -> tuple[ModelShape, int]:
     """(the shape, block_count) of an open reader's header: :func:`read_shape`'s work."""
     h = _Header(reader, path)
     arch = h.text("general.architecture")
-    needed = [k for k, _, _, req in GGUF_KEYS if req]
-    if arch != ARCH:
+    moe = arch == MOE_ARCH
+    # llama.cpp reads feed_forward_length optionally; a qwen35 file's dense FFN needs it, a qwen35moe's does not
+    needed = [k for k, _, _, req in GGUF_KEYS + (MOE_KEYS if moe else ()) if req
+              and not (moe and k == "feed_forward_length")]
+    if arch not in ARCHS:
         missing = [k for k in needed if f"{arch}.{k}" not in h.fields]
-        h.fail(f"architecture {arch!r}, not {ARCH!r}: read_shape reads qwen35 files only"
+        h.fail(f"architecture {arch!r}, not {' or '.join(map(repr, ARCHS))}: read_shape reads qwen35 files only"
                + (f" (it lacks {', '.join(f'{arch}.{k}' for k in missing)})" if missing else ""))
-    missing = [f"{ARCH}.{k}" for k in needed if f"{ARCH}.{k}" not in h.fields]
+    missing = [f"{arch}.{k}" for k in needed if f"{arch}.{k}" not in h.fields]
     if missing:
-        h.fail(f"qwen35 file lacks {', '.join(missing)}")
-    K = f"{ARCH}."
+        h.fail(f"{arch} file lacks {', '.join(missing)}")
+    K = f"{arch}."
     n_block = h.count(K + "block_count")
     if not 1 <= n_block <= MAX_LAYERS:
         h.fail(f"{K}block_count must be 1..{MAX_LAYERS} (llama.cpp's LLAMA_MAX_LAYERS), is {n_block}")
@@ -487,9 +540,10 @@ def header_shape(reader, path: Path) -> tuple[ModelShape, int]:
     default_len = n_embd // n_head if n_head else 0
     key_len = h.count(K + "attention.key_length", default_len)
     val_len = h.count(K + "attention.value_length", default_len)
-    n_ff = h.count(K + "feed_forward_length", per_layer=n_block)
-    if n_ff < 1:
+    n_ff = h.count(K + "feed_forward_length", 0 if moe else None, per_layer=n_block)
+    if n_ff < 1 and not moe:
         h.fail(f"{K}feed_forward_length must be >= 1, is {n_ff}")
+    experts = _expert_fields(h, K, n_ff, n_block) if moe else {}
     tokens = h.array("tokenizer.ggml.tokens", ("STRING",), "strings")
     vocab = h.count(K + "vocab_size")
     if vocab is None:
@@ -526,12 +580,31 @@ def header_shape(reader, path: Path) -> tuple[ModelShape, int]:
         rope_dimension_sections=tuple(int(x) for x in secs),  # type: ignore[arg-type]
         rope_freq_base=_f32_value(h.real(K + "rope.freq_base", 10000.0)),
         tie_embeddings="output.weight" not in {t.name for t in reader.tensors},
-        nextn_predict_layers=n_mtp,
+        nextn_predict_layers=n_mtp, **experts,
     )
-    problems = shape.problems(lambda f: FIELD_KEYS.get(f, f))
+    keys = field_keys(arch)
+    problems = shape.problems(lambda f: keys.get(f, f))
     if problems:
         h.fail("; ".join(problems))
     return shape, n_block
+
+
+def _expert_fields(h: _Header, K: str, n_ff: int, n_block: int) -> dict[str, int]:
+    """A qwen35moe header's expert fields, with llama.cpp's defaults for the widths (load_arch_tensors:
+    n_ff_exp = feed_forward_length / expert_used_count, n_ff_shexp = feed_forward_length); a file that gives neither
+    a width nor feed_forward_length fails naming both keys (llama.cpp would create experts of width 0)."""
+    n_expert = h.count(K + "expert_count")
+    if n_expert < 1:
+        h.fail(f"{K}expert_count must be >= 1 in a qwen35moe file (its every layer routes to experts), is {n_expert}")
+    used = h.count(K + "expert_used_count", per_layer=n_block)
+    widths = {"n_ff_exp": h.count(K + "expert_feed_forward_length", 0, per_layer=n_block) or
+              (n_ff // used if used > 0 else 0),
+              "n_ff_shexp": h.count(K + "expert_shared_feed_forward_length", 0) or n_ff}
+    keys = {"n_ff_exp": "expert_feed_forward_length", "n_ff_shexp": "expert_shared_feed_forward_length"}
+    for f, v in widths.items():
+        if v < 1:
+            h.fail(f"{K}{keys[f]} is missing or 0 and {K}feed_forward_length does not give it (is {n_ff})")
+    return {"n_expert": n_expert, "n_expert_used": used, **widths}
 
 
 def check_tensors(reader, shape: ModelShape, n_block: int, path: Path) -> None:
@@ -547,7 +620,7 @@ def check_tensors(reader, shape: ModelShape, n_block: int, path: Path) -> None:
             have[t.name] = tuple(int(x) for x in t.shape)
         else:
             n_mtp = shape.nextn_predict_layers
-            raise GgufError(f"{path}: tensor {t.name!r} is not part of a qwen35 model of this header ({shape.n_layer} "
+            raise GgufError(f"{path}: tensor {t.name!r} is not part of a {shape.arch} model of this header ({shape.n_layer} "
                             f"layers{f', {n_mtp} MTP' if n_mtp else ''})")
     mtp = tuple(f"blk.{il}." for il in range(shape.n_layer, shape.block_count))
     # a file whose MTP blocks hold no tensor at all still has its trunk (llama.cpp loads it without load_mtp, which

@@ -16,6 +16,7 @@ from gdnpass.ir import DType, GraphError
 
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS (llama-hparams.h): it asserts block_count <= this
 MAX_SEQS = 256    # llama.cpp's LLAMA_MAX_SEQ (llama-cparams.h): sequences, and so recurrent cells, of a context
+MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS (llama-hparams.h): it asserts expert_count <= this
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,23 @@ class ModelShape:
     # qwen35.nextn_predict_layers: MTP (NextN) blocks after the trunk's n_layer, blk.<n_layer>.. (block_count counts
     # them too); each is a full-attention block with its nextn.* tensors (docs/mtp.md)
     nextn_predict_layers: int = 0
+    # the mixture-of-experts FFN of arch qwen35moe (0 experts: the dense FFN of qwen35), as llama.cpp's qwen35moe
+    # loader reads it (src/models/qwen35moe.cpp): n_expert routed experts (expert_count) of width n_ff_exp
+    # (expert_feed_forward_length), n_expert_used of them per token (expert_used_count), and one shared expert of
+    # width n_ff_shexp (expert_shared_feed_forward_length) behind a sigmoid gate, in every layer (MTP blocks too)
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    n_ff_shexp: int = 0
+
+    @property
+    def arch(self) -> str:
+        """The GGUF architecture (``general.architecture``, the prefix of every hparam key): qwen35moe with experts."""
+        return "qwen35moe" if self.n_expert else "qwen35"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
     @property
     def block_count(self) -> int:
@@ -148,6 +166,7 @@ class ModelShape:
         elif m.n_layer <= MAX_LAYERS < m.block_count:
             p.append(f"{k('n_layer')} {m.n_layer} + {k('nextn_predict_layers')} {m.nextn_predict_layers} MTP blocks "
                      f"is more than llama.cpp's LLAMA_MAX_LAYERS ({MAX_LAYERS})")
+        p += _moe_problems(m, k)
         if m.d_conv < 2:
             p.append(f"{k('d_conv')} must be >= 2 (a convolution over past tokens), is {m.d_conv}")
         if m.n_ff < 0:
@@ -186,6 +205,21 @@ class ModelShape:
         if not 1 <= n <= self.n_layer:
             raise GraphError(f"{self.name} has {self.n_layer} layers: cannot take the first {n}")
         return self if n == self.n_layer else replace(self, n_layer=n, nextn_predict_layers=0)
+
+
+def _moe_problems(m: ModelShape, k: Callable[[str], str]) -> list[str]:
+    """The expert fields' rules: what llama.cpp's load_hparams asserts (expert_used_count 1..expert_count, at most
+    LLAMA_MAX_EXPERTS experts) and what its qwen35moe tensors need (widths >= 1); a dense shape has none of them."""
+    moe = ("n_expert_used", "n_ff_exp", "n_ff_shexp")
+    if m.n_expert == 0:
+        return [f"{k(f)} must be 0 without experts ({k('n_expert')} 0), is {getattr(m, f)}" for f in moe
+                if getattr(m, f)]
+    p = [] if 1 <= m.n_expert <= MAX_EXPERTS else \
+        [f"{k('n_expert')} must be 0..{MAX_EXPERTS} (llama.cpp's LLAMA_MAX_EXPERTS), is {m.n_expert}"]
+    if not 1 <= m.n_expert_used <= max(m.n_expert, 1):
+        p.append(f"{k('n_expert_used')} must be 1..{k('n_expert')} {m.n_expert}, is {m.n_expert_used}")
+    p += [f"{k(f)} must be >= 1, is {getattr(m, f)}" for f in ("n_ff_exp", "n_ff_shexp") if getattr(m, f) < 1]
+    return p
 
 
 # The released models' values are their HF configs' (text_config of Qwen/Qwen3.5-9B, -4B, -27B: hidden_size,
@@ -233,6 +267,21 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("tiny-qwen35-b", n_embd=128, n_layer=8, n_k_heads=1, n_v_heads=2, head_dim=64, n_ff=384,
                    head_count=8, head_count_kv=1, key_length=32, value_length=32, rope_dimension_count=8,
                    rope_dimension_sections=(2, 1, 1, 0), rope_freq_base=1e6, **_TINY),
+        # Qwen3.5-35B-A3B (arch qwen35moe): the published shape as slime's scripts/models/qwen3.5-35B-A3B.sh (THUDM/
+        # slime) and transformers' Qwen3_5MoeTextConfig defaults (its docstring: "the Qwen3.5-35B-A3B style
+        # configuration") give it: 40 layers of 2048, attention every 4th (16 / 2 heads of 256, 25 % rotary, base
+        # 1e7), GDN 16 / 32 heads of 128, d_conv 4, 256 experts of 512 with 8 used per token, one shared expert of
+        # 512 (its sigmoid gate: moe-shared-expert-gate), vocab 248320, untied. feed_forward_length (HF's dense
+        # intermediate_size, 5632 in the config class) is read by no qwen35moe layer; context as the Qwen3.5 family's
+        ModelShape("qwen3.5-35b-a3b", n_embd=2048, n_layer=40, n_k_heads=16, n_v_heads=32, head_dim=128, n_ff=5632,
+                   head_count=16, head_count_kv=2, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512,
+                   **_QWEN35),
+        # a whole tiny qwen35moe for llama.cpp captures: tiny-qwen35's trunk with 8 experts of 128 (2 used) and a
+        # shared expert of 192 (widths unlike each other and n_embd, so a swapped dimension shows)
+        ModelShape("tiny-qwen35moe", n_embd=256, n_layer=4, n_k_heads=2, n_v_heads=4, head_dim=32, n_ff=512,
+                   head_count=4, head_count_kv=2, key_length=64, value_length=64, rope_dimension_count=16,
+                   rope_dimension_sections=(3, 3, 2, 0), n_expert=8, n_expert_used=2, n_ff_exp=128, n_ff_shexp=192,
+                   **_TINY),
     ]
 }
 

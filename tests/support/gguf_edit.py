@@ -10,7 +10,7 @@ def rewrite_gguf(src, dst, keep=lambda name: True, change=lambda name, a: a):
     import gguf
 
     r = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(dst, "qwen35")
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())  # (qwen35 or qwen35moe: the source's)
     for f in r.fields.values():
         if not f.name.startswith("GGUF.") and f.name != "general.architecture":
             w.add_key_value(f.name, f.contents(), f.types[0], f.types[-1] if len(f.types) > 1 else None)
