@@ -192,3 +192,19 @@ def test_35b_preset_metadata():
     assert (m["qwen35moe.block_count"], m["qwen35moe.embedding_length"]) == (40, 2048)
     assert (m["qwen35moe.expert_count"], m["qwen35moe.expert_used_count"]) == (256, 8)
     assert (m["qwen35moe.expert_feed_forward_length"], m["qwen35moe.expert_shared_feed_forward_length"]) == (512, 512)
+
+
+def test_the_pass_fuses_every_gdn_layer_of_llama_cpp_s_moe_graph(llama, moe_file):
+    """On llama.cpp's own qwen35moe verify graph and plan, every GDN layer's chain and state cache fuse (the GDN
+    layers are the dense model's); the expert FFN's ops gdnpass does not model yet stay OPAQUE, and only they."""
+    from gdnpass import fusion
+    from gdnpass.frontends.llama import capture as cap_mod
+    from gdnpass.ir import Op
+
+    c = cap_mod.capture(moe_file, cap_mod.Settings(n_tokens=4, n_rs_seq=3, n_ubatch=8, n_batch=8), install=llama)
+    opaque = {n.op_params["ggml_op"] for n in c.verify.nodes if n.op is Op.OPAQUE}
+    assert opaque == {"ARGSORT", "SUM_ROWS", "CLAMP", "DIV", "MUL_MAT_ID"}
+    rep = fusion.fuse(c.verify, enabled=True)
+    for pattern in ("gdn_conv_chain", "gdn_state_cache"):
+        layers = sorted(a.layer for a in rep.applied if a.pattern == pattern)
+        assert layers == MOE.gdn_layers, [r for r in rep.refused if r.pattern == pattern]
