@@ -173,16 +173,22 @@ def random_blocks(rows: int, n: int, dtype: DType, generator: torch.Generator, s
 X_GROUP = 32  # the activations' quantization group (llama.cpp's q8_1 block)
 
 
+def _quotient(c: float, t: torch.Tensor) -> torch.Tensor:
+    """c / t in t's type, one IEEE division as C's ``c / t`` (torch's ``c / t`` is ``t.reciprocal() * c``: two
+    roundings, one ulp off now and then)."""
+    return torch.full_like(t, c) / t
+
+
 def quantize_x(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Activations [..., K] (K a multiple of 32) quantized per group of 32 as llama.cpp's q8_1 blocks: d = amax / 127,
     q = roundf(x * (127 / amax)) (halves away from zero; 0 where amax is 0; llama.cpp's CUDA path divides by d,
-    its CPU path multiplies by 1 / d: one ulp apart at most) and the group's sum s = Σx (f32; the kernel's:
-    :func:`gdnpass.kernels.triton_matvec._quantize_x_kernel`). Returns q [..., groups, 32] (int16),
+    its CPU path multiplies by 1 / d: one ulp apart at most) and the group's sum s = Σx (f32). A Q8_0 product's
+    activations (the kernel's: :func:`gdnpass.kernels.triton_matvec._quantize_x_kernel`). Returns q [..., groups, 32] (int16),
     d, s [..., groups]."""
     g = x.float().unflatten(-1, (-1, X_GROUP))
     amax = g.abs().amax(-1)
     d = amax / 127
-    v = g * (127 / torch.where(amax > 0, amax, 1.0)).unsqueeze(-1)
+    v = g * _quotient(127, torch.where(amax > 0, amax, 1.0)).unsqueeze(-1)
     t = v.trunc()
     f = v - t
     q = t + torch.where(f >= 0.5, 1.0, torch.where(f <= -0.5, -1.0, 0.0))
@@ -194,23 +200,24 @@ def quantize_x_ggml_cpu(x: torch.Tensor, dtype: DType) -> tuple[torch.Tensor, to
     """The activations as ggml-cpu quantizes them for a ``dtype`` weight (its vec_dot type; the pinned llama.cpp's
     x86 AVX2 build): Q8_0 weights take q8_0 blocks of 32 (d = f16(amax / 127); q = round-to-even(x * (127 / amax))),
     the K-quants q8_K blocks of 256 (quantize_row_q8_K_ref: iscale = -127 / max with max the element of the largest
-    magnitude, q = min(127, round-to-even(iscale * x)), d = 1 / iscale). Returns q [..., K] (int16) and d per
-    element [..., K] (f64)."""
+    magnitude, q = min(127, round-to-even(iscale * x)), d = 1 / iscale; the K-quant products' kernel's too:
+    :func:`gdnpass.kernels.triton_matvec._quantize_x_k_kernel`). Returns q [..., K] (int16) and d per element
+    [..., K] (f64)."""
     xf = x.float()  # (torch.round: half to even, as ggml-cpu's nearest_int and _mm256_round_ps)
     if dtype is DType.Q8_0:
         n = DType.Q8_0.block
         g = xf.unflatten(-1, (-1, n))
         amax = g.abs().amax(-1)
         d = (amax / 127).half().double()
-        inv = torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1.0), 0.0)
+        inv = torch.where(amax > 0, _quotient(127, torch.where(amax > 0, amax, 1.0)), 0.0)
         q = torch.round(g * inv.unsqueeze(-1))
         return q.flatten(-2).to(torch.int16), d.repeat_interleave(n, dim=-1)
     g = xf.unflatten(-1, (-1, DType.Q4_K.block))
     at = g.abs().argmax(-1, keepdim=True)  # (the first of equal magnitudes, as ggml's strict >)
     mx = torch.gather(g, -1, at).squeeze(-1)
-    iscale = torch.where(mx != 0, -127 / torch.where(mx != 0, mx, 1.0), 0.0)
+    iscale = torch.where(mx != 0, _quotient(-127, torch.where(mx != 0, mx, 1.0)), 0.0)
     q = torch.clamp(torch.round(g * iscale.unsqueeze(-1)), max=127)
-    d = torch.where(mx != 0, 1 / torch.where(mx != 0, iscale, 1.0), 0.0).double()
+    d = torch.where(mx != 0, _quotient(1, torch.where(mx != 0, iscale, 1.0)), 0.0).double()
     return q.flatten(-2).to(torch.int16), d.repeat_interleave(DType.Q4_K.block, dim=-1)
 
 
@@ -218,16 +225,18 @@ def mul_mat_q(w: torch.Tensor, x: torch.Tensor, dtype: DType, *, cpu: bool = Fal
               rows_per_chunk: int = 4096) -> torch.Tensor:
     """MUL_MAT of a quantized weight: w the weight's bytes (..., M, row bytes) of one matrix, x f32 (..., K)
     columns. Per group of the weight (:func:`parts`: ``scale * q - offset``) the integer dot of its quants with the
-    quantized activations', times both scales, minus the weight's offset times the activations' group sum. gdnpass's
-    scheme (the reference of the mat-vec's :func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, llama.cpp's CUDA
-    mmvq scheme): :func:`quantize_x`, the offsets against the exact sums Σx; ``cpu``: ggml-cpu's
-    (:func:`quantize_x_ggml_cpu`, the offsets against the quantized sums, as its bsums), the referee's arithmetic.
-    Sums in f64, one rounding to f32 at the end (the kernels sum in f32: they agree to f32 summation accuracy).
-    Returns (..., N, M) f32 like ``reference.mul_mat``."""
+    quantized activations', times both scales, minus the weight's offset times the activations' group sum.
+    gdnpass's scheme (the reference of the mat-vec's :func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`): Q8_0
+    weights take llama.cpp's CUDA mmvq scheme (:func:`quantize_x`: q8_1 groups of 32, the offsets against the exact
+    sums Σx, though Q8_0 has none), the K-quants ggml-cpu's (:func:`quantize_x_ggml_cpu`: q8_K blocks of 256, the
+    offsets against the quantized sums, as its bsums), which lets the kernel add a block's group dots up in int32;
+    ``cpu``: ggml-cpu's for every type (the referee's arithmetic; Q8_0's q8_0 blocks round d to f16). Sums in f64,
+    one rounding to f32 at the end (the kernels sum in f32: they agree to f32 summation accuracy). Returns
+    (..., N, M) f32 like ``reference.mul_mat``."""
     q, scale, offset = parts(w.reshape(-1, w.shape[-1]), dtype)       # [M, G, S], [M, G]
     S = q.shape[-1]
     x2 = x.reshape(-1, x.shape[-1])
-    if cpu:
+    if cpu or dtype is not DType.Q8_0:
         qx, dx = quantize_x_ggml_cpu(x2, dtype)                       # [N, K], [N, K]
         qx, dx = qx.reshape(qx.shape[0], -1, S).double(), dx.reshape(dx.shape[0], -1, S)[..., 0]
         sx = dx * qx.sum(-1)                                          # [N, G]: d times the quants' sum

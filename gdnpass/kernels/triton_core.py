@@ -363,7 +363,7 @@ def _f16(p, mask):
 def _scale_min_k4(s0, s1, s2, j):
     """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of Q4_K / Q5_K blocks, their 12 packed scale bytes
     given as three little-endian int32 words (bytes 0-3, 4-7, 8-11), elementwise over the words and ``j`` (0..7: a
-    constant or a tensor), as f32."""
+    constant or a tensor), as int32."""
     sh = 8 * (j % 4)
     a = (s0 >> sh) & 0xFF                                        # scales[j % 4]
     b = (s1 >> sh) & 0xFF                                        # scales[4 + j % 4]
@@ -371,4 +371,4 @@ def _scale_min_k4(s0, s1, s2, j):
     lo = j < 4
     sc = tl.where(lo, a & 63, (c & 0xF) | ((a >> 6) << 4))
     m = tl.where(lo, b & 63, (c >> 4) | ((b >> 6) << 4))
-    return sc.to(tl.float32), m.to(tl.float32)
+    return sc, m

@@ -159,97 +159,165 @@ def _round_away(v):
     return t + tl.where(f >= 0.5, 1.0, tl.where(f <= -0.5, -1.0, 0.0))
 
 
-X_GROUPS = 8  # groups of 32 per program of the activations' pre-pass
+@triton.jit
+def _round_even(v):
+    """rint: to the nearest integer, halves to even (exact: the truncation and the fraction are; |v| < 2^31)."""
+    t = v.to(tl.int32)
+    f = v - t.to(tl.float32)
+    odd = (t & 1) != 0
+    up = (f > 0.5) | ((f == 0.5) & odd)
+    down = (f < -0.5) | ((f == -0.5) & odd)
+    return (t + up.to(tl.int32) - down.to(tl.int32)).to(tl.float32)
+
+
+X_GROUPS = 8  # groups of 32 per program of the activations' pre-pass (one K-quant block)
+XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every product's, padded with zero columns
+
+
+# The quantized product's activations, as its pre-pass leaves them in the activation workspace: the quants of group g
+# (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
+# bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
+# (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
+# (group, column) at 16 K / 256 + 16 g + c.
+def activation_bytes(K: int) -> int:
+    """The workspace bytes a quantized product's activations take, for any of the block types."""
+    return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
 
 
 @triton.jit
-def _quantize_x_kernel(x_ptr, q_ptr, d_ptr, s_ptr, K, ne1, ne2, x_s1, x_s2, x_s3, G: tl.constexpr):
-    """A quantized product's pre-pass, program (column c, groups [G i, G i + G)): the column's groups of 32 as llama.cpp's
-    q8_1 blocks, q = roundf(x * (127 / amax)) (0 where amax is 0) as int8 at q[c, k], d = amax / 127 and the group's
-    sum s = Σx at d[c, g], s[c, g] (f32). The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
+def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, G: tl.constexpr):
+    """A Q8_0 product's pre-pass, program (column c < 16, groups [G i, G i + G)): the column's groups of 32 as
+    llama.cpp's q8_1 blocks (mmvq's), q = roundf(x * (127 / amax)) (0 where amax is 0) as int8, d = amax / 127; the
+    columns past N are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
     wait_for_previous_kernels()
     c = tl.program_id(0)
     g = tl.program_id(1) * G + tl.arange(0, G)
-    ks = g[:, None] * SUB + tl.arange(0, SUB)[None, :]
-    mask = ks < K
-    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + ks, mask=mask, other=0.0)
+    e = tl.arange(0, SUB)
+    mask = (g[:, None] * SUB + e[None, :] < K) & (c < N)
+    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + g[:, None] * SUB + e[None, :], mask=mask,
+                 other=0.0)
     amax = tl.max(tl.abs(xt), axis=1)
     inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
     q = tl.where(amax[:, None] > 0, _round_away(xt * inv[:, None]), 0.0)
-    tl.store(q_ptr + c.to(tl.int64) * K + ks, q.to(tl.int8), mask=mask)
-    at = c.to(tl.int64) * (K // SUB) + g
-    tl.store(d_ptr + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=g * SUB < K)
-    tl.store(s_ptr + at, tl.sum(xt, axis=1), mask=g * SUB < K)
+    at = g * XCOLS + c
+    tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + e[None, :], q.to(tl.int8), mask=g[:, None] * SUB < K)
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=g * SUB < K)
 
 
 @triton.jit
-def _group_x(x_ptr, cols, col_mask, K, k):
-    """The activations' quants of group [k, k + 32) of every column (the pre-pass's int8 rows [N, K] at ``x_ptr``),
-    as a dot's right operand [32, COLS]."""
+def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3):
+    """A K-quant product's pre-pass, program (column c < 16, block b of 256): the block as ggml-cpu's q8_K
+    (quantize_row_q8_K_ref): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
+    rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); the
+    columns past N are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x_ggml_cpu`."""
+    wait_for_previous_kernels()
+    c, b = tl.program_id(0), tl.program_id(1)
+    g = b * GROUPS_K + tl.arange(0, GROUPS_K)
     e = tl.arange(0, SUB)
-    return tl.load(x_ptr + cols[None, :].to(tl.int64) * K + k + e[:, None], mask=col_mask[None, :], other=0)
+    k = tl.reshape(tl.arange(0, QK_K), (GROUPS_K, SUB))  # the element's place in the block, [group, lane]
+    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + b * QK_K + k, mask=c < N, other=0.0)
+    ax = tl.abs(xt)
+    amax = tl.max(tl.max(ax, axis=1), axis=0)
+    first = tl.min(tl.min(tl.where(ax == amax, k, QK_K), axis=1), axis=0)
+    mx = tl.sum(tl.sum(tl.where(k == first, xt, 0.0), axis=1), axis=0)
+    on = mx != 0
+    iscale = tl.where(on, tl.math.div_rn(tl.full(mx.shape, -127.0, tl.float32), tl.where(on, mx, 1.0)), 0.0)
+    q = tl.minimum(_round_even(xt * iscale), 127.0).to(tl.int32)
+    at = g * XCOLS + c
+    tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + e[None, :], q.to(tl.int8))
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(xd + b * XCOLS + c, tl.where(on, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32),
+                                                               tl.where(on, iscale, 1.0)), 0.0))
+    xb = (ws_ptr + XCOLS * K + 4 * XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
+    tl.store(xb + at, tl.sum(q, axis=1))
+
+
+@triton.jit
+def _group_x(x8, g, on=True):
+    """The activations' quants of group ``g`` of every column (the workspace's int8 quants), as a dot's right
+    operand [32, 16] (zeros where not ``on``)."""
+    e = tl.arange(0, SUB)
+    return tl.load(x8 + (g * XCOLS + tl.arange(0, XCOLS))[None, :].to(tl.int64) * SUB + e[:, None], mask=on, other=0)
 
 
 @triton.jit
 def _group_dot(a, xq):
     """The integer dots of the weight quants ``a`` [BLOCK_M, 32] (int8) with a group's activation quants ``xq``
-    [32, COLS] (:func:`_group_x`): [BLOCK_M, COLS] as f32, summed exactly in int32 on the tensor cores."""
-    return tl.dot(a, xq, out_dtype=tl.int32).to(tl.float32)
+    [32, 16] (:func:`_group_x`): [BLOCK_M, 16] int32, exact, on the tensor cores."""
+    return tl.dot(a, xq, out_dtype=tl.int32)
+
+
+# The weights' quants are decoded 4 bytes at a time: each op below is bytewise (no bit crosses a byte), so it runs on
+# the 32-bit registers the loads fill, one instruction for 4 quants (Triton's own byte ops take one or more a byte).
+# The interpreter, which runs no PTX, takes the same bytewise expressions on int8 tensors.
+def _decode_asm(ql_shift: int, qh_shift: int | None, qh_mask: int, minus_32: bool) -> str:
+    """PTX of (ql >> ql_shift) & 0xF | ((qh >> qh_shift) & qh_mask) << 4 [- 32], bytewise: the subtraction without
+    borrows, (v | 0x80) - 0x20 with the top bit flipped back (v < 64)."""
+    ops = [f"shr.u32 a, $1, {ql_shift};", "and.b32 a, a, 0x0F0F0F0F;"]
+    if qh_shift is not None:
+        m = qh_mask * 0x01010101
+        ops += [f"shr.u32 b, $2, {qh_shift};", f"and.b32 b, b, {m:#010x};", "shl.b32 b, b, 4;", "or.b32 a, a, b;"]
+    if minus_32:
+        ops += ["or.b32 a, a, 0x80808080;", "sub.u32 a, a, 0x20202020;", "xor.b32 a, a, 0x80808080;"]
+    return "{ .reg .b32 a, b; " + " ".join(ops) + " mov.b32 $0, a; }"
+
+
+PACKED_DECODE = tl.constexpr(not INTERPRETED)
+NIBBLE_ASM = tl.constexpr(tuple(_decode_asm(4 * h, None, 0, False) for h in range(2)))          # [high]
+Q5_ASM = tl.constexpr(tuple(_decode_asm(4 * (j % 2), j, 1, False) for j in range(8)))             # [sub-block]
+Q6_ASM = tl.constexpr(tuple(_decode_asm(4 * (k // 2), 2 * k, 3, True) for k in range(4)))         # [quarter]
 
 
 @triton.jit
-def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K, k_lo, k_hi, QTYPE: tl.constexpr):
+def _nibbles(qb, high: tl.constexpr):
+    """Q4_K's quants: the low (``high`` 0) or high nibbles of ``qb`` (uint8), as int8."""
+    if not PACKED_DECODE:
+        return ((qb >> (4 * high)) & 0xF).to(tl.int8)
+    return tl.inline_asm_elementwise(NIBBLE_ASM[high], "=r,r", [qb], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
+def _q5_quants(qb, qh, j: tl.constexpr):
+    """Q5_K's quants of sub-block ``j``: the nibbles of ``qb`` (low for even j) and bit j of ``qh`` as the fifth."""
+    if not PACKED_DECODE:
+        return (((qb >> (4 * (j % 2))) & 0xF) | (((qh >> j) & 1) << 4)).to(tl.int8)
+    return tl.inline_asm_elementwise(Q5_ASM[j], "=r,r,r", [qb, qh], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
+def _q6_quants(ql, qh, k: tl.constexpr):
+    """Q6_K's quants of quarter ``k`` of a half: ql's low (k < 2) or high nibbles, bits 2k, 2k + 1 of qh above them,
+    minus 32."""
+    if not PACKED_DECODE:
+        return ((((ql >> (4 * (k // 2))) & 0xF) | (((qh >> (2 * k)) & 3) << 4)).to(tl.int32) - 32).to(tl.int8)
+    return tl.inline_asm_elementwise(Q6_ASM[k], "=r,r,r", [ql, qh], dtype=tl.int8, is_pure=True, pack=4)
+
+
+@triton.jit
+def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
-    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), in llama.cpp's numerics (mmvq's). The activations come
-    quantized by the pre-pass (:func:`_quantize_x_kernel`: int8 per group of 32, its scale d and sum s, in the
-    activation workspace ``ws_ptr``: q [N, K] int8, then d, s [N, K / 32] f32). Each group's integer dot of the
-    weight's quants (decoded to int8 in the dot's operand layout, 4 consecutive bytes a thread: Q4_K / Q5_K's
-    nibbles as they lie, the low ones one group and the high ones the next) with every column's quants is one int8
-    ``tl.dot`` on the tensor cores (exact; the columns padded to 16, the smallest dot), then per group in f32 the
-    weight's scale times d times the dot, minus the weight's offset (the K-quants' dmin * m) times s. Q6_K's groups
-    of 32 take two scales: the dot of each half (the other half's quants zero) is scaled by its own. One K-quant
-    block (8 groups) per step. Returns [BLOCK_M, COLS] f32; the torch reference is
+    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
+    workspace ``ws_ptr`` (:func:`activation_bytes`). Each group's integer dot of the weight's quants (decoded to int8
+    in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's nibbles as they lie, the low ones one group and
+    the high ones the next) with its activation quants is one int8 ``tl.dot`` on the tensor cores (exact; the
+    columns padded to 16, the smallest dot). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times
+    both scales, in f32. The K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group
+    dots times their integer scales add up exactly in int32 (Q6_K's groups of 32 take two: each half's dot against
+    the activations with the other half zeroed), as do the mins times the activations' group sums, then one f32
+    step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, 16] f32; the torch reference is
     :func:`gdnpass.kernels.quants.mul_mat_q`."""
-    x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)             # [N, K] int8
-    xd = (ws_ptr + N * K).to(tl.pointer_type(tl.float32), bitcast=True)  # [N, K / 32]
-    xs = xd + N * (K // SUB)
-    c_g = cols.to(tl.int64) * (K // SUB)
+    x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    xb = (xd + XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
+    c16 = tl.arange(0, XCOLS)
     e = tl.arange(0, SUB)
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
     rm = row_mask[:, None]
-    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    acc = tl.zeros([rows.shape[0], XCOLS], tl.float32)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
-        if QTYPE == "q4_k" or QTYPE == "q5_k":
-            SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
-            w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
-            blk = w_row + sb * SIZE                                      # [BLOCK_M] the block's bytes
-            dm = tl.load(w32 + blk // 4, mask=row_mask, other=0)
-            d, dmin = f16_bits(dm), f16_bits(dm >> 16)
-            s0 = tl.load(w32 + blk // 4 + 1, mask=row_mask, other=0)     # scales[0:4], [4:8], [8:12]
-            s1 = tl.load(w32 + blk // 4 + 2, mask=row_mask, other=0)
-            s2 = tl.load(w32 + blk // 4 + 3, mask=row_mask, other=0)
-            if QTYPE == "q5_k":
-                qh = tl.load(w_ptr + blk[:, None] + 16 + e[None, :], mask=rm, other=0)
-            for p in tl.static_range(4):
-                # bytes 32p..32p+31 of qs: their low nibbles are group 2p, their high nibbles group 2p + 1
-                qb = tl.load(w_ptr + blk[:, None] + (SIZE - QK_K // 2) + 32 * p + e[None, :], mask=rm, other=0)
-                lo, hi = qb & 0xF, qb >> 4
-                if QTYPE == "q5_k":
-                    lo |= ((qh >> (2 * p)) & 1) << 4
-                    hi |= ((qh >> (2 * p + 1)) & 1) << 4
-                g = sb * GROUPS_K + 2 * p
-                t_e = _group_dot(lo.to(tl.int8), _group_x(x8, cols, col_mask, K, g * SUB))
-                t_o = _group_dot(hi.to(tl.int8), _group_x(x8, cols, col_mask, K, g * SUB + SUB))
-                sc_e, m_e = _scale_min_k4(s0, s1, s2, 2 * p)
-                sc_o, m_o = _scale_min_k4(s0, s1, s2, 2 * p + 1)
-                d_e = tl.load(xd + c_g + g, mask=col_mask, other=0.0)
-                d_o = tl.load(xd + c_g + g + 1, mask=col_mask, other=0.0)
-                s_e = tl.load(xs + c_g + g, mask=col_mask, other=0.0)
-                s_o = tl.load(xs + c_g + g + 1, mask=col_mask, other=0.0)
-                acc += (d * sc_e)[:, None] * d_e[None, :] * t_e - (dmin * m_e)[:, None] * s_e[None, :] \
-                    + (d * sc_o)[:, None] * d_o[None, :] * t_o - (dmin * m_o)[:, None] * s_o[None, :]
-        elif QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
+        if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
             w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
             for j in tl.static_range(GROUPS_K):
                 g = sb * GROUPS_K + j
@@ -257,31 +325,57 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, cols, col_mask, N, K,
                 blk = w_row + g * Q8_0_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
                 q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
-                t = _group_dot(q, _group_x(x8, cols, col_mask & on, K, g * SUB))
-                dx = tl.load(xd + c_g + g, mask=col_mask & on, other=0.0)
+                t = _group_dot(q, _group_x(x8, g, on)).to(tl.float32)
+                dx = tl.load(xd + g * XCOLS + c16, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
         else:
-            tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
-            # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + k (half n, quarter k) takes the low
-            # (k < 2) or high nibbles of ql[64n + 32(k & 1) + l] and bits 2k, 2k + 1 of qh[32n + l]
-            w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
-            blk = w_row + sb * Q6_K_BYTES
-            d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
-            first = e[None, :] < 16                                       # the half group of the even scale
-            for n in tl.static_range(2):
-                qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
-                for k in tl.static_range(4):
-                    ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * (k % 2) + e[None, :], mask=rm, other=0)
-                    q = (((ql >> (4 * (k // 2))) & 0xF) | (((qh >> (2 * k)) & 3) << 4)).to(tl.int8) - 32
-                    g = sb * GROUPS_K + 4 * n + k
-                    xq = _group_x(x8, cols, col_mask, K, g * SUB)             # one load for both halves' dots
-                    t_a = _group_dot(tl.where(first, q, 0), xq)
-                    t_b = _group_dot(tl.where(first, 0, q), xq)
-                    h = tl.load(w16 + blk // 2 + 96 + 4 * n + k, mask=row_mask, other=0).to(tl.int32)
-                    a = d * ((h << 24) >> 24).to(tl.float32)              # scales[8n + 2k]
-                    a2 = d * (h >> 8).to(tl.float32)                      # scales[8n + 2k + 1]
-                    dx = tl.load(xd + c_g + g, mask=col_mask, other=0.0)
-                    acc += (a[:, None] * dx[None, :]) * t_a + (a2[:, None] * dx[None, :]) * t_b
+            dx = tl.load(xd + sb * XCOLS + c16)
+            isum = tl.zeros([rows.shape[0], XCOLS], tl.int32)
+            if QTYPE == "q4_k" or QTYPE == "q5_k":
+                SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
+                w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+                blk = w_row + sb * SIZE                                  # [BLOCK_M] the block's bytes
+                dm = tl.load(w32 + blk // 4, mask=row_mask, other=0)
+                s0 = tl.load(w32 + blk // 4 + 1, mask=row_mask, other=0)  # scales[0:4], [4:8], [8:12]
+                s1 = tl.load(w32 + blk // 4 + 2, mask=row_mask, other=0)
+                s2 = tl.load(w32 + blk // 4 + 3, mask=row_mask, other=0)
+                if QTYPE == "q5_k":
+                    qh = tl.load(w_ptr + blk[:, None] + 16 + e[None, :], mask=rm, other=0)
+                msum = tl.zeros([rows.shape[0], XCOLS], tl.int32)
+                for j in tl.static_range(GROUPS_K):
+                    if j % 2 == 0:  # bytes 16j..16j+31 of qs: low nibbles group j, high nibbles group j + 1
+                        qb = tl.load(w_ptr + blk[:, None] + (SIZE - QK_K // 2) + 16 * j + e[None, :], mask=rm,
+                                     other=0)
+                    if QTYPE == "q5_k":
+                        q = _q5_quants(qb, qh, j)
+                    else:
+                        q = _nibbles(qb, j % 2)
+                    g = sb * GROUPS_K + j
+                    sc, m = _scale_min_k4(s0, s1, s2, j)
+                    isum += sc[:, None] * _group_dot(q, _group_x(x8, g))
+                    msum += m[:, None] * tl.load(xb + g * XCOLS + c16)[None, :]
+                acc += (f16_bits(dm)[:, None] * dx[None, :]) * isum.to(tl.float32) \
+                    - (f16_bits(dm >> 16)[:, None] * dx[None, :]) * msum.to(tl.float32)
+            else:
+                tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
+                # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + k (half n, quarter k) takes the low
+                # (k < 2) or high nibbles of ql[64n + 32(k & 1) + l] and bits 2k, 2k + 1 of qh[32n + l]
+                w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
+                blk = w_row + sb * Q6_K_BYTES
+                d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
+                first = e[:, None] < 16                                   # the half group of the even scale
+                for n in tl.static_range(2):
+                    qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
+                    for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
+                        ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * i + e[None, :], mask=rm, other=0)
+                        for h in tl.static_range(2):
+                            q = _q6_quants(ql, qh, 2 * h + i)
+                            xq = _group_x(x8, sb * GROUPS_K + 4 * n + 2 * h + i)
+                            sc = tl.load(w16 + blk // 2 + 96 + 4 * n + 2 * h + i, mask=row_mask, other=0)
+                            sc = sc.to(tl.int32)                           # scales[8n + 2k], [8n + 2k + 1]
+                            isum += ((sc << 24) >> 24)[:, None] * _group_dot(q, tl.where(first, xq, 0)) \
+                                + (sc >> 8)[:, None] * _group_dot(q, tl.where(first, 0, xq))
+                acc += (d[:, None] * dx[None, :]) * isum.to(tl.float32)
     return acc
 
 
@@ -314,7 +408,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
         if QTYPE != "":
-            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, cols, col_mask, N, K, 0, K, QTYPE)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, 0, K, QTYPE)
         else:
             acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
         _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
@@ -323,8 +417,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
         if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, cols, col_mask, N, K, k0,
-                                tl.minimum(k0 + k_len, K), QTYPE)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k0, tl.minimum(k0 + k_len, K), QTYPE)
         else:
             acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
                               BLOCK_K, DOT, EVICT, terms)
@@ -473,15 +566,19 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16): a K-quant block (8 groups of 32)
-    per K step, 64-row blocks (128 for Q8_0), 4 warps, K split until the launch has >= 256 programs (>= 512 above
-    4096 rows). From the H200 sweep of 2026-12-04 (``tune_matvec.py --wtypes q4_k,q6_k,q8_0 --shapes
-    4096x4096,12288x4096 --cols 1,4,8,16``, docs/performance.md): within 3% of each case's best but Q8_0 at one
-    column of 12288 rows (8%)."""
+    per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the launch has at
+    least :data:`QUANTIZED_PROGRAMS` programs. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a
+    probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10%
+    of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``)."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
-    while blocks * want < (512 if M > 4096 else 256) and want < 16:
+    least = QUANTIZED_PROGRAMS.get(wtype, 512) if wtype != "q8_0" or M > 4096 else 256
+    while blocks * want < least and want < 16:
         want *= 2
     return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want))
+
+
+QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384}  # the least programs a launch is split to (the others: 512)
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -534,9 +631,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols >= 16,
+    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols == XCOLS.value,
              f"mul_mat_vec: {wtype.label} weights need the tensor-core form (dot), K steps of {QK_K.value} and "
-             "tiles of >= 16 rows and columns")
+             f"tiles of >= 16 rows and {XCOLS.value} columns")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -550,18 +647,27 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     else:
         cols_x, cols_y = (x.shape[2], x.shape[1], xs[1], xs[2], xs[3]), ys
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
-    if wtype.is_quantized:  # the pre-pass: the activations as int8 groups, their scales and sums, in the workspace
-        acts = activation_workspace(x.device, N * K + 2 * N * (K // SUB.value) * 4, "mul_mat_vec")
-        _quantize_x_kernel[(N, triton.cdiv(K // SUB.value, X_GROUPS))](
-            x, acts, acts[N * K:].view(torch.float32), acts[N * K + N * (K // SUB.value) * 4:].view(torch.float32),
-            K, *cols_x[:2], *cols_x[2:], G=X_GROUPS, **LAUNCH)
-        x = acts
+    if wtype.is_quantized:
+        x = quantize_activations(x, wtype, K, N, cols_x)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
         RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""),
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
+
+
+def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: tuple) -> torch.Tensor:
+    """A quantized product's pre-pass: x's N columns of K (``cols_x``: ne1, ne2 and the strides s1, s2, s3, as the
+    mat-vec takes them) quantized for a ``wtype`` weight into the activation workspace (:func:`activation_bytes`:
+    Q8_0's q8_1 groups, the K-quants' q8_K blocks), which it returns (uint8)."""
+    acts = activation_workspace(x.device, activation_bytes(K), "mul_mat_vec")
+    if wtype is DType.Q8_0:
+        _quantize_x_kernel[(XCOLS.value, triton.cdiv(K // SUB.value, X_GROUPS))](x, acts, K, N, *cols_x, G=X_GROUPS,
+                                                                                  **LAUNCH)
+    else:
+        _quantize_x_k_kernel[(XCOLS.value, K // QK_K.value)](x, acts, K, N, *cols_x, **LAUNCH)
+    return acts
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DType | None = None) -> None:

@@ -61,8 +61,9 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs
 
 
 def variants():
-    # a quantized product's pre-pass: the activations as int8 groups (the workspace: bytes, then f32 scales and sums)
-    yield (mv._quantize_x_kernel, dict(G=mv.X_GROUPS), core.NUM_WARPS, dict(q_ptr="*i8"))
+    # a quantized product's pre-passes: the activations as int8 groups (the workspace: bytes, then scales and sums)
+    yield (mv._quantize_x_kernel, dict(G=mv.X_GROUPS), core.NUM_WARPS, dict(ws_ptr="*u8"))
+    yield (mv._quantize_x_k_kernel, {}, core.NUM_WARPS, dict(ws_ptr="*u8"))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=ssm.CONV_BLOCK_C, N_T=n_t), core.NUM_WARPS
     for kind in elt.UNARY_KINDS:

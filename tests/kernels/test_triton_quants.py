@@ -15,7 +15,7 @@ from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_matvec as mv
-from gdnpass.kernels.quants import dequantize, mul_mat_q, quantize_x, random_blocks
+from gdnpass.kernels.quants import dequantize, mul_mat_q, quantize_x, quantize_x_ggml_cpu, random_blocks
 from support.arena import DEVICE, Arena, assert_close, rnd
 from support.compare import assert_bits, assert_same_bytes
 
@@ -102,3 +102,34 @@ def test_quantized_launch_refusals():
         mv._mat_vecs([(w, y)], x, mv.MatVecTile(16, 4, 32, True, 4), dtype=DType.Q4_K)
     with pytest.raises(KernelError, match="mul_mat_vec of torch.uint8 weights"):
         mv.mul_mat_vec(w, x, y)  # bytes without their type
+
+
+def _workspace_activations(acts: torch.Tensor, K: int):
+    """The pre-pass's workspace (triton_matvec.activation_bytes) as q [16 columns, K] int8 and its f32 / i32 words."""
+    q = acts[:16 * K].view(K // 32, 16, 32).transpose(0, 1).reshape(16, K).view(torch.int8)
+    return q, acts[16 * K:mv.activation_bytes(K)].view(torch.int32)
+
+
+def test_k_quant_activations_are_ggml_cpus_q8_K_blocks():
+    """The K-quants' pre-pass against quants.quantize_x_ggml_cpu bit for bit: q, d per block of 256, the quants' sums
+    per group of 32; a tie of magnitudes (the first wins: -3 before 3), halves rounding to even, an all-zero block,
+    strided columns, and the columns past N zero."""
+    K, n = 512, 3
+    a = Arena(1 << 22)
+    x = rnd(1, 1, n, K)
+    x[0, 0, 0, :2] = torch.tensor([-30.0, 30.0])                     # a tie: the first is max
+    x[0, 0, 1, 256:] = 0.0                                           # an all-zero block
+    x[0, 0, 2, 256:260] = torch.tensor([-127.0, 2.5, 3.5, -2.5])     # iscale 1: halves to even
+    x = a.put(x, row_stride=K + 32)
+    q_ref, d_ref = quantize_x_ggml_cpu(x.reshape(n, K).cpu(), DType.Q4_K)
+    acts = mv.quantize_activations(x, DType.Q4_K, K, n, (n, 1, K + 32, n * (K + 32), n * (K + 32)))
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+    q, words = _workspace_activations(acts.cpu(), K)
+    d = words[:16 * (K // 256)].view(torch.float32).view(K // 256, 16).t()
+    sums = words[16 * (K // 256):].view(K // 32, 16).t()
+    assert torch.equal(q[:n].to(torch.int16), q_ref) and not q[n:].any()
+    assert torch.equal(d[:n].double(), d_ref[:, ::256]) and not d[n:].any()
+    assert torch.equal(sums[:n], q_ref.view(n, -1, 32).sum(-1).int()) and not sums[n:].any()
+    assert q_ref[0, :2].tolist() == [-127, 127] and d[1, 1] == 0 and d[2, 1] == 1
+    assert q_ref[2, 256:260].tolist() == [-127, 2, 4, -2]
