@@ -158,8 +158,8 @@ def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 def mul_mat(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
     """MUL_MAT: w ne [K, M, W2, W3], x ne [K, N, B2, B3] -> ne [M, N, B2, B3], out = x @ wᵀ in f32.
     Batch broadcast as ggml: x batch i2 uses weight batch i2 // (B2 // W2) (likewise dim 3). A quantized ``dtype``
-    (w: the bytes of one matrix): the activations quantized to int8 per 32 as llama.cpp does
-    (:func:`gdnpass.kernels.quants.mul_mat_q`)."""
+    (w: the bytes of one matrix): the activations quantized to int8 as llama.cpp does, in the kernels' scheme
+    (:func:`gdnpass.kernels.quants.mul_mat_q`: ggml-cpu's q8_K blocks for the K-quants, CUDA's q8_1 for Q8_0)."""
     if dtype is not None and dtype.is_quantized:
         from gdnpass.kernels.quants import mul_mat_q
 

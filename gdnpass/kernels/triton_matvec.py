@@ -708,7 +708,7 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     if not runs_as_mat_vec(M, N):
         return []  # torch's matmul
     t = mat_vec_tile(M, N, K, w.type.label)
-    pre = [("quantize_x", N * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
+    pre = [("quantize_x", XCOLS.value * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
     return pre + [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
                    triton.cdiv(K, t.block_k * t.split_k))]
 

@@ -44,8 +44,9 @@ def test_get_rows_of_quantized_rows_are_the_references_bits(dtype):
 @pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
 @pytest.mark.parametrize("n", [1, 3, 16])
 def test_mul_mat_vec_reads_quantized_blocks(dtype, n):
-    """The mat-vec on the blocks (the activations' int8 groups from the pre-pass, each group's integer dot on the
-    tensor cores, exact: llama.cpp's mmvq numerics): within f32 summation accuracy of its reference
+    """The mat-vec on the blocks (the activations' int8 blocks from the pre-pass, each group's integer dot on the
+    tensor cores, exact: ggml-cpu's q8_K numerics for the K-quants, mmvq's q8_1 for Q8_0): within f32 summation
+    accuracy of its reference
     (quants.mul_mat_q, f64 sums) at the tiles mat_vec_tile gives (thin rows; wide rows; K split, one slice empty),
     at a small M (the interpreter pays per program); within 2% of the largest output of the exact product of the
     dequantized weight (what the activations' int8 rounding costs); the pair byte-identical to the single products;

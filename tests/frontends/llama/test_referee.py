@@ -353,10 +353,11 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, typed_files, wtype, rs, f
     (quants.quantize_x_ggml_cpu). Measured (2026-12-03): Q8_0 9.8e-8; llama.cpp's own mixes Q4_K_M (Q4_K, Q6_K)
     1.5e-7 / 2.1e-7 (flash on / off), Q5_K_M (Q5_K, Q6_K) 1.2e-7, Q6_K 2.8e-7 / 5.7e-3. The 5.7e-3: an 8-bit
     rounding of an activation flipped by a ~1e-7 difference upstream of it (the f16 files' effect, with a step
-    of 1/254 instead of 1/2048), hence the bound 1e-2. gdnpass's kernels quantize the activation as llama.cpp's CUDA
-    backend does (q8_1 groups of 32, quants.quantize_x): against the CPU's logits that scheme is 3.2e-2 (Q8_0) /
+    of 1/254 instead of 1/2048), hence the bound 1e-2. llama.cpp's CUDA backend quantizes to q8_1 groups of 32
+    (quants.quantize_x), as gdnpass's kernels do for Q8_0: against the CPU's logits that scheme is 3.2e-2 (Q8_0) /
     6.7e-2 (Q4_K_M) apart on these random tiny models, exact f32 activations 4.1e-2 / 4.0e-2, both over the bound:
-    the activations' 8-bit rounding, not the weights, is what separates backends on quantized files."""
+    the activations' 8-bit rounding, not the weights, is what separates backends on quantized files. For the
+    K-quants the kernels take ggml-cpu's q8_K blocks (quants.mul_mat_q: the scheme modelled here)."""
     import numpy as np
     import torch
 
