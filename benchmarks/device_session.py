@@ -1,7 +1,7 @@
-"""Everything the GPU host is for, in three parts that each fit one 10-minute device call; a short table last.
+"""Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5 [--out DIR]
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
 alpha/beta pair against the read bandwidth, the whole qwen3.5-9b verify, ours off / on / on without the newest
@@ -19,6 +19,9 @@ Part 4 (issue 34): the quantized kernels compiled (test_triton_quants.py), the q
 shapes (``bench.py --quick --only quant``), the whole 9B verify with Q4_K and with Q8_0 weights (``--only whole
 --wtype``), ``run --check`` of 8 layers of the 9B with Q4_K weights, and ncu's reading of one Q4_K launch
 (``one_matvec.py``).
+Part 5 (issue 34, after part 4): the quantized tiles re-swept (``tune_matvec.py --wtypes q4_k,q6_k,q8_0``), and the
+probe of Q4_K's block sums as chained dots (``probe_q4k_scaled.py``: its bytes against the production kernel's, then
+both timed).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
@@ -38,7 +41,7 @@ from gdnpass.bench.session import run_step, steps
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", type=int, choices=(1, 2, 3, 4), required=True)
+    p.add_argument("--part", type=int, choices=(1, 2, 3, 4, 5), required=True)
     p.add_argument("--source", help="part 1: a folder `gdnpass llama-build --pack` wrote")
     p.add_argument("--out", default=os.environ.get("OUT") or "device-session", help="logs and JSON (default: $OUT)")
     a = p.parse_args()

@@ -47,6 +47,15 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                            "WarpStateStats", "--section", "MemoryWorkloadAnalysis", "-k", "regex:mul_mat_vec", "-c", "1",
                            PY, "benchmarks/one_matvec.py", "q4_k", "12288", "4096", "4"], 30),
         ]
+    if part == 5:
+        return [
+            # issue 34, after part 4: the production tiles of the q8_K form re-swept (tune_matvec's candidates), and
+            # the probe of Q4_K's block sums as chained dots (its bytes checked against the production kernel first)
+            ("tune-quant", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q4_k,q6_k,q8_0", "--shapes",
+                            "4096x4096,12288x4096,4096x12288", "--cols", "1,4,8,16", "--budget-s", "300",
+                            "--json", str(out / "tune-quant.json")], 340),
+            ("probe-q4k-scaled", [PY, "benchmarks/probe_q4k_scaled.py"], 180),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
