@@ -501,7 +501,11 @@ def _add_capture_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rs-seq", type=int, default=3, help="n_rs_seq, rollback snapshot planes (default: 3)")
     g.add_argument("--ubatch", type=int, default=512, help="n_ubatch; must exceed rs-seq + 1 (default: 512)")
     g.add_argument("--batch", type=int, default=None, help="n_batch (default: max(2048, n_ubatch))")
-    g.add_argument("--ctx", type=int, default=256, help="n_ctx (default: 256)")
+    g.add_argument("--ctx", type=int, default=256, help="n_ctx (default: 256; with --seqs S and no --kv-unified "
+                   "llama.cpp gives each sequence's KV stream n_ctx / S cells, padded to 256)")
+    g.add_argument("--seqs", type=int, default=1, help="sequences in the verify ubatch (n_seq_max): each prompt "
+                   "decoded alone, then one batch of seqs x tokens that split_equal makes one ubatch (default: 1)")
+    g.add_argument("--kv-unified", action="store_true", help="one KV stream for all sequences (kv_unified)")
     g.add_argument("--prompt", type=int, default=8, help="prompt tokens decoded before the verify (default: 8)")
     g.add_argument("--flash-attn", default="auto", choices=["auto", "on", "off"], help="default: auto")
     g.add_argument("--threads", type=int, default=2, help="default: 2")
@@ -518,7 +522,7 @@ def _add_capture_args(p: argparse.ArgumentParser) -> None:
 # capture.Settings field -> the flag that sets it
 CAPTURE_FLAGS = {"n_tokens": "--tokens", "n_rs_seq": "--rs-seq", "n_ubatch": "--ubatch", "n_batch": "--batch",
                  "n_ctx": "--ctx", "n_prompt": "--prompt", "flash_attn": "--flash-attn", "n_threads": "--threads",
-                 "mtp": "--mtp", "mtp_outputs": "--mtp-outputs"}
+                 "mtp": "--mtp", "mtp_outputs": "--mtp-outputs", "n_seqs": "--seqs", "kv_unified": "--kv-unified"}
 
 
 def cmd_capture(a: argparse.Namespace) -> int:
@@ -529,7 +533,8 @@ def cmd_capture(a: argparse.Namespace) -> int:
 
     settings = capture.Settings(n_tokens=a.tokens, n_rs_seq=a.rs_seq, n_ubatch=a.ubatch,
                                 n_batch=a.batch or max(2048, a.ubatch), n_ctx=a.ctx, n_prompt=a.prompt,
-                                flash_attn=a.flash_attn, n_threads=a.threads, mtp=a.mtp, mtp_outputs=a.mtp_outputs)
+                                flash_attn=a.flash_attn, n_threads=a.threads, mtp=a.mtp, mtp_outputs=a.mtp_outputs,
+                                n_seqs=a.seqs, kv_unified=a.kv_unified)
     # everything a user can get wrong, before llama.cpp is built (a first build downloads and compiles for minutes)
     settings.check(lambda field: CAPTURE_FLAGS[field])
     shape = open_model(a.gguf).shape  # the header and every tensor, validated

@@ -266,22 +266,26 @@ class VerifyBuilder:
         f.expand(k)
         k_cache, v_cache = self.kv_caches(il)
         k_idxs, v_idxs, kq_mask = self.attn_inputs()
-        n_kv_e, row, kv = hd * Hkv, 2 * hd * Hkv, cfg.kv_size
-        f.expand(f.set_rows(k_cache, f.view_2d(k, n_kv_e, n_t, f.nb(k)[2], 0), k_idxs))
+        n_kv_e, row, kv, ns = hd * Hkv, 2 * hd * Hkv, cfg.kv_size, cfg.n_stream
+        # cpy_k / cpy_v: the row ids are global over the streams, so several streams are stored as one 2-D cache
+        k_rows = f.reshape_2d(k_cache, n_kv_e, kv * ns) if ns > 1 else k_cache
+        f.expand(f.set_rows(k_rows, f.view_2d(k, n_kv_e, n_t, f.nb(k)[2], 0), k_idxs))
         if cfg.flash_attn:  # cpy_v: V rows like K's
-            f.expand(f.set_rows(v_cache, f.view_2d(v, n_kv_e, n_t, f.nb(v)[2], 0), v_idxs))
+            v_rows = f.reshape_2d(v_cache, n_kv_e, kv * ns) if ns > 1 else v_cache
+            f.expand(f.set_rows(v_rows, f.view_2d(v, n_kv_e, n_t, f.nb(v)[2], 0), v_idxs))
         else:  # cpy_v of a transposed V cache: one element per row, v_idxs has n_t * n_embd_v_gqa ids
             v_el = f.reshape_2d(f.reshape_2d(v, n_kv_e, n_t), 1, n_kv_e * n_t)
-            f.expand(f.set_rows(f.reshape_2d(v_cache, 1, n_kv_e * kv), v_el, v_idxs))
-        # get_k / get_v: [hd, Hkv, n_kv] views (a transposed V: [n_kv, Hkv, hd])
-        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * kv, 0)
+            f.expand(f.set_rows(f.reshape_2d(v_cache, 1, n_kv_e * kv * ns), v_el, v_idxs))
+        # get_k / get_v: [hd, Hkv, n_kv, ns] views, one per stream (a transposed V: [n_kv, Hkv, hd, ns])
+        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, ns, 2 * hd, row, row * kv, 0)
         if cfg.flash_attn:
-            v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, 1, 2 * hd, row, row * kv, 0)
+            v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, ns, 2 * hd, row, row * kv, 0)
         else:
-            v_view = f.view_4d(v_cache, cfg.n_kv, Hkv, hd, 1, 2 * kv * hd, 2 * kv, 2 * kv * n_kv_e, 0)
-        # build_attn_mha: q as one stream, permuted to [hd, n_t, H]; flash attention, or KQ, softmax, KQV
-        nbq = f.nb(q)
-        q = f.permute(f.view_4d(q, hd, H, n_t, 1, nbq[1], nbq[2], nbq[2] * n_t, 0), 0, 2, 1, 3)
+            v_view = f.view_4d(v_cache, cfg.n_kv, Hkv, hd, ns, 2 * kv * hd, 2 * kv, 2 * kv * n_kv_e, 0)
+        # build_attn_mha: q as ns streams of n_t/ns tokens, permuted to [hd, n_t/ns, H, ns]; flash attention, or
+        # KQ, softmax, KQV
+        nbq, n_ts = f.nb(q), n_t // ns
+        q = f.permute(f.view_4d(q, hd, H, n_ts, ns, nbq[1], nbq[2], nbq[2] * n_ts, 0), 0, 2, 1, 3)
         k_p, v_p, scale = f.permute(k_view, 0, 2, 1, 3), f.permute(v_view, 0, 2, 1, 3), 1.0 / math.sqrt(float(hd))
         if cfg.flash_attn:
             out = f.flash_attn_ext_f32(q, k_p, v_p, kq_mask, scale)
@@ -299,21 +303,24 @@ class VerifyBuilder:
         return self.cb(f.mul_mat(self.weight("attn_output.weight", il, wt, (hd * H, E)), cur), "attn_output", il)
 
     def kv_caches(self, il: int):
-        """The layer's F16 K and V caches (llama_kv_cache's k_l / v_l, rows of n_embd_k_gqa, kv_size cells)."""
-        m = self.m
-        n = m.key_length * m.head_count_kv
-        return (self.f.new_tensor("cache", f"cache_k_l{il}", DType.F16, (n, self.cfg.kv_size), il=il),
-                self.f.new_tensor("cache", f"cache_v_l{il}", DType.F16, (n, self.cfg.kv_size), il=il))
+        """The layer's F16 K and V caches (llama_kv_cache's k_l / v_l, rows of n_embd_k_gqa, kv_size cells per
+        stream, n_stream streams)."""
+        m, cfg = self.m, self.cfg
+        ne = (m.key_length * m.head_count_kv, cfg.kv_size, cfg.n_stream)
+        return (self.f.new_tensor("cache", f"cache_k_l{il}", DType.F16, ne, il=il),
+                self.f.new_tensor("cache", f"cache_v_l{il}", DType.F16, ne, il=il))
 
     def attn_inputs(self):
-        """build_inp_mem_hybrid's attention inputs, made once: K/V row ids (I64) and the F16 KQ mask [n_kv, n_t]."""
+        """build_inp_mem_hybrid's attention inputs, made once: K/V row ids (I64) and the F16 KQ mask
+        [n_kv, n_t / n_stream, 1, n_stream]."""
         if not hasattr(self, "_attn_inputs"):
             f, cfg, n_t = self.f, self.cfg, self.cfg.n_tokens * self.cfg.n_seqs
             n_v = n_t if cfg.flash_attn else n_t * self.m.head_count_kv * self.m.value_length  # transposed V: elements
             mask_t = DType.F16 if cfg.flash_attn else F32  # build_attn_inp_kq_mask: F16 for flash attention only
             self._attn_inputs = (f.new_tensor("input", "attn_inp_k_idxs", DType.I64, (n_t,), input=True),
                                  f.new_tensor("input", "attn_inp_v_idxs", DType.I64, (n_v,), input=True),
-                                 f.new_tensor("input", "attn_inp_kq_mask", mask_t, (cfg.n_kv, n_t), input=True))
+                                 f.new_tensor("input", "attn_inp_kq_mask", mask_t,
+                                              (cfg.n_kv, n_t // cfg.n_stream, 1, cfg.n_stream), input=True))
         return self._attn_inputs
 
     # ---- qwen35.cpp build_layer_attn_linear -----------------------------------------------------------------------

@@ -359,7 +359,9 @@ class VerifyConfig:
     qk_norm: str = DEFAULT_QK_NORM  # q/k normalisation: "l2" (L2_NORM) or "rms" (upstream's RMS_NORM + SCALE)
     # the whole forward (issue 17): token embedding, every layer (full attention too), output norm, lm head
     whole: bool = False
-    kv_size: int = 256         # KV cache cells (llama.cpp: n_ctx, padded to 256)
+    kv_size: int = 256         # KV cache cells of each stream (llama.cpp: n_ctx_seq, n_ctx / n_stream padded to 256)
+    # one KV stream for all sequences (llama_context_params.kv_unified), else one per sequence: llama.cpp's default
+    kv_unified: bool = False
     n_kv: int = 256            # cells the attention reads (llama.cpp pads the used cells to 256, at most kv_size)
     flash_attn: bool = True    # FLASH_ATTN_EXT (llama.cpp's CPU "auto"), else MUL_MAT + SOFT_MAX + MUL_MAT
     n_past: int = 0            # tokens in the KV cache before this ubatch (its first position)
@@ -409,6 +411,11 @@ class VerifyConfig:
     def outputs(self) -> int:
         """Rows of logits the ubatch computes (the lm head's columns)."""
         return self.n_tokens * self.n_seqs if self.n_outputs is None else self.n_outputs
+
+    @property
+    def n_stream(self) -> int:
+        """KV cache streams (llama_kv_cache's n_stream): one per sequence unless the cache is unified."""
+        return 1 if self.kv_unified else self.n_seqs
 
     @property
     def cells(self) -> int:

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
+from gdnpass.ir import GraphError
 from gdnpass.models.hparams import VerifyConfig, default_ids
 
 NEG_INF = float("-inf")
@@ -30,6 +31,9 @@ class InputWriter:
         self.sizes = {"rs_s_copy": len(default_ids(cfg))}
         if not cfg.whole:
             return
+        if cfg.n_seqs > 1:  # (positions, KV cells and the per-stream mask below are one sequence's)
+            raise GraphError(f"config field 'n_seqs': the inputs of a whole forward are written for one sequence, "
+                             f"not {cfg.n_seqs} (several sequences' positions, KV cells and masks: issue 37 item 4)")
         m = cfg.shape
         self.tokens = np.arange(n_t)  # token i of the ubatch sits at position n_past + i, in cell n_past + i
         self.out_ids = np.arange(n_t - cfg.outputs, n_t)  # the rows whose logits are asked for: the last

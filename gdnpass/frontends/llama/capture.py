@@ -86,6 +86,12 @@ class Settings:
     # for none)
     mtp: bool = False
     mtp_outputs: str = "all"
+    # several sequences in one verify (issue 37): a context of n_seq_max = n_seqs (one recurrent cell each), each
+    # sequence's prompt decoded on its own, then one batch of n_seqs x n_tokens verify tokens, which llama.cpp's
+    # split_equal makes one ubatch (n_ubatch >= n_seqs * n_tokens); kv_unified as llama_context_params has it (False,
+    # its default: one KV stream per sequence)
+    n_seqs: int = 1
+    kv_unified: bool = False
 
     def check(self, name=None) -> None:
         """GraphError, one line, for settings llama.cpp or the capture cannot take; ``name(field)`` names a field
@@ -95,7 +101,10 @@ class Settings:
                 raise GraphError(f"capture setting {name(field) if name else field}: {msg}")
         need(1 <= self.n_tokens <= 64, "n_tokens", f"must be 1..64, is {self.n_tokens}")
         need(0 <= self.n_rs_seq <= 15, "n_rs_seq", f"must be 0..15, is {self.n_rs_seq}")
-        need(self.n_ubatch >= self.n_tokens, "n_ubatch", f"must be at least n_tokens ({self.n_tokens})")
+        need(1 <= self.n_seqs <= 256, "n_seqs", f"must be 1..256 (llama.cpp's LLAMA_MAX_SEQ), is {self.n_seqs}")
+        n_t = self.n_tokens * self.n_seqs
+        need(self.n_ubatch >= n_t, "n_ubatch", f"must be at least n_tokens x n_seqs ({n_t}): one verify is one ubatch")
+        need(not (self.mtp and self.n_seqs > 1), "n_seqs", "the MTP capture decodes one sequence")
         need(self.n_batch >= self.n_ubatch, "n_batch", f"must be at least n_ubatch ({self.n_ubatch})")
         need(self.n_prompt >= 1, "n_prompt", f"must be >= 1, is {self.n_prompt}")
         need(self.n_ctx >= self.n_prompt + self.n_tokens, "n_ctx",
@@ -109,7 +118,11 @@ class Settings:
 
     def tokens(self, n_vocab_hint: int = 1 << 30) -> tuple[list[int], list[int]]:
         """Prompt and verify token ids (deterministic in ``seed``; the worker reduces them modulo the vocab)."""
-        ids = [(1 + 7919 * (self.seed + 1) * (i + 1)) % 32749 for i in range(self.n_prompt + self.n_tokens)]
+        return self.seq_tokens(0)
+
+    def seq_tokens(self, seq: int) -> tuple[list[int], list[int]]:
+        """Sequence ``seq``'s prompt and verify token ids (sequence 0's are :meth:`tokens`)."""
+        ids = [(1 + 7919 * (self.seed + seq + 1) * (i + 1)) % 32749 for i in range(self.n_prompt + self.n_tokens)]
         return ids[: self.n_prompt], ids[self.n_prompt:]
 
 
@@ -144,7 +157,9 @@ def run_worker(gguf: str | os.PathLike, settings: Settings, install: build.Insta
     if not path.is_file():
         raise LlamaError(f"capture: GGUF file {path} does not exist")
     prompt, verify = settings.tokens()
-    req = {"gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "layout": install.layout,
+    if settings.n_seqs > 1:  # a list per sequence
+        prompt, verify = (list(x) for x in zip(*(settings.seq_tokens(q) for q in range(settings.n_seqs))))
+    req = {"n_seqs": settings.n_seqs, "kv_unified": settings.kv_unified, "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "layout": install.layout,
            "n_ctx": settings.n_ctx, "n_batch": settings.n_batch, "n_ubatch": settings.n_ubatch,
            "n_rs_seq": settings.n_rs_seq, "flash_attn": settings.flash_attn, "n_threads": settings.n_threads,
            "prompt": prompt, "verify": verify, "record_memory": settings.record_memory,
@@ -460,7 +475,9 @@ def summary_text(s: dict, path: str) -> str:
     mtp = st.get("mtp")
     what = (f"MTP ubatch of {st['n_tokens']} tokens ({mtp['n_outputs']} with logits) in the MTP context (n_rs_seq "
             f"{st['n_rs_seq']}; the target's {mtp['n_rs_seq_target']})" if mtp else
-            f"verify ubatch of {st['n_tokens']} tokens, n_rs_seq {st['n_rs_seq']}")
+            f"verify ubatch of {st['n_tokens']} tokens, n_rs_seq {st['n_rs_seq']}" if st.get("n_seq_max", 1) == 1 else
+            f"verify ubatch of {st['n_seq_max']} sequences x {st['n_tokens'] // st['n_seq_max']} tokens "
+            f"({'one unified KV stream' if st['kv_unified'] else 'a KV stream each'}), n_rs_seq {st['n_rs_seq']}")
     lines = [
         f"gdnpass capture: {s['gguf']} on llama.cpp {s['llama_cpp']}: {what}, n_ubatch {st['n_ubatch']} (reserve graph "
         f"{st['reserve']['n_tokens']} tokens), n_ctx {st['n_ctx']}, after a {st['n_prompt']}-token prompt",

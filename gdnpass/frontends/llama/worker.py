@@ -178,15 +178,22 @@ def run(req: dict) -> dict:
 
     vocab = L.llama_model_get_vocab(model)
     n_vocab = L.llama_vocab_n_tokens(vocab)
-    prompt = [int(x) % n_vocab for x in req["prompt"]]
-    verify = [int(x) % n_vocab for x in req["verify"]]
+    n_seqs = int(req.get("n_seqs", 1))
+    # sequence s's prompt and verify tokens (one list each per sequence; a one-sequence request may give a flat list)
+    per_seq = lambda ids: ids if ids and isinstance(ids[0], list) else [ids]  # noqa: E731
+    prompts = [[int(x) % n_vocab for x in p] for p in per_seq(req["prompt"])]
+    verifies = [[int(x) % n_vocab for x in v] for v in per_seq(req["verify"])]
+    if len(prompts) != n_seqs or len(verifies) != n_seqs:
+        raise Refused(f"n_seqs {n_seqs}: the request has {len(prompts)} prompts and {len(verifies)} verify batches")
+    prompt, verify = prompts[0], [x for v in verifies for x in v]
 
     t0 = time.perf_counter()
     phase[0] = "prompt"
     if mtp:
         mtp.step(prompt, 0, "none")
     else:
-        decode(L, ctx, logs, prompt, 0, "last")
+        for seq, p in enumerate(prompts):  # one decode per sequence: each its own cell of the recurrent memory
+            decode(L, ctx, logs, p, 0, "last", seq=seq)
     if record_memory:  # the buffers the prompt's graph reads besides the model and the compute buffer: the caches
         for c in read_reachable(prompt_order, PINNED_TENSOR, names).values():
             if c.buffer and c.buffer not in cache_buffers and int(g.ggml_backend_buffer_get_usage(c.buffer)) == 0:
@@ -200,7 +207,9 @@ def run(req: dict) -> dict:
         mtp.head(verify, len(prompt), req["mtp_outputs"])
     else:
         recording[0] = True
-        decode(L, ctx, logs, verify, len(prompt), "all")
+        # one batch of every sequence's verify tokens, sequence-major: split_equal makes it one ubatch of n_seqs
+        # sequences x n_tokens (its sequential split takes the sequence ids in increasing order)
+        decode_seqs(L, ctx, logs, verifies, len(prompt), "all")
     recording[0] = False
     verify_tensors = read_reachable(order, PINNED_TENSOR, names)
     logits_p = L.llama_get_logits(ctx)
@@ -215,7 +224,8 @@ def run(req: dict) -> dict:
     n_ctx = L.llama_n_ctx(ctx)
     r_tokens = min(n_ctx, req["n_ubatch"])
     n_outputs_max = req["n_batch"]  # llama_context_params.n_outputs_max = 0 -> n_batch
-    gf = reserve(ctx, r_tokens, 1, min(r_tokens, n_outputs_max))
+    # (llama_context::sched_reserve's: n_seqs = n_seq_max; graph_reserve rounds n_tokens up to a multiple of it)
+    gf = reserve(ctx, r_tokens, n_seqs, min(r_tokens, n_outputs_max))
     if not gf:
         raise Refused("llama_graph_reserve failed: " + _last_error(logs))
     rg = read_graph(gf, PINNED_GRAPH)
@@ -233,10 +243,11 @@ def run(req: dict) -> dict:
                                  "alignment": int(g.ggml_backend_buffer_get_alignment(c.buffer))}
     out = {
         "settings": {"n_ctx": int(n_ctx), "n_ctx_requested": req["n_ctx"], "n_batch": req["n_batch"],
-                     "n_ubatch": req["n_ubatch"], "n_seq_max": 1, "n_rs_seq": int(L.llama_n_rs_seq(ctx)),
+                     "n_ubatch": req["n_ubatch"], "n_seq_max": n_seqs,
+                     "kv_unified": bool(req.get("kv_unified")), "n_rs_seq": int(L.llama_n_rs_seq(ctx)),
                      "n_rs_seq_requested": req["n_rs_seq"], "flash_attn": req["flash_attn"],
                      "n_threads": req["n_threads"], "n_prompt": len(prompt), "n_tokens": len(verify),
-                     "reserve": {"n_tokens": r_tokens, "n_seqs": 1, "n_outputs": min(r_tokens, n_outputs_max)}},
+                     "reserve": {"n_tokens": r_tokens, "n_seqs": n_seqs, "n_outputs": min(r_tokens, n_outputs_max)}},
         "system_info": (L.llama_print_system_info() or b"").decode(errors="replace"),
         "n_vocab": int(n_vocab),
         "verify": {"nodes": order, "tensors": [c.to_json() for c in verify_tensors.values()]},
@@ -613,7 +624,8 @@ def make_context(L, model, req: dict, logs: list[str], n_rs_seq: int, cb_eval=No
     if ctx_other is not None:
         cp.ctx_other = ctx_other
     cp.n_ctx, cp.n_batch, cp.n_ubatch = req["n_ctx"], req["n_batch"], req["n_ubatch"]
-    cp.n_seq_max, cp.n_rs_seq = 1, n_rs_seq
+    cp.n_seq_max, cp.n_rs_seq = int(req.get("n_seqs", 1)), n_rs_seq  # one recurrent cell per sequence
+    cp.kv_unified = bool(req.get("kv_unified"))  # False (llama.cpp's default): one KV stream per sequence
     cp.n_threads = cp.n_threads_batch = req["n_threads"]
     cp.flash_attn_type = FLASH_ATTN[req["flash_attn"]]
     if cb_eval is not None:
@@ -625,19 +637,28 @@ def make_context(L, model, req: dict, logs: list[str], n_rs_seq: int, cb_eval=No
     return ctx
 
 
-def decode(L, ctx, logs: list[str], tokens: list[int], pos0: int, logits: str) -> None:
-    """One llama_decode of ``tokens`` at positions pos0.. of sequence 0, with logits for "all", the "last" or "none"
-    of its rows; a failure is a Refused naming llama.cpp's last error."""
-    b = L.llama_batch_init(len(tokens), 0, 1)
+def decode(L, ctx, logs: list[str], tokens: list[int], pos0: int, logits: str, seq: int = 0) -> None:
+    """One llama_decode of ``tokens`` at positions pos0.. of sequence ``seq``, with logits for "all", the "last" or
+    "none" of its rows; a failure is a Refused naming llama.cpp's last error."""
+    decode_seqs(L, ctx, logs, {seq: tokens}, pos0, logits)
+
+
+def decode_seqs(L, ctx, logs: list[str], tokens, pos0: int, logits: str) -> None:
+    """One llama_decode of one batch holding each sequence's tokens (``tokens``: a list per sequence id, or a dict
+    seq id -> list) at positions pos0.., sequence after sequence, with logits for "all" or the "last" of each
+    sequence's rows or "none"; a failure is a Refused naming llama.cpp's last error."""
+    seqs = tokens.items() if isinstance(tokens, dict) else enumerate(tokens)
+    rows = [(seq, i, tok, i == len(toks) - 1) for seq, toks in seqs for i, tok in enumerate(toks)]
+    b = L.llama_batch_init(len(rows), 0, 1)
     try:
-        b.n_tokens = len(tokens)
-        for i, tok in enumerate(tokens):
-            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos0 + i, 1
-            b.seq_id[i][0] = 0
-            b.logits[i] = 1 if logits == "all" or logits == "last" and i == len(tokens) - 1 else 0
+        b.n_tokens = len(rows)
+        for j, (seq, i, tok, last) in enumerate(rows):
+            b.token[j], b.pos[j], b.n_seq_id[j] = tok, pos0 + i, 1
+            b.seq_id[j][0] = seq
+            b.logits[j] = 1 if logits == "all" or logits == "last" and last else 0
         rc = L.llama_decode(ctx, b)
         if rc != 0:
-            raise Refused(f"llama_decode returned {rc} for {len(tokens)} tokens at position {pos0}: "
+            raise Refused(f"llama_decode returned {rc} for {len(rows)} tokens at position {pos0}: "
                           + _last_error(logs))
     finally:
         L.llama_batch_free(b)

@@ -1,0 +1,159 @@
+"""llama.cpp as the referee of a verify ubatch of several sequences (issue 37 item 1).
+
+A context of n_seq_max = S (one recurrent cell per sequence, llama.cpp's default of one KV stream per sequence, or
+one unified stream), each sequence's prompt decoded on its own, then one batch of S x T verify tokens, which
+llama.cpp's split_equal makes one ubatch (n_ubatch >= S x T). Captured on tiny-qwen35 (f32) for S = 2 and 3, T = 4,
+n_rs_seq 3:
+
+- the capture is a valid graph on llama.cpp's plan, with S cache rows gathered (GET_ROWS [n_embd_r, S]), 4 snapshot
+  CPYs of S rows each and rs_s_copy = each sequence's own cell;
+- our builder's GDN layers equal llama.cpp's node for node (use counts included), and so does our whole forward
+  (the attention's KV streams, their views and the per-stream KQ mask; flash attention on and off; unified too);
+- our planner, given llama.cpp's reserve graph (n_seqs = n_seq_max), reproduces every compute offset and the size;
+- the conv chain stays unfused (rule scope.n-seqs) and fused vs unfused is byte-identical on llama.cpp's graph.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+
+import numpy as np
+import pytest
+
+from gdnpass import alloc, fusion, ops
+from gdnpass.errors import GraphError
+from gdnpass.frontends.compare import diff_layers, layer_nodes, signature
+from gdnpass.frontends.llama import capture as cap_mod
+from gdnpass.ir import Op
+from gdnpass.models import VerifyConfig, build_verify_graph, get_model
+from gdnpass.models.gguf_write import write_gguf
+from gdnpass.models.hparams import default_ids
+
+SHAPE, T, RS = "tiny-qwen35", 4, 3
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory):
+    return write_gguf(SHAPE, tmp_path_factory.mktemp("gguf") / f"{SHAPE}.gguf", wtype="f32", seed=1)
+
+
+_CAPTURES: dict[tuple, cap_mod.Capture] = {}
+
+
+def captured(llama, gguf, S: int, flash: str = "auto", unified: bool = False) -> cap_mod.Capture:
+    key = (S, flash, unified)
+    if key not in _CAPTURES:
+        n_ub = max(8, S * T)  # > n_rs_seq + 1, and the whole verify batch in one ubatch
+        s = cap_mod.Settings(n_tokens=T, n_rs_seq=RS, n_ubatch=n_ub, n_batch=n_ub, n_seqs=S, flash_attn=flash,
+                             n_ctx=256 if unified else 256 * S, kv_unified=unified)  # 256 cells per stream
+        _CAPTURES[key] = cap_mod.capture(gguf, s, install=llama)
+    return copy.deepcopy(_CAPTURES[key])
+
+
+def config(S: int, **kw) -> VerifyConfig:
+    return VerifyConfig(model=SHAPE, n_tokens=T, n_rs_seq=RS, n_seqs=S, wtype="f32", ab_wtype="f32", **kw)
+
+
+SEQS = (2, 3)
+
+
+@pytest.mark.parametrize("S", SEQS)
+def test_capture_of_several_sequences(llama, gguf, S):
+    c = captured(llama, gguf, S)
+    g = c.verify
+    ops.validate(g)
+    alloc.check_plan(g)
+    assert c.use_counts == g.use_counts()
+    st = g.meta["llama"]["settings"]
+    assert (st["n_seq_max"], st["n_tokens"], st["reserve"]["n_seqs"]) == (S, S * T, S)
+    assert g.meta["llama"]["reallocated"] is False and g.meta["llama"]["same_topology_as_reserve"]
+    gathered = [n for n in g.nodes if n.op is Op.GET_ROWS and n.name == "conv_states-0"]
+    assert [n.ne[:2] for n in gathered] == [(get_model(SHAPE).n_embd_r, S)]
+    snaps = [n for n in g.nodes if n.op is Op.CPY and n.layer == 0 and n.ne[1] == S]
+    assert len(snaps) == 1 + RS + 1  # the conv planes and the GDN's snapshot CPY
+    s_copy = np.frombuffer(base64.b64decode(g.meta["input_bytes"]["rs_s_copy"]), dtype=np.int32).tolist()
+    assert s_copy == default_ids(config(S)) == list(range(S))  # plane 0 of each sequence's own cell
+
+
+@pytest.mark.parametrize("S", SEQS)
+def test_builder_gdn_layers_equal_llama_cpp_s(llama, gguf, S):
+    c = captured(llama, gguf, S)
+    mine = build_verify_graph(config(S))
+    gdn = get_model(SHAPE).gdn_layers
+    for il in gdn:
+        got = diff_layers(mine, c.verify, il, their_uses=c.use_counts)
+        if il == gdn[-1]:  # the GDN-only graph's one named difference (tests/frontends/llama/test_referee.py)
+            k = len(layer_nodes(mine, il)) - 1
+            assert got == [f"layer {il} node {k} ('l_out-{il}' / 'l_out-{il}'): flags: 18 vs 16; uses: 0 vs 2"]
+        else:
+            assert got == [], il
+
+
+@pytest.mark.parametrize("S,flash,unified", [(2, "on", False), (3, "on", False), (2, "off", False),
+                                             (3, "off", False), (2, "on", True), (2, "off", True)])
+def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf, S, flash, unified):
+    """Node for node, leaf for leaf, use counts: one KV stream per sequence (the caches [n_embd_gqa, kv_size,
+    n_stream], stored through a 2-D reshape, read as [hd, Hkv, n_kv, n_stream] views, q as n_stream streams, the KQ
+    mask [n_kv, n_t / n_stream, 1, n_stream]), or a unified one (llama.cpp's kv_unified)."""
+    c = captured(llama, gguf, S, flash, unified)
+    mine = build_verify_graph(config(S, whole=True, flash_attn=flash == "on", kv_unified=unified))
+    ops.validate(mine)
+    assert signature(mine) == signature(c.verify)
+    unseen = set(c.verify.meta["llama"]["unseen_leafs"])
+    leaf = lambda t: (t.name, int(t.flags)) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa
+    assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]
+    pos = lambda g, counts: [counts.get(t.uid, 0) for t in [*g.leafs, *g.nodes]]  # noqa: E731
+    assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
+    assert mine.find("attn_inp_kq_mask").ne == (256, T * S // (1 if unified else S), 1, 1 if unified else S)
+
+
+@pytest.mark.parametrize("S", SEQS)
+def test_planner_reproduces_llama_cpp_s_offsets(llama, gguf, S):
+    c = captured(llama, gguf, S)
+    g, reserve = c.verify, c.reserve
+    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
+    planned = alloc.plan(reserve, g.meta["buffers"]["compute"]["alignment"], "compute")
+    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]
+    b = alloc.bind(reserve, g, "compute")
+    assert not b.reallocated, b.why
+    unseen = set(g.meta["llama"]["unseen_leafs"])
+    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute" and t.name not in unseen]
+    assert len(compute) > 50
+    assert [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]] == []
+
+
+def test_the_chain_of_several_sequences_stays_unfused_and_the_pass_is_exact(llama, gguf):
+    """Until the fused chain takes several sequences (issue 37 item 2) the matcher refuses it by its scope rule;
+    everything else the pass does on llama.cpp's graph is byte-identical to unfused."""
+    from gdnpass.check import check_fusion
+
+    c = captured(llama, gguf, 2)
+    rep = fusion.fuse(copy.deepcopy(c.verify), enabled=True)
+    refused = sorted((r.layer, r.rule) for r in rep.refused if r.pattern == "gdn_conv_chain")
+    assert refused == [(il, "scope.n-seqs") for il in get_model(SHAPE).gdn_layers]
+    out = check_fusion(c.verify)
+    assert out.identical and any(x.name == "result_output" for x in out.compared)
+
+
+def test_several_sequences_refused_where_not_supported(llama, gguf):
+    """One line naming the field: a verify batch larger than a ubatch; a whole forward's inputs for S > 1."""
+    from gdnpass.models.inputs import input_values
+
+    with pytest.raises(GraphError, match=r"^capture setting n_ubatch: must be at least n_tokens x n_seqs \(8\)"):
+        cap_mod.Settings(n_tokens=T, n_rs_seq=RS, n_ubatch=6, n_batch=8, n_seqs=2).check()
+    with pytest.raises(GraphError, match=r"^config field 'n_seqs': the inputs of a whole forward"):
+        input_values(config(2, whole=True))
+    assert list(input_values(config(2))) == ["rs_s_copy"]  # the GDN layers' one input is written per sequence
+
+
+def test_capture_cli_with_seqs(llama, gguf, tmp_path, capsys):
+    from gdnpass import cli, serialize
+
+    out = tmp_path / "v.json"
+    assert cli.main(["capture", "--gguf", str(gguf), "--tokens", "4", "--rs-seq", "3", "--ubatch", "12", "--seqs", "3",
+                     "--ctx", "768", "-o", str(out)]) == 0
+    assert "verify ubatch of 3 sequences x 4 tokens (a KV stream each)" in capsys.readouterr().out
+    assert serialize.load(out).meta["llama"]["settings"]["n_seq_max"] == 3
+    assert cli.main(["capture", "--gguf", str(gguf), "--seqs", "3", "--ubatch", "8", "-o", str(out)]) != 0
+    assert "capture setting --ubatch: must be at least n_tokens x n_seqs (12)" in capsys.readouterr().err
