@@ -87,6 +87,12 @@ class Op(enum.Enum):
     FLASH_ATTN_EXT = "FLASH_ATTN_EXT"
     SSM_CONV = "SSM_CONV"
     GATED_DELTA_NET = "GATED_DELTA_NET"
+    # the expert FFN's ops (qwen35moe's build_moe_ffn, issue 36)
+    ARGSORT = "ARGSORT"
+    SUM_ROWS = "SUM_ROWS"
+    CLAMP = "CLAMP"
+    DIV = "DIV"
+    MUL_MAT_ID = "MUL_MAT_ID"
     # an op gdnpass does not model (imported from ggml): kept with its shape and strides, never fused or executed
     OPAQUE = "OPAQUE"
     # The fused ops (GDN_CONV_CHAIN, MUL_MAT_VEC_PAIR, ...) are members too, added by :func:`fused_op` when their

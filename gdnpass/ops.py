@@ -283,6 +283,40 @@ def mul_mat(a: Tensor, b: Tensor) -> Tensor:
     return _make(Op.MUL_MAT, [a, b], f"{a.name} * {b.name}")
 
 
+def mul_mat_id(w: Tensor, b: Tensor, ids: Tensor) -> Tensor:
+    """ggml_mul_mat_id(as, b, ids): each token's selected experts' matrices times its rows of b."""
+    return _make(Op.MUL_MAT_ID, [w, b, ids], f"{w.name} * {b.name}")
+
+
+def div(a: Tensor, b: Tensor, inplace: bool = False) -> Tensor:
+    return _make(Op.DIV, [a, b], f"{a.name} (div)", {"inplace": inplace} if inplace else {})
+
+
+def sum_rows(a: Tensor) -> Tensor:
+    return _make(Op.SUM_ROWS, [a], f"{a.name} (sum_rows)")
+
+
+def clamp(a: Tensor, lo: float, hi: float, inplace: bool = False) -> Tensor:
+    """ggml_clamp (``inplace``: ggml_clamp_inplace); ``hi`` may be inf (llama.cpp's MoE weight sum)."""
+    return _make(Op.CLAMP, [a], f"{a.name} (clamp)",
+                 {"min": float(lo), "max": float(hi), **({"inplace": True} if inplace else {})})
+
+
+SORT_ASC, SORT_DESC = 0, 1  # enum ggml_sort_order
+
+
+def argsort(a: Tensor, order: int) -> Tensor:
+    return _make(Op.ARGSORT, [a], f"{a.name} (argsort)", {"order": int(order)})
+
+
+def argsort_top_k(a: Tensor, k: int) -> Tensor:
+    """ggml_argsort_top_k: a descending ARGSORT and a view of each row's first ``k`` indices."""
+    if not 0 < k <= a.ne[0]:
+        raise GraphError(f"argsort_top_k of {a.name!r}: k {k} must be 1..{a.ne[0]} (its row)")
+    s = argsort(a, SORT_DESC)
+    return view_4d(s, (k, *s.ne[1:]), s.nb[1], s.nb[2], s.nb[3], 0, f"{s.name} (view)")
+
+
 def ssm_conv(sx: Tensor, c: Tensor) -> Tensor:
     return _make(Op.SSM_CONV, [sx, c], f"{sx.name} (ssm_conv)")
 

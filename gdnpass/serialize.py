@@ -157,6 +157,7 @@ def to_dict(graph: Graph) -> dict:
     tensors = []
     for i, t in enumerate(order):
         params = {**t.op_params, "n_inputs": len(t.src)} if t.outs or t.op.is_fused else t.op_params
+        params = _params_to_json(t.op, params)
         tensors.append({
             "id": i,
             "name": t.name,
@@ -221,6 +222,12 @@ def _is_int(x: Any) -> bool:
 
 def _int_list(x: Any, n: int, ok: Callable[[int], bool]) -> bool:
     return isinstance(x, list) and len(x) == n and all(_is_int(v) and ok(v) for v in x)
+
+
+def _params_to_json(op: Op, params: dict) -> dict:
+    """op_params with each value its spec type writes differently in JSON (a BOUND's ±inf) in that form."""
+    types = _param_types(op)
+    return {k: (types[k].to_json(v) if k in types and types[k].to_json is not None else v) for k, v in params.items()}
 
 
 def _param_types(op: Op) -> dict:
@@ -300,10 +307,12 @@ def _parse_tensor(e: dict, i: int, where: str, roles: dict[str, str]) -> Tensor:
         _fail(where, "field 'op_params' must be an object")
     _check_depth(params, f"{where}: field 'op_params'")
     types = _param_types(op)
-    for key, p in types.items():
-        if key in params and not p.ok(params[key]):
-            _fail(where, f"field 'op_params': {key!r} must be {p.what}, got {params[key]!r}")
     params = copy.deepcopy(params)  # the Graph must not alias the caller's dict
+    for key, p in types.items():
+        if key in params and p.from_json is not None:
+            params[key] = p.from_json(params[key])  # a BOUND's "inf" / "-inf"
+        if key in params and not p.ok(params[key]):
+            _fail(where, f"field 'op_params': {key!r} must be {p.what}, got {e['op_params'][key]!r}")
     for key, p in types.items():
         if p is INT4 and key in params:
             params[key] = tuple(params[key])  # JSON only has lists; ops builds these as tuples

@@ -299,7 +299,8 @@ def test_decode_set_rows_mul_mat_and_the_rest():
     assert ir_op("NONE", words(), inplace=False, is_node=True) == (Op.NONE, {"hint": "dependency"})
     assert ir_op("NONE", words(), inplace=False, is_node=False) == (Op.NONE, {})
     assert decode("SQR", [1, 2]) == (Op.OPAQUE, {"ggml_op": "SQR", "ggml_op_params": [1, 2], "can_inplace": True})
-    assert decode("SUM_ROWS", [])[1]["can_inplace"] is False
+    assert decode("ARGMAX", [])[1]["can_inplace"] is False
+    assert decode("SUM_ROWS", []) == (Op.SUM_ROWS, {})  # modelled since issue 36
 
 
 def test_decode_takes_signed_and_unsigned_words():

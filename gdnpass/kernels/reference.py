@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from gdnpass.errors import KernelError
 from gdnpass.kernels.limits import check_row_ids
 
 F32 = torch.float32
@@ -166,6 +167,56 @@ def mul_mat(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
         return mul_mat_q(w, x, dtype)
     w = w.to(F32).repeat_interleave(x.shape[1] // w.shape[1], 1).repeat_interleave(x.shape[0] // w.shape[0], 0)
     return x.to(F32) @ w.transpose(-1, -2)
+
+
+# ---- the expert FFN's ops (issue 36), as the pinned ggml-cpu computes them (ggml-cpu/ops.cpp, vec.h) -------------
+
+
+def argsort(x: torch.Tensor, order: int) -> torch.Tensor:
+    """ARGSORT per row (ne0): i32 indices ordering the row ascending (order 0) or descending (1). ggml-cpu runs
+    std::sort on the indices with ``x[a] < x[b]`` / ``x[a] > x[b]``, which leaves the order of equal values (and any
+    NaN's place) unspecified; here ties keep index order (a stable sort). llama.cpp's router rows have no ties in
+    practice (gdnpass's tiny files are written so: docs/moe.md)."""
+    return torch.sort(x, dim=-1, descending=order == 1, stable=True).indices.to(torch.int32)
+
+
+def sum_rows(x: torch.Tensor) -> torch.Tensor:
+    """SUM_ROWS: each row's sum, accumulated in double and rounded once to f32 (ggml_vec_sum_f32's ggml_float sum)."""
+    return x.to(torch.float64).sum(-1, keepdim=True).to(F32)
+
+
+def clamp(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """CLAMP: ``MAX(MIN(x, max), min)`` with ggml's macros (``a < b ? a : b``): NaN comes out as ``max`` (MIN's
+    comparison is false), where torch.clamp would keep the NaN. Bounds in f32, either may be ±inf."""
+    m = torch.where(x < f32(hi), x, torch.full_like(x, f32(hi)))
+    return torch.where(m > f32(lo), m, torch.full_like(m, f32(lo)))
+
+
+def div(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """DIV: a / b, b tiled to a's shape, one correctly rounded f32 division per element (ggml_vec_div_f32). Computed
+    in double and rounded once, which for a quotient of two f32 values is the f32 division exactly (double keeps
+    more than twice f32's 24 bits plus 2), whatever form torch's f32 division takes."""
+    return (a.to(torch.float64) / _tile(b, a).to(torch.float64)).to(F32)
+
+
+def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, dtype=None, cpu: bool = False) -> torch.Tensor:
+    """MUL_MAT_ID: w ne [K, M, n_as] (one matrix per expert; a quantized ``dtype``: each matrix's bytes), x ne
+    [K, n_b, n_t], ids i32 ne [n_used, n_t] -> ne [M, n_used, n_t] with out[:, e, t] = w[:, :, ids[e, t]] @ x[:, e % n_b,
+    t]. Each expert's rows are gathered and multiplied by :func:`mul_mat` (``cpu``: :func:`mul_mat_cpu`, ggml-cpu's
+    rounding of the activation to the weight's vec_dot type), so only the selected experts' weights are read."""
+    n_t, n_used = ids.shape[2], ids.shape[3]
+    n_b = x.shape[2]
+    sel = ids[0, 0].long()  # (n_t, n_used)
+    if sel.numel() and not (0 <= int(sel.min()) and int(sel.max()) < w.shape[1]):  # (ggml asserts it)
+        raise KernelError(f"MUL_MAT_ID: expert id {int(sel.min()) if int(sel.min()) < 0 else int(sel.max())} is "
+                          f"outside the {w.shape[1]} experts")
+    rows = x[0][:, torch.arange(n_used, device=x.device) % n_b]  # (n_t, n_used, K): slot e reads row e % n_b
+    out = torch.zeros(1, n_t, n_used, w.shape[2], dtype=F32, device=x.device)
+    product = mul_mat_cpu if cpu else mul_mat
+    for e in torch.unique(sel).tolist():
+        at = sel == e
+        out[0][at] = product(w[:, e:e + 1], rows[at][None, None], dtype)[0, 0]
+    return out
 
 
 # ---- recurrent ops --------------------------------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from __future__ import annotations
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op
 from gdnpass.opspec import shapes as s
-from gdnpass.opspec.adapters import GGML_CPU, TORCH, TRITON, programs_of, rope
+from gdnpass.opspec.adapters import GGML_CPU, TORCH, TRITON, no_programs, no_triton, programs_of, rope
 from gdnpass.opspec.shapes import ROPE_MODES, ROPE_TYPE_MROPE, Shape
-from gdnpass.opspec.vocab import (BOOL, GGML_INPLACE_OPS, INPLACE, INT, INT4, INTS, NAMES, NONNEG, NUM, PREC,
+from gdnpass.opspec.vocab import (BOOL, BOUND, GGML_INPLACE_OPS, INPLACE, INT, INT4, INTS, NAMES, NONNEG, NUM, PREC,
                                   REPLACED, SIZE, STR, WORDS, Adapter, Arg, OpSpec, Param, Programs)
 
 _ROPE_ARGS = (Arg("n_dims", INT, 1, True), Arg("mode", INT, 2, True), Arg("n_ctx_orig", INT, 4, True),
@@ -38,7 +38,11 @@ _ROPE_TORCH, _ROPE_TRITON = rope(ROPE_KEYS)
 
 
 def _spec(op: Op, args: tuple[Arg, ...], shape, family: str | None = None, doc: str = "", **run) -> OpSpec:
-    """An op's spec; a kernel op (``family``: its Triton module) takes its adapters from :mod:`.adapters`."""
+    """An op's spec; a kernel op (``family``: its Triton module) takes its adapters from :mod:`.adapters`; family
+    ``None`` with ``torch_only``: the torch reference, and a Triton adapter that refuses by name."""
+    if run.get("torch_only"):
+        return OpSpec(op, args, shape, torch=TORCH[op], triton=no_triton, programs=no_programs,
+                      ggml_cpu=GGML_CPU.get(op), doc=doc)
     if family is None:
         return OpSpec(op, args, shape, doc=doc)
     return OpSpec(op, args, shape, torch=run.get("torch", TORCH.get(op)), triton=run.get("triton", TRITON.get(op)),
@@ -85,6 +89,14 @@ _SPECS = (
     # the GDN ops (kernels/triton_ssm.py)
     _spec(Op.SSM_CONV, (), s.rule_ssm_conv, "ssm"),
     _spec(Op.GATED_DELTA_NET, (Arg("K", INT, 0),), s.rule_gdn, "ssm", doc="src (q, k, v, g, beta, state)"),
+    # the expert FFN (llama.cpp's build_moe_ffn, issue 36): the torch reference only, no Triton kernel yet
+    _spec(Op.ARGSORT, (Arg("order", INT, 0, True),), s.rule_argsort, torch_only=True,
+          doc="order: enum ggml_sort_order, 0 ASC, 1 DESC (ggml_argsort_top_k: DESC)"),
+    _spec(Op.SUM_ROWS, (), s.rule_sum_rows, torch_only=True),
+    _spec(Op.CLAMP, (Arg("min", BOUND, 0, True), Arg("max", BOUND, 1, True), INPLACE), s.rule_clamp,
+          torch_only=True, doc="max may be inf (build_moe_ffn's weight sum)"),
+    _spec(Op.DIV, (INPLACE,), s.rule_binary, torch_only=True),
+    _spec(Op.MUL_MAT_ID, (), s.rule_mul_mat_id, torch_only=True, doc="src (as, b, ids)"),
 )
 
 SPECS: dict[Op, OpSpec] = {sp.op: sp for sp in _SPECS}
@@ -100,6 +112,6 @@ def spec_of(op: Op) -> OpSpec:
         raise GraphError(f"op {op.value} has no base-op spec") from None
 
 
-__all__ = ["Adapter", "Arg", "BOOL", "GGML_INPLACE_OPS", "INPLACE", "INPLACE_OPS", "INT", "INT4", "INTS", "NAMES",
+__all__ = ["Adapter", "Arg", "BOOL", "BOUND", "GGML_INPLACE_OPS", "INPLACE", "INPLACE_OPS", "INT", "INT4", "INTS", "NAMES",
            "NONNEG", "NUM", "OpSpec", "PREC", "Param", "Programs", "REPLACED", "ROPE_KEYS", "ROPE_MODES",
            "ROPE_TYPE_MROPE", "SIZE", "SPECS", "STR", "Shape", "WORDS", "spec_of"]

@@ -88,6 +88,11 @@ _TORCH: dict[Op, Callable] = {
     Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: _ref().flash_attn_ext(
         q, k, v, mask, sinks, *fa_params(n)),
     Op.SSM_CONV: lambda n, out, sx, c: _ref().ssm_conv(sx, c),
+    Op.ARGSORT: lambda n, out, x: _ref().argsort(x, int(n.op_params["order"])),
+    Op.SUM_ROWS: lambda n, out, x: _ref().sum_rows(x),
+    Op.CLAMP: lambda n, out, x: _ref().clamp(x, float(n.op_params["min"]), float(n.op_params["max"])),
+    Op.DIV: lambda n, out, a, b: _ref().div(a, b),
+    Op.MUL_MAT_ID: lambda n, out, w, x, ids: _ref().mul_mat_id(w, x, ids, n.src[0].type),
     Op.GATED_DELTA_NET: lambda n, out, *s: _ref().gated_delta_net(*s, int(n.op_params["K"]), out=out),
 }
 TORCH: dict[Op, Adapter] = {op: computed(fn) for op, fn in _TORCH.items()}
@@ -99,9 +104,21 @@ TORCH: dict[Op, Adapter] = {op: computed(fn) for op, fn in _TORCH.items()}
 GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
     Op.MUL_MAT: lambda n, out, w, x: _ref().mul_mat_cpu(w, x, n.src[0].type),
     Op.RMS_NORM: _rms_norm_cpu,
+    Op.MUL_MAT_ID: lambda n, out, w, x, ids: _ref().mul_mat_id(w, x, ids, n.src[0].type, cpu=True),
     Op.FLASH_ATTN_EXT: lambda n, out, q, k, v, mask=None, sinks=None: _ref().flash_attn_ext(
         q, k, v, mask, sinks, *fa_params(n), cpu=True),
 }.items()}
+
+
+def no_triton(node, views, out):
+    """The Triton adapter of an op gdnpass has no kernel for yet (the expert FFN's, issue 36): a one-line refusal
+    naming the op, rather than a silent fallback to the torch reference inside a Triton run."""
+    raise KernelError(f"{node.op.value} has no Triton kernel yet (issue 36); run it with --backend torch")
+
+
+def no_programs(node) -> list[tuple[str, int, int]]:
+    """The cost estimate of an op without a Triton kernel: it launches no Triton program."""
+    return []
 
 
 # ---- the Triton kernels: fn(node, views, out) ----------------------------------------------------------------------

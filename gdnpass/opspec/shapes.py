@@ -203,10 +203,11 @@ def rule_same(n: Tensor, spec: OpSpec) -> Shape:
 
 
 def rule_binary(n: Tensor, spec: OpSpec) -> Shape:
+    """ADD, MUL, DIV (ggml_add_impl / mul / div): b broadcasts to a by tiling; the result is a's shape."""
     _nsrc(n, 2)
     a, b = n.src
     req(can_repeat(b, a), n, f"{b.name!r} {b.ne} does not broadcast to {a.name!r} {a.ne}")
-    req(a.type is DType.F32 and b.type is DType.F32, n, "ADD/MUL are modelled for f32 only")
+    req(a.type is DType.F32 and b.type is DType.F32, n, f"{n.op.value} is modelled for f32 only")
     if n.op_params.get("inplace"):
         return Shape(a.type, a.ne, a.nb, a, 0)
     return _new_shape(a.type, a.ne)
@@ -258,6 +259,63 @@ def _mask_and_sinks(n: Tensor, mask: Tensor | None, sinks: Tensor | None, ref: T
     if sinks is not None:
         req(sinks.ne[0] == ref.ne[2] and sinks.type is DType.F32, n,
              f"sinks {sinks.name!r} must be f32 with one value per head ({ref.ne[2]})")
+
+
+# ---- the expert FFN's ops (issue 36): ggml.c's constructors and ggml-cpu's asserts at the pinned commit -----------
+
+SORT_ORDERS = {0: "ASC", 1: "DESC"}  # enum ggml_sort_order, ARGSORT's word 0
+
+
+def rule_argsort(n: Tensor, spec: OpSpec) -> Shape:
+    """ggml_argsort(a, order): per row (ne0) of an f32 a, the i32 indices that sort it; a's ne, a new tensor."""
+    _nsrc(n, 1)
+    a = n.src[0]
+    _params(n, *spec.required())
+    order = n.op_params["order"]
+    req(order in SORT_ORDERS, n, f"order {order!r} is not a ggml_sort_order (0 ASC, 1 DESC)")
+    # (ggml-cpu reads row i at i * nb01: rows packed one after the other)
+    req(a.type is DType.F32 and a.is_contiguous(), n, f"source {a.name!r} must be a contiguous f32 tensor")
+    req(a.ne[0] <= 2**31 - 1, n, f"rows of {a.ne[0]} do not fit i32 indices")
+    return _new_shape(DType.I32, a.ne)
+
+
+def rule_sum_rows(n: Tensor, spec: OpSpec) -> Shape:
+    """ggml_sum_rows(a): each row's sum, ne [1, ne1, ne2, ne3] (f32: the only type ggml-cpu sums)."""
+    _nsrc(n, 1)
+    a = n.src[0]
+    req(a.type is DType.F32 and a.has_contiguous_rows(), n, f"source {a.name!r} must be f32 with contiguous rows")
+    return _new_shape(DType.F32, (1, *a.ne[1:]))
+
+
+def rule_clamp(n: Tensor, spec: OpSpec) -> Shape:
+    """ggml_clamp(a, min, max) (ggml_clamp_inplace: a view of a): a's shape; bounds may be ±inf (BOUND). (ggml does
+    not ask min <= max: MAX(MIN(x, max), min) is then min.)"""
+    _nsrc(n, 1)
+    a = n.src[0]
+    _params(n, *spec.required())
+    req(a.type is DType.F32 and a.has_contiguous_rows(), n, f"source {a.name!r} must be f32 with contiguous rows")
+    return _same_or_view(n, a)
+
+
+def rule_mul_mat_id(n: Tensor, spec: OpSpec) -> Shape:
+    """ggml_mul_mat_id(as, b, ids): as [K, M, n_as] one matrix per expert, b [K, n_b, n_t] (n_b broadcast over the
+    slots: ids.ne0 % n_b == 0), ids i32 [n_used, n_t] -> f32 [M, n_used, n_t]; slot e of token t is
+    as[:, :, ids[e, t]] @ b[:, e % n_b, t]. ``src`` is (as, b, ids), ggml's order."""
+    _nsrc(n, 3)
+    w, b, ids = n.src
+    req(ids.type is DType.I32, n, f"expert ids {ids.name!r} must be i32, not {ids.type.label}")
+    req(w.ne[3] == 1 and b.ne[3] == 1 and ids.ne[2] == 1 and ids.ne[3] == 1, n,
+         f"as {w.ne} and b {b.ne} must be 3-D, ids {ids.ne} 2-D")
+    req(ids.ne[1] == b.ne[2], n, f"{ids.ne[1]} expert lists for {b.ne[2]} tokens")
+    req(w.ne[0] == b.ne[0], n, f"inner dims differ: {w.name!r} ne0={w.ne[0]}, {b.name!r} ne0={b.ne[0]}")
+    req(_divides(b.ne[1], ids.ne[0]), n, f"b's {b.ne[1]} rows per token do not broadcast over {ids.ne[0]} slots")
+    req(w.ne[0] % w.type.block == 0, n, f"weight {w.name!r}: rows of {w.ne[0]} are not whole {w.type.label} blocks "
+                                        f"of {w.type.block}")
+    req(w.nb[0] <= w.nb[1], n, f"weight {w.name!r} is transposed")
+    req(mat_vec_weight(w.type), n, f"weight type {w.type.label} not supported")
+    req(b.type is DType.F32, n, f"activation {b.name!r} must be f32")
+    req(w.has_contiguous_rows() and b.has_contiguous_rows(), n, "sources need contiguous rows")
+    return _new_shape(DType.F32, (w.ne[1], ids.ne[0], b.ne[2], 1))
 
 
 ROPE_MODES = {0: "NORMAL", 2: "NEOX", 8: "MROPE", 24: "VISION", 40: "IMROPE"}  # GGML_ROPE_TYPE_*

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from gdnpass.ir import VIEW_OPS, Op, Tensor
+from gdnpass.outputs import NON_FINITE
 
 Adapter = Callable[[Tensor, list, Any], None]               # fn(node, views, out): the executor's signature
 Programs = Callable[[Tensor], list[tuple[str, int, int]]]   # node -> [(kernel, programs, steps)]: the cost estimate
@@ -28,6 +29,9 @@ class Param:
     what: str
     optional: bool = False
     ggml: str | None = None  # i32 | f32 | bool | size (a size_t: 2 words) | i32x4 (4 words) | prec (enum ggml_prec)
+    # a graph file's form of a value JSON cannot hold (BOUND's ±inf), and back; None: the value as it is
+    to_json: Callable[[Any], Any] | None = None
+    from_json: Callable[[Any], Any] | None = None
 
 
 def is_int(x) -> bool:
@@ -45,6 +49,19 @@ INT = Param(is_int, "an int", ggml="i32")
 SIZE = Param(is_int, "an int", ggml="size")
 NUM = Param(_is_num, "a finite number", ggml="f32")
 NONNEG = Param(lambda x: _is_num(x) and x >= 0, "a finite number >= 0", ggml="f32")
+# A float that may be ±inf but never NaN: CLAMP's bounds (llama.cpp's build_moe_ffn clamps to [6.1e-5, INFINITY]).
+# JSON has no infinity, so a graph file writes ±inf by name, "Infinity" / "-Infinity" as every gdnpass JSON output
+# names them (outputs.NON_FINITE); serialize refuses a NaN.
+_INFS = {NON_FINITE["inf"]: math.inf, NON_FINITE["-inf"]: -math.inf}
+
+
+def _bound_to_json(x):
+    return NON_FINITE[repr(float(x))] if isinstance(x, float) and math.isinf(x) else x
+
+
+BOUND = Param(lambda x: (is_int(x) or isinstance(x, float)) and not math.isnan(x),
+              'a number or ±inf (in a graph file "Infinity" / "-Infinity")', ggml="f32", to_json=_bound_to_json,
+              from_json=lambda x: _INFS.get(x, x) if isinstance(x, str) else x)
 BOOL = Param(lambda x: isinstance(x, bool), "a bool", ggml="bool")
 STR = Param(lambda x: isinstance(x, str), "a string")
 PREC = Param(STR.ok, STR.what, ggml="prec")  # a Prec's name; which names exist is the shape rule's to say

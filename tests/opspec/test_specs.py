@@ -45,10 +45,13 @@ def test_the_backends_and_the_planner_derive_from_the_specs():
             continue
         assert backends.TORCH_BACKEND[op] is spec.torch and backends.TRITON_BACKEND[op] is spec.triton
         assert backends.GGML_CPU_BACKEND[op] is (spec.ggml_cpu or spec.torch)
-    assert {op for op, s in SPECS.items() if s.ggml_cpu} == {Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN_EXT}
-    # ggml_op_can_inplace, over the ops gdnpass models (L2_NORM has an in-place variant but gallocr never reuses)
-    assert alloc.INPLACE_OPS == opspec.INPLACE_OPS == {Op.SCALE, Op.ADD, Op.MUL, Op.UNARY, Op.RMS_NORM, Op.ROPE,
-                                                        Op.SOFT_MAX}
+    assert {op for op, s in SPECS.items() if s.ggml_cpu} == {Op.MUL_MAT, Op.MUL_MAT_ID, Op.RMS_NORM,
+                                                              Op.FLASH_ATTN_EXT}
+    # ggml_op_can_inplace, over the ops gdnpass models (L2_NORM has an in-place variant but gallocr never reuses).
+    # DIV and CLAMP joined with the expert FFN (issue 36): llama.cpp's ffn_moe_weights_sum_clamped lies over the
+    # SUM_ROWS it clamps (tests/kernels/test_moe_ops.py checks that offset)
+    assert alloc.INPLACE_OPS == opspec.INPLACE_OPS == {Op.SCALE, Op.ADD, Op.MUL, Op.DIV, Op.CLAMP, Op.UNARY,
+                                                        Op.RMS_NORM, Op.ROPE, Op.SOFT_MAX}
     assert decode._EXACT_OPS == {op.value: op for op in BASE_OPS}
 
 
@@ -106,6 +109,13 @@ ROPE = {"n_dims": 64, "mode": 40, "n_ctx_orig": 262144, "freq_base": 1e7, "freq_
     (Op.MUL_MAT, {}, None),  # prec not set: not recorded
     (Op.GLU, {"swapped": True, "alpha": 1.5, "limit": 7.0}, "SWIGLU_OAI"),
     (Op.GLU, {"swapped": False, "limit": 7.0}, "SWIGLU_CLAMP"),
+    (Op.ARGSORT, {"order": 1}, None),
+    (Op.ARGSORT, {"order": 0}, None),  # ASC: a zero word, still recorded (the rule requires it)
+    (Op.CLAMP, {"min": 6.103515625e-5, "max": float("inf")}, None),  # build_moe_ffn's bounds
+    (Op.CLAMP, {"min": float("-inf"), "max": 7.0}, None),
+    (Op.SUM_ROWS, {}, None),
+    (Op.DIV, {}, None),
+    (Op.MUL_MAT_ID, {}, None),
 ])
 def test_the_decoder_reads_the_spec_layout(op, values, kind):
     got_op, params = decode.ir_op(op.value, _words(op, values, kind), glu_name=kind, inplace=False, is_node=True)
