@@ -19,11 +19,12 @@ import math
 from dataclasses import asdict
 from typing import Any, Protocol
 
-from gdnpass.ir import DType, GraphError
+from gdnpass.ir import DType
 from gdnpass.models.hparams import VerifyConfig, default_ids, dflash_target_layers, qk_rms_params
 
 F32 = DType.F32
 IMROPE = 40  # GGML_ROPE_TYPE_IMROPE: qwen35's rope type (llama_model_rope_type)
+SORT_DESC = 1  # GGML_SORT_ORDER_DESC
 
 
 class Facade(Protocol):
@@ -66,6 +67,11 @@ class Facade(Protocol):
     def sigmoid(self, a) -> Any: ...
     def softplus(self, a) -> Any: ...
     def ssm_conv(self, sx, c) -> Any: ...
+    def argsort(self, a, order: int) -> Any: ...
+    def sum_rows(self, a) -> Any: ...
+    def clamp(self, a, lo: float, hi: float) -> Any: ...
+    def div(self, a, b) -> Any: ...
+    def mul_mat_id(self, a, b, ids) -> Any: ...
     def gated_delta_net(self, q, k, v, g, beta, state, K: int) -> Any: ...
     def set_name(self, t, name: str) -> Any: ...
     def set_layer(self, t, il: int) -> Any: ...
@@ -221,19 +227,79 @@ class VerifyBuilder:
 
     # ---- qwen35.cpp: post-attention norm, build_ffn(SILU, PAR) and the FFN residual -------------------------------
     def build_ffn(self, cur, il: int):
-        """llm_build_qwen35's FFN block: attn_post_norm, build_ffn (gate/up/down, SILU, PAR), residual."""
-        f, m, wt = self.f, self.m, DType.parse(self.cfg.wtype)
-        if m.is_moe:  # (a dense FFN in its place would be a wrong graph of the right shape)
-            raise GraphError(f"model {m.name!r} ({m.arch}): its mixture-of-experts FFN is not built yet (the router, "
-                             "ARGSORT top-k, MUL_MAT_ID experts, the shared expert; issue 36)")
+        """llm_build_qwen35's FFN block: attn_post_norm, build_ffn (gate/up/down, SILU, PAR), residual; qwen35moe's
+        (llm_build_qwen35moe's build_layer_ffn) is the expert FFN and its gated shared expert instead."""
+        f, m = self.f, self.m
         ffn_residual = cur
         x = f.mul(f.rms_norm(cur, m.eps), self.weight("post_attention_norm.weight", il, F32, (m.n_embd,)))
         x = self.cb(x, "attn_post_norm", il)
-        up = self.cb(f.mul_mat(self.weight("ffn_up.weight", il, wt, (m.n_embd, m.ffn_dim)), x), "ffn_up", il)
-        gate = self.cb(f.mul_mat(self.weight("ffn_gate.weight", il, wt, (m.n_embd, m.ffn_dim)), x), "ffn_gate", il)
-        x = self.cb(f.swiglu_split(gate, up), "ffn_swiglu", il)  # build_ffn(LLM_FFN_SILU, LLM_FFN_PAR)
-        x = self.cb(f.mul_mat(self.weight("ffn_down.weight", il, wt, (m.ffn_dim, m.n_embd)), x), "ffn_out", il)
+        if m.is_moe:
+            x = self.cb(self.build_moe_ffn(x, il), "ffn_out", il)
+        else:
+            x = self.dense_ffn(x, il, "", m.ffn_dim)
         return f.add(x, ffn_residual)
+
+    def dense_ffn(self, x, il: int, suffix: str, width: int):
+        """llama-graph's build_ffn(up, gate, down, LLM_FFN_SILU, LLM_FFN_PAR) of ``ffn_{up,gate,down}<suffix>``
+        (the dense FFN, or qwen35moe's shared expert with suffix ``_shexp``)."""
+        f, m, wt = self.f, self.m, DType.parse(self.cfg.wtype)
+        up = self.cb(f.mul_mat(self.weight(f"ffn_up{suffix}.weight", il, wt, (m.n_embd, width)), x), "ffn_up", il)
+        gate = self.cb(f.mul_mat(self.weight(f"ffn_gate{suffix}.weight", il, wt, (m.n_embd, width)), x), "ffn_gate",
+                       il)
+        x = self.cb(f.swiglu_split(gate, up), "ffn_swiglu", il)
+        return self.cb(f.mul_mat(self.weight(f"ffn_down{suffix}.weight", il, wt, (width, m.n_embd)), x), "ffn_out", il)
+
+    # ---- llama-graph.cpp build_moe_ffn as qwen35moe calls it, and its shared expert ---------------------------------
+    MOE_WEIGHT_SUM_MIN = 6.103515625e-5  # build_moe_ffn clamps the weight sum to the smallest normal f16, max INFINITY
+
+    def build_moe_ffn(self, cur, il: int):
+        """qwen35moe's build_layer_ffn: build_moe_ffn(softmax gating, norm_w, no weight scale: qwen35moe's loader
+        reads no expert_weights_scale, and no swiglu_clamp_exp) on the separate gate / up stacks, plus the shared
+        expert (build_ffn of the ``_shexp`` weights) times sigmoid(ffn_gate_inp_shexp · cur), summed."""
+        f, m, wt = self.f, self.m, DType.parse(self.cfg.wtype)
+        n_exp, n_used, n_t = m.n_expert, m.n_expert_used, f.ne(cur)[1]
+        logits = self.cb(f.mul_mat(self.weight("ffn_gate_inp.weight", il, F32, (m.n_embd, n_exp)), cur),
+                         "ffn_moe_logits", il)
+        probs = self.cb(f.soft_max_ext(logits, None, 1.0), "ffn_moe_probs", il)
+        # ggml_argsort_top_k: a descending ARGSORT, then a view of each row's first n_used experts
+        order = self.cb(f.argsort(probs, SORT_DESC), "ffn_moe_argsort", il)
+        nb = f.nb(order)
+        selected = self.cb(f.view_4d(order, n_used, n_t, 1, 1, nb[1], nb[2], nb[3], 0), "ffn_moe_topk", il)
+        weights = self.cb(f.get_rows(f.reshape_3d(probs, 1, n_exp, n_t), selected), "ffn_moe_weights", il)
+        weights = f.reshape_2d(weights, n_used, n_t)  # norm_w: the selected probabilities normalised to sum 1
+        total = self.cb(f.sum_rows(weights), "ffn_moe_weights_sum", il)
+        total = self.cb(f.clamp(total, self.MOE_WEIGHT_SUM_MIN, math.inf), "ffn_moe_weights_sum_clamped", il)
+        weights = self.cb(f.div(weights, total), "ffn_moe_weights_norm", il)
+        weights = f.reshape_3d(weights, 1, n_used, n_t)
+        f.expand(weights)  # ("call early so that topk-moe can be used")
+        x = f.reshape_3d(cur, m.n_embd, 1, n_t)
+        stack = lambda w, ne: self.weight(w, il, wt, ne)  # noqa: E731
+        up = self.cb(f.mul_mat_id(stack("ffn_up_exps.weight", (m.n_embd, m.n_ff_exp, n_exp)), x, selected),
+                     "ffn_moe_up", il)
+        gate = self.cb(f.mul_mat_id(stack("ffn_gate_exps.weight", (m.n_embd, m.n_ff_exp, n_exp)), x, selected),
+                       "ffn_moe_gate", il)
+        x = self.cb(f.swiglu_split(gate, up), "ffn_moe_swiglu", il)
+        experts = self.cb(f.mul_mat_id(stack("ffn_down_exps.weight", (m.n_ff_exp, m.n_embd, n_exp)), x, selected),
+                          "ffn_moe_down", il)
+        experts = self.cb(f.mul(experts, weights), "ffn_moe_weighted", il)
+        f.expand(experts)
+        nb = f.nb(experts)
+        views = [f.view_2d(experts, m.n_embd, n_t, nb[2], i * nb[1]) for i in range(n_used)]
+        for v in views:  # ("order the views before the adds")
+            f.expand(v)
+        moe_out = views[0]
+        for v in views[1:]:
+            moe_out = f.add(moe_out, v)
+            f.expand(moe_out)
+        if n_used == 1:  # (build_moe_ffn avoids returning a non-contiguous tensor)
+            moe_out = f.cont_2d(moe_out, m.n_embd, n_t)
+        moe_out = self.cb(moe_out, "ffn_moe_out", il)
+        shexp = self.cb(self.dense_ffn(cur, il, "_shexp", m.n_ff_shexp), "ffn_shexp", il)
+        shared_gate = self.cb(f.mul_mat(self.weight("ffn_gate_inp_shexp.weight", il, F32, (m.n_embd,)), cur),
+                              "shared_expert_gate", il)
+        shared_gate = self.cb(f.sigmoid(shared_gate), "shared_expert_gate_sigmoid", il)
+        shexp = self.cb(f.mul(shexp, shared_gate), "ffn_shexp_gated", il)
+        return f.add(moe_out, shexp)
 
     # ---- qwen35.cpp build_layer_attn, llama-graph.cpp build_attn / build_attn_mha (flash attention) ----------------
     def build_layer_attn(self, cur, il: int):

@@ -119,6 +119,21 @@ class IrFacade:
     def ssm_conv(self, sx, c):
         return ops.ssm_conv(sx, c)
 
+    def argsort(self, a, order):
+        return ops.argsort(a, order)
+
+    def sum_rows(self, a):
+        return ops.sum_rows(a)
+
+    def clamp(self, a, lo, hi):
+        return ops.clamp(a, lo, hi)
+
+    def div(self, a, b):
+        return ops.div(a, b)
+
+    def mul_mat_id(self, a, b, ids):
+        return ops.mul_mat_id(a, b, ids)
+
     def gated_delta_net(self, q, k, v, g, beta, state, K):
         return ops.gated_delta_net(q, k, v, g, beta, state, K)
 

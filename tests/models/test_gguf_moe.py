@@ -1,5 +1,5 @@
 """qwen35moe files (issue 36): written as llama.cpp's qwen35moe loader reads them, read back with their expert
-hparams, every tensor checked; the builder refuses the expert FFN by name until it builds it."""
+hparams, every tensor checked; the builder builds the expert FFN."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 
 gguf = pytest.importorskip("gguf")
 
-from gdnpass.errors import GraphError  # noqa: E402
 from gdnpass.models import PRESETS, VerifyConfig, build_verify_graph  # noqa: E402
 from gdnpass.models.gguf_model import open_model  # noqa: E402
 from gdnpass.models.gguf_write import (GgufError, gguf_metadata, moe_ffn_tensors, read_shape, tensor_plan,  # noqa: E402
@@ -175,13 +174,15 @@ def test_shape_rules_for_experts():
         write_gguf(dataclasses.replace(MOE, n_expert_used=0), "/nonexistent/x.gguf")
 
 
-def test_builder_refuses_the_expert_ffn_by_name(moe_file):
-    """Until the expert FFN is built, a qwen35moe whole forward is a one-line refusal, never a dense graph; the GDN
-    layers alone (no FFN) are the dense model's and build."""
+def test_builder_builds_the_expert_ffn(moe_file):
+    """A qwen35moe whole forward builds its expert FFN in every layer (tests/frontends/llama/test_moe_referee.py:
+    llama.cpp's graph node for node), never a dense one; the GDN layers alone (no FFN) are the dense model's."""
+    from gdnpass.ir import Op
+
     m = open_model(moe_file)
-    with pytest.raises(GraphError, match="mixture-of-experts FFN is not built yet") as e:
-        m.build(m.config(n_tokens=4))
-    assert "\n" not in str(e.value)
+    g = m.build(m.config(n_tokens=4))
+    assert sum(n.op is Op.MUL_MAT_ID for n in g.nodes) == 3 * MOE.n_layer
+    assert not [t for t in g.leafs if t.name.endswith(("ffn_up.weight", "ffn_gate.weight", "ffn_down.weight"))]
     g = build_verify_graph(VerifyConfig(model=MOE, n_tokens=4, n_rs_seq=3, ffn=False))
     dense = build_verify_graph(VerifyConfig(model="tiny-qwen35", n_tokens=4, n_rs_seq=3, ffn=False))
     assert [(n.op, n.ne) for n in g.nodes] == [(n.op, n.ne) for n in dense.nodes]

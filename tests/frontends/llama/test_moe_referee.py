@@ -1,0 +1,175 @@
+"""llama.cpp as the referee of the qwen35moe forward (issue 36 step 3): the pinned llama.cpp's verify graph of a tiny
+random qwen35moe file (tiny-qwen35moe: 8 experts, 2 used, a gated shared expert) against gdnpass's builder.
+
+- the graph: node for node (op, type, ne, nb, op params, views, sources, flags), leaf for leaf, ggml's use counts;
+- the plan: llama.cpp's reserve graph planned by gdnpass gives its compute buffer's size, and bound slot by slot to
+  the verify graph (llama.cpp's and the builder's) every compute tensor the offset llama.cpp gave it;
+- the logits: the builder's graph run from llama.cpp's recorded state (GGML_CPU_BACKEND) within the f32 file's bound
+  of tests/frontends/llama/test_referee.py (1e-4), the bf16 file's (2e-2);
+- fused vs unfused byte for byte, through ``gdnpass run --gguf --check`` too (torch backend).
+
+Each capture is about a second on the -O0 build.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gdnpass import alloc, ops, pipeline
+from gdnpass.frontends.compare import signature
+from gdnpass.frontends.llama import capture as cap_mod
+from gdnpass.ir import Op
+from gdnpass.models import PRESETS
+from gdnpass.models.fill import fill
+from gdnpass.models.gguf_model import open_model
+from gdnpass.models.gguf_write import write_gguf
+
+MOE = PRESETS["tiny-qwen35moe"]
+T, N_UBATCH = 4, 8
+# max |Δ| / max |ref| of the logits, as the dense referee's (LOGITS_TOL there)
+LOGITS_TOL = {"f32": 1e-4, "bf16": 2e-2}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("moe")
+    return {w: write_gguf(MOE, d / f"moe-{w}.gguf", wtype=w, seed=1) for w in ("f32", "bf16")}
+
+
+_CAPTURES: dict[tuple, cap_mod.Capture] = {}
+
+
+def captured(llama, path: Path, rs: int, **kw) -> cap_mod.Capture:
+    key = (str(path), rs, tuple(sorted(kw.items())))
+    if key not in _CAPTURES:
+        s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, **kw)
+        _CAPTURES[key] = cap_mod.capture(path, s, install=llama)
+    return copy.deepcopy(_CAPTURES[key])
+
+
+def ours(path: Path, rs: int, flash: bool = True, **kw):
+    model = open_model(path)
+    return model, model.build(model.config(n_tokens=T, n_rs_seq=rs, flash_attn=flash, **kw))
+
+
+@pytest.mark.parametrize("rs,flash", [(0, "on"), (3, "on"), (3, "off")])
+def test_whole_moe_graph_equals_llama_cpp_s(llama, files, rs, flash):
+    """The whole qwen35moe forward, every layer's expert FFN included (router, softmax, ARGSORT top-k, the weights'
+    GET_ROWS / SUM_ROWS / CLAMP / DIV, MUL_MAT_ID gate, up and down, the weighted views and their ADDs, the shared
+    expert and its sigmoid gate): llama.cpp's graph node for node and leaf for leaf, with ggml's use counts."""
+    c = captured(llama, files["f32"], rs, flash_attn=flash)
+    _, mine = ours(files["f32"], rs, flash == "on")
+    ops.validate(mine)
+    assert signature(mine) == signature(c.verify)
+    unseen = set(c.verify.meta["llama"]["unseen_leafs"])
+    leaf = lambda t: (t.name, int(t.flags)) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa
+    assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]
+    pos = lambda g, counts: [counts.get(t.uid, 0) for t in [*g.leafs, *g.nodes]]  # noqa: E731
+    assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
+    n = {op: sum(t.op is op for t in mine.nodes) for op in (Op.ARGSORT, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.MUL_MAT_ID)}
+    assert n == {Op.ARGSORT: MOE.n_layer, Op.SUM_ROWS: MOE.n_layer, Op.CLAMP: MOE.n_layer, Op.DIV: MOE.n_layer,
+                 Op.MUL_MAT_ID: 3 * MOE.n_layer}
+
+
+def test_bf16_moe_graph_equals_llama_cpp_s(llama, files):
+    """The bf16 file: expert stacks and shared expert bf16, router and shared gate f32 (the file's types)."""
+    c = captured(llama, files["bf16"], 3)
+    _, mine = ours(files["bf16"], 3)
+    assert signature(mine) == signature(c.verify)
+    ids = [t for t in mine.nodes if t.op is Op.MUL_MAT_ID]
+    assert {t.src[0].type.label for t in ids} == {"bf16"}
+    assert {t.src[0].type.label for t in mine.nodes if t.name.startswith("ffn_moe_logits")} == {"f32"}
+
+
+@pytest.mark.parametrize("rs", [0, 3])
+def test_planner_reproduces_llama_cpp_s_moe_offsets(llama, files, rs):
+    """llama.cpp's reserve graph planned as gallocr plans it: its compute buffer's size; bound to the verify graph,
+    every compute tensor at llama.cpp's offset, and bound to the builder's graph (the same graph, node for node)
+    every tensor at the offset llama.cpp gave the tensor in its place (CLAMP over its SUM_ROWS, in place)."""
+    c = captured(llama, files["f32"], rs)
+    g = c.verify
+    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
+    unseen = set(g.meta["llama"]["unseen_leafs"])
+    planned = alloc.plan(c.reserve, g.meta["buffers"]["compute"]["alignment"], "compute")
+    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]
+    b = alloc.bind(c.reserve, g, "compute")
+    assert not b.reallocated, b.why
+    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute" and t.name not in unseen]
+    assert len(compute) > 100 and {Op.ARGSORT, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.MUL_MAT_ID} <= {t.op for t in compute}
+    assert [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]] == []
+    clamps = [t for t in g.nodes if t.op is Op.CLAMP]
+    assert all(t.offset == t.src[0].offset for t in clamps)  # gallocr put each CLAMP over its SUM_ROWS
+    # the builder's graph, bound to the same reserve plan: node i at the offset of llama.cpp's node i
+    _, mine = ours(files["f32"], rs)
+    b = alloc.bind(c.reserve, mine, "compute")
+    assert not b.reallocated, b.why
+    want = [theirs.get(t.uid) for t in g.nodes]
+    got = [(t.buffer, t.offset) if t.view_src is None else None for t in mine.nodes]
+    diff = [(i, t.name, x, y) for i, (t, x, y) in enumerate(zip(mine.nodes, got, want))
+            if x is not None and y is not None and y[0] == "compute" and x != y]
+    assert diff == [] and sum(x is not None and x[0] == "compute" for x in got) > 150
+
+
+def _start(model, c, tokens):
+    """After the seeded fill: the file's weights, llama.cpp's cache state at the verify's start, its token ids."""
+    cached = {t.name: t for t in c.verify.leafs if t.buffer in ("rs", "kv")}
+
+    def start(ex, graph) -> None:
+        model.load_weights(ex, graph)
+        for t in graph.leafs:
+            if t.name in cached:
+                theirs = cached[t.name]
+                raw = c.memory[theirs.buffer][theirs.offset: theirs.offset + theirs.nbytes]
+                ex.view(t).view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+        ex.view(graph.find("inp_tokens")).copy_(torch.tensor(tokens, dtype=torch.int32))
+
+    return start
+
+
+@pytest.mark.parametrize("wtype,rs,flash", [("f32", 3, "on"), ("f32", 0, "off"), ("bf16", 3, "on")])
+def test_moe_logits_match_llama_cpp_s(llama, files, wtype, rs, flash):
+    """The builder's whole qwen35moe forward run by gdnpass's executor (GGML_CPU_BACKEND: MUL_MAT_ID rounds its
+    activation to a bf16 expert's type as ggml-cpu does) from llama.cpp's state when its verify began, with its
+    token ids and the file's weights: logits within LOGITS_TOL of llama.cpp's CPU logits; fused vs unfused
+    byte-identical. Measured 2026-12-04: see docs/moe.md."""
+    from gdnpass.check import check_fusion
+    from gdnpass.kernels.backends import GGML_CPU_BACKEND
+    from gdnpass.runtime import Executor
+
+    path = files[wtype]
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True,
+                         flash_attn=flash)
+    c = cap_mod.capture(path, s, install=llama)
+    want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
+    model = open_model(path)
+    cfg = model.config(n_tokens=T, n_rs_seq=rs, n_past=s.n_prompt, flash_attn=flash == "on")
+    start = _start(model, c, [x % c.n_vocab for x in s.tokens()[1]])
+    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=False))
+    ex = Executor(res.graph, backend=GGML_CPU_BACKEND)
+    fill(ex, seed=0)
+    start(ex, res.graph)
+    ex.run()
+    got = ex.read(res.graph.find("result_output")).reshape(want.shape)
+    err = float((got - want).abs().max() / want.abs().max())
+    print(f"{wtype} rs={rs} flash={flash}: max |Δ| / max |ref| = {err:.3g}")
+    assert err <= LOGITS_TOL[wtype], f"{wtype}: max |Δ| / max |ref| = {err:.3g}"
+    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=True), fuse_now=False)
+    out = check_fusion(res.graph, weights=lambda ex: start(ex, res.graph))
+    assert out.identical and any(x.name == "result_output" for x in out.compared)
+    assert sum(a.pattern == "gdn_conv_chain" for a in out.report.applied) == len(MOE.gdn_layers)
+
+
+def test_run_check_on_the_moe_file(files, capsys):
+    """``gdnpass run --gguf moe.gguf --check``: the whole qwen35moe forward unfused then fused (torch backend),
+    byte-identical, every GDN layer fused."""
+    from gdnpass import cli
+
+    assert cli.main(["run", "--gguf", str(files["f32"]), "--tokens", "4", "--rs-seq", "3", "--check", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "gdn_conv_chain: 3 applied" in out and " 0 differing" in out and "DIFFERS" not in out, out
+    assert "identical  ffn_moe_out-0" in out and "identical  result_output" in out
