@@ -173,3 +173,68 @@ def test_run_check_on_the_moe_file(files, capsys):
     out = capsys.readouterr().out
     assert "gdn_conv_chain: 3 applied" in out and " 0 differing" in out and "DIFFERS" not in out, out
     assert "identical  ffn_moe_out-0" in out and "identical  result_output" in out
+
+
+# ---- the MTP block of a qwen35moe file: its FFN is the expert FFN too --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def mtp_file(tmp_path_factory) -> Path:
+    import dataclasses
+
+    shape = dataclasses.replace(MOE, name="tiny-qwen35moe-mtp", nextn_predict_layers=1)
+    return write_gguf(shape, tmp_path_factory.mktemp("moe-mtp") / "mtp.gguf", seed=1, tokenizer="none")
+
+
+def test_mtp_moe_head_equals_llama_cpp_s(llama, mtp_file):
+    """llama.cpp's MTP context of a qwen35moe file (llama_model_qwen35moe::graph_mtp: the block's expert FFN and
+    shared expert): the builder's MTP head node for node, leaf for leaf (buffers aside), ggml's use counts; the
+    reserve plan's size and offsets; its logits from llama.cpp's MTP state within 1e-4 (measured 2026-12-04: see
+    docs/moe.md), as tests/frontends/llama/test_mtp_referee.py checks the dense head."""
+    import base64
+
+    from gdnpass.frontends.compare import leaf_signature
+    from gdnpass.kernels.backends import GGML_CPU_BACKEND
+    from gdnpass.runtime import Executor
+
+    s = cap_mod.Settings(n_tokens=T, n_rs_seq=3, n_ubatch=N_UBATCH, n_batch=N_UBATCH, n_prompt=8, mtp=True,
+                         record_memory=True)
+    c = cap_mod.capture(mtp_file, s, install=llama)
+    g = c.verify
+    model = open_model(mtp_file)
+    mine = model.build(model.mtp_config(n_tokens=T, n_past=8, flash_attn=True))
+    ops.validate(mine)
+    assert signature(mine) == signature(g) and sum(t.op is Op.MUL_MAT_ID for t in mine.nodes) == 3
+    drop_buffer = lambda rows: [r[:4] + r[5:] for r in rows]  # noqa: E731
+    assert drop_buffer(leaf_signature(mine)) == drop_buffer(leaf_signature(g))
+    pos = lambda gr, counts: [counts.get(t.uid, 0) for t in [*gr.leafs, *gr.nodes]]  # noqa: E731
+    assert pos(mine, mine.use_counts()) == pos(g, c.use_counts)
+    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
+    planned = alloc.plan(c.reserve, g.meta["buffers"]["compute"]["alignment"], "compute")
+    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]
+    assert not alloc.bind(c.reserve, g, "compute").reallocated
+    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute"]
+    assert [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]] == []
+    # the logits, from the MTP context's KV cache and the inputs llama.cpp set (token ids, hidden-state rows)
+    want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
+    run = pipeline.run(model.build(model.mtp_config(n_tokens=T, n_past=8, flash_attn=True)),
+                       pipeline.PassOptions(fusion=False)).graph
+    ex = Executor(run, backend=GGML_CPU_BACKEND)
+    fill(ex, seed=0)
+    model.load_weights(ex, run)
+    kv = {t.name: t for t in g.leafs if t.buffer == "kv"}
+    for t in run.leafs:
+        if t.name in kv:
+            raw = c.memory["kv"][kv[t.name].offset: kv[t.name].offset + t.nbytes]
+            ex.view(t).view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
+    rec = g.meta["input_bytes"]
+    for name in (run.meta["token_input"], "mtp_h_input"):
+        t = run.find(name)
+        dtype = {"f32": np.float32, "i32": np.int32}[t.type.label]
+        ex.view(t).copy_(torch.from_numpy(np.frombuffer(base64.b64decode(rec[name]), dtype).copy())
+                         .reshape(ex.view(t).shape))
+    ex.run()
+    got = ex.read(run.find("result_output")).reshape(want.shape)
+    err = float((got - want).abs().max() / want.abs().max())
+    print(f"mtp: max |Δ| / max |ref| = {err:.3g}")
+    assert err <= 1e-4, f"max |Δ| / max |ref| = {err:.3g}"
