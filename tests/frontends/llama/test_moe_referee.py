@@ -5,7 +5,7 @@ random qwen35moe file (tiny-qwen35moe: 8 experts, 2 used, a gated shared expert)
 - the plan: llama.cpp's reserve graph planned by gdnpass gives its compute buffer's size, and bound slot by slot to
   the verify graph (llama.cpp's and the builder's) every compute tensor the offset llama.cpp gave it;
 - the logits: the builder's graph run from llama.cpp's recorded state (GGML_CPU_BACKEND) within the f32 file's bound
-  of tests/frontends/llama/test_referee.py (1e-4), the bf16 file's (2e-2);
+  of tests/frontends/llama/test_referee.py (1e-4), the bf16 file's (2e-2), the Q8_0 file's (1e-2);
 - fused vs unfused byte for byte, through ``gdnpass run --gguf --check`` too (torch backend).
 
 Each capture is about a second on the -O0 build.
@@ -32,13 +32,13 @@ from gdnpass.models.gguf_write import write_gguf
 MOE = PRESETS["tiny-qwen35moe"]
 T, N_UBATCH = 4, 8
 # max |Δ| / max |ref| of the logits, as the dense referee's (LOGITS_TOL there)
-LOGITS_TOL = {"f32": 1e-4, "bf16": 2e-2}
+LOGITS_TOL = {"f32": 1e-4, "bf16": 2e-2, "q8_0": 1e-2}
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("moe")
-    return {w: write_gguf(MOE, d / f"moe-{w}.gguf", wtype=w, seed=1) for w in ("f32", "bf16")}
+    return {w: write_gguf(MOE, d / f"moe-{w}.gguf", wtype=w, seed=1) for w in ("f32", "bf16", "q8_0")}
 
 
 _CAPTURES: dict[tuple, cap_mod.Capture] = {}
@@ -76,14 +76,17 @@ def test_whole_moe_graph_equals_llama_cpp_s(llama, files, rs, flash):
                  Op.MUL_MAT_ID: 3 * MOE.n_layer}
 
 
-def test_bf16_moe_graph_equals_llama_cpp_s(llama, files):
-    """The bf16 file: expert stacks and shared expert bf16, router and shared gate f32 (the file's types)."""
-    c = captured(llama, files["bf16"], 3)
-    _, mine = ours(files["bf16"], 3)
+@pytest.mark.parametrize("wtype", ["bf16", "q8_0"])
+def test_typed_moe_graph_equals_llama_cpp_s(llama, files, wtype):
+    """bf16 and Q8_0 files: expert stacks and shared expert of the file's type (Q8_0 blocks held as llama.cpp holds
+    them), router and shared gate f32 (the converter's rule)."""
+    c = captured(llama, files[wtype], 3)
+    _, mine = ours(files[wtype], 3)
     assert signature(mine) == signature(c.verify)
     ids = [t for t in mine.nodes if t.op is Op.MUL_MAT_ID]
-    assert {t.src[0].type.label for t in ids} == {"bf16"}
-    assert {t.src[0].type.label for t in mine.nodes if t.name.startswith("ffn_moe_logits")} == {"f32"}
+    assert {t.src[0].type.label for t in ids} == {wtype}
+    assert {t.src[0].type.label for t in mine.nodes if t.name.startswith(("ffn_moe_logits", "shared_expert_gate-"))} \
+        == {"f32"}
 
 
 @pytest.mark.parametrize("rs", [0, 3])
@@ -131,7 +134,8 @@ def _start(model, c, tokens):
     return start
 
 
-@pytest.mark.parametrize("wtype,rs,flash", [("f32", 3, "on"), ("f32", 0, "off"), ("bf16", 3, "on")])
+@pytest.mark.parametrize("wtype,rs,flash", [("f32", 3, "on"), ("f32", 0, "off"), ("bf16", 3, "on"),
+                                            ("q8_0", 3, "on")])
 def test_moe_logits_match_llama_cpp_s(llama, files, wtype, rs, flash):
     """The builder's whole qwen35moe forward run by gdnpass's executor (GGML_CPU_BACKEND: MUL_MAT_ID rounds its
     activation to a bf16 expert's type as ggml-cpu does) from llama.cpp's state when its verify began, with its
