@@ -110,10 +110,18 @@ GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
 }.items()}
 
 
+def _no_triton_why(node) -> str:
+    return f"{node.op.value} has no Triton kernel yet (issue 36); run it with --backend torch"
+
+
 def no_triton(node, views, out):
     """The Triton adapter of an op gdnpass has no kernel for yet (the expert FFN's, issue 36): a one-line refusal
-    naming the op, rather than a silent fallback to the torch reference inside a Triton run."""
-    raise KernelError(f"{node.op.value} has no Triton kernel yet (issue 36); run it with --backend torch")
+    naming the op, rather than a silent fallback to the torch reference inside a Triton run. The executor asks its
+    ``refusal`` before running anything (runtime.Executor._kernel)."""
+    raise KernelError(_no_triton_why(node))
+
+
+no_triton.refusal = _no_triton_why  # type: ignore[attr-defined]
 
 
 def no_programs(node) -> list[tuple[str, int, int]]:

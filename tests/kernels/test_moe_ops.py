@@ -239,6 +239,22 @@ def test_triton_refuses_each_by_name(op):
     assert kernel(TORCH_BACKEND, node) is not None
 
 
+def test_a_triton_executor_refuses_before_running_anything():
+    """The Triton backend's executor names the first such node before any node runs (as it refuses an op without
+    any kernel)."""
+    probs = _inp("probs", F32, (8, 4))
+    g = _graph([ops.div(ops.scale(probs, 2.0), ops.sum_rows(probs))])
+    from gdnpass.alloc import plan
+
+    plan(g, 32)
+    ex = Executor(g, backend=TRITON_BACKEND)
+    ran = []
+    ex.kernels = {**ex.kernels, Op.SCALE: lambda *a: ran.append("SCALE")}
+    with pytest.raises(KernelError, match=r"^node '.*\(sum_rows\)': SUM_ROWS has no Triton kernel yet") as e:
+        ex.run()
+    assert "\n" not in str(e.value) and ran == []
+
+
 # ---- 5. llama.cpp: the captured qwen35moe verify ------------------------------------------------------------------
 
 
