@@ -168,15 +168,22 @@ def test_moe_logits_match_llama_cpp_s(llama, files, wtype, rs, flash):
     assert sum(a.pattern == "gdn_conv_chain" for a in out.report.applied) == len(MOE.gdn_layers)
 
 
-def test_run_check_on_the_moe_file(files, capsys):
+def test_run_check_and_dump_on_the_moe_file(files, capsys):
     """``gdnpass run --gguf moe.gguf --check``: the whole qwen35moe forward unfused then fused (torch backend),
-    byte-identical, every GDN layer fused."""
+    byte-identical, every GDN layer fused; ``dump --fuse --explain`` says so and lists the expert FFN."""
     from gdnpass import cli
 
     assert cli.main(["run", "--gguf", str(files["f32"]), "--tokens", "4", "--rs-seq", "3", "--check", "-q"]) == 0
     out = capsys.readouterr().out
     assert "gdn_conv_chain: 3 applied" in out and " 0 differing" in out and "DIFFERS" not in out, out
     assert "identical  ffn_moe_out-0" in out and "identical  result_output" in out
+    # the issue's acceptance line: dump --fuse --explain shows every GDN layer fused, and the expert FFN
+    assert cli.main(["dump", "--gguf", str(files["f32"]), "--fuse", "--explain"]) == 0
+    out = capsys.readouterr().out
+    assert "fusion gdn_conv_chain: applied 3\n" in out and "fusion gdn_state_cache: applied 3\n" in out, out
+    assert cli.main(["dump", "--gguf", str(files["f32"]), "--fuse"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" MUL_MAT_ID ") == 3 * MOE.n_layer and "max=inf" in out
 
 
 # ---- the MTP block of a qwen35moe file: its FFN is the expert FFN too --------------------------------------------
