@@ -310,7 +310,7 @@ def _parse_tensor(e: dict, i: int, where: str, roles: dict[str, str]) -> Tensor:
     params = copy.deepcopy(params)  # the Graph must not alias the caller's dict
     for key, p in types.items():
         if key in params and p.from_json is not None:
-            params[key] = p.from_json(params[key])  # a BOUND's "inf" / "-inf"
+            params[key] = p.from_json(params[key])  # a BOUND's "Infinity" / "-Infinity"
         if key in params and not p.ok(params[key]):
             _fail(where, f"field 'op_params': {key!r} must be {p.what}, got {e['op_params'][key]!r}")
     for key, p in types.items():

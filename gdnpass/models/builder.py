@@ -24,7 +24,6 @@ from gdnpass.models.hparams import VerifyConfig, default_ids, dflash_target_laye
 
 F32 = DType.F32
 IMROPE = 40  # GGML_ROPE_TYPE_IMROPE: qwen35's rope type (llama_model_rope_type)
-SORT_DESC = 1  # GGML_SORT_ORDER_DESC
 
 
 class Facade(Protocol):
@@ -67,7 +66,8 @@ class Facade(Protocol):
     def sigmoid(self, a) -> Any: ...
     def softplus(self, a) -> Any: ...
     def ssm_conv(self, sx, c) -> Any: ...
-    def argsort(self, a, order: int) -> Any: ...
+    def argsort_top_k(self, a, k: int) -> Any: ...
+    def src(self, t, i: int) -> Any: ...
     def sum_rows(self, a) -> Any: ...
     def clamp(self, a, lo: float, hi: float) -> Any: ...
     def div(self, a, b) -> Any: ...
@@ -261,10 +261,9 @@ class VerifyBuilder:
         logits = self.cb(f.mul_mat(self.weight("ffn_gate_inp.weight", il, F32, (m.n_embd, n_exp)), cur),
                          "ffn_moe_logits", il)
         probs = self.cb(f.soft_max_ext(logits, None, 1.0), "ffn_moe_probs", il)
-        # ggml_argsort_top_k: a descending ARGSORT, then a view of each row's first n_used experts
-        order = self.cb(f.argsort(probs, SORT_DESC), "ffn_moe_argsort", il)
-        nb = f.nb(order)
-        selected = self.cb(f.view_4d(order, n_used, n_t, 1, 1, nb[1], nb[2], nb[3], 0), "ffn_moe_topk", il)
+        selected = f.argsort_top_k(probs, n_used)  # [n_used, n_t]: a view of a DESC ARGSORT, most probable first
+        self.cb(f.src(selected, 0), "ffn_moe_argsort", il)
+        selected = self.cb(selected, "ffn_moe_topk", il)
         weights = self.cb(f.get_rows(f.reshape_3d(probs, 1, n_exp, n_t), selected), "ffn_moe_weights", il)
         weights = f.reshape_2d(weights, n_used, n_t)  # norm_w: the selected probabilities normalised to sum 1
         total = self.cb(f.sum_rows(weights), "ffn_moe_weights_sum", il)

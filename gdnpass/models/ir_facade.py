@@ -119,8 +119,11 @@ class IrFacade:
     def ssm_conv(self, sx, c):
         return ops.ssm_conv(sx, c)
 
-    def argsort(self, a, order):
-        return ops.argsort(a, order)
+    def argsort_top_k(self, a, k):
+        return ops.argsort_top_k(a, k)
+
+    def src(self, t, i):
+        return t.src[i]
 
     def sum_rows(self, a):
         return ops.sum_rows(a)
