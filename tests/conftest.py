@@ -29,6 +29,27 @@ def device() -> str:
     return DEVICE
 
 
+@pytest.fixture
+def kernel_exp(monkeypatch):
+    """In the interpreter, the torch reference computed with the kernels' exp and log (numpy's: the interpreter has
+    no libdevice), so the bytes of a kernel calling them must be identical to it. Compiled, the reference as it is
+    (the kernels call CUDA's expf / logf, as torch does). tests/kernels/test_triton_ops.py says why."""
+    from gdnpass.kernels import triton_core
+
+    if not triton_core.INTERPRETED:
+        return
+    import numpy as np
+
+    def numpy_fn(fn):
+        def call(t):
+            with np.errstate(all="ignore"):
+                return torch.from_numpy(fn(t.detach().cpu().numpy()))
+        return call
+
+    monkeypatch.setattr(torch, "exp", numpy_fn(np.exp))
+    monkeypatch.setattr(torch, "log", numpy_fn(np.log))
+
+
 @pytest.fixture(scope="session")
 def llama():
     """The pinned llama.cpp (ggml + libllama, -O0), built into the user's cache the first time (about 2.5 min on 2

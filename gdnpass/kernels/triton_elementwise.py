@@ -501,6 +501,91 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
         *_strides(out), BLOCK=ELT_BLOCK, **LAUNCH)
 
 
+# ---- ELEMENTWISE_CHAIN (the elementwise_chain pattern's kernel: the ops above, in one pass) ---------------------------
+
+
+@triton.jit
+def _side(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask):
+    """A binary step's other operand, repeated into the chain's shape as ggml broadcasts src1 (:func:`_binary_kernel`)."""
+    return tl.load(b_ptr + (i0 % b_ne0) * b_s0 + (i1 % b_ne1) * b_s1 + (i2 % b_ne2) * b_s2 + (i3 % b_ne3) * b_s3,
+                   mask=mask)
+
+
+@triton.jit
+def _chain_kernel(x_ptr, b1_ptr, b2_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_s2, x_s3,
+                  b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3,
+                  b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, y_s0, y_s1, y_s2, y_s3,
+                  STEPS: tl.constexpr, SIDES: tl.constexpr, N_STEPS: tl.constexpr, BLOCK: tl.constexpr):
+    """Each element of x through the chain's STEPS in order (``ADD`` / ``MUL``: value op side, ``RADD`` / ``RMUL``:
+    side op value, a unary kind), side operand SIDES[i] (1 or 2) for a binary step: each step the very expression of
+    its unfused kernel (_binary_kernel, :func:`unary_f32`), each rounded to f32 as the unfused node's output is."""
+    wait_for_previous_kernels()
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    i0, r = idx % ne0, idx // ne0
+    i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)
+    v = tl.load(x_ptr + i0 * x_s0 + i1 * x_s1 + i2 * x_s2 + i3 * x_s3, mask=mask)
+    for i in tl.static_range(N_STEPS):  # (STEPS[i] each time: a constexpr cannot be re-bound in the loop)
+        if SIDES[i] == 0:  # (each kind by name: a tuple's element is not a constexpr argument)
+            if STEPS[i] == "SILU":
+                v = unary_f32(v, "SILU")
+            elif STEPS[i] == "SIGMOID":
+                v = unary_f32(v, "SIGMOID")
+            elif STEPS[i] == "SOFTPLUS":
+                v = unary_f32(v, "SOFTPLUS")
+            else:
+                tl.static_assert(STEPS[i] == "EXP", "ELEMENTWISE_CHAIN: an unknown step")
+                v = unary_f32(v, "EXP")
+        else:
+            if SIDES[i] == 1:
+                b = _side(b1_ptr, i0, i1, i2, i3, b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3, mask)
+            else:
+                b = _side(b2_ptr, i0, i1, i2, i3, b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, mask)
+            if STEPS[i] == "ADD":
+                v = v + b
+            elif STEPS[i] == "MUL":
+                v = v * b
+            elif STEPS[i] == "RADD":
+                v = b + v
+            else:
+                v = b * v
+    tl.store(y_ptr + i0 * y_s0 + i1 * y_s1 + i2 * y_s2 + i3 * y_s3, v, mask=mask)
+
+
+def chain_sides(steps: list[str]) -> tuple[int, ...]:
+    """Which side operand (1, 2; 0 for a unary step) each step reads: the binary steps' in order."""
+    from gdnpass.patterns.elementwise_chain.scope import BINARY
+
+    out, k = [], 0
+    for s in steps:
+        k += s in BINARY
+        out.append(k if s in BINARY else 0)
+    return tuple(out)
+
+
+def elementwise_chain(steps: list[str], x: torch.Tensor, sides: list[torch.Tensor], out: torch.Tensor) -> None:
+    """ELEMENTWISE_CHAIN: x through ``steps`` (the pattern's scope: ``gdnpass.patterns.elementwise_chain.scope``)
+    into ``out`` (x's shape, any strides), the binary steps' other operands ``sides`` in order, each repeating into
+    x as ggml broadcasts src1 (a side operand that is src0 has x's shape: the matcher's rule); all f32. ``out`` may
+    be x or a side operand of x's shape itself (element for element). One program per ELT_BLOCK elements."""
+    from gdnpass.patterns.elementwise_chain.scope import BINARY, steps_fit
+
+    if out.numel() == 0:
+        return
+    _require(steps_fit(steps) and len(sides) == sum(s in BINARY for s in steps),
+             f"ELEMENTWISE_CHAIN: steps {steps} with {len(sides)} side operands are outside the kernel's scope")
+    _require(all(t.dtype == torch.float32 for t in (x, out, *sides)), "ELEMENTWISE_CHAIN: every operand must be f32")
+    _require(tuple(out.shape) == tuple(x.shape) and all(_repeats(b, x) for b in sides),
+             f"ELEMENTWISE_CHAIN: {[tuple(b.shape) for b in sides]} do not repeat into {tuple(x.shape)} / output "
+             f"{tuple(out.shape)}")
+    _elementwise("ELEMENTWISE_CHAIN", out, x, *sides)
+    b1, b2 = (sides + [x, x])[:2]  # (not read by a chain without them)
+    _chain_kernel[_grid(out.numel())](
+        x, b1, b2, out, out.numel(), x.shape[3], x.shape[2], x.shape[1], *_strides(x),
+        *b1.shape[::-1], *_strides(b1), *b2.shape[::-1], *_strides(b2), *_strides(out),
+        STEPS=tuple(steps), SIDES=chain_sides(steps), N_STEPS=len(steps), BLOCK=ELT_BLOCK, **LAUNCH)
+
+
 # ---- SCALE ----------------------------------------------------------------------------------------------------------
 
 

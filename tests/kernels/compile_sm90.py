@@ -89,6 +89,9 @@ def variants():
         yield norms._row_norm_kernel, dict(zip(("BLOCK_R", "BLOCK_D"), norms.l2_tile(S)), RMS=True), core.NUM_WARPS
     for has_bias in (False, True):
         yield elt._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
+    for steps in (("ADD", "SOFTPLUS", "MUL"), ("SILU", "RMUL"), ("SIGMOID", "RMUL")):  # Qwen3.5's elementwise chains
+        yield (elt._chain_kernel, dict(STEPS=steps, SIDES=elt.chain_sides(list(steps)), N_STEPS=len(steps),
+                                       BLOCK=elt.ELT_BLOCK), core.NUM_WARPS)
     # the mat-vec: every tile the models' products take at 1-16 columns (qwen3.5-9b's and -27b's shapes, every
     # weight type: a tile over sm_90's shared memory fails only at launch), and split-K tiles of both forms (the
     # split reads a workspace and its tickets; an unsplit launch passes None for them)

@@ -296,23 +296,6 @@ def test_binary_refuses_partial_overlap(launches):
 # ---- UNARY, GLU: exp and log ----------------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def kernel_exp(monkeypatch):
-    """In the interpreter, the reference computed with the kernels' exp and log (numpy's): the bytes must then be
-    identical. Compiled, the reference as it is (the kernels call CUDA's expf/logf, as torch does)."""
-    if not core.INTERPRETED:
-        return
-
-    def numpy_fn(fn):
-        def call(t):
-            with np.errstate(all="ignore"):
-                return torch.from_numpy(fn(t.detach().cpu().numpy()))
-        return call
-
-    monkeypatch.setattr(torch, "exp", numpy_fn(np.exp))
-    monkeypatch.setattr(torch, "log", numpy_fn(np.log))
-
-
 @pytest.mark.parametrize("kind", elt.UNARY_KINDS)
 def test_unary(kind, kernel_exp):
     """Each kind on edge values (softplus' x > 20 branch on both sides of 20, exp overflow and underflow, NaNs),

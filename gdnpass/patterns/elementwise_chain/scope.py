@@ -1,0 +1,14 @@
+"""What the ELEMENTWISE_CHAIN kernel can run, declared once: the matcher's ``scope.chain-length`` rule, the record's
+check and the launcher all ask it. Pure Python."""
+
+MAX_STEPS = 4   # nodes in one chain (Qwen3.5's longest: the GDN gate's ADD -> SOFTPLUS -> MUL)
+MAX_SIDES = 2   # binary steps (each reads one operand besides the chain's value)
+
+BINARY = {"ADD": "ADD", "MUL": "MUL", "RADD": "ADD", "RMUL": "MUL"}  # step -> op (R: the chain's value is src1)
+UNARY = ("SILU", "SIGMOID", "SOFTPLUS", "EXP")                      # the UNARY kinds the Triton kernel computes
+
+
+def steps_fit(steps: list[str]) -> bool:
+    """2..MAX_STEPS known steps, at most MAX_SIDES of them binary."""
+    return (2 <= len(steps) <= MAX_STEPS and all(s in BINARY or s in UNARY for s in steps)
+            and sum(s in BINARY for s in steps) <= MAX_SIDES)
