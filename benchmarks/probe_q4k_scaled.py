@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
-
 import torch
 import triton
 import triton.language as tl
 
 from gdnpass.bench.matvec import column_counts, quantized_weight, read_us, rotation, shape_list
+from gdnpass.bench.timing import kernel_us
 from gdnpass.ir import DType
 from gdnpass.kernels import quants
 from gdnpass.kernels import triton_matvec as mv
@@ -113,27 +112,6 @@ def launch(w, x, y, M, K, N, bm, warps, stages, split):
                                                      num_warps=warps, num_stages=stages, enable_fp_fusion=False)
 
 
-def kernel_us(fn, name: str, reps: int = 10) -> float:
-    """Median summed duration of the kernels whose name contains ``name``, per replay of a CUDA graph of ``fn``."""
-    from torch.profiler import ProfilerActivity, profile
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    g.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            g.replay()
-        torch.cuda.synchronize()
-    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and name in e.name]
-    per = len(ks) // reps
-    return statistics.median(sum(ks[i * per:(i + 1) * per]) for i in range(reps))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", type=shape_list, default=shape_list("12288x4096,4096x4096,4096x12288"))
@@ -157,9 +135,10 @@ def main() -> None:
             print(f"{M:>5}x{K:<5} {N:>2} {'(bytes equal)':>13}")
             continue
         copies = [w] + [w.clone() for _ in range(rotation(w.numel()) - 1)]
-        prod = kernel_us(lambda: [mv.mul_mat_vec(v, x, want, DType.Q4_K) for v in copies], "mul_mat_vec") / len(copies)
-        best = min((kernel_us(lambda: [launch(v, x, got, M, K, N, bm, wp, st, sp) for v in copies], "q4k_scaled")
-                    / len(copies), f"{bm}/{wp}/{st}/{sp}")
+        prod = kernel_us(lambda: [mv.mul_mat_vec(v, x, want, DType.Q4_K) for v in copies], 10,
+                         "mul_mat_vec")[0] / len(copies)
+        best = min((kernel_us(lambda: [launch(v, x, got, M, K, N, bm, wp, st, sp) for v in copies], 10,
+                              "q4k_scaled")[0] / len(copies), f"{bm}/{wp}/{st}/{sp}")
                    for bm, wp, st, sp in itertools.product((64, 128), (4,), (2, 3), (tile.split_k, 2 * tile.split_k))
                    if sp <= K // 256)
         print(f"{M:>5}x{K:<5} {N:>2} {prod:13.2f} {best[0]:12.2f} ({best[1]:>9}) {read_us(w.numel()):8.2f}", flush=True)

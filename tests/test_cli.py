@@ -96,9 +96,12 @@ def test_programs_follow_the_launch_blocks():
         for kernel, count, steps in programs(n):
             assert count >= 1 and steps >= 1
             seen.setdefault(n.op, []).append((kernel, count, steps))
-    assert {Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.GATED_DELTA_NET_CACHE, Op.UNARY} <= set(seen)
-    silu = next(n for n in g.nodes if n.op is Op.UNARY and n.op_params["kind"] == "SILU")
-    assert programs(silu) == [("silu", -(-silu.nelements // triton_elementwise.ELT_BLOCK), 1)]
+    assert {Op.GDN_CONV_CHAIN, Op.MUL_MAT_VEC_PAIR, Op.GATED_DELTA_NET_CACHE, Op.UNARY, Op.ELEMENTWISE_CHAIN} <= set(seen)
+    blocks = lambda n: -(-n.nelements // triton_elementwise.ELT_BLOCK)  # noqa: E731
+    sigmoid = next(n for n in g.nodes if n.op is Op.UNARY and n.op_params["kind"] == "SIGMOID")
+    assert programs(sigmoid) == [("sigmoid", blocks(sigmoid), 1)]
+    chain = next(n for n in g.nodes if n.op is Op.ELEMENTWISE_CHAIN)
+    assert programs(chain) == [("elementwise_chain", blocks(chain), 1)]
     assert 0 < cli.interpreter_seconds(g.nodes) < cli.SLOW_LIMIT_S
 
 

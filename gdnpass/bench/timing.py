@@ -59,10 +59,11 @@ def events_us(fn, reps: int = 20, calls: int = 4) -> float:
     return statistics.median(times)
 
 
-def kernel_us(fn, reps: int = 20) -> tuple[float, list[float]]:
+def kernel_us(fn, reps: int = 20, only: str | None = None) -> tuple[float, list[float]]:
     """Profiler kernel durations of one ``fn()`` call, captured as a CUDA graph and replayed (so host-side checks,
     e.g. GET_ROWS's id check, which is skipped under capture, launch nothing): (median over ``reps`` replays of the
-    summed kernel time, the median duration of each of its kernels in launch order), in µs."""
+    summed kernel time, the median duration of each of its kernels in launch order), in µs; ``only``: of the kernels
+    whose name contains it (a quantized mat-vec without its pre-pass, say)."""
     from torch.profiler import ProfilerActivity, profile
 
     s = torch.cuda.Stream()
@@ -81,7 +82,8 @@ def kernel_us(fn, reps: int = 20) -> tuple[float, list[float]]:
         for _ in range(reps):
             g.replay()
         torch.cuda.synchronize()
-    ks = [e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    ks = [e.device_time for e in prof.events()
+          if e.device_type == torch.autograd.DeviceType.CUDA and (only is None or only in e.name)]
     per = len(ks) // reps
     if per == 0 or len(ks) % reps:
         raise RuntimeError(f"{len(ks)} kernels over {reps} replays: not one fixed launch sequence")

@@ -16,7 +16,8 @@ matcher's package (:func:`folder`). The module has:
 The force proofs run on the test's device.
 
 This module holds what the tests share: the :class:`Trip` record, :class:`Only`, the rule names and kinds of a
-registry entry, and what a trips module lacks.
+registry entry, what a trips module lacks, and the graph edits the trips modules make (:func:`nodes`, :func:`fresh`,
+:func:`insert_after`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Callable
 
-from gdnpass.ir import Graph
+from gdnpass.ir import Flag, Graph, Tensor
 from gdnpass.patterns.common import Context, Rule, refusal_names
 
 BETWEEN = ("narrow", "broad")  # the between-check flavours fuse knows
@@ -111,3 +112,25 @@ def kinds(p) -> dict[str, str]:
 def uncovered(matcher, modes, trip_list) -> list[str]:
     """The refusal names of ``matcher`` (every mode of ``modes``) that no trip graph of ``trip_list`` covers."""
     return sorted(set(rule_names(matcher, modes)) - {t.rule for t in trip_list})
+
+
+# ---- graph edits the trips modules share ----------------------------------------------------------------------------
+
+
+def nodes(g: Graph) -> dict[str, Tensor]:
+    return {n.name: n for n in g.nodes}
+
+
+def fresh(g: Graph, t: Tensor, offset: int | None = None) -> int:
+    """Give non-view ``t`` bytes of its own past the arena's end (or at arena ``offset``); returns its offset."""
+    t.offset = g.buffers["arena"] if offset is None else offset
+    g.buffers["arena"] = max(g.buffers["arena"], t.offset + t.nbytes)
+    return t.offset
+
+
+def insert_after(g: Graph, anchor: Tensor, node: Tensor) -> Tensor:
+    node.buffer = "arena"
+    fresh(g, node)
+    node.flags |= Flag.COMPUTE
+    g.nodes.insert(g.index(anchor) + 1, node)
+    return node

@@ -17,7 +17,7 @@ from gdnpass.kernels import backends
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.patterns.elementwise_chain import ElementwiseChain
 from support.graphs import triton_for
-from support.trips import Trip
+from support.trips import Trip, fresh, insert_after, nodes
 
 NE0, ROWS = 64, 40  # 2560 elements: programs of ELT_BLOCK = 1024
 OPS = (Op.ADD, Op.MUL, Op.UNARY, Op.ELEMENTWISE_CHAIN)  # the Triton kernels of a "triton" force proof
@@ -52,25 +52,6 @@ def build(inplace: bool = False, extra_user: bool = False, extra_add: bool = Fal
         g.expand(other)
     plan(g)
     return g
-
-
-def nodes(g: Graph) -> dict[str, Tensor]:
-    return {n.name: n for n in g.nodes}
-
-
-def fresh(g: Graph, t: Tensor, offset: int | None = None) -> int:
-    """Give non-view ``t`` bytes of its own past the arena's end (or at arena ``offset``); returns its offset."""
-    t.offset = g.buffers["arena"] if offset is None else offset
-    g.buffers["arena"] = max(g.buffers["arena"], t.offset + t.nbytes)
-    return t.offset
-
-
-def insert_after(g: Graph, anchor: Tensor, node: Tensor) -> Tensor:
-    node.buffer = "arena"
-    fresh(g, node)
-    node.flags |= Flag.COMPUTE
-    g.nodes.insert(g.index(anchor) + 1, node)
-    return node
 
 
 # ---- one mutation per rule --------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from gdnpass.kernels import backends
 from gdnpass.patterns.rms_norm_mul import RmsNormMul, kernel
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 from support.graphs import triton_for
-from support.trips import Trip
+from support.trips import Trip, fresh, insert_after, nodes
 
 NE0, ROWS, EPS = 64, 12, 1e-6
 OPS = (Op.RMS_NORM, Op.MUL, Op.ADD, Op.RMS_NORM_MUL)  # the Triton kernels of a "triton" force proof
@@ -51,25 +51,6 @@ def build(ne0: int = NE0, rows: int = ROWS, add: bool = False, inplace_mul: bool
         g.expand(other)
     plan(g)
     return g
-
-
-def nodes(g: Graph) -> dict[str, Tensor]:
-    return {n.name: n for n in g.nodes}
-
-
-def fresh(g: Graph, t: Tensor, offset: int | None = None) -> int:
-    """Give non-view ``t`` bytes of its own past the arena's end (or at arena ``offset``); returns its offset."""
-    t.offset = g.buffers["arena"] if offset is None else offset
-    g.buffers["arena"] = max(g.buffers["arena"], t.offset + t.nbytes)
-    return t.offset
-
-
-def insert_after(g: Graph, anchor: Tensor, node: Tensor) -> Tensor:
-    node.buffer = "arena"
-    fresh(g, node)
-    node.flags |= Flag.COMPUTE
-    g.nodes.insert(g.index(anchor) + 1, node)
-    return node
 
 
 # ---- one mutation per rule --------------------------------------------------------------------------------------
