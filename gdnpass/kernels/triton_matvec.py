@@ -444,9 +444,10 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         b2, r2, r3,            # batches (grid axis 2: x's ne2 * ne3, 1 unbatched): ne2, broadcasts
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
+                        ids_ptr, ids_s0, ids_s1,  # MUL_MAT_ID's expert ids [n_used, n_t] (IDS; None otherwise)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
-                        QTYPE: tl.constexpr):
+                        QTYPE: tl.constexpr, IDS: tl.constexpr):
     wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -455,7 +456,10 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     # grid axis 2: the batch (i2, i3) of a batched MUL_MAT, whose weight matrix is (i2 // r2, i3 // r3) as ggml's
     batch = tl.program_id(2)
     i2, i3 = batch % b2, batch // b2
-    w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
+    if IDS:  # MUL_MAT_ID: batch (slot i2, token i3) reads the matrix of expert ids[i2, i3]
+        w_off = tl.load(ids_ptr + i2 * ids_s0 + i3 * ids_s1).to(tl.int64) * w_b2
+    else:
+        w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
     x_ptr += i2.to(tl.int64) * x_b2 + i3.to(tl.int64) * x_b3
     y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
     # (batch, product, row block): its workspace slot and ticket
@@ -651,9 +655,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         x = quantize_activations(x, wtype, K, N, cols_x)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
-        out if residual is None else residual,
+        out if residual is None else residual, None, 0, 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""),
+        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
@@ -696,6 +700,44 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
     _mat_vecs([(w_a, out_a), (w_b, out_b)], x, dtype=dtype)
 
 
+def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+    """MUL_MAT_ID at verify widths: w ne [K, M, n_as] (f32 / f16 / bf16, one matrix per expert, contiguous rows; torch
+    (1, n_as, M, K)), x f32 ne [K, n_b, n_t] with n_b 1 or n_used, ids i32 ne [n_used, n_t], out f32 ne [M, n_used,
+    n_t]: out[:, e, t] = w[:, :, ids[e, t]] @ x[:, e % n_b, t], one column a (slot, token) on grid axis 2, its
+    matrix found on the device (no host round trip: CUDA graphs capture it), so only the selected experts' rows are
+    read. The mat-vec kernel and tile of one column (:func:`mat_vec_tile`): each product is the bytes of the
+    single mat-vec of that expert's matrix and column. Outside a CUDA-graph capture the ids are checked on the host
+    first (a one-line error for an id outside the experts, as the reference's; under capture they are not read)."""
+    wtype = weight_type(w)
+    n_as, M, K = w.shape[1], w.shape[2], w.shape[3]
+    n_t, n_b, n_used = x.shape[1], x.shape[2], ids.shape[3]
+    _require(w.shape[0] == 1 and x.shape[0] == 1 and ids.shape[:2] == (1, 1) and ids.shape[2] == n_t,
+             f"MUL_MAT_ID: as {tuple(w.shape)}, b {tuple(x.shape)}, ids {tuple(ids.shape)} are not 3-D / 2-D of n_t")
+    _require(n_b in (1, n_used), f"MUL_MAT_ID: b's {n_b} rows per token: the kernel takes 1 or n_used ({n_used})")
+    _require(ids.dtype == torch.int32 and x.dtype == out.dtype == torch.float32 and x.shape[3] == K
+             and tuple(out.shape) == (1, n_t, n_used, M), "MUL_MAT_ID: i32 ids, f32 b and output of the ops' shapes")
+    _require(w.stride(-1) == 1 and x.stride(-1) == 1, "MUL_MAT_ID needs contiguous rows")
+    if out.numel() == 0:
+        return
+    on_gpu_capture = w.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not on_gpu_capture:
+        sel = ids[0, 0]
+        _require(bool(((sel >= 0) & (sel < n_as)).all()), f"MUL_MAT_ID: an expert id outside the {n_as} experts")
+    t = mat_vec_tile(M, 1, K, wtype.label)
+    blocks, batches = triton.cdiv(M, t.block_m), n_used * n_t
+    ws = cnt = None
+    if t.split_k > 1:
+        tiles = blocks * batches
+        ws, cnt = split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles, "mul_mat_id")
+    xs, ys, i_s = _strides(x), _strides(out), _strides(ids)
+    x_b2 = xs[1] if n_b > 1 else 0  # slot e reads row e % n_b
+    _mul_mat_vec_kernel[(blocks, t.split_k, batches)](
+        w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
+        n_used, 1, 1, w.stride(1), 0, x_b2, xs[2], ys[1], ys[2], out, ids, i_s[0], i_s[1],
+        BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
+        RESIDUAL=False, QTYPE="", IDS=True, **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
+
+
 # ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
 
 
@@ -714,9 +756,17 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
 
 
 def programs(node) -> list[tuple[str, int, int]]:
-    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program); empty for other ops and
-    for MUL_MATs of over 16 columns (the pair's are its record's: gdnpass.patterns.mat_vec_pair). Pure: reads
-    shapes only."""
+    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program) and MUL_MAT_ID of plain
+    experts (a column a slot and token); empty for other ops, for MUL_MATs of over 16 columns (the pair's are its
+    record's: gdnpass.patterns.mat_vec_pair) and for quantized experts (the torch reference runs them). Pure:
+    reads shapes only."""
     from gdnpass.ir import Op
 
+    if node.op is Op.MUL_MAT_ID:
+        w, ids = node.src[0], node.src[2]
+        if w.type.is_quantized:
+            return []
+        t = mat_vec_tile(w.ne[1], 1, w.ne[0], w.type.label)
+        return [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],
+                 triton.cdiv(w.ne[0], t.block_k * t.split_k))]
     return mat_vec_programs(node.src[0], node.src[1]) if node.op is Op.MUL_MAT else []

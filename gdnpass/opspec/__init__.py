@@ -89,14 +89,15 @@ _SPECS = (
     # the GDN ops (kernels/triton_ssm.py)
     _spec(Op.SSM_CONV, (), s.rule_ssm_conv, "ssm"),
     _spec(Op.GATED_DELTA_NET, (Arg("K", INT, 0),), s.rule_gdn, "ssm", doc="src (q, k, v, g, beta, state)"),
-    # the expert FFN (llama.cpp's build_moe_ffn, issue 36): the torch reference only, no Triton kernel yet
+    # the expert FFN (llama.cpp's build_moe_ffn, issue 36): the torch reference only, no Triton kernel yet, but
+    # MUL_MAT_ID's (the mat-vec's, kernels/triton_matvec.py)
     _spec(Op.ARGSORT, (Arg("order", INT, 0, True),), s.rule_argsort, torch_only=True,
           doc="order: enum ggml_sort_order, 0 ASC, 1 DESC (ggml_argsort_top_k: DESC)"),
     _spec(Op.SUM_ROWS, (), s.rule_sum_rows, torch_only=True),
     _spec(Op.CLAMP, (Arg("min", BOUND, 0, True), Arg("max", BOUND, 1, True), INPLACE), s.rule_clamp,
           torch_only=True, doc="max may be inf (build_moe_ffn's weight sum)"),
     _spec(Op.DIV, (INPLACE,), s.rule_binary, torch_only=True),
-    _spec(Op.MUL_MAT_ID, (), s.rule_mul_mat_id, torch_only=True, doc="src (as, b, ids)"),
+    _spec(Op.MUL_MAT_ID, (), s.rule_mul_mat_id, "matvec", doc="src (as, b, ids)"),
 )
 
 SPECS: dict[Op, OpSpec] = {sp.op: sp for sp in _SPECS}

@@ -159,6 +159,16 @@ def _tri_mul_mat(node, views, out):
         TORCH[Op.MUL_MAT](node, views, out)
 
 
+def _tri_mul_mat_id(node, views, out):
+    """MUL_MAT_ID on the mat-vec kernel, the experts' matrices found from the ids on the device; quantized experts
+    (and a b of rows that neither is one nor one a slot) on the torch reference, which reads the ids on the host."""
+    w, x, ids = views
+    if node.src[0].type.is_quantized or x.shape[2] not in (1, ids.shape[3]):
+        TORCH[Op.MUL_MAT_ID](node, views, out)
+    else:
+        _family("matvec").mul_mat_id(w, x, ids, out)
+
+
 def _tri_soft_max(node, views, out):
     """SOFT_MAX on its Triton kernel (views: x, mask or None, sinks). The torch reference runs the node instead where
     the kernel refuses its operands (triton_attention.soft_max_refusal): a non-float type, a mask narrower than the
@@ -218,6 +228,7 @@ TRITON: dict[Op, Adapter] = {
     Op.RMS_NORM: lambda node, views, out: _family("norms").rms_norm(views[0], _eps(node), out),
     Op.L2_NORM: lambda node, views, out: _family("norms").l2_norm(views[0], _eps(node), out),
     Op.MUL_MAT: _tri_mul_mat,
+    Op.MUL_MAT_ID: _tri_mul_mat_id,
     Op.SOFT_MAX: _tri_soft_max,
     Op.FLASH_ATTN_EXT: _tri_flash_attn_ext,
     Op.SSM_CONV: lambda node, views, out: _family("ssm").ssm_conv(views[0], views[1], out),

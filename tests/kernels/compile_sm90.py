@@ -109,9 +109,17 @@ def variants():
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "")
+                 RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
+    # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes
+    for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32")):
+        t = mv.mat_vec_tile(M, 1, K, wt)
+        ptr = {"bf16": "*bf16", "f32": "*fp32"}[wt]
+        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
+                 RESIDUAL=False, QTYPE="", IDS=True)
+        yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
+               dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32"), dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16

@@ -5,7 +5,8 @@
    order, the double sum, MAX(MIN(x, max), min) with NaN going to max, one correctly rounded f32 division, each
    token's selected experts.
 3. CLAMP's max of +inf through the graph file (written as "Infinity") and the decoder; NaN refused.
-4. The Triton backend refuses each of them in one line naming the op.
+4. The Triton backend refuses each of them in one line naming the op, but MUL_MAT_ID, which runs on the mat-vec
+   kernel: each (slot, token) product the bytes of the single mat-vec of its expert's matrix.
 5. llama.cpp itself: its captured verify of the tiny qwen35moe file decodes every one of them (no OPAQUE node
    left), validates, and node by node, fed llama.cpp's own inputs, gdnpass's references give llama.cpp's bytes.
 """
@@ -224,7 +225,7 @@ def test_the_decoder_reads_an_infinite_max():
 # ---- 4. Triton: refused by name ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", NEW_OPS, ids=lambda o: o.value)
+@pytest.mark.parametrize("op", [o for o in NEW_OPS if o is not Op.MUL_MAT_ID], ids=lambda o: o.value)
 def test_triton_refuses_each_by_name(op):
     probs = _inp("probs", F32, (8, 4))
     topk = ops.argsort_top_k(probs, 2)
@@ -237,6 +238,36 @@ def test_triton_refuses_each_by_name(op):
         fn(node, [], None)
     assert "\n" not in str(e.value)
     assert kernel(TORCH_BACKEND, node) is not None
+
+
+@pytest.mark.parametrize("wt", ["f32", "bf16"])
+@pytest.mark.parametrize("n_b", [1, 3], ids=["b-shared", "b-per-slot"])
+def test_mul_mat_id_on_the_mat_vec_kernel_is_each_expert_s_single_mat_vec(wt, n_b, device):
+    """The Triton MUL_MAT_ID (the mat-vec kernel, the experts' matrices found from the ids on the device): each
+    slot's product is the bytes of the single mat-vec of its expert's matrix and column (same kernel, same tile),
+    repeated and unused experts included, b shared by the slots (the gate / up form) or one row a slot (down), and
+    within f32 summation accuracy of the reference; an id outside the experts is one line."""
+    from gdnpass.kernels import triton_matvec as mv
+    from support.arena import Arena, assert_close, rnd
+    from support.compare import assert_bits
+
+    K, M, n_as, n_used, n_t = 64, 40, 5, 3, 2
+    a = Arena(1 << 22)
+    w = a.put((rnd(1, n_as, M, K) / 8).to({"f32": torch.float32, "bf16": torch.bfloat16}[wt]))
+    x = a.put(rnd(1, n_t, n_b, K))
+    ids = a.put(torch.tensor([[[[4, 0, 4], [2, 2, 1]]]], dtype=torch.int32, device=device))  # (1, 1, n_t, n_used)
+    out = a.view((1, n_t, n_used, M))
+    a.run(lambda: mv.mul_mat_id(w, x, ids, out), out)
+    for t in range(n_t):
+        for e in range(n_used):
+            one = a.view((1, 1, 1, M))
+            expert = int(ids[0, 0, t, e])
+            a.run(lambda: mv.mul_mat_vec(w[:, expert:expert + 1], x[:, t:t + 1, e % n_b:e % n_b + 1], one), one)
+            assert_bits(out[0, t, e], one[0, 0, 0], f"slot {e} of token {t} (expert {expert})")
+    assert_close(out, ref.mul_mat_id(w, x, ids, DType.parse(wt)), rtol=1e-5)
+    bad = a.put(torch.tensor([[[[0, 5, 1], [1, 1, 1]]]], dtype=torch.int32, device=device))
+    with pytest.raises(KernelError, match="^MUL_MAT_ID: an expert id outside the 5 experts$"):
+        mv.mul_mat_id(w, x, bad, out)
 
 
 def test_a_triton_executor_refuses_before_running_anything():
