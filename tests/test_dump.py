@@ -65,10 +65,11 @@ def test_text_lists_every_node_in_order_and_marks_the_fused_ones(capsys):
     assert [r[2] for r in listed] == list(range(len(g.nodes)))
     assert listed_signature(listed) == signature(g.nodes)
     fused = [r for r in listed if r[1] == "*"]
-    # per layer: the attention norm, the chain, alpha/beta, the GDN with its snapshot CPY, the gated output norm,
-    # (the output projection + residual: layer 0's sum lands on the projection's x in this plan, refused), the post
-    # norm, the FFN's gate/up, the FFN's down + residual
-    layer = ["RMS_NORM_MUL", "GDN_CONV_CHAIN", "MUL_MAT_VEC_PAIR", "GATED_DELTA_NET_CACHE", "RMS_NORM_MUL"]
+    # per layer: the attention norm, the chain, alpha/beta, the gate (ADD, SOFTPLUS, MUL), the GDN with its snapshot
+    # CPY, the gated output norm, the output gate (SILU, MUL), (the output projection + residual: layer 0's sum lands
+    # on the projection's x in this plan, refused), the post norm, the FFN's gate/up, the FFN's down + residual
+    layer = ["RMS_NORM_MUL", "GDN_CONV_CHAIN", "MUL_MAT_VEC_PAIR", "ELEMENTWISE_CHAIN", "GATED_DELTA_NET_CACHE",
+             "RMS_NORM_MUL", "ELEMENTWISE_CHAIN"]
     ffn = ["RMS_NORM_MUL", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD"]
     assert [r[3] for r in fused] == layer + ffn + layer + ["MUL_MAT_ADD"] + ffn
     lines = out.splitlines()
@@ -76,7 +77,7 @@ def test_text_lists_every_node_in_order_and_marks_the_fused_ones(capsys):
         i = next(k for k, line in enumerate(lines) if (m := ROW.match(line)) and int(m[3]) == r[2])
         assert re.search(r"\^ replaces \d+ nodes", lines[i + 1])
     assert "replaces 35 nodes: conv_states-0, conv_states_reshaped-0, conv_input-0" in out  # RMS form: +2 SCALEs
-    assert "UNARY(SILU)" in out and "arena[0x" in out and "view of cache_r_l0 +0x" in out
+    assert "UNARY(SIGMOID)" in out and "arena[0x" in out and "view of cache_r_l0 +0x" in out
     assert f"nodes {len(pipeline()[0])} -> {len(g.nodes)}" in out
     assert "fusion gdn_conv_chain: applied 2" in out and "fusion mul_mat_vec_pair: applied 4" in out
 
@@ -231,7 +232,7 @@ def test_json_matches_the_schema_and_the_graph(capsys):
     assert doc["summary"]["nodes_before"] == len(pipeline("qwen3.5-9b")[0])
     assert doc["summary"]["launches_after"] < doc["summary"]["launches_before"]
     fused = [n for n in doc["nodes"] if n["fused"]]
-    assert len(fused) == len(doc["fusion"]["applied"]) == 17 and all(n["replaced"] for n in fused)
+    assert len(fused) == len(doc["fusion"]["applied"]) == 21 and all(n["replaced"] for n in fused)
     assert {r["rule"] for r in doc["fusion"]["refused"]} == {"pair.different-src1", "mul-mat-add.output-overlaps-input"}
     chain = next(n for n in fused if n["op"] == "GDN_CONV_CHAIN")
     assert chain["writes"] and chain["size"] > 0 and chain["buffer"] == "arena"
@@ -313,7 +314,7 @@ def test_dot_has_a_cluster_per_layer_and_every_node(capsys):
     assert re.findall(r"subgraph (cluster_L\d+)", out) == ["cluster_L0", "cluster_L1"]
     declared = re.findall(r"^\s+(n\d+) \[label=\"(\d+): ", out, re.M)
     assert sorted(int(i) for _, i in declared) == list(range(len(g.nodes)))
-    assert out.count("fillcolor=gold") == 17
+    assert out.count("fillcolor=gold") == 21
     read_leafs = {s.uid for n in g.nodes for s in n.src if s is not None and s.is_leaf}
     assert out.count("shape=ellipse") == len(read_leafs)
     ids = set(re.findall(r"^\s+([nl]\d+) \[", out, re.M))
