@@ -17,7 +17,7 @@ The force proofs run on the test's device.
 
 This module holds what the tests share: the :class:`Trip` record, :class:`Only`, the rule names and kinds of a
 registry entry, what a trips module lacks, and the graph edits the trips modules make (:func:`nodes`, :func:`fresh`,
-:func:`insert_after`).
+:func:`insert_after`, :func:`planned_graph`).
 """
 
 from __future__ import annotations
@@ -134,3 +134,23 @@ def insert_after(g: Graph, anchor: Tensor, node: Tensor) -> Tensor:
     node.flags |= Flag.COMPUTE
     g.nodes.insert(g.index(anchor) + 1, node)
     return node
+
+
+def planned_graph(last: Tensor, extra_reader: Tensor | None = None) -> Graph:
+    """A trip graph ending at ``last``: SCALE ``l_out-0`` of it (the output ``run --check`` compares), with
+    ``extra_reader`` an interior node a second output ``l_out-other`` also reads (a user-count trip), planned."""
+    from gdnpass import ops
+    from gdnpass.alloc import plan
+
+    out = ops.scale(last, 2.0)
+    out.name = "l_out-0"
+    out.flags |= Flag.OUTPUT
+    g = Graph()
+    g.expand(out)
+    if extra_reader is not None:
+        other = ops.scale(extra_reader, 3.0)
+        other.name = "l_out-other"
+        other.flags |= Flag.OUTPUT
+        g.expand(other)
+    plan(g)
+    return g

@@ -11,13 +11,12 @@ bytes past the arena's end.
 from __future__ import annotations
 
 from gdnpass import ops
-from gdnpass.alloc import plan
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
 from gdnpass.kernels import backends
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.patterns.elementwise_chain import ElementwiseChain
 from support.graphs import triton_for
-from support.trips import Trip, fresh, insert_after, nodes
+from support.trips import Trip, fresh, insert_after, nodes, planned_graph
 
 NE0, ROWS = 64, 40  # 2560 elements: programs of ELT_BLOCK = 1024
 OPS = (Op.ADD, Op.MUL, Op.UNARY, Op.ELEMENTWISE_CHAIN)  # the Triton kernels of a "triton" force proof
@@ -40,18 +39,7 @@ def build(inplace: bool = False, extra_user: bool = False, extra_add: bool = Fal
         c = ops.new_tensor("blk.0.extra", DType.F32, (NE0,), buffer="weights")
         last = ops.add(last, c)
         last.name = "gate-0 (add)"
-    out = ops.scale(last, 2.0)
-    out.name = "l_out-0"
-    out.flags |= Flag.OUTPUT
-    g = Graph()
-    g.expand(out)
-    if extra_user:
-        other = ops.scale(sp, 3.0)
-        other.name = "l_out-other"
-        other.flags |= Flag.OUTPUT
-        g.expand(other)
-    plan(g)
-    return g
+    return planned_graph(last, sp if extra_user else None)
 
 
 # ---- one mutation per rule --------------------------------------------------------------------------------------

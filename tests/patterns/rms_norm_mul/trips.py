@@ -11,13 +11,12 @@ arena's end.
 from __future__ import annotations
 
 from gdnpass import ops
-from gdnpass.alloc import plan
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
 from gdnpass.kernels import backends
 from gdnpass.patterns.rms_norm_mul import RmsNormMul, kernel
 from gdnpass.patterns.rms_norm_mul.scope import ROW_MAX
 from support.graphs import triton_for
-from support.trips import Trip, fresh, insert_after, nodes
+from support.trips import Trip, fresh, insert_after, nodes, planned_graph
 
 NE0, ROWS, EPS = 64, 12, 1e-6
 OPS = (Op.RMS_NORM, Op.MUL, Op.ADD, Op.RMS_NORM_MUL)  # the Triton kernels of a "triton" force proof
@@ -39,18 +38,7 @@ def build(ne0: int = NE0, rows: int = ROWS, add: bool = False, inplace_mul: bool
         r = ops.new_tensor("residual", DType.F32, (ne0, rows), buffer="input", flags=Flag.INPUT)
         last = ops.add(y, r)
         last.name = "attn_norm_res-0"
-    out = ops.scale(last, 2.0)
-    out.name = "l_out-0"
-    out.flags |= Flag.OUTPUT
-    g = Graph()
-    g.expand(out)
-    if extra_user:
-        other = ops.scale(norm, 3.0)
-        other.name = "l_out-other"
-        other.flags |= Flag.OUTPUT
-        g.expand(other)
-    plan(g)
-    return g
+    return planned_graph(last, norm if extra_user else None)
 
 
 # ---- one mutation per rule --------------------------------------------------------------------------------------
