@@ -369,6 +369,14 @@ def set_rows(rows: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 @triton.jit
+def _src1_at(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask):
+    """A binary op's src1 at element (i0, i1, i2, i3) of src0: ggml's broadcast tiles src1, element i of src0 meets
+    element i % ne of src1 in every dim."""
+    return tl.load(b_ptr + (i0 % b_ne0) * b_s0 + (i1 % b_ne1) * b_s1 + (i2 % b_ne2) * b_s2 + (i3 % b_ne3) * b_s3,
+                   mask=mask)
+
+
+@triton.jit
 def _binary_kernel(a_ptr, b_ptr, y_ptr, n, ne0, ne1, ne2, b_ne0, b_ne1, b_ne2, b_ne3,
                    a_s0, a_s1, a_s2, a_s3, b_s0, b_s1, b_s2, b_s3, y_s0, y_s1, y_s2, y_s3,
                    OP: tl.constexpr, BLOCK: tl.constexpr):
@@ -378,9 +386,7 @@ def _binary_kernel(a_ptr, b_ptr, y_ptr, n, ne0, ne1, ne2, b_ne0, b_ne1, b_ne2, b
     i0, r = idx % ne0, idx // ne0
     i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)
     a = tl.load(a_ptr + i0 * a_s0 + i1 * a_s1 + i2 * a_s2 + i3 * a_s3, mask=mask)
-    # ggml's broadcast tiles src1: element i of a meets element i % ne of b in every dim
-    b = tl.load(b_ptr + (i0 % b_ne0) * b_s0 + (i1 % b_ne1) * b_s1 + (i2 % b_ne2) * b_s2 + (i3 % b_ne3) * b_s3,
-                mask=mask)
+    b = _src1_at(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask)
     if OP == "ADD":
         y = a + b
     else:
@@ -505,13 +511,6 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
 
 
 @triton.jit
-def _side(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask):
-    """A binary step's other operand, repeated into the chain's shape as ggml broadcasts src1 (:func:`_binary_kernel`)."""
-    return tl.load(b_ptr + (i0 % b_ne0) * b_s0 + (i1 % b_ne1) * b_s1 + (i2 % b_ne2) * b_s2 + (i3 % b_ne3) * b_s3,
-                   mask=mask)
-
-
-@triton.jit
 def _chain_kernel(x_ptr, b1_ptr, b2_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_s2, x_s3,
                   b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3,
                   b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, y_s0, y_s1, y_s2, y_s3,
@@ -538,9 +537,9 @@ def _chain_kernel(x_ptr, b1_ptr, b2_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_
                 v = unary_f32(v, "EXP")
         else:
             if SIDES[i] == 1:
-                b = _side(b1_ptr, i0, i1, i2, i3, b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3, mask)
+                b = _src1_at(b1_ptr, i0, i1, i2, i3, b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3, mask)
             else:
-                b = _side(b2_ptr, i0, i1, i2, i3, b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, mask)
+                b = _src1_at(b2_ptr, i0, i1, i2, i3, b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, mask)
             if STEPS[i] == "ADD":
                 v = v + b
             elif STEPS[i] == "MUL":
@@ -575,9 +574,11 @@ def elementwise_chain(steps: list[str], x: torch.Tensor, sides: list[torch.Tenso
     _require(steps_fit(steps) and len(sides) == sum(s in BINARY for s in steps),
              f"ELEMENTWISE_CHAIN: steps {steps} with {len(sides)} side operands are outside the kernel's scope")
     _require(all(t.dtype == torch.float32 for t in (x, out, *sides)), "ELEMENTWISE_CHAIN: every operand must be f32")
-    _require(tuple(out.shape) == tuple(x.shape) and all(_repeats(b, x) for b in sides),
-             f"ELEMENTWISE_CHAIN: {[tuple(b.shape) for b in sides]} do not repeat into {tuple(x.shape)} / output "
-             f"{tuple(out.shape)}")
+    binary = [s for s in steps if s in BINARY]
+    _require(tuple(out.shape) == tuple(x.shape) and all(
+        tuple(b.shape) == tuple(x.shape) if s.startswith("R") else _repeats(b, x) for s, b in zip(binary, sides)),
+             f"ELEMENTWISE_CHAIN: {[tuple(b.shape) for b in sides]} do not repeat into (a src0: have the shape of) "
+             f"{tuple(x.shape)} / output {tuple(out.shape)}")
     _elementwise("ELEMENTWISE_CHAIN", out, x, *sides)
     b1, b2 = (sides + [x, x])[:2]  # (not read by a chain without them)
     _chain_kernel[_grid(out.numel())](

@@ -576,7 +576,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``)."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
-    least = QUANTIZED_PROGRAMS.get(wtype, 512) if wtype != "q8_0" or M > 4096 else 256
+    least = 256 if wtype == "q8_0" and M <= 4096 else QUANTIZED_PROGRAMS.get(wtype, 512)
     while blocks * want < least and want < 16:
         want *= 2
     return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want))

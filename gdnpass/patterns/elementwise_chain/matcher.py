@@ -91,7 +91,7 @@ class ChainCapture(Capture):
         for n in self.nodes:
             if n.op is Op.UNARY:
                 out.append((n.op_params["kind"], None))
-            elif n.src[0] is value or n is self.nodes[0]:
+            elif n.src[0] is value:
                 out.append((n.op.value, n.src[1]))
             else:
                 out.append(("R" + n.op.value, n.src[0]))

@@ -28,6 +28,7 @@ from gdnpass.models import PRESETS
 from gdnpass.models.fill import fill
 from gdnpass.models.gguf_model import open_model
 from gdnpass.models.gguf_write import write_gguf
+from support.referee import assert_graph_equals_capture, assert_plan_equals_capture, logits_from_llama_state
 
 MOE = PRESETS["tiny-qwen35moe"]
 T, N_UBATCH = 4, 8
@@ -65,12 +66,7 @@ def test_whole_moe_graph_equals_llama_cpp_s(llama, files, rs, flash):
     c = captured(llama, files["f32"], rs, flash_attn=flash)
     _, mine = ours(files["f32"], rs, flash == "on")
     ops.validate(mine)
-    assert signature(mine) == signature(c.verify)
-    unseen = set(c.verify.meta["llama"]["unseen_leafs"])
-    leaf = lambda t: (t.name, int(t.flags)) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa
-    assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]
-    pos = lambda g, counts: [counts.get(t.uid, 0) for t in [*g.leafs, *g.nodes]]  # noqa: E731
-    assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
+    assert_graph_equals_capture(mine, c)
     n = {op: sum(t.op is op for t in mine.nodes) for op in (Op.ARGSORT, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.MUL_MAT_ID)}
     assert n == {Op.ARGSORT: MOE.n_layer, Op.SUM_ROWS: MOE.n_layer, Op.CLAMP: MOE.n_layer, Op.DIV: MOE.n_layer,
                  Op.MUL_MAT_ID: 3 * MOE.n_layer}
@@ -96,15 +92,8 @@ def test_planner_reproduces_llama_cpp_s_moe_offsets(llama, files, rs):
     every tensor at the offset llama.cpp gave the tensor in its place (CLAMP over its SUM_ROWS, in place)."""
     c = captured(llama, files["f32"], rs)
     g = c.verify
-    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
-    unseen = set(g.meta["llama"]["unseen_leafs"])
-    planned = alloc.plan(c.reserve, g.meta["buffers"]["compute"]["alignment"], "compute")
-    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]
-    b = alloc.bind(c.reserve, g, "compute")
-    assert not b.reallocated, b.why
-    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute" and t.name not in unseen]
+    compute, theirs = assert_plan_equals_capture(c)
     assert len(compute) > 100 and {Op.ARGSORT, Op.SUM_ROWS, Op.CLAMP, Op.DIV, Op.MUL_MAT_ID} <= {t.op for t in compute}
-    assert [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]] == []
     clamps = [t for t in g.nodes if t.op is Op.CLAMP]
     assert all(t.offset == t.src[0].offset for t in clamps)  # gallocr put each CLAMP over its SUM_ROWS
     # the builder's graph, bound to the same reserve plan: node i at the offset of llama.cpp's node i
@@ -118,22 +107,6 @@ def test_planner_reproduces_llama_cpp_s_moe_offsets(llama, files, rs):
     assert diff == [] and sum(x is not None and x[0] == "compute" for x in got) > 150
 
 
-def _start(model, c, tokens):
-    """After the seeded fill: the file's weights, llama.cpp's cache state at the verify's start, its token ids."""
-    cached = {t.name: t for t in c.verify.leafs if t.buffer in ("rs", "kv")}
-
-    def start(ex, graph) -> None:
-        model.load_weights(ex, graph)
-        for t in graph.leafs:
-            if t.name in cached:
-                theirs = cached[t.name]
-                raw = c.memory[theirs.buffer][theirs.offset: theirs.offset + theirs.nbytes]
-                ex.view(t).view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-        ex.view(graph.find("inp_tokens")).copy_(torch.tensor(tokens, dtype=torch.int32))
-
-    return start
-
-
 @pytest.mark.parametrize("wtype,rs,flash", [("f32", 3, "on"), ("f32", 0, "off"), ("bf16", 3, "on"),
                                             ("q8_0", 3, "on")])
 def test_moe_logits_match_llama_cpp_s(llama, files, wtype, rs, flash):
@@ -141,29 +114,9 @@ def test_moe_logits_match_llama_cpp_s(llama, files, wtype, rs, flash):
     activation to a bf16 expert's type as ggml-cpu does) from llama.cpp's state when its verify began, with its
     token ids and the file's weights: logits within LOGITS_TOL of llama.cpp's CPU logits; fused vs unfused
     byte-identical. Measured 2026-12-04: see docs/moe.md."""
-    from gdnpass.check import check_fusion
-    from gdnpass.kernels.backends import GGML_CPU_BACKEND
-    from gdnpass.runtime import Executor
-
-    path = files[wtype]
-    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True,
-                         flash_attn=flash)
-    c = cap_mod.capture(path, s, install=llama)
-    want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
-    model = open_model(path)
-    cfg = model.config(n_tokens=T, n_rs_seq=rs, n_past=s.n_prompt, flash_attn=flash == "on")
-    start = _start(model, c, [x % c.n_vocab for x in s.tokens()[1]])
-    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=False))
-    ex = Executor(res.graph, backend=GGML_CPU_BACKEND)
-    fill(ex, seed=0)
-    start(ex, res.graph)
-    ex.run()
-    got = ex.read(res.graph.find("result_output")).reshape(want.shape)
-    err = float((got - want).abs().max() / want.abs().max())
+    err, out = logits_from_llama_state(llama, files[wtype], T, rs, N_UBATCH, flash)
     print(f"{wtype} rs={rs} flash={flash}: max |Δ| / max |ref| = {err:.3g}")
     assert err <= LOGITS_TOL[wtype], f"{wtype}: max |Δ| / max |ref| = {err:.3g}"
-    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=True), fuse_now=False)
-    out = check_fusion(res.graph, weights=lambda ex: start(ex, res.graph))
     assert out.identical and any(x.name == "result_output" for x in out.compared)
     assert sum(a.pattern == "gdn_conv_chain" for a in out.report.applied) == len(MOE.gdn_layers)
 

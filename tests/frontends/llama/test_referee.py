@@ -31,6 +31,7 @@ from gdnpass.ir import Op
 from gdnpass.models import VerifyConfig, build_verify_graph, get_model
 from gdnpass.models.fill import fill
 from gdnpass.models.gguf_write import write_gguf
+from support.referee import assert_graph_equals_capture, assert_plan_equals_capture, logits_from_llama_state
 
 SHAPES = ("tiny-qwen35", "tiny-qwen35-b")
 RS_SEQ = (0, 3)
@@ -147,12 +148,7 @@ def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf_files, shape, rs, fl
     mine = build_verify_graph(VerifyConfig(model=shape, n_tokens=T, n_rs_seq=rs, wtype="f32", ab_wtype="f32",
                                            whole=True, flash_attn=flash == "on"))
     ops.validate(mine)
-    assert signature(mine) == signature(c.verify)
-    unseen = set(c.verify.meta["llama"]["unseen_leafs"])
-    leaf = lambda t: (t.name, int(t.flags)) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa
-    assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]
-    pos = lambda g, counts: [counts.get(t.uid, 0) for t in [*g.leafs, *g.nodes]]  # noqa
-    assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
+    assert_graph_equals_capture(mine, c)
 
 
 def test_tied_embeddings_are_one_leaf_as_in_llama_cpp(llama, tmp_path):
@@ -212,19 +208,8 @@ def test_planner_reproduces_llama_cpp_s_offsets(llama, gguf_files, shape, rs):
     every tensor the chain rules read (cache-row GET_ROWS, CONCAT, projection, SSM_CONV/SiLU, the norm outputs, the
     ssm-state GET_ROWS)."""
     c = captured(llama, gguf_files, shape, rs)
-    g, reserve = c.verify, c.reserve
-    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
-    align = g.meta["buffers"]["compute"]["alignment"]
-    planned = alloc.plan(reserve, align, "compute")
-    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]  # gallocr's compute buffer size
-    b = alloc.bind(reserve, g, "compute")
-    assert not b.reallocated, b.why
-    # (leafs no node reads are never seen by llama.cpp's callback: their offsets are our replica's, so not compared)
-    unseen = set(g.meta["llama"]["unseen_leafs"])
-    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute" and t.name not in unseen]
+    compute, _ = assert_plan_equals_capture(c)
     assert len(compute) > 50
-    diffs = [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]]
-    assert diffs == []
     chain = {Op.GET_ROWS, Op.CONCAT, Op.MUL_MAT, Op.SSM_CONV, Op.UNARY, Op.RMS_NORM, Op.SCALE}
     assert {t.op for t in compute} >= chain
 
@@ -358,47 +343,8 @@ def test_whole_builder_logits_match_llama_cpp_s(llama, typed_files, wtype, rs, f
     6.7e-2 (Q4_K_M) apart on these random tiny models, exact f32 activations 4.1e-2 / 4.0e-2, both over the bound:
     the activations' 8-bit rounding, not the weights, is what separates backends on quantized files. For the
     K-quants the kernels take ggml-cpu's q8_K blocks (quants.mul_mat_q: the scheme modelled here)."""
-    import numpy as np
-    import torch
-
-    from gdnpass import pipeline
-    from gdnpass.kernels.backends import GGML_CPU_BACKEND
-    from gdnpass.models.gguf_model import open_model
-    from gdnpass.runtime import Executor
-
-    path = typed_files[wtype]
-    s = cap_mod.Settings(n_tokens=T, n_rs_seq=rs, n_ubatch=N_UBATCH, n_batch=N_UBATCH, record_memory=True,
-                         flash_attn=flash)
-    c = cap_mod.capture(path, s, install=llama)
-    want = torch.from_numpy(np.frombuffer(c.logits, dtype=np.float32).copy()).reshape(T, c.n_vocab)
-    model = open_model(path)
-    cfg = model.config(n_tokens=T, n_rs_seq=rs, n_past=s.n_prompt, flash_attn=flash == "on")
-    cached = {t.name: t for t in c.verify.leafs if t.buffer in ("rs", "kv")}
-    tokens = [x % c.n_vocab for x in s.tokens()[1]]
-
-    def start(ex: Executor, graph) -> None:  # after the seeded fill: llama.cpp's state, weights and tokens
-        model.load_weights(ex, graph)
-        for t in graph.leafs:
-            if t.name in cached:
-                theirs = cached[t.name]
-                raw = c.memory[theirs.buffer][theirs.offset: theirs.offset + theirs.nbytes]
-                ex.view(t).view(-1).view(torch.uint8).copy_(torch.frombuffer(bytearray(raw), dtype=torch.uint8))
-        ex.view(graph.find("inp_tokens")).copy_(torch.tensor(tokens, dtype=torch.int32))
-
-    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=False))
-    assert {t.name for t in res.graph.leafs if t.name.startswith("cache_")} == set(cached)
-    ex = Executor(res.graph, backend=GGML_CPU_BACKEND)
-    fill(ex, seed=0)
-    start(ex, res.graph)
-    ex.run()
-    got = ex.read(res.graph.find("result_output")).reshape(want.shape)
-    err = float((got - want).abs().max() / want.abs().max())
+    err, out = logits_from_llama_state(llama, typed_files[wtype], T, rs, N_UBATCH, flash)
     assert err <= LOGITS_TOL[wtype], f"{wtype}: max |Δ| / max |ref| = {err:.3g}"
-
-    from gdnpass.check import check_fusion
-
-    res = pipeline.run(model.build(cfg), pipeline.PassOptions(fusion=True), fuse_now=False)
-    out = check_fusion(res.graph, weights=lambda ex: start(ex, res.graph))
     assert out.identical and any(c.name == "result_output" for c in out.compared)
 
 

@@ -23,10 +23,11 @@ import pytest
 
 from gdnpass import alloc, fusion, ops
 from gdnpass.errors import GraphError
-from gdnpass.frontends.compare import diff_layers, layer_nodes, signature
+from gdnpass.frontends.compare import diff_layers, layer_nodes
 from gdnpass.frontends.llama import capture as cap_mod
 from gdnpass.ir import Op
 from gdnpass.models import VerifyConfig, build_verify_graph, get_model
+from support.referee import assert_graph_equals_capture, assert_plan_equals_capture
 from gdnpass.models.gguf_write import write_gguf
 from gdnpass.models.hparams import default_ids
 
@@ -99,28 +100,15 @@ def test_whole_builder_graph_equals_llama_cpp_s(llama, gguf, S, flash, unified):
     c = captured(llama, gguf, S, flash, unified)
     mine = build_verify_graph(config(S, whole=True, flash_attn=flash == "on", kv_unified=unified))
     ops.validate(mine)
-    assert signature(mine) == signature(c.verify)
-    unseen = set(c.verify.meta["llama"]["unseen_leafs"])
-    leaf = lambda t: (t.name, int(t.flags)) if t.name in unseen else (t.name, t.type, t.ne, t.nb, int(t.flags))  # noqa
-    assert [leaf(t) for t in mine.leafs] == [leaf(t) for t in c.verify.leafs]
-    pos = lambda g, counts: [counts.get(t.uid, 0) for t in [*g.leafs, *g.nodes]]  # noqa: E731
-    assert pos(mine, mine.use_counts()) == pos(c.verify, c.use_counts)
+    assert_graph_equals_capture(mine, c)
     assert mine.find("attn_inp_kq_mask").ne == (256, T * S // (1 if unified else S), 1, 1 if unified else S)
 
 
 @pytest.mark.parametrize("S", SEQS)
 def test_planner_reproduces_llama_cpp_s_offsets(llama, gguf, S):
     c = captured(llama, gguf, S)
-    g, reserve = c.verify, c.reserve
-    theirs = {t.uid: (t.buffer, t.offset) for t in g.tensors() if t.view_src is None}
-    planned = alloc.plan(reserve, g.meta["buffers"]["compute"]["alignment"], "compute")
-    assert planned.buffers["compute"] == g.meta["buffers"]["compute"]["size"]
-    b = alloc.bind(reserve, g, "compute")
-    assert not b.reallocated, b.why
-    unseen = set(g.meta["llama"]["unseen_leafs"])
-    compute = [t for t in g.tensors() if t.view_src is None and theirs[t.uid][0] == "compute" and t.name not in unseen]
+    compute, _ = assert_plan_equals_capture(c)
     assert len(compute) > 50
-    assert [(t.name, t.offset, theirs[t.uid][1]) for t in compute if (t.buffer, t.offset) != theirs[t.uid]] == []
 
 
 def test_the_chain_of_several_sequences_stays_unfused_and_the_pass_is_exact(llama, gguf):
