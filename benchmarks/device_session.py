@@ -2,6 +2,7 @@
 
     python benchmarks/device_session.py --part 1 [--source .llama-src] [--out DIR]
     python benchmarks/device_session.py --part 2|3|4|5 [--out DIR]
+    python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
 alpha/beta pair against the read bandwidth, the whole qwen3.5-9b verify, ours off / on / on without the newest
@@ -36,19 +37,22 @@ import argparse
 import os
 from pathlib import Path
 
-from gdnpass.bench.session import run_step, steps
+from gdnpass.bench.session import PARTS, named_steps, run_step, steps
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", type=int, choices=(1, 2, 3, 4, 5), required=True)
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--part", type=int, choices=PARTS)
+    which.add_argument("--steps", help="named steps of any parts, comma-separated, in that order")
     p.add_argument("--source", help="part 1: a folder `gdnpass llama-build --pack` wrote")
     p.add_argument("--out", default=os.environ.get("OUT") or "device-session", help="logs and JSON (default: $OUT)")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = [run_step(name, cmd, limit, out) for name, cmd, limit in steps(a.part, a.source, out)]
-    print(f"\n## device session, part {a.part}")
+    chosen = steps(a.part, a.source, out) if a.part else named_steps(a.steps.split(","), a.source, out)
+    results = [run_step(name, cmd, limit, out) for name, cmd, limit in chosen]
+    print(f"\n## device session, {f'part {a.part}' if a.part else a.steps}")
     print("step | status | seconds | last line")
     for name, rc, secs, said in results:
         status = "ran out of time" if rc is None else "ok" if rc == 0 else f"exit {rc}"

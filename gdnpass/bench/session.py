@@ -59,8 +59,11 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
-            ("sweep", [PY, "benchmarks/warm_compile.py", "--hints", "both"], 300),
+            ("sweep", [PY, "benchmarks/warm_compile.py", "--hints", "both"], 240),  # (2026-12-03 night: 171 s)
             ("gpu-tests", [PY, "-m", "pytest", "-q", "-x", "-m", "gpu", "-k", "not sweep_gpu_all_800", "tests/"], 120),
+            # the kernel tests of the patterns and ops that the GPU tests above do not launch, compiled
+            ("pattern-tests", [PY, "-m", "pytest", "-q", "-x", "tests/patterns/elementwise_chain",
+                               "tests/kernels/test_moe_ops.py"], 90),
             ("check-9b", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
                           "--tokens", "8", "--rs-seq", "7", "--wtype", "bf16", "--device", "cuda", "--check"], 90),
         ]
@@ -74,6 +77,18 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ("kernel-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py",
                           "tests/kernels/test_triton_ops.py", "tests/kernels/test_triton_attention.py"], 160),
     ]
+
+
+PARTS = (1, 2, 3, 4, 5)
+
+
+def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
+    """The steps of any parts by name, in the order given (one device call that mixes parts)."""
+    known = {s[0]: s for part in PARTS for s in steps(part, source, out)}
+    missing = [n for n in names if n not in known]
+    if missing:
+        raise SystemExit(f"device_session: --steps: no step {', '.join(missing)} (steps: {', '.join(known)})")
+    return [known[n] for n in names]
 
 
 def _kill_group(pid: int) -> None:
