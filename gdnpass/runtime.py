@@ -267,11 +267,12 @@ def _pad(n: int) -> int:
 
 
 def available_bytes(device: torch.device) -> int | None:
-    """Memory a plan may use on ``device``: free GPU memory (CUDA), else MemAvailable (psutil if installed, else
+    """Memory a plan may use on ``device``: free GPU memory and what torch has cached unused (CUDA), else MemAvailable (psutil if installed, else
     /proc/meminfo); None where it cannot be known."""
     if device.type == "cuda":
         free, _ = torch.cuda.mem_get_info(device)
-        return int(free)
+        # what torch's caching allocator holds but no tensor uses (a freed executor's buffers) is ours to take too
+        return int(free) + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     try:
         import psutil
 

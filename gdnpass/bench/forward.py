@@ -22,17 +22,29 @@ from gdnpass.pipeline import PassOptions
 from gdnpass.runtime import Executor, launches, node_launches
 
 
-def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None):
+def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None, weights_of=None):
     """The forward planned, fused (every registered pattern but ``without``) or not, on the GPU, filled (``model``:
-    a GgufModel whose graph it is, its weight types; the weights are seeded, not the file's)."""
+    a GgufModel whose graph it is, its weight types; the weights are seeded, not the file's). ``weights_of``: an
+    executor of the same forward whose weights buffer this one shares (one copy of a 9B's 17 GiB for all variants:
+    four would not fit an 80 GB card), where the two graphs lay their weights out alike (fusion leaves the weights
+    where the builder put them)."""
     res = pipeline.run(cfg if model is None else model.build(cfg), PassOptions(fusion=fused),
                        fuse_now=without is None)
     g, report = res.graph, res.report
     if without is not None:
         report = fuse(g, enabled=True, patterns=[p for p in PATTERNS if p.name != without])
-    ex = Executor(g, device="cuda")
-    fill(ex, seed=2, ids=default_ids(cfg))
+    shared = {}
+    if weights_of is not None and _weight_layout(g) == _weight_layout(weights_of.graph):
+        shared["weights"] = weights_of.buffers["weights"]
+    ex = Executor(g, device="cuda", buffers=shared)
+    fill(ex, seed=2, ids=default_ids(cfg), keep=shared)
     return g, ex, report
+
+
+def _weight_layout(g) -> tuple:
+    """The weights buffer's size and where each of its leaves lies: two graphs alike in this share the buffer."""
+    return g.buffers.get("weights"), sorted((t.name, t.offset, t.nbytes) for t in g.leafs
+                                            if t.buffer == "weights" and not t.is_view)
 
 
 def product_kind(n) -> str | None:
@@ -143,7 +155,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     variants += ([("without", True, without, True)] if without else [])
     variants += ([("serial", True, None, False)] if PDL_SUPPORTED else [])
     for name, fused, left_out, pdl in variants:
-        g, ex, report = forward_executor(cfg, fused, left_out, model)
+        g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"))
         with programmatic_launch(False):  # kernel durations of serial launches: under PDL a kernel's would count
             kernels = forward_kernels(g, ex)  # the time it waits for its predecessor
         res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **kernels,
