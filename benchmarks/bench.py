@@ -240,7 +240,8 @@ def main() -> int:
         if not want(section):
             continue
         out[section] = []
-        print("\n## verify forward, " + (f"whole qwen3.5-9b (32 layers, own {a.wtype} weights, lm head)" if whole else
+        weights = f"the {a.quantize} file's weight types" if a.quantize else f"own {a.wtype} weights"
+        print("\n## verify forward, " + (f"whole qwen3.5-9b (32 layers, {weights}, lm head)" if whole else
                                          "24 GDN layers (+FFN, shared weights)") + ", DFlash taps, fusion off vs on")
         print("T rows | kernels off -> on (per GDN layer) | kernel us off -> on | alpha/beta us off -> on | "
               "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
@@ -260,7 +261,7 @@ def main() -> int:
             if whole:
                 try:
                     floor = ceil.floor_us(on["weight_bytes"])
-                    print(f"  weights read {on['weight_bytes'] / 1e9:.2f} GB ({a.wtype}); floor (weight bytes / read BW) "
+                    print(f"  weights read {on['weight_bytes'] / 1e9:.2f} GB ({r['wtype']}); floor (weight bytes / read BW) "
                           f"{floor:.0f} us; fusion on / floor = {on['us_per_forward'] / floor:.2f}", flush=True)
                 except ceilings.FloorRefused as e:
                     print(f"  floor refused ({e})", flush=True)

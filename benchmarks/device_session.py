@@ -1,6 +1,6 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
-    python benchmarks/device_session.py --part 1 [--source .llama-src] [--out DIR]
+    python benchmarks/device_session.py --part 1|6 [--source .llama-src] [--out DIR]
     python benchmarks/device_session.py --part 2|3|4|5 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
@@ -20,9 +20,9 @@ Part 4 (issue 34): the quantized kernels compiled (test_triton_quants.py), the q
 shapes (``bench.py --quick --only quant``), the whole 9B verify with Q4_K and with Q8_0 weights (``--only whole
 --wtype``), ``run --check`` of 8 layers of the 9B with Q4_K weights, and ncu's reading of one Q4_K launch
 (``one_matvec.py``).
-Part 5 (issue 34, after part 4): the quantized tiles re-swept (``tune_matvec.py --wtypes q4_k,q6_k,q8_0``), and the
-probe of Q4_K's block sums as chained dots (``probe_q4k_scaled.py``: its bytes against the production kernel's, then
-both timed).
+Part 5 (issue 34, after part 4): the quantized tiles re-swept (``tune_matvec.py --wtypes q4_k,q6_k,q8_0``).
+Part 6 (issue 34): ours and upstream llama.cpp on one real Q4_K_M file, the whole verify in one run (``bench.py
+--quick --only whole,upstream --quantize q4_k_m``; carry ``.llama-src`` as for part 1).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
@@ -45,7 +45,7 @@ def main() -> int:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--part", type=int, choices=PARTS)
     which.add_argument("--steps", help="named steps of any parts, comma-separated, in that order")
-    p.add_argument("--source", help="part 1: a folder `gdnpass llama-build --pack` wrote")
+    p.add_argument("--source", help="parts 1 and 6: a folder `gdnpass llama-build --pack` wrote")
     p.add_argument("--out", default=os.environ.get("OUT") or "device-session", help="logs and JSON (default: $OUT)")
     a = p.parse_args()
     out = Path(a.out)

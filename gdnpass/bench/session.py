@@ -49,12 +49,18 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 5:
         return [
-            # issue 34, after part 4: the production tiles of the q8_K form re-swept (tune_matvec's candidates), and
-            # the probe of Q4_K's block sums as chained dots (its bytes checked against the production kernel first)
+            # issue 34, after part 4: the production tiles of the q8_K form re-swept (tune_matvec's candidates)
             ("tune-quant", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q4_k,q6_k,q8_0", "--shapes",
                             "4096x4096,12288x4096,4096x12288", "--cols", "1,4,8,16", "--budget-s", "300",
                             "--json", str(out / "tune-quant.json")], 340),
-            ("probe-q4k-scaled", [PY, "benchmarks/probe_q4k_scaled.py"], 180),
+        ]
+    if part == 6:
+        return [
+            # issue 34: ours and upstream on one real Q4_K_M file (the 9B written in bf16, quantized by llama.cpp's
+            # own quantizer), the whole verify of both in one run (2026-12-06, H100: 381 s with the CUDA build)
+            ("quant-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream", "--quantize",
+                                "q4_k_m", *(["--source", source] if source else []),
+                                "--json", str(out / "quant-upstream.json")], 520),
         ]
     if part == 3:
         return [
@@ -79,7 +85,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5)
+PARTS = (1, 2, 3, 4, 5, 6)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
