@@ -1,8 +1,10 @@
 """The speculative loop on the GPU: gdnpass (fusion off and on, ABBA) next to llama.cpp's own loop on one GGUF file,
-one prompt, greedy, the same n-gram drafter; and each lean step next to the verify's own GPU time.
+one prompt, greedy, the same drafter (n-gram, or the model's own MTP head); and each lean step next to the verify's own
+GPU time.
 
     python benchmarks/generate_bench.py --gguf cyc.gguf --write-cycle qwen3.5-9b --prompt "text" -K 3,7 -n 128 --peer
     python benchmarks/generate_bench.py --model qwen3.5-9b --draft planted -K 4 -n 64        # a preset, no peer
+    python benchmarks/generate_bench.py --gguf mtp.gguf --write-cycle qwen3.5-9b --mtp 1 --draft mtp -K 1,2,3 --peer
 
 Per K:
 
@@ -13,11 +15,15 @@ Per K:
    events; the GPU time of the steps a timed run made, next to its wall time per step (the rest is the host's);
 3. with ``--peer``: llama.cpp's ``llama-speculative-simple`` (the pinned tree, CUDA build: ``gdnpass llama-build
    --cuda``, from ``--source`` on a host without registry access) before and after gdnpass's runs, its own
-   ``decoded ... t/s``, its accept counts, and its text compared with gdnpass's detokenized tokens.
+   ``decoded ... t/s``, its accept counts, and its text compared with gdnpass's detokenized tokens. With ``--draft
+   mtp`` both sides draft with the file's MTP head (gdnpass: :class:`~gdnpass.mtp_drafter.MtpDrafter`, one head
+   context per fusion setting, fused when the target is; llama.cpp: ``--spec-type draft-mtp``); the GPU time per
+   step is then the target's verify alone (the head's draft steps are in the wall time).
 
 ``--write-cycle PRESET`` first writes ``--gguf`` (if missing) as a cycle model of that preset
 (:mod:`gdnpass.models.cycle_model`: the greedy continuation follows cycles of ``--period`` tokens, which the n-gram
-drafter predicts; the period must exceed K for full drafts). Exit 1 if fusion off and on differ or the peer's text
+drafter predicts; the period must exceed K for full drafts; ``--mtp 1`` gives it an MTP head that agrees with the
+trunk part of the time, :mod:`gdnpass.models.cycle_model`). Exit 1 if fusion off and on differ or the peer's text
 differs from gdnpass's. ``--json FILE`` writes every number.
 """
 
@@ -35,6 +41,7 @@ import torch
 from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
 from gdnpass.engine import Engine, Model, Settings
 from gdnpass.generate import differences, generate
+from gdnpass.mtp_drafter import MtpDrafter, has_head
 
 
 def gpu_ms(slot, reps: int = 20) -> float:
@@ -124,7 +131,8 @@ def main(argv=None) -> int:
                    help="token-embedding scale of --write-cycle (default 1000)")
     p.add_argument("--wtype", default="bf16", help="weight type of --write-cycle or --model (default bf16)")
     p.add_argument("--model", default="tiny-qwen35", help="preset with generated weights (no --gguf)")
-    p.add_argument("--draft", default="ngram", choices=["planted", "ngram", "none"])
+    p.add_argument("--draft", default="ngram", choices=["planted", "ngram", "mtp", "none"])
+    p.add_argument("--mtp", type=int, default=0, help="MTP blocks of --write-cycle's file (1 for --draft mtp)")
     p.add_argument("-K", "--draft-max", default="3,7", help="comma-separated K values (default 3,7)")
     p.add_argument("-n", "--n-predict", type=int, default=128)
     p.add_argument("--prompt", default="def fibonacci(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b",
@@ -145,10 +153,12 @@ def main(argv=None) -> int:
         from gdnpass.models.cycle_model import write_cycle_gguf
 
         t0 = time.perf_counter()
-        write_cycle_gguf(a.write_cycle, a.gguf, period=a.period, scale=a.scale, wtype=a.wtype)
+        write_cycle_gguf(a.write_cycle, a.gguf, period=a.period, scale=a.scale, wtype=a.wtype, mtp=a.mtp)
         print(f"wrote {a.gguf} ({Path(a.gguf).stat().st_size / 2**30:.2f} GiB) in {time.perf_counter() - t0:.1f} s",
               flush=True)
     model = Model.from_gguf(a.gguf) if a.gguf else Model.preset(a.model, wtype=a.wtype)
+    if a.draft == "mtp" and (why := has_head(model)):
+        raise SystemExit(f"generate_bench: --draft mtp: {why}")
     tok = None
     if a.prompt_ids:
         prompt = [int(x) for x in a.prompt.replace(",", " ").split()]
@@ -188,18 +198,24 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
         truth = generate(Engine(model, Settings(draft_max=0, n_rs_seq=0, device=a.device)), prompt, NoDraft(),
                          a.n_predict, eog=eog).tokens
 
-    def drafter():
+    cuda = a.device.startswith("cuda")
+    base = dict(draft_max=K, device=a.device, cuda_graphs=cuda)
+    engines = {on: Engine(model, Settings(**base, fusion=on)) for on in (False, True)}
+    # the MTP head's context, one per fusion setting and kept across runs (its graphs built and captured once; the
+    # loop resets it at each run's start)
+    heads = {on: MtpDrafter(model, engines[on].s) for on in (False, True)} if a.draft == "mtp" else {}
+
+    def drafter(on: bool):
+        if a.draft == "mtp":
+            return heads[on]
         if a.draft == "planted":
             return Planted(truth, len(prompt), model.shape.vocab_size, cycle_schedule(K))
         if a.draft == "ngram":
             return NgramSimple(size_n, K)
         return NoDraft()
 
-    cuda = a.device.startswith("cuda")
-    base = dict(draft_max=K, device=a.device, cuda_graphs=cuda)
-    engines = {on: Engine(model, Settings(**base, fusion=on)) for on in (False, True)}
     t0 = time.perf_counter()
-    checked = {on: generate(engines[on], prompt, drafter(), a.n_predict, eog=eog, hash_logits=True)
+    checked = {on: generate(engines[on], prompt, drafter(on), a.n_predict, eog=eog, hash_logits=True)
                for on in (False, True)}  # warm-up: every graph built, fused, captured; logits hashed
     diffs = differences(checked[False], checked[True])
     print(f"K={K}: warm-up and identity runs {time.perf_counter() - t0:.1f} s; fusion off vs on: "
@@ -215,6 +231,7 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
             if text is None:
                 raise SystemExit("--peer needs a text prompt (llama-speculative-simple tokenizes it)")
             peer_runs.append(speculative.run(install, a.gguf, text, a.n_predict, size_n, K,
+                                             draft_mtp=K if a.draft == "mtp" else None,
                                              n_gpu_layers=99 if cuda else 0))
             print(f"K={K}: llama.cpp {peer_runs[-1].tokens_per_second:.1f} t/s", flush=True)
 
@@ -222,7 +239,7 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
     order = [False, True, True, False] * a.reps
     runs: dict[bool, list] = {False: [], True: []}
     for on in order:
-        runs[on].append(generate(engines[on], prompt, drafter(), a.n_predict, eog=eog))
+        runs[on].append(generate(engines[on], prompt, drafter(on), a.n_predict, eog=eog))
     peer()
     lean = [r for on in (False, True) for r in runs[on]]
     same = all(r.tokens == checked[False].tokens and [s.accepted for s in r.steps] ==
@@ -244,7 +261,7 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
     if cuda:  # the lean step's phases, fusion on
         try:
             case["step_breakdown_ms"] = step_breakdown(engines[True], lambda on_tokens: generate(
-                engines[True], prompt, drafter(), a.n_predict, eog=eog, on_tokens=on_tokens))
+                engines[True], prompt, drafter(True), a.n_predict, eog=eog, on_tokens=on_tokens))
         except Exception as e:  # (a diagnostic: it must not cost the case's other numbers)
             print(f"K={K}: step breakdown failed: {type(e).__name__}: {e}", flush=True)
     ok = not diffs and same
@@ -266,6 +283,7 @@ def run_case(a, model: Model, prompt: list[int], eog: list[int], K: int, tok, in
             f = case["fusion_" + ("on" if on else "off")]
             f["vs_llama_cpp"] = round(f["median_tokens_per_s"] / case["llama_cpp"]["median_tokens_per_s"], 3)
     engines.clear()  # free this K's graphs and buffers before the next
+    heads.clear()
     if cuda:
         torch.cuda.empty_cache()
     return case, ok

@@ -62,6 +62,14 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                 "q4_k_m", *(["--source", source] if source else []),
                                 "--json", str(out / "quant-upstream.json")], 520),
         ]
+    if part == 7:
+        return [
+            # issue 35: the MTP loop on the GPU, next to llama.cpp's own MTP loop on the same file (the 9B shape as a
+            # cycle model with an MTP head, written there: ~60 s for the trunk; llama.cpp's CUDA build as in part 1)
+            ("mtp-loop", [PY, "benchmarks/generate_bench.py", "--gguf", "/dev/shm/c9b-mtp.gguf", "--write-cycle",
+                          "qwen3.5-9b", "--mtp", "1", "--draft", "mtp", "-K", "1,3", "-n", "128", "--peer",
+                          *(["--source", source] if source else []), "--json", str(out / "mtp-loop.json")], 520),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -85,7 +93,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6)
+PARTS = (1, 2, 3, 4, 5, 6, 7)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
