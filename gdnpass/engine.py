@@ -1,27 +1,35 @@
-"""A llama.cpp context of one sequence over gdnpass graphs: the engine the speculative loop (:mod:`gdnpass.generate`)
-decodes its ubatches with.
+"""A llama.cpp context of one or several sequences over gdnpass graphs: the engine the speculative loop
+(:mod:`gdnpass.generate`) decodes its ubatches with.
 
-Memory is planned as llama.cpp plans it: one reserve plan of the worst-case graph (``n_ubatch`` tokens, every KV
-cell), and each ubatch graph bound to it slot by slot (:func:`gdnpass.pipeline.run` with ``reserve``). Graphs are
-cached per (width n_t, KV bucket n_kv: llama.cpp pads the used cells to 256, rows of logits), the pass runs on each
-once; all of them share one set of buffers (weights, the recurrent and KV caches, the arena), as llama.cpp's graphs
-share the model, its memory and its compute buffer. On CUDA each graph can be captured once as a CUDA graph and
-replayed.
+Memory is planned as llama.cpp plans it: one reserve plan of the worst-case graph (``n_ubatch`` tokens of every
+sequence, every KV cell), and each ubatch graph bound to it slot by slot (:func:`gdnpass.pipeline.run` with
+``reserve``). Graphs are cached per (width n_t, KV bucket n_kv: llama.cpp pads the used cells to 256, rows of
+logits, the ubatch's sequences), the pass runs on each once; all of them share one set of buffers (weights, the
+recurrent and KV caches, the arena), as llama.cpp's graphs share the model, its memory and its compute buffer. On
+CUDA each graph can be captured once as a CUDA graph and replayed.
 
-A ubatch is lean (:meth:`Engine.verify`): the inputs are written into a page-locked host copy of the input buffer and
-go over in one asynchronous copy; the greedy sampler's argmax (and, when asked, the top-2 logits) run on the device,
-inside the CUDA graph (:class:`GreedyHead`); only those few numbers come back, in the one wait of the step. The
-logits themselves are copied to the host only when asked (:meth:`Verdict.logits`).
+Several sequences (``Settings.n_seqs``, llama.cpp's ``n_seq_max``) each have a recurrent cell (its 1 + n_rs_seq
+planes) and a KV stream (llama.cpp's default, not ``kv_unified``). A batch of their tokens is split into ubatches
+as llama.cpp's ``split_equal`` splits it (:func:`split_equal`): equal token counts per sequence, consecutive
+sequence ids; each sequence of a ubatch reads its own plane and writes its own cell and stream
+(:meth:`Engine.decode_batch`).
 
-The memory bookkeeping is llama.cpp's: ``llama_memory_seq_rm`` (:meth:`Engine.seq_rm`) makes the recurrent memory
-remember ``rs_idx = cell.pos - (p0 - 1)``, the plane the next ubatch's ``rs_s_copy`` reads (once), and frees the
-KV cells from ``p0`` on. Which plane holds what is tracked (:class:`Planes`): after a ubatch of ``n_t`` tokens from
+A ubatch is lean (:meth:`Engine.verify`, :meth:`Engine.decode_batch`): the inputs are written into a page-locked
+host copy of the input buffer and go over in one asynchronous copy; the greedy sampler's argmax (and, when asked,
+the top-2 logits) run on the device, inside the CUDA graph (:class:`GreedyHead`); only those few numbers come back,
+in the one wait of the step (a batch of several ubatches queues them all, then waits once). The logits themselves
+are copied to the host only when asked (:meth:`Verdict.logits`).
+
+The memory bookkeeping is llama.cpp's, per sequence (:class:`SeqMemory`): ``llama_memory_seq_rm``
+(:meth:`Engine.seq_rm`) makes the recurrent memory remember ``rs_idx[seq] = cell.pos - (p0 - 1)``, the plane the
+sequence's next ubatch reads through ``rs_s_copy`` (once), and frees its KV cells from ``p0`` on. Which plane holds
+what is tracked (:class:`Planes`): after a ubatch of ``n_t`` tokens from
 state position ``s0``, conv plane p holds the state after ``s0 + max(0, n_t - p)`` tokens (planes >= n_t: the
 clamped pre-state), ssm plane p the state after ``s0 + n_t - p`` tokens for p < n_t; ssm planes >= n_t were not
-written and are stale. Each ubatch checks that the plane it reads holds the state of the current history at
-``n_past`` in both caches (:class:`StalePlane` otherwise: a bug). ``Settings.poison`` makes the check physical:
-before each ubatch every plane but the one read is NaN and every freed KV cell is garbage, so reading anything else
-changes the logits.
+written and are stale. Each ubatch checks that the plane each of its sequences reads holds the state of its
+current history at its ``n_past`` in both caches (:class:`StalePlane` otherwise: a bug). ``Settings.poison`` makes
+the check physical: before each ubatch every plane of its sequences' cells but the one read is NaN and every freed
+KV cell is garbage, so reading anything else changes the logits.
 
 With ``Settings.mtp`` the engine is an MTP context instead (``LLAMA_CONTEXT_TYPE_MTP``, docs/mtp.md): the MTP head's
 graphs over a KV cache of the MTP block alone (no recurrent memory, so ``seq_rm`` frees any tail and no plane is
@@ -33,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -42,7 +50,8 @@ from gdnpass import pipeline
 from gdnpass.errors import GdnpassError, GraphError, ResourceError
 from gdnpass.ir import Graph
 from gdnpass.models.fill import fill
-from gdnpass.models.hparams import MAX_RS_SEQ, MAX_UBATCH, ModelShape, VerifyConfig, default_ids, get_model
+from gdnpass.models.hparams import (MAX_RS_SEQ, MAX_SEQS, MAX_UBATCH, ModelShape, VerifyConfig, default_ids,
+                                    get_model)
 from gdnpass.models.inputs import InputWriter
 
 KV_PAD = 256  # llama.cpp pads n_ctx and n_kv to 256 cells (llama-context.cpp, llama_kv_cache::get_n_kv)
@@ -61,21 +70,79 @@ def n_kv_for(used: int, kv_size: int) -> int:
     return min(kv_size, max(KV_PAD, _pad(used)))
 
 
-def split_ubatches(n: int, n_ubatch: int, n_keep_tail: int = 0) -> list[tuple[int, int]]:
-    """The ubatches (start, end) llama.cpp's ``split_equal(n_ubatch, true, n_keep_tail)`` makes of one sequence of
-    ``n`` tokens: ``n_ubatch`` at a time, except that a ubatch that would leave fewer than ``n_keep_tail`` (but some)
-    tokens behind takes them all when they fit, else leaves exactly ``n_keep_tail`` of them for the next one."""
+@dataclass(frozen=True)
+class Part:
+    """One ubatch of a batch: ``n_t`` tokens of each of the sequences ``seq0 .. seq0 + n_seqs - 1``, from token
+    ``starts[j]`` of sequence ``seq0 + j``'s own list on."""
+
+    seq0: int
+    n_t: int
+    starts: tuple[int, ...]
+
+    @property
+    def n_seqs(self) -> int:
+        return len(self.starts)
+
+    @property
+    def seqs(self) -> range:
+        return range(self.seq0, self.seq0 + self.n_seqs)
+
+
+def split_equal(batch: Sequence[tuple[int, int]], n_ubatch: int, n_keep_tail: int = 0) -> list[Part]:
+    """The ubatches llama.cpp's ``llama_batch_allocr::split_equal(n_ubatch, sequential = true, n_keep_tail)`` makes
+    of a batch, called until the batch is used up (``llama_memory_hybrid::init_batch`` with a KV stream per
+    sequence). ``batch``: (sequence id, tokens) in increasing id order, one sequence's tokens after another's.
+
+    Each ubatch takes, from the first sequence with tokens left, the run of consecutive ids after it (a sequential
+    split accepts only ``last + 1``; at most ``n_ubatch + 1`` sequences), then one token of each in turn while every
+    one has tokens left and ``(taken + 1) * n_seqs <= n_ubatch``: equal counts, the shortest sequence's. With
+    ``n_keep_tail`` (n_rs_seq + 1) it keeps the longest prefix of those sequences that either finish or leave at
+    least ``n_keep_tail`` tokens (a sequence's last 1 + n_rs_seq tokens are never split); when the first one
+    already fails, it goes alone: completed when that fits ``n_ubatch``, else cut to leave exactly ``n_keep_tail``.
+    So sequences of unequal length share a ubatch only as far as equal counts allow (a verify batch of drafts of
+    different lengths becomes several ubatches), and a sequence missing from the batch breaks the run."""
     if n_keep_tail and n_ubatch <= n_keep_tail:
         raise GraphError(f"n_ubatch {n_ubatch} must be greater than n_rs_seq + 1 = {n_keep_tail} "
                          "(llama.cpp asserts n_ubatch > n_keep_tail)")
-    out, i = [], 0
-    while i < n:
-        j = min(n, i + n_ubatch)
-        if n_keep_tail and 0 < n - j < n_keep_tail:
-            j = n if n - i <= n_ubatch else n - n_keep_tail
-        out.append((i, j))
-        i = j
-    return out
+    total = {s: n for s, n in batch if n > 0}
+    used = dict.fromkeys(total, 0)
+    out = []
+    while True:
+        left = [s for s in total if used[s] < total[s]]
+        if not left:
+            return out
+        run = [left[0]]
+        for s in left[1:]:
+            if s != run[-1] + 1 or len(run) > n_ubatch:
+                break
+            run.append(s)
+        rest = lambda k: total[run[k]] - used[run[k]] - take  # noqa: E731 (tokens sequence k would leave)
+        take = 0
+        while all(rest(k) > 0 for k in range(len(run))):
+            take += 1
+            if (take + 1) * len(run) > n_ubatch:
+                break
+        takes = [take] * len(run)
+        if n_keep_tail:
+            keep = 0
+            while keep < len(run) and not 0 < rest(keep) < n_keep_tail:
+                keep += 1
+            if keep == 0:  # the first sequence alone: to its end when that fits, else leaving n_keep_tail
+                r = rest(0)
+                takes[0] = take + r if take + r <= n_ubatch else take + r - n_keep_tail
+                keep = 1
+            run, takes = run[:keep], takes[:keep]
+        # (the first sequence alone may take more than the others' equal share: it is then alone)
+        out.append(Part(run[0], takes[0], tuple(used[s] for s in run)))
+        for s, t in zip(run, takes):
+            used[s] += t
+
+
+def split_ubatches(n: int, n_ubatch: int, n_keep_tail: int = 0) -> list[tuple[int, int]]:
+    """:func:`split_equal` of one sequence of ``n`` tokens, as (start, end): ``n_ubatch`` at a time, except that a
+    ubatch that would leave fewer than ``n_keep_tail`` (but some) tokens behind takes them all when they fit, else
+    leaves exactly ``n_keep_tail`` of them for the next one."""
+    return [(p.starts[0], p.starts[0] + p.n_t) for p in split_equal([(0, n)], n_ubatch, n_keep_tail)]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -151,6 +218,7 @@ class Settings:
     check_planes: bool = True       # refuse (StalePlane) to read a plane that does not hold the current state
     margins: bool = False           # also bring each row's top-2 logit margin to the host (the divergence rule)
     mtp: bool = False               # the MTP context (LLAMA_CONTEXT_TYPE_MTP): the head's graphs, a KV cache only
+    n_seqs: int = 1                 # sequences (llama_context_params.n_seq_max): a recurrent cell and a KV stream each
 
     @property
     def rs_seq(self) -> int:
@@ -158,11 +226,17 @@ class Settings:
 
     @property
     def ubatch(self) -> int:
-        return self.n_ubatch if self.n_ubatch is not None else max(16, self.rs_seq + 2)
+        """n_ubatch; by default 16, or more where n_rs_seq + 2 (llama.cpp asserts n_ubatch > n_rs_seq + 1) or every
+        sequence's K + 1 verify tokens (one ubatch per step when every draft is full) need it."""
+        if self.n_ubatch is not None:
+            return self.n_ubatch
+        return min(MAX_UBATCH, max(16, self.rs_seq + 2, self.n_seqs * (self.draft_max + 1)))
 
     @property
     def kv_size(self) -> int:
-        return _pad(self.n_ctx)
+        """KV cells of each sequence's stream: llama.cpp's n_ctx_seq (n_ctx padded to 256, shared by the
+        n_seq_max streams, each padded to 256)."""
+        return _pad(_pad(self.n_ctx) // self.n_seqs)
 
     def check(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -182,6 +256,9 @@ class Settings:
         need(not self.cuda_graphs or self.device.startswith("cuda"), "cuda_graphs needs device cuda")
         need(not self.mtp or self.rs_seq == 0, "mtp: the MTP context has no recurrent memory, so n_rs_seq must be 0 "
              "(common_speculative_init_result sets it so)")
+        need(1 <= self.n_seqs <= MAX_SEQS, f"n_seqs must be 1..{MAX_SEQS} (llama.cpp's LLAMA_MAX_SEQ), is "
+             f"{self.n_seqs}")
+        need(not self.mtp or self.n_seqs == 1, "mtp: the MTP context decodes one sequence")
 
     def options(self) -> pipeline.PassOptions:
         return pipeline.PassOptions(fusion=self.fusion, alignment=self.alignment, between=self.between)
@@ -271,10 +348,18 @@ class GreedyHead:
     def fetch(self) -> tuple[list[int], list[float] | None, list[int]]:
         """Each row's greedy token, its top-1 minus top-2 logit in float64 (None unless asked), and the rows whose
         largest logit is not finite: two small copies, one wait."""
-        self.ids_host.copy_(self.ids, non_blocking=True)
-        self.top_host.copy_(self.top, non_blocking=True)
+        self.start()
         if self.ids.device.type == "cuda":
             torch.cuda.current_stream(self.ids.device).synchronize()
+        return self.read()
+
+    def start(self) -> None:
+        """The two small copies to the host, queued on the stream (:meth:`read` them once it has been waited for)."""
+        self.ids_host.copy_(self.ids, non_blocking=True)
+        self.top_host.copy_(self.top, non_blocking=True)
+
+    def read(self) -> tuple[list[int], list[float] | None, list[int]]:
+        """What :meth:`fetch` returns, from copies :meth:`start` queued and the stream has finished."""
         top = self._top.astype(np.float64)
         bad = np.flatnonzero(~np.isfinite(top[:, 0])).tolist()
         margins = (top[:, 0] - top[:, 1]).tolist() if self.margins else None
@@ -283,12 +368,15 @@ class GreedyHead:
 
 @dataclass
 class Slot:
-    """One cached graph: width n_t, KV bucket n_kv, n_out rows of logits (n_t for a verify, 0 for a prefill); bound
-    to the reserve plan, fused (or not) once, captured once as a CUDA graph (with its greedy head) when asked."""
+    """One cached graph: width n_t (tokens of each sequence), KV bucket n_kv, n_out rows of logits (every row for a
+    verify, 0 for a prefill), sequences seq0 .. seq0 + n_seqs - 1; bound to the reserve plan, fused (or not) once,
+    captured once as a CUDA graph (with its greedy head) when asked."""
 
     n_t: int
     n_kv: int
     n_out: int
+    seq0: int
+    n_seqs: int
     cfg: VerifyConfig
     graph: Graph
     executor: object
@@ -323,8 +411,9 @@ class Stage:
 
 @dataclass
 class Verdict:
-    """What one verify ubatch hands back to the host: each row's greedy token and, when asked, its top-2 margin.
-    :meth:`logits` copies the logits themselves, while they are still there (until the next ubatch)."""
+    """What one verify hands back to the host for one sequence: each of its rows' greedy token and, when asked, its
+    top-2 margin. :meth:`logits` copies the logits themselves, while they are still there (until the next ubatch),
+    or gives the copy made when the ubatch ran (``Engine.decode_batch(..., keep_logits=True)``)."""
 
     ids: list[int]
     margins: list[float] | None
@@ -332,57 +421,94 @@ class Verdict:
     slot: Slot
     engine: "Engine"
     ubatch: int
+    rows: slice | None = None          # this sequence's rows of the ubatch's logits (None: all)
+    kept: torch.Tensor | None = None   # its logits, copied when the ubatch ran
 
     def logits(self) -> torch.Tensor:
         """A (rows, vocab) float32 copy of the logits on the CPU."""
+        if self.kept is not None:
+            return self.kept
         if self.engine.ubatches != self.ubatch:
             raise GraphError("these logits were overwritten by a later ubatch: read them before the next decode")
-        return self.slot.executor.read(self.slot.logits).reshape(self.slot.n_out, self.engine.vocab)
+        rows = self.slot.executor.read(self.slot.logits).reshape(self.slot.n_out, self.engine.vocab)
+        return rows if self.rows is None else rows[self.rows]
+
+
+@dataclass
+class SeqMemory:
+    """llama.cpp's memory bookkeeping of one sequence: its recurrent cell's position (the last token its state has
+    seen), its pending rollback index (``llama_memory_recurrent::rs_idx[seq]``: the plane its next ubatch reads),
+    the used cells of its KV stream (cells 0 .. kv_used - 1 hold its positions) and what its planes hold."""
+
+    planes: Planes
+    cell_pos: int = -1
+    rs_idx: int = 0
+    kv_used: int = 0
+
+    @property
+    def n_past(self) -> int:
+        return self.cell_pos + 1
 
 
 class Engine:
-    """One sequence's context: the model's buffers, the reserve plan, the cached ubatch graphs, and llama.cpp's
-    memory bookkeeping (the recurrent cell's position, its pending rollback index, the used KV cells)."""
+    """A context of ``Settings.n_seqs`` sequences: the model's buffers, the reserve plan, the cached ubatch graphs,
+    and llama.cpp's memory bookkeeping of each sequence (:class:`SeqMemory`: sequence s has recurrent cell s and KV
+    stream s, as a context of n_seq_max sequences with a KV stream each gives them when their first ubatches come in
+    sequence order). :meth:`decode_batch` is ``llama_decode`` of a batch of several sequences' tokens (split into
+    ubatches as llama.cpp's split_equal splits it); :meth:`verify` / :meth:`prefill` / :meth:`seq_rm` without a
+    sequence are sequence 0's."""
 
     def __init__(self, model: Model, settings: Settings = Settings()) -> None:
         settings.check()
         self.model, self.s = model, settings
         self.kv_size = settings.kv_size
         self.n_rs = settings.rs_seq
+        self.n_seqs = settings.n_seqs
         self.options = settings.options()
         self.vocab = model.shape.vocab_size
         self.recurrent = not settings.mtp  # the MTP context's memory is a plain KV cache (llama.cpp: no rs planes)
-        self.reserve = pipeline.reserve_plan(model.build(self._config(settings.ubatch, self.kv_size)), self.options)
-        self.slots: dict[tuple[int, int, int], Slot] = {}
+        # llama_context::sched_reserve: n_ubatch tokens rounded up to a multiple of n_seq_max, every sequence, every
+        # KV cell
+        n_t = -(-settings.ubatch // self.n_seqs)
+        self.reserve = pipeline.reserve_plan(model.build(self._config(n_t, self.kv_size, None, 0, self.n_seqs)),
+                                             self.options)
+        self.slots: dict[tuple[int, int, int, int, int], Slot] = {}
         self.shared: dict[str, torch.Tensor] = {}
         self._layout: dict[str, tuple] | None = None
-        self.planes = Planes(self.n_rs)
-        self.cell_pos = -1   # the recurrent cell's position: the last token its state has seen
-        self.rs_idx = 0      # llama_memory_recurrent::rs_idx[seq]: the plane the next ubatch reads
-        self.kv_used = 0     # KV cells 0 .. kv_used-1 hold this sequence's positions
+        self.mem = [SeqMemory(Planes(self.n_rs)) for _ in range(self.n_seqs)]
         self.ubatches = 0
         self._last: Slot | None = None  # the last ubatch's graph (its h_nextn rows are readable until the next)
         self._synced = True  # the stream has been waited for since the last staged input copy
 
-    def _config(self, n_t: int, n_kv: int, n_out: int | None = None) -> VerifyConfig:
+    def _config(self, n_t: int, n_kv: int, n_out: int | None, seq0: int, n_seqs: int) -> VerifyConfig:
+        """A ubatch of ``n_t`` tokens of each of sequences seq0 .. seq0 + n_seqs - 1 (their recurrent cells, of the
+        context's n_seqs, and their KV streams)."""
+        seqs = {} if self.s.mtp else dict(n_seqs=n_seqs, n_seq_max=self.n_seqs, seq0=seq0, mem_size=self.n_seqs,
+                                          kv_head=seq0)
         return self.model.config(mtp=self.s.mtp, n_tokens=n_t, n_rs_seq=self.n_rs, kv_size=self.kv_size, n_kv=n_kv,
-                                 flash_attn=self.s.flash_attn, n_outputs=n_out)
+                                 flash_attn=self.s.flash_attn, n_outputs=n_out, **seqs)
 
+    # ---- sequence 0, the one-sequence API -------------------------------------------------------------------------
     @property
     def n_past(self) -> int:
-        return self.cell_pos + 1
+        return self.mem[0].n_past
+
+    @property
+    def rs_idx(self) -> int:
+        return self.mem[0].rs_idx
 
     # ---- graphs ---------------------------------------------------------------------------------------------------
-    def slot(self, n_t: int, n_kv: int, n_out: int | None = None) -> Slot:
-        """The graph of a ubatch of ``n_t`` tokens over ``n_kv`` cells with ``n_out`` rows of logits (default: all):
-        built, bound, fused and (with ``cuda_graphs``) captured the first time."""
-        n_out = n_t if n_out is None else n_out
-        key = (n_t, n_kv, n_out)
+    def slot(self, n_t: int, n_kv: int, n_out: int | None = None, seq0: int = 0, n_seqs: int = 1) -> Slot:
+        """The graph of a ubatch of ``n_t`` tokens of each of sequences seq0 .. seq0 + n_seqs - 1 over ``n_kv``
+        cells with ``n_out`` rows of logits (default: all): built, bound, fused and (with ``cuda_graphs``) captured
+        the first time."""
+        n_out = n_t * n_seqs if n_out is None else n_out
+        key = (n_t, n_kv, n_out, seq0, n_seqs)
         if key in self.slots:
             return self.slots[key]
         from gdnpass.runtime import Executor
 
-        cfg = self._config(n_t, n_kv, n_out)
+        cfg = self._config(n_t, n_kv, n_out, seq0, n_seqs)
         res = pipeline.run(self.model.build(cfg), self.options, reserve=self.reserve)
         g = res.graph
         layout = {t.name: (t.buffer, t.offset, t.nbytes) for t in g.leafs if t.buffer in ("weights", "cache")}
@@ -405,8 +531,8 @@ class Engine:
         inputs = {n: _flat((ex.view_in(t, stage.host) if stage else ex.view(t)).numpy(), n) for n, t in leafs.items()}
         logits = g.find("result_output")
         head = GreedyHead(ex.view(logits).reshape(n_out, self.vocab), self.s.margins) if n_out else None
-        slot = Slot(n_t, n_kv, n_out, cfg, g, ex, res.report, res.binding.reallocated, InputWriter(cfg), inputs,
-                    stage, logits, output_node(g, "h_nextn"), head)
+        slot = Slot(n_t, n_kv, n_out, seq0, n_seqs, cfg, g, ex, res.report, res.binding.reallocated,
+                    InputWriter(cfg), inputs, stage, logits, output_node(g, "h_nextn"), head)
         self.slots[key] = slot
         if self.s.cuda_graphs:
             self._capture(slot)
@@ -432,8 +558,9 @@ class Engine:
         """Capture the ubatch's device work as one CUDA graph; the caches are kept as they were (the capture's
         warm-up run, which compiles the kernels, writes them)."""
         keep = self.shared["cache"].clone()
-        self._write_inputs(slot, [0] * slot.n_t, 0, 0, np.zeros((slot.n_t, self.model.shape.n_embd), np.float32)
-                           if self.s.mtp else None)
+        rows = slot.n_t * slot.n_seqs
+        self._write_inputs(slot, [0] * rows, 0, [0] * slot.n_seqs,
+                           np.zeros((rows, self.model.shape.n_embd), np.float32) if self.s.mtp else None)
         self._forward(slot)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
@@ -452,37 +579,39 @@ class Engine:
             ex.buffers[name].zero_()
 
     def warm(self, widths: Sequence[int], n_kv: int | None = None) -> None:
-        """Build (and capture) the verify graphs of these widths ahead of time (a benchmark's warm-up)."""
+        """Build (and capture) the one-sequence verify graphs of these widths ahead of time (a benchmark's
+        warm-up)."""
         for n_t in widths:
             self.slot(n_t, n_kv or n_kv_for(n_t, self.kv_size))
 
     # ---- memory ---------------------------------------------------------------------------------------------------
     def reset(self) -> None:
-        """A new sequence: zeroed recurrent state and KV cache, no pending rollback."""
+        """New sequences: zeroed recurrent states and KV caches, no pending rollback."""
         if "cache" in self.shared:
             self.shared["cache"].zero_()
-        self.planes.reset()
-        self.cell_pos, self.rs_idx, self.kv_used = -1, 0, 0
+        self.mem = [SeqMemory(Planes(self.n_rs)) for _ in range(self.n_seqs)]
 
-    def seq_rm(self, p0: int) -> bool:
-        """``llama_memory_seq_rm(mem, 0, p0, -1)`` on the hybrid memory: the recurrent part first (it may refuse;
+    def seq_rm(self, p0: int, seq: int = 0) -> bool:
+        """``llama_memory_seq_rm(mem, seq, p0, -1)`` on the hybrid memory: the recurrent part first (it may refuse;
         then nothing changes), then the KV cells from ``p0`` on. A partial removal of the recurrent state is a
         rollback to the plane that holds the state after ``p0`` tokens: at most ``n_rs_seq`` back, single use (a
-        pending rollback refuses another)."""
+        pending rollback refuses another). ``p0 <= 0`` clears the sequence (a zeroed state, no cells)."""
+        m = self.mem[seq]
         if p0 <= 0:
-            self.reset()
+            self._zero_cell(seq)
+            self.mem[seq] = SeqMemory(Planes(self.n_rs))
             return True
         if not self.recurrent:  # a KV cache alone: any tail goes
-            self.cell_pos = min(self.cell_pos, p0 - 1)
-        elif p0 <= self.cell_pos:
-            rollback = self.cell_pos - (p0 - 1)
-            if self.rs_idx != 0 or not 1 <= rollback <= self.n_rs:
+            m.cell_pos = min(m.cell_pos, p0 - 1)
+        elif p0 <= m.cell_pos:
+            rollback = m.cell_pos - (p0 - 1)
+            if m.rs_idx != 0 or not 1 <= rollback <= self.n_rs:
                 return False
-            self.rs_idx, self.cell_pos = rollback, p0 - 1
-        if p0 < self.kv_used:
+            m.rs_idx, m.cell_pos = rollback, p0 - 1
+        if p0 < m.kv_used:
             if self.s.poison:
-                self._poison_kv(p0, self.kv_used)
-            self.kv_used = p0
+                self._poison_kv(seq, p0, m.kv_used)
+            m.kv_used = p0
         return True
 
     def caches(self, slot: Slot | None = None) -> dict[str, torch.Tensor]:
@@ -492,70 +621,81 @@ class Engine:
                                                                                       self.kv_size))
         return {t.name: slot.executor.view(t) for t in slot.graph.leafs if t.name.startswith("cache_")}
 
-    def state(self, plane: int | None = None) -> dict[str, torch.Tensor]:
-        """A copy of the recurrent state in ``plane`` (default: the one the next ubatch reads) of every GDN layer:
-        {cache_r_l<il>: conv row, cache_s_l<il>: ssm row}."""
-        r = self.rs_idx if plane is None else plane
-        return {n: v.reshape(-1, v.shape[-1])[r].detach().to("cpu", copy=True)
-                for n, v in self.caches().items() if n.startswith(("cache_r_", "cache_s_"))}
+    def _rows(self) -> dict[str, torch.Tensor]:
+        """Each recurrent cache as rows: row ``plane * n_seqs + cell`` (cell = sequence)."""
+        return {n: v.reshape(-1, v.shape[-1]) for n, v in self.caches().items()
+                if n.startswith(("cache_r_", "cache_s_"))}
 
-    def _poison_planes(self, keep: int) -> None:
-        for n, v in self.caches().items():
-            if n.startswith(("cache_r_", "cache_s_")):
-                rows = v.reshape(-1, v.shape[-1])
+    def state(self, plane: int | None = None, seq: int = 0) -> dict[str, torch.Tensor]:
+        """A copy of sequence ``seq``'s recurrent state in ``plane`` (default: the one its next ubatch reads) of
+        every GDN layer: {cache_r_l<il>: conv row, cache_s_l<il>: ssm row}."""
+        r = self.mem[seq].rs_idx if plane is None else plane
+        return {n: rows[r * self.n_seqs + seq].detach().to("cpu", copy=True) for n, rows in self._rows().items()}
+
+    def _zero_cell(self, seq: int) -> None:
+        if "cache" in self.shared and self.recurrent:
+            for rows in self._rows().values():
+                rows[seq::self.n_seqs].zero_()
+
+    def _poison_planes(self, keep: Mapping[int, int]) -> None:
+        """NaN in every plane of the cells ``keep`` names (sequence -> the plane it reads) but the one it reads;
+        other sequences' cells are theirs, untouched."""
+        for rows in self._rows().values():
+            for seq, r in keep.items():
                 for p in range(self.n_rs + 1):
-                    if p != keep:
-                        rows[p].fill_(float("nan"))
+                    if p != r:
+                        rows[p * self.n_seqs + seq].fill_(float("nan"))
 
-    def _poison_kv(self, c0: int, c1: int) -> None:
-        """Garbage (finite: a masked cell is weighted by exactly 0) in the freed cells c0..c1-1."""
+    def _poison_kv(self, seq: int, c0: int, c1: int) -> None:
+        """Garbage (finite: a masked cell is weighted by exactly 0) in cells c0..c1-1 of sequence ``seq``'s
+        stream."""
+        kv = self.kv_size
         for n, v in self.caches().items():
             if n.startswith(("cache_k_", "cache_v_")):
                 flat = v.reshape(-1)
-                if self.s.flash_attn or n.startswith("cache_k_"):
-                    flat.view(self.kv_size, -1)[c0:c1].fill_(1000.0)
-                else:  # a transposed V cache: element e of cell c at e * kv_size + c
-                    flat.view(-1, self.kv_size)[:, c0:c1].fill_(1000.0)
+                if self.s.flash_attn or n.startswith("cache_k_"):  # rows of cells, stream after stream
+                    flat.view(self.n_seqs * kv, -1)[seq * kv + c0:seq * kv + c1].fill_(1000.0)
+                else:  # a transposed V cache: element e of cell c of stream s at (s * n_e + e) * kv_size + c
+                    flat.view(self.n_seqs, -1, kv)[seq, :, c0:c1].fill_(1000.0)
 
-    # ---- one ubatch -----------------------------------------------------------------------------------------------
-    def _write_inputs(self, slot: Slot, tokens: Sequence[int], s0: int, plane: int, h: np.ndarray | None) -> None:
-        """What llama.cpp's set_input writes for a ubatch of sequence 0 at positions s0.. reading ``plane`` (and,
-        for the MTP head, the hidden-state rows ``h`` paired with the tokens)."""
+    # ---- ubatches -------------------------------------------------------------------------------------------------
+    def _write_inputs(self, slot: Slot, tokens: Sequence[int], n_past: int | Sequence[int], planes: Sequence[int],
+                      h: np.ndarray | None) -> None:
+        """What llama.cpp's set_input writes for a ubatch of the slot's sequences at positions n_past.. (one per
+        sequence), each reading its plane (and, for the MTP head, the hidden-state rows ``h`` paired with the
+        tokens)."""
         if slot.stage is not None and not self._synced:
             slot.stage.copied.synchronize()  # the last ubatch's copy out of the host stage is done
-        slot.writer.write(slot.inputs, tokens, s0, default_ids(slot.cfg, plane))
+        slot.writer.write(slot.inputs, tokens, n_past, default_ids(slot.cfg, planes) if self.recurrent else ())
         if self.s.mtp:
             slot.inputs["mtp_h_input"][...] = h.reshape(-1)
         if slot.stage is not None:
             slot.stage.push()
             self._synced = False
 
-    def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True,
-               h: np.ndarray | None = None, n_out: int | None = None) -> Verdict | None:
-        """``llama_decode`` of one ubatch of sequence 0, with logits for every token (``logits``; ``n_out``: the
-        last n_out rows only) or none (a prefill's ubatch). It reads plane ``rs_idx`` (then 0 again, as ``s_copy``
-        resets it). The MTP head (``Settings.mtp``) also takes ``h``, the (n_t, n_embd) float32 hidden-state rows
-        paired with the tokens. Returns each row's greedy token (and top-2 margin with ``Settings.margins``);
-        nothing else waits for the device."""
-        n_t = len(tokens)
-        if self.s.mtp != (h is not None) or h is not None and h.shape != (n_t, self.model.shape.n_embd):
-            raise GraphError(f"the MTP head's ubatch takes hidden-state rows ({n_t}, {self.model.shape.n_embd}) with "
-                             "its tokens, and only the MTP head takes them")
-        if not 1 <= n_t <= self.s.ubatch:
-            raise GraphError(f"a ubatch has 1..{self.s.ubatch} tokens, not {n_t}")
-        bad = [t for t in tokens if not 0 <= int(t) < self.vocab]
-        if bad:
-            raise GdnpassError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
-        s0 = self.n_past
-        if s0 + n_t > self.kv_size:
-            raise ResourceError(f"the context is full: {s0} + {n_t} tokens do not fit n_ctx {self.kv_size}")
-        r, self.rs_idx = self.rs_idx, 0
+    def _ubatch(self, part: Part, tokens: Sequence[int], logits: bool, check: bool | None,
+                h: np.ndarray | None = None, n_out: int | None = None) -> Slot:
+        """Run one ubatch (``tokens``: its sequences' tokens, one sequence after another) without waiting for it:
+        each sequence reads its plane ``rs_idx`` (then 0 again, as ``s_copy`` resets it) at its own positions."""
+        n_t, seqs = part.n_t, part.seqs
+        mems = [self.mem[s] for s in seqs]
+        past = [m.n_past for m in mems]
+        for s, p in zip(seqs, past):
+            if p + n_t > self.kv_size:
+                raise ResourceError(f"the context is full: {p} + {n_t} tokens do not fit n_ctx {self.kv_size}"
+                                    + (f" of sequence {s}" if self.n_seqs > 1 else ""))
+        planes = [m.rs_idx for m in mems]
+        for m in mems:
+            m.rs_idx = 0
         if self.recurrent and (self.s.check_planes if check is None else check):
-            self.planes.require(r, s0)
-        slot = self.slot(n_t, n_kv_for(s0 + n_t, self.kv_size), (n_t if n_out is None else n_out) if logits else 0)
-        if self.s.poison:
-            self._poison_planes(keep=r)
-        self._write_inputs(slot, tokens, s0, r, h)
+            for m, r in zip(mems, planes):
+                m.planes.require(r, m.n_past)
+        rows = n_t * part.n_seqs
+        slot = self.slot(n_t, max(n_kv_for(p + n_t, self.kv_size) for p in past),
+                         (rows if n_out is None else n_out) if logits else 0, part.seq0, part.n_seqs)
+        if self.s.poison and self.recurrent:
+            self._poison_planes(dict(zip(seqs, planes)))
+        self._write_inputs(slot, tokens, past[0] if len(past) == 1 else past, planes, h)
         if slot.cuda_graph is not None:
             slot.cuda_graph.replay()
         else:
@@ -563,14 +703,76 @@ class Engine:
         slot.runs += 1
         self.ubatches += 1
         self._last = slot
-        if self.recurrent:
-            self.planes.advance(s0, n_t)
-        self.cell_pos, self.kv_used = s0 + n_t - 1, s0 + n_t
+        for m, p in zip(mems, past):
+            if self.recurrent:
+                m.planes.advance(p, n_t)
+            m.cell_pos, m.kv_used = p + n_t - 1, p + n_t
+        return slot
+
+    def _check_tokens(self, tokens: Sequence[int]) -> None:
+        bad = [t for t in tokens if not 0 <= int(t) < self.vocab]
+        if bad:
+            raise GdnpassError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
+
+    def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True,
+               h: np.ndarray | None = None, n_out: int | None = None, seq: int = 0) -> Verdict | None:
+        """``llama_decode`` of one ubatch of sequence ``seq``, with logits for every token (``logits``; ``n_out``:
+        the last n_out rows only) or none (a prefill's ubatch). It reads plane ``rs_idx`` (then 0 again, as
+        ``s_copy`` resets it). The MTP head (``Settings.mtp``) also takes ``h``, the (n_t, n_embd) float32
+        hidden-state rows paired with the tokens. Returns each row's greedy token (and top-2 margin with
+        ``Settings.margins``); nothing else waits for the device."""
+        n_t = len(tokens)
+        if self.s.mtp != (h is not None) or h is not None and h.shape != (n_t, self.model.shape.n_embd):
+            raise GraphError(f"the MTP head's ubatch takes hidden-state rows ({n_t}, {self.model.shape.n_embd}) with "
+                             "its tokens, and only the MTP head takes them")
+        if not 1 <= n_t <= self.s.ubatch:
+            raise GraphError(f"a ubatch has 1..{self.s.ubatch} tokens, not {n_t}")
+        self._check_tokens(tokens)
+        slot = self._ubatch(Part(seq, n_t, (0,)), tokens, logits, check, h, n_out)
         if slot.head is None:
             return None
         verdict = Verdict(*slot.head.fetch(), slot, self, self.ubatches)
         self._synced = True  # (fetch waited for the stream: every staged copy is done)
         return verdict
+
+    def decode_batch(self, batch: Mapping[int, Sequence[int]], logits: bool = True, check: bool | None = None,
+                     keep_logits: bool = False, after: Callable[[], None] | None = None) -> dict[int, Verdict]:
+        """``llama_decode`` of one batch holding each sequence's tokens (``batch``: sequence -> its tokens, at its
+        own next positions), with logits for every token (``logits``) or none (a prefill). The batch is split into
+        ubatches as llama.cpp splits it (:func:`split_equal` with n_keep_tail = n_rs_seq + 1), each run without
+        waiting; then one wait brings back every row's greedy token. Returns sequence -> its :class:`Verdict` (none
+        without logits). ``keep_logits`` copies each ubatch's logits to the host as it runs (a later ubatch of the
+        batch reuses their memory); ``after()`` is called after each ubatch (e.g. to read its h_nextn rows)."""
+        order = sorted(batch)
+        if any(not 0 <= s < self.n_seqs for s in order):
+            raise GraphError(f"sequence {next(s for s in order if not 0 <= s < self.n_seqs)} is not among the "
+                             f"context's {self.n_seqs} (0..{self.n_seqs - 1})")
+        for s in order:
+            self._check_tokens(batch[s])
+        parts = split_equal([(s, len(batch[s])) for s in order], self.s.ubatch, self.n_rs + 1 if self.n_rs else 0)
+        ran = []
+        for part in parts:
+            toks = [int(t) for s, a in zip(part.seqs, part.starts) for t in batch[s][a:a + part.n_t]]
+            slot = self._ubatch(part, toks, logits, check)
+            kept = slot.executor.read(slot.logits).reshape(slot.n_out, self.vocab) if keep_logits and logits \
+                else None
+            if slot.head is not None and part is not parts[-1]:
+                slot.head.start()  # (queued behind the ubatch; the last ubatch's fetch waits for all)
+            ran.append((part, slot, kept, self.ubatches))
+            if after is not None:
+                after()
+        if not logits or not ran:
+            return {}
+        out = {}
+        for part, slot, kept, n in ran:
+            ids, margins, bad = slot.head.fetch() if part is parts[-1] else slot.head.read()
+            for j, s in enumerate(part.seqs):
+                rows = slice(j * part.n_t, (j + 1) * part.n_t)
+                out[s] = Verdict(ids[rows], margins[rows] if margins is not None else None,
+                                 [r - rows.start for r in bad if rows.start <= r < rows.stop], slot, self, n, rows,
+                                 kept[rows] if kept is not None else None)
+        self._synced = True  # (the last fetch waited for the stream: every staged copy is done)
+        return out
 
     def h_nextn(self) -> np.ndarray:
         """The last ubatch's ``h_nextn`` rows, (n_t, n_embd) float32 on the host: the trunk's final-normed hidden
@@ -579,22 +781,20 @@ class Engine:
         slot = self._last
         if slot is None:
             raise GraphError("no ubatch has run: there are no h_nextn rows to read")
-        return slot.executor.read(slot.h).reshape(slot.n_t, self.model.shape.n_embd).numpy()
+        return slot.executor.read(slot.h).reshape(slot.n_t * slot.n_seqs, self.model.shape.n_embd).numpy()
 
     def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
         """:meth:`verify`, returning the (n_t, vocab) float32 logits on the CPU."""
         return self.verify(tokens, check).logits()
 
-    def prefill(self, tokens: Sequence[int], after=None) -> int:
-        """Decode ``tokens`` in llama.cpp's ubatches, asking for no logits (as llama.cpp's prefill does); returns how
-        many ubatches. ``after()`` is called after each ubatch (e.g. to read its h_nextn rows)."""
-        parts = split_ubatches(len(tokens), self.s.ubatch, self.n_rs + 1 if self.n_rs else 0)
-        for a, b in parts:
-            self.verify(tokens[a:b], logits=False)
-            if after is not None:
-                after()
-        return len(parts)
+    def prefill(self, tokens: Sequence[int] | Mapping[int, Sequence[int]], after=None) -> int:
+        """Decode ``tokens`` (sequence 0's, or sequence -> tokens) in llama.cpp's ubatches, asking for no logits (as
+        llama.cpp's prefill does); returns how many ubatches. ``after()`` is called after each ubatch (e.g. to read
+        its h_nextn rows)."""
+        before = self.ubatches
+        self.decode_batch(tokens if isinstance(tokens, Mapping) else {0: tokens}, logits=False, after=after)
+        return self.ubatches - before
 
 
-__all__ = ["Engine", "GreedyHead", "KV_PAD", "Model", "Planes", "Settings", "Slot", "StalePlane", "Verdict",
-           "n_kv_for", "output_node", "split_ubatches"]
+__all__ = ["Engine", "GreedyHead", "KV_PAD", "Model", "Part", "Planes", "SeqMemory", "Settings", "Slot", "StalePlane",
+           "Verdict", "n_kv_for", "output_node", "split_equal", "split_ubatches"]

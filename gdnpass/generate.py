@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from gdnpass.drafters import Drafter, NoDraft, accept_greedy, draft_budget
-from gdnpass.engine import Engine, n_kv_for
+from gdnpass.engine import Engine
 from gdnpass.errors import GdnpassError, ResourceError
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -54,6 +54,7 @@ class Step:
     n_kv: int
     seconds: float
     logits_sha256: str | None = None  # of the step's (n_t, vocab) f32 logits, byte for byte (hash_logits)
+    ubatch_seqs: int = 1  # sequences in the ubatch that verified this step's tokens (several sequences' steps share)
 
 
 @dataclass
@@ -130,75 +131,133 @@ def generate(engine: Engine, prompt: Sequence[int], drafter: Drafter | None = No
     Per step only the rows' greedy tokens (and, with ``Settings.margins``, their top-2 margins) come to the host.
     ``hash_logits`` adds each step's logits sha256 (what ``--check`` compares), ``keep_logits`` the logits
     themselves; both copy the logits to the host, in the step's time. ``on_tokens(ids)`` gets each step's tokens as
-    they are accepted (for streaming)."""
-    drafter = drafter or NoDraft()
-    prompt = [int(t) for t in prompt]
-    if not prompt:
-        raise GdnpassError("the prompt is empty: it needs at least one token")
+    they are accepted (for streaming). :func:`generate_batch` of one sequence."""
+    return generate_batch(engine, [prompt], [drafter], n_predict, eog=eog, keep_logits=keep_logits,
+                          hash_logits=hash_logits, record_states=record_states, progress=progress,
+                          on_tokens=(lambda seq, ids: on_tokens(ids)) if on_tokens is not None else None)[0]
+
+
+@dataclass
+class _Seq:
+    """One sequence's place in the loop."""
+
+    res: Result
+    drafter: Drafter
+    history: list[int]  # every token in the target's memory
+    id_last: int        # the token sampled last (the next verify's first)
+    n_predict: int
+
+    @property
+    def done(self) -> bool:
+        return self.res.stop == "eog" or len(self.res.tokens) >= self.n_predict
+
+
+def generate_batch(engine: Engine, prompts: Sequence[Sequence[int]], drafters: Sequence[Drafter | None],
+                   n_predict: int = 32, *, eog: Collection[int] = (), keep_logits: bool = False,
+                   hash_logits: bool = False, record_states: bool = False,
+                   progress: Callable[[int, int], None] | None = None,
+                   on_tokens: Callable[[int, list[int]], None] | None = None) -> list[Result]:
+    """:func:`generate` for several sequences at once, sequence s (``prompts[s]``, ``drafters[s]``) in the engine's
+    sequence s (``Settings.n_seqs`` at least ``len(prompts)``): every prompt (but its last token) prefilled in one
+    batch, then each step one batch of every running sequence's ``[id_last, drafts...]`` — its own drafts, its own
+    budget — decoded with ``Engine.decode_batch`` (llama.cpp's split into ubatches: sequences with equal token counts
+    and consecutive ids share one), each sequence accepting its greedy prefix and rolling back on its own
+    (``llama_memory_seq_rm(mem, s, n_past_s, -1)``: its next ubatch reads its own plane). A sequence that has
+    generated ``n_predict`` tokens or an end-of-generation token leaves the batch. Returns one :class:`Result` per
+    sequence; a step's ``seconds`` are the whole batch step's, a result's ``seconds`` the loop's until the sequence
+    finished. ``on_tokens(s, ids)`` gets sequence s's tokens of each step as they are accepted. A drafter with
+    ``needs_h`` (the MTP head) drafts for one sequence only."""
+    n = len(prompts)
+    if n != len(drafters):
+        raise GdnpassError(f"{n} prompts and {len(drafters)} drafters: one drafter per sequence")
+    if not 1 <= n <= engine.n_seqs:
+        raise GdnpassError(f"{n} prompts for a context of {engine.n_seqs} sequences (Settings.n_seqs)")
+    prompts = [[int(t) for t in p] for p in prompts]
+    drafters = [d or NoDraft() for d in drafters]
+    if any(not p for p in prompts):
+        raise GdnpassError("the prompt is empty: it needs at least one token" if n == 1 else
+                           f"prompt {next(i for i, p in enumerate(prompts) if not p)} is empty: it needs at least one "
+                           "token")
     if n_predict < 1:
         raise GdnpassError(f"-n must be >= 1, is {n_predict}")
-    if len(prompt) + n_predict > engine.kv_size:
-        raise ResourceError(f"{len(prompt)} prompt + {n_predict} generated tokens do not fit n_ctx {engine.kv_size}")
+    for p in prompts:
+        if len(p) + n_predict > engine.kv_size:
+            raise ResourceError(f"{len(p)} prompt + {n_predict} generated tokens do not fit n_ctx {engine.kv_size}"
+                                + (" of each sequence" if engine.n_seqs > 1 else ""))
     eog = frozenset(int(t) for t in eog)
     K = engine.s.draft_max
-    res = Result(prompt, [], [], K, drafter.name)
+    hooks = any(getattr(d, "needs_h", False) for d in drafters)  # a model drafter: it reads the target's h_nextn rows
+    if hooks and n > 1:
+        raise GdnpassError(f"drafter {drafters[0].name!r} reads the target's hidden states: it drafts for one "
+                           f"sequence, not {n}")
+    seqs = [_Seq(Result(p, [], [], K, d.name), d, list(p[:-1]), p[-1], n_predict) for p, d in zip(prompts, drafters)]
     engine.reset()
-    hooks = getattr(drafter, "needs_h", False)  # a model drafter: it reads the target's h_nextn rows
     if hooks:
-        drafter.reset()
+        drafters[0].reset()
     t0 = time.perf_counter()
     h_rows: list = []
-    res.prefill_ubatches = engine.prefill(prompt[:-1], after=(lambda: h_rows.append(engine.h_nextn())) if hooks
-                                          else None)
+    ubatches = engine.prefill({s: q.history for s, q in enumerate(seqs)},
+                              after=(lambda: h_rows.append(engine.h_nextn())) if hooks else None)
     if hooks and h_rows:  # (llama.cpp hands the drafter the prompt's batch, whatever ubatches decoded it)
-        drafter.process(prompt[:-1], 0, np.concatenate(h_rows))
+        drafters[0].process(seqs[0].history, 0, np.concatenate(h_rows))
     if engine.s.device.startswith("cuda"):
         torch.cuda.synchronize()  # (the prefill's ubatches ask for nothing back: wait for them here, not in step 1)
-    res.prefill_seconds = time.perf_counter() - t0
-    history, id_last = list(prompt[:-1]), prompt[-1]
-    if record_states:
-        res.states[len(history)] = engine.state()
-    t_loop = time.perf_counter()
-    while len(res.tokens) < n_predict and res.stop != "eog":
-        t0 = time.perf_counter()
-        n_past = len(history)
-        budget = draft_budget(K, engine.kv_size, n_past, n_predict, len(res.tokens))
-        draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
-        verdict = engine.verify([id_last, *draft])
-        if hooks:
-            drafter.process([id_last, *draft], n_past, engine.h_nextn())
-        ids = accept_greedy(draft, verdict.ids.__getitem__)
-        if any(r < len(ids) for r in verdict.nonfinite):  # (a row the step's tokens come from)
-            raise GdnpassError(f"step {len(res.steps)} (n_past {n_past}): the logits of row "
-                               f"{min(verdict.nonfinite)} are not finite (NaN or +inf): no token can be chosen")
-        for tok in ids:
-            history.append(id_last)
-            id_last = tok
-        if not engine.seq_rm(len(history)):
-            raise GdnpassError(f"llama_memory_seq_rm refused the rollback to {len(history)} (a loop bug)")
-        if hooks:
-            drafter.accept(len(ids) - 1, len(history))
-        logits = verdict.logits() if keep_logits or hash_logits else None
-        digest = hashlib.sha256(logits.numpy().tobytes()).hexdigest() if hash_logits else None
-        res.steps.append(Step(len(draft) + 1, len(draft), len(ids) - 1, engine.rs_idx,
-                              n_kv_for(n_past + len(draft) + 1, engine.kv_size), time.perf_counter() - t0, digest))
-        if verdict.margins is not None:
-            res.margins += verdict.margins[:len(ids)]
-        if keep_logits:
-            res.logits.append(logits)
-            res.rows += [logits[i] for i in range(len(ids))]
+    prefill = time.perf_counter() - t0
+    for s, q in enumerate(seqs):
+        q.res.prefill_seconds, q.res.prefill_ubatches = prefill, ubatches
         if record_states:
-            res.states[len(history)] = engine.state()
-        stop = next((i for i, tok in enumerate(ids) if tok in eog), None)
-        if stop is not None:
-            ids, res.stop = ids[:stop + 1], "eog"
-        res.tokens += ids
-        if on_tokens is not None:
-            on_tokens(ids)
+            q.res.states[len(q.history)] = engine.state(seq=s)
+    t_loop = time.perf_counter()
+    total = n * n_predict
+    while any(not q.done for q in seqs):
+        t0 = time.perf_counter()
+        running = [s for s, q in enumerate(seqs) if not q.done]
+        drafts = {}
+        for s in running:
+            q = seqs[s]
+            budget = draft_budget(K, engine.kv_size, len(q.history), n_predict, len(q.res.tokens))
+            drafts[s] = [int(t) for t in q.drafter.draft(q.history, q.id_last, budget)][:budget]
+        verdicts = engine.decode_batch({s: [seqs[s].id_last, *drafts[s]] for s in running},
+                                       keep_logits=keep_logits or hash_logits)
+        if hooks:
+            drafters[0].process([seqs[0].id_last, *drafts[0]], len(seqs[0].history), engine.h_nextn())
+        for s in running:
+            q, draft, verdict = seqs[s], drafts[s], verdicts[s]
+            n_past = len(q.history)
+            ids = accept_greedy(draft, verdict.ids.__getitem__)
+            if any(r < len(ids) for r in verdict.nonfinite):  # (a row the step's tokens come from)
+                raise GdnpassError(f"{f'sequence {s} ' if n > 1 else ''}step {len(q.res.steps)} (n_past {n_past}): "
+                                   f"the logits of row {min(verdict.nonfinite)} are not finite (NaN or +inf): no "
+                                   "token can be chosen")
+            for tok in ids:
+                q.history.append(q.id_last)
+                q.id_last = tok
+            if not engine.seq_rm(len(q.history), seq=s):
+                raise GdnpassError(f"llama_memory_seq_rm refused the rollback to {len(q.history)} (a loop bug)")
+            if hooks:
+                drafters[0].accept(len(ids) - 1, len(q.history))
+            logits = verdict.logits() if keep_logits or hash_logits else None
+            digest = hashlib.sha256(logits.numpy().tobytes()).hexdigest() if hash_logits else None
+            q.res.steps.append(Step(len(draft) + 1, len(draft), len(ids) - 1, engine.mem[s].rs_idx,
+                                    verdict.slot.n_kv, time.perf_counter() - t0, digest, verdict.slot.n_seqs))
+            if verdict.margins is not None:
+                q.res.margins += verdict.margins[:len(ids)]
+            if keep_logits:
+                q.res.logits.append(logits)
+                q.res.rows += [logits[i] for i in range(len(ids))]
+            if record_states:
+                q.res.states[len(q.history)] = engine.state(seq=s)
+            stop = next((i for i, tok in enumerate(ids) if tok in eog), None)
+            if stop is not None:
+                ids, q.res.stop = ids[:stop + 1], "eog"
+            q.res.tokens += ids
+            if q.done:
+                q.res.seconds = time.perf_counter() - t_loop
+            if on_tokens is not None:
+                on_tokens(s, ids)
         if progress is not None:
-            progress(len(res.tokens), n_predict)
-    res.seconds = time.perf_counter() - t_loop
-    return res
+            progress(sum(len(q.res.tokens) if not q.done else n_predict for q in seqs), total)
+    return [q.res for q in seqs]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -283,4 +342,4 @@ def state_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 
 __all__ = ["Divergence", "Result", "Step", "differences", "divergence", "first_divergence", "generate",
-           "greedy_accept", "state_difference"]
+           "generate_batch", "greedy_accept", "state_difference"]

@@ -240,7 +240,7 @@ def test_reading_a_stale_plane_changes_the_output(model):
         assert eng.seq_rm(len(PROMPT))  # accept 0 drafts: roll back one token
         assert eng.rs_idx == 1
         if plane is not None:
-            eng.rs_idx = plane
+            eng.mem[0].rs_idx = plane
         return eng.decode([123], check=check)
 
     good = run(None)

@@ -331,22 +331,24 @@ class VerifyBuilder:
         f.expand(k)
         k_cache, v_cache = self.kv_caches(il)
         k_idxs, v_idxs, kq_mask = self.attn_inputs()
-        n_kv_e, row, kv, ns = hd * Hkv, 2 * hd * Hkv, cfg.kv_size, cfg.n_stream
+        n_kv_e, row, kv, ns, nsc = hd * Hkv, 2 * hd * Hkv, cfg.kv_size, cfg.n_stream, cfg.kv_streams
         # cpy_k / cpy_v: the row ids are global over the streams, so several streams are stored as one 2-D cache
-        k_rows = f.reshape_2d(k_cache, n_kv_e, kv * ns) if ns > 1 else k_cache
+        k_rows = f.reshape_2d(k_cache, n_kv_e, kv * nsc) if nsc > 1 else k_cache
         f.expand(f.set_rows(k_rows, f.view_2d(k, n_kv_e, n_t, f.nb(k)[2], 0), k_idxs))
         if cfg.flash_attn:  # cpy_v: V rows like K's
-            v_rows = f.reshape_2d(v_cache, n_kv_e, kv * ns) if ns > 1 else v_cache
+            v_rows = f.reshape_2d(v_cache, n_kv_e, kv * nsc) if nsc > 1 else v_cache
             f.expand(f.set_rows(v_rows, f.view_2d(v, n_kv_e, n_t, f.nb(v)[2], 0), v_idxs))
         else:  # cpy_v of a transposed V cache: one element per row, v_idxs has n_t * n_embd_v_gqa ids
             v_el = f.reshape_2d(f.reshape_2d(v, n_kv_e, n_t), 1, n_kv_e * n_t)
-            f.expand(f.set_rows(f.reshape_2d(v_cache, 1, n_kv_e * kv * ns), v_el, v_idxs))
-        # get_k / get_v: [hd, Hkv, n_kv, ns] views, one per stream (a transposed V: [n_kv, Hkv, hd, ns])
-        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, ns, 2 * hd, row, row * kv, 0)
+            f.expand(f.set_rows(f.reshape_2d(v_cache, 1, n_kv_e * kv * nsc), v_el, v_idxs))
+        # get_k / get_v: [hd, Hkv, n_kv, ns] views of the ubatch's streams s0.. (a transposed V: [n_kv, Hkv, hd, ns])
+        s0 = cfg.stream0
+        k_view = f.view_4d(k_cache, hd, Hkv, cfg.n_kv, ns, 2 * hd, row, row * kv, row * kv * s0)
         if cfg.flash_attn:
-            v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, ns, 2 * hd, row, row * kv, 0)
+            v_view = f.view_4d(v_cache, hd, Hkv, cfg.n_kv, ns, 2 * hd, row, row * kv, row * kv * s0)
         else:
-            v_view = f.view_4d(v_cache, cfg.n_kv, Hkv, hd, ns, 2 * kv * hd, 2 * kv, 2 * kv * n_kv_e, 0)
+            v_view = f.view_4d(v_cache, cfg.n_kv, Hkv, hd, ns, 2 * kv * hd, 2 * kv, 2 * kv * n_kv_e,
+                               2 * kv * n_kv_e * s0)
         # build_attn_mha: q as ns streams of n_t/ns tokens, permuted to [hd, n_t/ns, H, ns]; flash attention, or
         # KQ, softmax, KQV
         nbq, n_ts = f.nb(q), n_t // ns
@@ -369,9 +371,9 @@ class VerifyBuilder:
 
     def kv_caches(self, il: int):
         """The layer's F16 K and V caches (llama_kv_cache's k_l / v_l, rows of n_embd_k_gqa, kv_size cells per
-        stream, n_stream streams)."""
+        stream, a stream per sequence of the context unless unified)."""
         m, cfg = self.m, self.cfg
-        ne = (m.key_length * m.head_count_kv, cfg.kv_size, cfg.n_stream)
+        ne = (m.key_length * m.head_count_kv, cfg.kv_size, cfg.kv_streams)
         return (self.f.new_tensor("cache", f"cache_k_l{il}", DType.F16, ne, il=il),
                 self.f.new_tensor("cache", f"cache_v_l{il}", DType.F16, ne, il=il))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from gdnpass.ir import DType, GraphError
 
@@ -333,7 +333,7 @@ def qk_rms_params(eps: float, n: int) -> tuple[float, float]:
     return float(np.float32(eps) / nf), float(np.float32(1.0) / np.sqrt(nf))
 
 
-MAX_UBATCH = 64   # tokens of one ubatch the builder makes
+MAX_UBATCH = 512  # tokens of each sequence in one ubatch the builder makes (llama.cpp's default n_ubatch)
 MAX_RS_SEQ = 15   # rollback planes beyond plane 0 (a verify of up to 16 tokens)
 
 
@@ -362,6 +362,11 @@ class VerifyConfig:
     kv_size: int = 256         # KV cache cells of each stream (llama.cpp: n_ctx_seq, n_ctx / n_stream padded to 256)
     # one KV stream for all sequences (llama_context_params.kv_unified), else one per sequence: llama.cpp's default
     kv_unified: bool = False
+    # the context's sequences (llama_context_params.n_seq_max; None: just this ubatch's n_seqs): the KV cache has a
+    # stream for each unless unified. The ubatch's sequences are seq0 .. seq0 + n_seqs - 1 (llama.cpp's sequential
+    # split_equal takes consecutive ids), and so are its KV streams
+    n_seq_max: int | None = None
+    seq0: int = 0
     n_kv: int = 256            # cells the attention reads (llama.cpp pads the used cells to 256, at most kv_size)
     flash_attn: bool = True    # FLASH_ATTN_EXT (llama.cpp's CPU "auto"), else MUL_MAT + SOFT_MAX + MUL_MAT
     n_past: int = 0            # tokens in the KV cache before this ubatch (its first position)
@@ -378,6 +383,10 @@ class VerifyConfig:
         m.check()
         _need(1 <= self.n_seqs <= MAX_SEQS, "n_seqs", f"must be 1..{MAX_SEQS} (llama.cpp's LLAMA_MAX_SEQ), is "
                                                        f"{self.n_seqs}")
+        _need(self.n_seqs <= self.seq_max <= MAX_SEQS, "n_seq_max",
+              f"must be n_seqs ({self.n_seqs})..{MAX_SEQS}, is {self.n_seq_max}")
+        _need(0 <= self.seq0 <= self.seq_max - self.n_seqs, "seq0",
+              f"sequences {self.seq0}..{self.seq0 + self.n_seqs - 1} are not all among the context's {self.seq_max}")
         n_gdn = len(m.gdn_layers)
         _need(self.n_layers is None or 1 <= self.n_layers <= n_gdn, "n_layers",
               f"must be 1..{n_gdn} for {m.name}, is {self.n_layers}")
@@ -413,9 +422,24 @@ class VerifyConfig:
         return self.n_tokens * self.n_seqs if self.n_outputs is None else self.n_outputs
 
     @property
+    def seq_max(self) -> int:
+        """The context's sequences (``n_seq_max``, default: this ubatch's)."""
+        return self.n_seqs if self.n_seq_max is None else self.n_seq_max
+
+    @property
     def n_stream(self) -> int:
-        """KV cache streams (llama_kv_cache's n_stream): one per sequence unless the cache is unified."""
+        """The ubatch's KV streams (llama.cpp's slot_info ``s1 - s0 + 1``): one per sequence unless unified."""
         return 1 if self.kv_unified else self.n_seqs
+
+    @property
+    def kv_streams(self) -> int:
+        """The KV cache's streams (llama_kv_cache's n_stream): one per sequence of the context unless unified."""
+        return 1 if self.kv_unified else self.seq_max
+
+    @property
+    def stream0(self) -> int:
+        """The ubatch's first KV stream (slot_info's s0)."""
+        return 0 if self.kv_unified else self.seq0
 
     @property
     def cells(self) -> int:
@@ -456,19 +480,25 @@ def _need(cond: bool, field: str, msg: str) -> None:
         raise GraphError(f"config field {field!r}: {msg}")
 
 
-def default_ids(cfg: VerifyConfig, read_plane: int = 0, src_cell: int | None = None) -> list[int]:
-    """s_copy values: sequence s reads plane ``read_plane`` of cell ``src_cell + s`` (default: its own cell).
+def default_ids(cfg: VerifyConfig, read_plane: int | Sequence[int] = 0, src_cell: int | None = None) -> list[int]:
+    """s_copy values: sequence s reads plane ``read_plane`` (one for all, or one per sequence of the ubatch: each
+    its own rollback index, llama.cpp's ``rs_idx[seq]``) of cell ``src_cell + s`` (default: its own cell).
 
     ``s_copy(i) = rs_idx*mem_size + src0`` (llm_graph_input_rs::set_input). Reading plane 0 of the ubatch's own cell
-    makes the read row one of the written rows; ``src_cell`` elsewhere makes it not.
+    makes the read row one of the written rows; ``src_cell`` elsewhere makes it not. The extra rows (n_rs_extra)
+    read ``read_plane`` when it is one for all, else plane 0.
     """
-    if not 0 <= read_plane <= cfg.n_rs_seq:
-        raise GraphError(f"read_plane must be 0..{cfg.n_rs_seq}, is {read_plane}")
+    planes = [read_plane] * cfg.n_seqs if isinstance(read_plane, int) else list(read_plane)
+    if len(planes) != cfg.n_seqs:
+        raise GraphError(f"read_plane: {len(planes)} planes for a ubatch of {cfg.n_seqs} sequences")
+    bad = [p for p in planes if not 0 <= p <= cfg.n_rs_seq]
+    if bad:
+        raise GraphError(f"read_plane must be 0..{cfg.n_rs_seq}, is {bad[0]}")
     base = cfg.kv_head if src_cell is None else src_cell
     if not 0 <= base + cfg.n_seqs + cfg.n_rs_extra - 1 < cfg.cells:
         raise GraphError(f"src_cell {base} is outside the {cfg.cells} cells")
-    n_rs = cfg.n_seqs + cfg.n_rs_extra
-    return [read_plane * cfg.cells + base + i for i in range(n_rs)]
+    planes += [read_plane if isinstance(read_plane, int) else 0] * cfg.n_rs_extra
+    return [p * cfg.cells + base + i for i, p in enumerate(planes)]
 
 
 # ---- what a graph's meta records for execution (builder.verify_meta writes it; a graph file carries it) -----------

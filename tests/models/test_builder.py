@@ -104,7 +104,7 @@ def test_multi_sequence_and_dflash_flags():
 
 def test_config_errors_name_the_field():
     with pytest.raises(GraphError, match="'n_tokens'"):
-        build_verify_graph(VerifyConfig("qwen3.5-9b", 65))
+        build_verify_graph(VerifyConfig("qwen3.5-9b", 513))
     with pytest.raises(GraphError, match="'n_rs_seq'"):
         build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 16))
     with pytest.raises(GraphError, match="unknown model 'qwen9'"):

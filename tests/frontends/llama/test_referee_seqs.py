@@ -124,14 +124,37 @@ def test_the_chain_of_several_sequences_stays_unfused_and_the_pass_is_exact(llam
     assert out.identical and any(x.name == "result_output" for x in out.compared)
 
 
+@pytest.mark.parametrize("S,flash", [(2, "on"), (3, "off")])
+def test_inputs_are_written_as_llama_cpp_sets_them(llama, gguf, S, flash):
+    """Every input of the whole forward (token ids, M-RoPE positions, output rows, K/V row ids in each sequence's
+    stream, the per-stream KQ mask, rs_s_copy) as gdnpass's InputWriter writes it equals, byte for byte, what
+    llama.cpp's set_input wrote for the captured ubatch of S sequences x T tokens."""
+    from gdnpass.models.inputs import input_values
+
+    from gdnpass.ir import DType
+
+    c = captured(llama, gguf, S, flash)
+    s = cap_mod.Settings(n_tokens=T)  # (the capture's prompts and verify tokens)
+    assert c.verify.meta["llama"]["settings"]["n_prompt"] == s.n_prompt
+    tokens = [x % c.n_vocab for q in range(S) for x in s.seq_tokens(q)[1]]
+    mine = input_values(config(S, whole=True, flash_attn=flash == "on", n_past=s.n_prompt), tokens=tokens)
+    theirs = c.verify.meta["input_bytes"]
+    assert set(mine) == set(theirs)
+    as_np = {DType.I32: np.int32, DType.I64: np.int64, DType.F16: np.float16, DType.F32: np.float32}
+    for name, values in mine.items():
+        t = as_np[c.verify.find(name).type]
+        assert base64.b64decode(theirs[name]) == values.astype(t).tobytes(), name
+
+
 def test_several_sequences_refused_where_not_supported(llama, gguf):
-    """One line naming the field: a verify batch larger than a ubatch; a whole forward's inputs for S > 1."""
+    """One line naming the field: a verify batch larger than a ubatch; a whole forward's inputs for several
+    sequences in one unified KV stream (find_slot interleaves their cells: gdnpass writes a stream per sequence)."""
     from gdnpass.models.inputs import input_values
 
     with pytest.raises(GraphError, match=r"^capture setting n_ubatch: must be at least n_tokens x n_seqs \(8\)"):
         cap_mod.Settings(n_tokens=T, n_rs_seq=RS, n_ubatch=6, n_batch=8, n_seqs=2).check()
-    with pytest.raises(GraphError, match=r"^config field 'n_seqs': the inputs of a whole forward"):
-        input_values(config(2, whole=True))
+    with pytest.raises(GraphError, match=r"^config field 'kv_unified': the inputs of several sequences"):
+        input_values(config(2, whole=True, kv_unified=True))
     assert list(input_values(config(2))) == ["rs_s_copy"]  # the GDN layers' one input is written per sequence
 
 
