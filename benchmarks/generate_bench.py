@@ -63,7 +63,7 @@ def step_gpu_ms(engine: Engine, result, cache: dict) -> float:
     """The GPU time of a run's steps (ms per step): each step's width replayed alone (``cache``: slot -> ms)."""
     total = 0.0
     for s in result.steps:
-        slot = engine.slots[(s.n_t, s.n_kv, s.n_t)]
+        slot = engine.slots[(s.n_t, s.n_kv, s.n_t, 0, 1)]  # (one sequence: sequence 0 alone)
         if slot.cuda_graph is None:
             raise SystemExit("the GPU-time breakdown needs CUDA graphs (--cuda-graphs)")
         if id(slot) not in cache:

@@ -41,11 +41,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="preset weights' type (default: bf16)")
     m.add_argument("--seed", action=Given, type=int, default=0, help="seed of a preset's weights (default: 0)")
     d = g.add_argument_group("generation")
-    d.add_argument("--prompt", metavar="TEXT", default=None,
+    d.add_argument("--prompt", metavar="TEXT", action="append", default=None,
                    help="the prompt as text, tokenized with the model file's own tokenizer (tokenizer.ggml.*), as "
-                        "llama.cpp's llama_tokenize does; the output is then detokenized and streamed")
-    d.add_argument("--prompt-ids", metavar="IDS", type=_ids, default=None,
-                   help="the prompt as token ids, e.g. 1,2,3 (default, with neither: 1..8)")
+                        "llama.cpp's llama_tokenize does; the output is then detokenized and streamed. Repeat it "
+                        "for several sequences at once (one each, in shared ubatches)")
+    d.add_argument("--prompts-file", metavar="FILE", default=None,
+                   help="prompts as text, one per line (blank lines skipped): a sequence each, as repeated --prompt")
+    d.add_argument("--prompt-ids", metavar="IDS", type=_ids, action="append", default=None,
+                   help="the prompt as token ids, e.g. 1,2,3 (default, with neither: 1..8); repeat it for several "
+                        "sequences")
     d.add_argument("-n", "--n-predict", type=int, default=32, help="tokens to generate (default: 32)")
     d.add_argument("--draft", default="ngram", choices=["ngram", "mtp", "planted", "none"],
                    help="drafter: llama.cpp's n-gram prompt lookup (common_ngram_simple_draft), the model's own MTP "
@@ -59,14 +63,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     d.add_argument("--ngram-m", type=int, default=None, help="m-gram draft size (llama.cpp's --spec-ngram-size-m, "
                    "which is ngram-simple's draft maximum there; default: K)")
     d.add_argument("--plant-accept", type=_ids, default=None, metavar="LIST",
-                   help="planted drafter: accepted drafts per step, repeated (default: K, 0, 1, ..., K-1)")
+                   help="planted drafter: accepted drafts per step, repeated (default: K, 0, 1, ..., K-1); "
+                        "sequence s starts at entry s, so sequences accept different counts in one step")
     d.add_argument("--plant-lengths", type=_ids, default=None, metavar="LIST",
                    help="planted drafter: draft lengths per step, repeated (default: K)")
     d.add_argument("--vs-plain", action="store_true",
                    help="also run a plain greedy decode (n_rs_seq 0) and compare under the divergence rule")
     c = g.add_argument_group("context")
-    c.add_argument("--ubatch", type=int, default=None, help="n_ubatch (default: max(16, n_rs_seq + 2))")
-    c.add_argument("--ctx", type=int, default=256, help="n_ctx, padded to 256 (default: 256)")
+    c.add_argument("--ubatch", type=int, default=None,
+                   help="n_ubatch (default: max(16, n_rs_seq + 2, sequences x (K + 1)), at most 512)")
+    c.add_argument("--ctx", type=int, default=256, help="n_ctx, padded to 256, shared by the sequences' KV streams "
+                   "(n_ctx / sequences each, padded to 256, as llama.cpp shares it; default: 256)")
     c.add_argument("--flash-attn", default="on", choices=["on", "off"], help="default: on (llama.cpp's CPU auto)")
     p = g.add_argument_group("the pass and execution")
     p.add_argument("--fuse", action=argparse.BooleanOptionalAction, default=None,
@@ -125,14 +132,11 @@ def cmd_generate(a: argparse.Namespace) -> int:
                 cuda_graphs=a.device.startswith("cuda") if a.cuda_graphs is None else a.cuda_graphs)
     vocab = model.shape.vocab_size
     tok = _tokenizer(a, model)
-    if a.prompt is not None and a.prompt_ids is not None:
-        raise GdnpassError("--prompt and --prompt-ids: give the prompt one way")
-    prompt = tok.encode(a.prompt) if a.prompt is not None else (a.prompt_ids or [1, 2, 3, 4, 5, 6, 7, 8])
-    if not prompt:
-        raise GdnpassError(f"--prompt {a.prompt!r}: the tokenizer makes no tokens of it")
-    bad = [t for t in prompt if not 0 <= t < vocab]
-    if bad:
-        raise GdnpassError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    prompts = _prompts(a, tok, vocab)
+    n = len(prompts)
+    if n > 1 and a.draft == "mtp":
+        raise GdnpassError(f"--draft mtp: the MTP head drafts for one sequence, not {n} (give one prompt)")
+    base["n_seqs"] = n
     eog = tok.eog if tok is not None else ()
 
     compare_plain = a.draft == "planted" or a.vs_plain
@@ -140,73 +144,123 @@ def cmd_generate(a: argparse.Namespace) -> int:
     plain = None
     if compare_plain:
         with step("plain decode", "tokens", quiet=a.quiet) as prog:
-            plain = gen.generate(Engine(model, Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
-                                                                   "cuda_graphs": False, "fusion": fusion})),
-                                 prompt, NoDraft(), a.n_predict, eog=eog, progress=prog)
+            plain = gen.generate_batch(Engine(model, Settings(**{**base, "draft_max": 0, "n_rs_seq": 0,
+                                                                       "cuda_graphs": False, "fusion": fusion})),
+                                       prompts, [NoDraft()] * n, a.n_predict, eog=eog, progress=prog)
 
     default_n, default_m = ngram_defaults(K)
     ngram_n = a.ngram_n if a.ngram_n is not None else default_n
     ngram_m = a.ngram_m if a.ngram_m is not None else default_m
+    accept = a.plant_accept or cycle_schedule(K)
 
-    def drafter(settings):
+    def drafter(settings, s: int):
         if a.draft == "ngram":
             return NgramSimple(ngram_n, ngram_m)
         if a.draft == "mtp":  # (its own context of the target's settings: fused when the target is)
             return MtpDrafter(model, settings)
-        if a.draft == "planted":
-            return Planted(plain.tokens, len(prompt), vocab, a.plant_accept or cycle_schedule(K),
+        if a.draft == "planted":  # (sequence s starts its schedule at entry s)
+            return Planted(plain[s].tokens, len(prompts[s]), vocab, accept[s % len(accept):] + accept[:s % len(accept)],
                            a.plant_lengths or ())
         return NoDraft()
 
     runs = [False, True] if a.check else [fusion]
-    stream = tok is not None and not a.json and not a.check  # the text as it is accepted, on stdout
+    stream = tok is not None and not a.json and not a.check and n == 1  # the text as it is accepted, on stdout
     results = []
     for on in runs:
         settings = Settings(**base, fusion=on)
-        eng, drafts = Engine(model, settings), drafter(settings)
+        eng, drafts = Engine(model, settings), [drafter(settings, s) for s in range(n)]
         label = f"generate (fusion {'on' if on else 'off'})" if a.check else "generate"
         on_tokens = None
         if stream:
             out = tok.stream()
-            print(tok.decode(prompt), end="", flush=True)
-            on_tokens = lambda ids: print(out.feed(ids), end="", flush=True)  # noqa: E731
+            print(tok.decode(prompts[0]), end="", flush=True)
+            on_tokens = lambda seq, ids: print(out.feed(ids), end="", flush=True)  # noqa: E731
         with step(label, "tokens", quiet=a.quiet or stream) as prog:
-            results.append(gen.generate(eng, prompt, drafts, a.n_predict, eog=eog, hash_logits=a.check,
-                                        progress=prog, on_tokens=on_tokens))
+            results.append(gen.generate_batch(eng, prompts, drafts, a.n_predict, eog=eog, hash_logits=a.check,
+                                              progress=prog, on_tokens=on_tokens))
         if stream:
             print(out.flush(), end="\n\n", flush=True)
     res = results[-1]  # (eng and drafts: the last run's)
-    diffs = gen.differences(results[0], results[1]) if a.check else None
-    vs_plain = (gen.divergence(res.tokens, res.margins, plain.tokens, plain.margins, SELF_TOLERANCE)
+    diffs = [gen.differences(x, y) for x, y in zip(*results)] if a.check else None
+    vs_plain = ([gen.divergence(r.tokens, r.margins, p.tokens, p.margins, SELF_TOLERANCE) for r, p in zip(res, plain)]
                 if plain is not None else None)
-    summary = res.to_json()
-    summary.update({
+    common = {
         "model": model.describe(), "fusion": runs[-1] if not a.check else "off and on",
         "settings": {"draft_max": K, "n_rs_seq": eng.n_rs, "n_ubatch": eng.s.ubatch, "n_ctx": eng.kv_size,
-                     "flash_attn": a.flash_attn, "device": a.device,
+                     "n_seqs": n, "flash_attn": a.flash_attn, "device": a.device,
                      "backend": a.backend or ("triton" if a.device.startswith("cuda") else "torch"),
                      "cuda_graphs": base["cuda_graphs"],
                      "drafter": {"ngram": {"size_n": ngram_n, "size_m": ngram_m}}.get(a.draft, a.draft)},
         "graphs": _graphs(eng),
         "reserve": {"n_tokens": eng.s.ubatch, "n_kv": eng.kv_size, "arena_bytes": eng.reserve.buffers["arena"]},
-    })
-    if isinstance(drafts, MtpDrafter):  # the head's own context: its graphs (draft steps of 1 token, process batches)
-        summary["mtp_graphs"] = _graphs(drafts.head)
-    if tok is not None:
-        summary["text"] = tok.decode(res.tokens)
-    if diffs is not None:
-        summary["check"] = {"identical": not diffs, "differences": diffs}
-    if vs_plain is not None:
-        summary["vs_plain"] = {"identical": vs_plain.index is None, "first_divergence": vs_plain.index,
-                               "margins": list(vs_plain.margins) if vs_plain.index is not None else None,
-                               "tolerance": vs_plain.tolerance, "ok": vs_plain.ok}
+    }
+    if n > 1:  # the n_ctx above is each sequence's stream
+        common["settings"]["n_ctx_seq"] = common["settings"].pop("n_ctx")
+    per_seq = []
+    for s, r in enumerate(res):
+        one = r.to_json()
+        if tok is not None:
+            one["text"] = tok.decode(r.tokens)
+        if diffs is not None:
+            one["check"] = {"identical": not diffs[s], "differences": diffs[s]}
+        if vs_plain is not None:
+            d = vs_plain[s]
+            one["vs_plain"] = {"identical": d.index is None, "first_divergence": d.index,
+                               "margins": list(d.margins) if d.index is not None else None,
+                               "tolerance": d.tolerance, "ok": d.ok}
+        per_seq.append(one)
+    if n == 1:
+        summary = {**per_seq[0], **common}
+    else:
+        seconds = max(r.seconds for r in res)
+        tokens = sum(len(r.tokens) for r in res)
+        summary = {"n_sequences": n, "n_tokens": tokens, "seconds": round(seconds, 6),
+                   "tokens_per_second": round(tokens / seconds, 3) if seconds else 0.0,
+                   "n_drafted": sum(r.drafted for r in res), "n_accepted": sum(r.accepted for r in res),
+                   "prefill": per_seq[0]["prefill"], "sequences": per_seq, **common}
+        if diffs is not None:
+            summary["check"] = {"identical": not any(diffs)}
+    if len(drafts) == 1 and isinstance(drafts[0], MtpDrafter):  # the head's own context: its graphs
+        summary["mtp_graphs"] = _graphs(drafts[0].head)
     if a.json:
         print(json_text(summary, indent=1))  # (valid JSON: a non-finite margin becomes a string)
+    elif n == 1:
+        print(_text(summary, res[0], diffs and diffs[0], vs_plain and vs_plain[0]))
     else:
-        print(_text(summary, res, diffs, vs_plain))
-    bad_check = diffs is not None and bool(diffs)
-    bad_plain = vs_plain is not None and not vs_plain.ok
+        print(_text_seqs(summary, res, tok, diffs, vs_plain))
+    bad_check = diffs is not None and any(diffs)
+    bad_plain = vs_plain is not None and not all(d.ok for d in vs_plain)
     return 1 if bad_check or bad_plain else 0
+
+
+def _prompts(a: argparse.Namespace, tok, vocab: int) -> list[list[int]]:
+    """The prompts, one per sequence: --prompt (repeated) and --prompts-file as text, or --prompt-ids (repeated);
+    default one prompt of ids 1..8."""
+    texts = list(a.prompt or [])
+    if a.prompts_file is not None:
+        from pathlib import Path
+
+        path = Path(a.prompts_file)
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise GdnpassError(f"--prompts-file {path}: cannot read it as UTF-8 text "
+                               f"({getattr(e, 'strerror', None) or e.__class__.__name__})") from None
+        lines = [x for x in lines if x.strip()]
+        if not lines:
+            raise GdnpassError(f"--prompts-file {path}: no prompt in it (one per line, blank lines skipped)")
+        texts += lines
+    if texts and a.prompt_ids is not None:
+        raise GdnpassError("--prompt / --prompts-file and --prompt-ids: give the prompts one way")
+    prompts = [tok.encode(t) for t in texts] if texts else (a.prompt_ids or [[1, 2, 3, 4, 5, 6, 7, 8]])
+    for t, p in zip(texts, prompts):
+        if not p:
+            raise GdnpassError(f"--prompt {t!r}: the tokenizer makes no tokens of it")
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < vocab]
+        if bad:
+            raise GdnpassError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+    return prompts
 
 
 # The divergence rule's tolerance for two runs of gdnpass's own executor (speculative vs plain decode): logits of
@@ -217,26 +271,28 @@ SELF_TOLERANCE = 1e-4
 
 def _graphs(eng) -> list[dict]:
     """Each cached graph of an engine: its shape, runs, binding and fusion counts."""
-    return [{"n_t": s.n_t, "n_kv": s.n_kv, "n_outputs": s.n_out, "nodes": len(s.graph.nodes), "runs": s.runs,
-             "bound_to_reserve": not s.reallocated,
+    return [{"n_t": s.n_t, "n_kv": s.n_kv, "n_outputs": s.n_out,
+             **({"seqs": [s.seq0, s.seq0 + s.n_seqs - 1]} if eng.n_seqs > 1 else {}),
+             "nodes": len(s.graph.nodes), "runs": s.runs, "bound_to_reserve": not s.reallocated,
              "fusion": s.report.counts() if s.report and s.report.enabled else None}
-            for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t, s.n_out))]
+            for s in sorted(eng.slots.values(), key=lambda s: (s.n_kv, s.n_t, s.n_out, s.n_seqs, s.seq0))]
 
 
 def _tokenizer(a: argparse.Namespace, model):
-    """The model file's own tokenizer; None for a preset or a file without one, unless --prompt needs it (then a
-    one-line error naming the file)."""
+    """The model file's own tokenizer; None for a preset or a file without one, unless text prompts (--prompt,
+    --prompts-file) need it (then a one-line error naming the file)."""
     from gdnpass.tokenizer import Tokenizer, TokenizerError
 
+    text = "--prompt" if a.prompt is not None else "--prompts-file" if a.prompts_file is not None else None
     if a.gguf is None:
-        if a.prompt is not None:
-            raise GdnpassError(f"--prompt: preset {a.model!r} has no tokenizer; give token ids with --prompt-ids, or "
+        if text:
+            raise GdnpassError(f"{text}: preset {a.model!r} has no tokenizer; give token ids with --prompt-ids, or "
                                "a model file with --gguf")
         return None
     try:
         return Tokenizer.from_gguf(a.gguf)
     except TokenizerError:
-        if a.prompt is not None:
+        if text:
             raise
         return None
 
@@ -274,6 +330,34 @@ def _text(s: dict, res, diffs, vs_plain) -> str:
                                                 if not diffs else "DIFFERENT: " + "; ".join(diffs)))
     if vs_plain is not None:
         lines.append(f"  vs plain greedy decode: {vs_plain}")
+    return "\n".join(lines)
+
+
+def _text_seqs(s: dict, res: list, tok, diffs, vs_plain) -> str:
+    """Several sequences: each one's text (or tokens) under its label, its steps, then the totals."""
+    st = s["settings"]
+    lines = [
+        f"gdnpass generate: {s['model']}; {len(res)} sequences, drafter {res[0].drafter}, K={st['draft_max']} "
+        f"(n_rs_seq {st['n_rs_seq']}, n_ubatch {st['n_ubatch']}, n_ctx {st['n_ctx_seq']} per sequence), fusion "
+        f"{_onoff(s['fusion'])}; {st['device']}, backend {st['backend']}",
+        f"  prompts {' '.join(str(len(r.prompt)) for r in res)} tokens, prefill {res[0].prefill_seconds:.3f} s in "
+        f"{res[0].prefill_ubatches} ubatch{'es' if res[0].prefill_ubatches != 1 else ''}"]
+    for i, r in enumerate(res):
+        body = (repr(tok.decode(r.prompt)) + " -> " + repr(tok.decode(r.tokens)) if tok is not None else
+                " ".join(map(str, r.tokens)))
+        lines += [f"[sequence {i}] {body}" + (" (stopped at end of generation)" if r.stop == "eog" else ""),
+                  f"  steps {len(r.steps)}, accepted per step: " + " ".join(str(x.accepted) for x in r.steps)
+                  + f"; accept rate {r.accept_rate:.3f} ({r.accepted} of {r.drafted} drafted); sequences in its "
+                  "ubatches: " + " ".join(str(x.ubatch_seqs) for x in r.steps)]
+        if diffs is not None:
+            lines.append("  fusion off vs on: " + ("identical tokens, accepted counts and logits bytes at every step"
+                                                    if not diffs[i] else "DIFFERENT: " + "; ".join(diffs[i])))
+        if vs_plain is not None:
+            lines.append(f"  vs plain greedy decode: {vs_plain[i]}")
+    lines.append(f"  graphs: {len(s['graphs'])}, bound to one reserve plan of {st['n_ubatch']} tokens "
+                 f"({s['reserve']['arena_bytes'] / 2**20:.2f} MiB arena)")
+    lines.append(f"decoded {s['n_tokens']} tokens of {len(res)} sequences in {s['seconds']:.3f} s, speed: "
+                 f"{s['tokens_per_second']:.1f} t/s; n_drafted {s['n_drafted']}, n_accept {s['n_accepted']}")
     return "\n".join(lines)
 
 

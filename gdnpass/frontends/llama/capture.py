@@ -189,23 +189,36 @@ def _call_worker(req: dict, path: Path, install: build.Install, timeout_s: float
     return out
 
 
-def generate(gguf: str | os.PathLike, *, prompt: list[int], n_predict: int, draft_max: int = 0,
+def generate(gguf: str | os.PathLike, *, prompt: list[int] | None = None, n_predict: int, draft_max: int = 0,
              drafter: dict | None = None, n_rs_seq: int = 0, n_ubatch: int = 16, n_ctx: int = 256,
              flash_attn: str = "auto", n_threads: int = 2, rows: bool = False,
-             install: build.Install | None = None, timeout_s: float = 600.0) -> dict:
+             prompts: Sequence[Sequence[int]] | None = None, drafters: Sequence[dict] | None = None,
+             record_ubatches: bool = False, install: build.Install | None = None, timeout_s: float = 600.0) -> dict:
     """llama.cpp's own greedy speculative loop on ``gguf`` (the worker's ``generate`` mode): the referee of
     ``gdnpass generate``. ``drafter``: {"kind": "none"}, {"kind": "ngram", "size_n", "size_m"} or {"kind":
     "planted", "truth", "accept", "lengths"} (:mod:`gdnpass.drafters`). Returns the worker's record: tokens, steps
     (n_t, drafted, accepted, seq_rm's result), per-token top-2 margins (and logits rows, base64 f32, with ``rows``),
-    the context settings as llama.cpp resolved them."""
+    the context settings as llama.cpp resolved them.
+
+    Several sequences at once: ``prompts`` and ``drafters`` (one each per sequence) instead of ``prompt`` and
+    ``drafter``, in a context of n_seq_max = their number (a KV stream each; ``n_ctx`` is shared by the streams, as
+    llama.cpp shares it); the record's ``sequences`` holds each one's tokens, steps and margins. With
+    ``record_ubatches`` it also has ``prefill`` and ``batches``: each llama_decode's batch ([sequence, tokens]) and
+    the ubatches llama.cpp split it into ([sequences, tokens] each)."""
     path = Path(gguf)
     if not path.is_file():
         raise LlamaError(f"generate: GGUF file {path} does not exist")
+    if (prompt is None) == (prompts is None):
+        raise LlamaError("generate: give one prompt (prompt=) or several (prompts=)")
+    prompts = [list(prompt)] if prompts is None else [list(p) for p in prompts]
     install = install or build.ensure()
-    req = {"mode": "generate", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "n_ctx": n_ctx,
-           "n_batch": max(n_ubatch, len(prompt)), "n_ubatch": n_ubatch, "n_rs_seq": n_rs_seq,
-           "flash_attn": flash_attn, "n_threads": n_threads, "prompt": list(prompt), "n_predict": n_predict,
-           "draft_max": draft_max, "drafter": drafter or {"kind": "none"}, "rows": rows}
+    req = {"mode": "generate", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "layout": install.layout,
+           "n_ctx": n_ctx, "n_batch": max(n_ubatch, sum(len(p) for p in prompts), len(prompts) * (draft_max + 1)),
+           "n_ubatch": n_ubatch,
+           "n_rs_seq": n_rs_seq, "flash_attn": flash_attn, "n_threads": n_threads, "prompts": prompts,
+           "n_predict": n_predict, "draft_max": draft_max,
+           "drafters": list(drafters) if drafters is not None else [drafter or {"kind": "none"}] * len(prompts),
+           "rows": rows, "record_ubatches": record_ubatches}
     return _call_worker(req, path, install, timeout_s)
 
 

@@ -349,70 +349,122 @@ class MtpPair:
 
 
 def run_generate(req: dict) -> dict:
-    """``mode: generate``: llama.cpp's own speculative-simple loop with a greedy sampler, on one sequence.
+    """``mode: generate``: llama.cpp's own speculative-simple loop with a greedy sampler, on one sequence or several
+    at once (``prompts`` and ``drafters``: one each per sequence; a context of n_seq_max = their number, a KV stream
+    each).
 
-    Prefill the prompt but its last token (one batch, no logits); then per step: draft with the request's drafter
-    (``gdnpass.drafters``, pure Python: the same drafter code as gdnpass's loop), ``llama_decode`` of
-    [id_last, drafts...] with logits for every token, accept the greedy prefix (row i's argmax equals draft i), and
-    roll back with ``llama_memory_seq_rm(mem, 0, n_past, -1)`` (with ``n_rs_seq > 0`` the recurrent memory restores
-    the snapshot plane ``cell.pos - (n_past - 1)`` for the next ubatch). Returns the tokens, per step the width and
-    the accepted drafts and seq_rm's result, per token its top-2 margin (and, with ``rows``, its logits row)."""
+    Prefill every prompt but its last token (one batch, no logits); then per step: each running sequence drafts with
+    its drafter (``gdnpass.drafters``, pure Python: the same drafter code as gdnpass's loop), one ``llama_decode`` of
+    every running sequence's [id_last, drafts...] at its own positions with logits for every token (llama.cpp splits
+    the batch into ubatches itself), each accepts its greedy prefix (row i's argmax equals draft i) and rolls back
+    with ``llama_memory_seq_rm(mem, seq, n_past, -1)`` (with ``n_rs_seq > 0`` the recurrent memory restores the
+    snapshot plane ``cell.pos - (n_past - 1)`` for the sequence's next ubatch); a sequence with ``n_predict`` tokens
+    leaves the batch. Returns per sequence the tokens, per step the width, the accepted drafts and seq_rm's result,
+    per token its top-2 margin (and, with ``rows``, its logits row); with one prompt these are the record's own
+    keys. With ``record_ubatches`` also every batch's (sequence, tokens) and the ubatches llama.cpp ran for it,
+    (sequences, tokens) each, read from the graphs its scheduler computed."""
     import llama_cpp.llama_cpp as L
 
     from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, draft_budget,  # (no torch)
                                   first_argmax)
 
     logs: list[str] = []
+    prompts = [[int(x) for x in p] for p in req.get("prompts") or [req["prompt"]]]
+    specs = req.get("drafters") or [req.get("drafter") or {"kind": "none"}] * len(prompts)
+    if len(specs) != len(prompts):
+        raise Refused(f"{len(prompts)} prompts and {len(specs)} drafters: one drafter per sequence")
+    ran: list[list[int]] = []  # the ubatches of the current llama_decode: [sequences, tokens] each
+    on_eval = _ubatch_recorder(req, ran) if req.get("record_ubatches") else None
 
     on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
     model = load_model(L, req, logs)
-    ctx = make_context(L, model, req, logs, req["n_rs_seq"])
+    ctx = make_context(L, model, {**req, "n_seqs": len(prompts)}, logs, req["n_rs_seq"], on_eval)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     mem = L.llama_get_memory(ctx)
 
-    d = req["drafter"]
-    if d["kind"] == "ngram":
-        drafter = NgramSimple(d["size_n"], d["size_m"])
-    elif d["kind"] == "planted":
-        drafter = Planted(d["truth"], len(req["prompt"]), n_vocab, d["accept"], d.get("lengths", ()))
-    else:
-        drafter = NoDraft()
-    prompt, K, N = [int(x) for x in req["prompt"]], req["draft_max"], req["n_predict"]
+    def drafter(d: dict, prompt: list[int]):
+        if d["kind"] == "ngram":
+            return NgramSimple(d["size_n"], d["size_m"])
+        if d["kind"] == "planted":
+            return Planted(d["truth"], len(prompt), n_vocab, d["accept"], d.get("lengths", ()))
+        return NoDraft()
+    K, N = req["draft_max"], req["n_predict"]
+    seqs = [{"drafter": drafter(d, p), "history": p[:-1], "id_last": p[-1], "tokens": [], "steps": [],
+             "margins": [], "rows": []} for p, d in zip(prompts, specs)]
     t0 = time.perf_counter()
-    if len(prompt) > 1:
-        decode(L, ctx, logs, prompt[:-1], 0, "none")
-    history, id_last = prompt[:-1], prompt[-1]
-    tokens: list[int] = []
-    steps, margins, rows = [], [], []
-    n_ctx = int(L.llama_n_ctx(ctx))
-    while len(tokens) < N:
-        n_past = len(history)
-        budget = draft_budget(K, n_ctx, n_past, N, len(tokens))
-        draft = [int(t) for t in drafter.draft(history, id_last, budget)][:budget]
-        decode(L, ctx, logs, [id_last, *draft], n_past, "all")
+    ran.clear()
+    if any(q["history"] for q in seqs):
+        decode_seqs(L, ctx, logs, {s: q["history"] for s, q in enumerate(seqs) if q["history"]}, 0, "none")
+    prefill = {"batch": [[s, len(q["history"])] for s, q in enumerate(seqs) if q["history"]], "ubatches": list(ran)}
+    batches = []
+    n_ctx = int(L.llama_n_ctx_seq(ctx))  # (each sequence's stream: n_ctx / n_seq_max)
+    while True:
+        running = [s for s, q in enumerate(seqs) if len(q["tokens"]) < N]
+        if not running:
+            break
+        drafts = {}
+        for s in running:
+            q = seqs[s]
+            budget = draft_budget(K, n_ctx, len(q["history"]), N, len(q["tokens"]))
+            drafts[s] = [int(t) for t in q["drafter"].draft(q["history"], q["id_last"], budget)][:budget]
+        ran.clear()
+        batch = {s: [seqs[s]["id_last"], *drafts[s]] for s in running}
+        decode_seqs(L, ctx, logs, batch, {s: len(seqs[s]["history"]) for s in running}, "all")
+        batches.append({"batch": [[s, len(b)] for s, b in batch.items()], "ubatches": list(ran)})
+        row0 = 0  # the batch index of the sequence's first row
+        for s in running:
+            q, draft = seqs[s], drafts[s]
 
-        def row_argmax(i: int) -> int:  # row i's greedy token; keeps its top-2 margin (and bytes) on the way
-            p = L.llama_get_logits_ith(ctx, i)
-            row = [p[j] for j in range(n_vocab)]
-            top = sorted(row, reverse=True)[:2]
-            margins.append(top[0] - top[1])
-            if req.get("rows"):
-                rows.append(base64.b64encode(ctypes.string_at(p, 4 * n_vocab)).decode())
-            return first_argmax(row)
-        ids = accept_greedy(draft, row_argmax)
-        for tok in ids:
-            history.append(id_last)
-            id_last = tok
-        ok = bool(L.llama_memory_seq_rm(mem, 0, len(history), -1))
-        steps.append({"n_t": len(draft) + 1, "drafted": len(draft), "accepted": len(ids) - 1, "seq_rm": ok,
-                      "pos_max": int(L.llama_memory_seq_pos_max(mem, 0))})
-        tokens += ids
-    out = {"tokens": tokens, "steps": steps, "margins": margins, "rows": rows, "n_vocab": int(n_vocab),
-           "settings": {"n_ctx": n_ctx, "n_rs_seq": int(L.llama_n_rs_seq(ctx)), "n_ubatch": req["n_ubatch"]},
+            def row_argmax(i: int, q=q, row0=row0) -> int:  # row i's greedy token; keeps its top-2 margin (and bytes)
+                p = L.llama_get_logits_ith(ctx, row0 + i)
+                row = [p[j] for j in range(n_vocab)]
+                top = sorted(row, reverse=True)[:2]
+                q["margins"].append(top[0] - top[1])
+                if req.get("rows"):
+                    q["rows"].append(base64.b64encode(ctypes.string_at(p, 4 * n_vocab)).decode())
+                return first_argmax(row)
+            ids = accept_greedy(draft, row_argmax)
+            row0 += len(draft) + 1
+            for tok in ids:
+                q["history"].append(q["id_last"])
+                q["id_last"] = tok
+            ok = bool(L.llama_memory_seq_rm(mem, s, len(q["history"]), -1))
+            q["steps"].append({"n_t": len(draft) + 1, "drafted": len(draft), "accepted": len(ids) - 1, "seq_rm": ok,
+                               "pos_max": int(L.llama_memory_seq_pos_max(mem, s))})
+            q["tokens"] += ids
+    sequences = [{k: q[k] for k in ("tokens", "steps", "margins", "rows")} for q in seqs]
+    out = {**(sequences[0] if len(seqs) == 1 else {}), "sequences": sequences, "n_vocab": int(n_vocab),
+           "settings": {"n_ctx": int(L.llama_n_ctx(ctx)), "n_ctx_seq": n_ctx, "n_seq_max": len(seqs),
+                        "n_rs_seq": int(L.llama_n_rs_seq(ctx)), "n_ubatch": req["n_ubatch"]},
            "seconds": round(time.perf_counter() - t0, 3)}
+    if req.get("record_ubatches"):
+        out.update({"prefill": prefill, "batches": batches})
     L.llama_free(ctx)
     L.llama_model_free(model)
     return out
+
+
+def _ubatch_recorder(req: dict, ran: list[list[int]]):
+    """An eval callback that appends [sequences, tokens] to ``ran`` for every ubatch graph the scheduler computes:
+    its tokens from the token embedding's rows (``model.input_embed``), its sequences from the first GDN layer's
+    gathered conv states (``conv_states-<il>``, one row per sequence). It asks for nothing (the graph runs in one
+    go)."""
+    import llama_cpp.llama_cpp as L
+
+    g = _ggml(req["lib_dir"])
+    check_layout(req["layout"], g)
+    names = _names(g)
+
+    @L.ggml_backend_sched_eval_callback
+    def on_eval(t, ask, user_data):  # noqa: ARG001
+        if ask:
+            c = read_tensor(int(t), PINNED_TENSOR, names)
+            if c.name == "model.input_embed":
+                ran.append([0, int(c.ne[1])])
+            elif c.name.startswith("conv_states-") and ran and ran[-1][0] == 0:
+                ran[-1][0] = int(c.ne[1])
+        return False
+    return on_eval
 
 
 def run_time(req: dict) -> dict:
@@ -643,22 +695,25 @@ def decode(L, ctx, logs: list[str], tokens: list[int], pos0: int, logits: str, s
     decode_seqs(L, ctx, logs, {seq: tokens}, pos0, logits)
 
 
-def decode_seqs(L, ctx, logs: list[str], tokens, pos0: int, logits: str) -> None:
+def decode_seqs(L, ctx, logs: list[str], tokens, pos0, logits: str) -> None:
     """One llama_decode of one batch holding each sequence's tokens (``tokens``: a list per sequence id, or a dict
-    seq id -> list) at positions pos0.., sequence after sequence, with logits for "all" or the "last" of each
-    sequence's rows or "none"; a failure is a Refused naming llama.cpp's last error."""
+    seq id -> list) at positions pos0.. (one for all, or a dict seq id -> its first position), sequence after
+    sequence, with logits for "all" or the "last" of each sequence's rows or "none"; a failure is a Refused naming
+    llama.cpp's last error."""
     seqs = tokens.items() if isinstance(tokens, dict) else enumerate(tokens)
     rows = [(seq, i, tok, i == len(toks) - 1) for seq, toks in seqs for i, tok in enumerate(toks)]
+    first = pos0 if isinstance(pos0, dict) else {seq: pos0 for seq, _, _, _ in rows}
     b = L.llama_batch_init(len(rows), 0, 1)
     try:
         b.n_tokens = len(rows)
         for j, (seq, i, tok, last) in enumerate(rows):
-            b.token[j], b.pos[j], b.n_seq_id[j] = tok, pos0 + i, 1
+            b.token[j], b.pos[j], b.n_seq_id[j] = tok, first[seq] + i, 1
             b.seq_id[j][0] = seq
             b.logits[j] = 1 if logits == "all" or logits == "last" and last else 0
         rc = L.llama_decode(ctx, b)
         if rc != 0:
-            raise Refused(f"llama_decode returned {rc} for {len(rows)} tokens at position {pos0}: "
+            raise Refused(f"llama_decode returned {rc} for {len(rows)} tokens at position "
+                          f"{pos0 if not isinstance(pos0, dict) else min(first.values(), default=0)}: "
                           + _last_error(logs))
     finally:
         L.llama_batch_free(b)
