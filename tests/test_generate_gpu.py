@@ -8,7 +8,7 @@ import torch
 
 from gdnpass.drafters import Planted, cycle_schedule, first_argmax
 from gdnpass.engine import Engine, Model, Settings, split_ubatches
-from gdnpass.generate import differences, generate
+from gdnpass.generate import differences, generate, generate_batch
 from gdnpass.models.gguf_write import write_gguf
 
 pytestmark = pytest.mark.gpu
@@ -56,3 +56,27 @@ def test_lean_steps_decide_what_the_logits_say(model, truth):
     for tok, m, row in zip(kept.tokens, kept.margins, kept.rows):
         top = torch.topk(row.double(), 2).values
         assert (tok, m) == (first_argmax(row.tolist()), float(top[0] - top[1]))
+
+
+PROMPTS = [PROMPT[:8], PROMPT[8:11], PROMPT[11:]]
+
+
+def test_several_sequences_on_the_gpu(model):
+    """Three sequences in shared ubatches on the GPU (CUDA graphs, Triton): each generates what it generates alone,
+    an eager run and fused replays give the same bytes for every sequence at every step (a step of several
+    ubatches queues them all and waits once)."""
+    truths = [generate(Engine(model, Settings(draft_max=0, n_rs_seq=0, device="cuda", cuda_graphs=True)), p,
+                       n_predict=N).tokens for p in PROMPTS]
+    schedule = cycle_schedule(K)
+
+    def run(cuda_graphs: bool, fusion: bool):
+        drafters = [Planted(t, len(p), model.shape.vocab_size, schedule[s:] + schedule[:s])  # (different acceptances)
+                    for s, (t, p) in enumerate(zip(truths, PROMPTS))]
+        eng = Engine(model, Settings(draft_max=K, n_seqs=3, device="cuda", cuda_graphs=cuda_graphs, fusion=fusion))
+        return generate_batch(eng, PROMPTS, drafters, N, hash_logits=True)
+
+    eager, off, on = run(False, False), run(True, False), run(True, True)
+    for s in range(3):
+        assert off[s].tokens == truths[s]
+        assert differences(eager[s], off[s]) == [] and differences(off[s], on[s]) == []
+    assert any(x.ubatch_seqs > 1 for r in on for x in r.steps)
