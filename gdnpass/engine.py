@@ -738,7 +738,8 @@ class Engine:
     def decode_batch(self, batch: Mapping[int, Sequence[int]], logits: bool = True, check: bool | None = None,
                      keep_logits: bool = False, after: Callable[[], None] | None = None) -> dict[int, Verdict]:
         """``llama_decode`` of one batch holding each sequence's tokens (``batch``: sequence -> its tokens, at its
-        own next positions), with logits for every token (``logits``) or none (a prefill). The batch is split into
+        own next positions; the batch holds them in increasing sequence order, as gdnpass's loop and its llama.cpp
+        referee build it), with logits for every token (``logits``) or none (a prefill). The batch is split into
         ubatches as llama.cpp splits it (:func:`split_equal` with n_keep_tail = n_rs_seq + 1), each run without
         waiting; then one wait brings back every row's greedy token. Returns sequence -> its :class:`Verdict` (none
         without logits). ``keep_logits`` copies each ubatch's logits to the host as it runs (a later ubatch of the

@@ -17,7 +17,9 @@ DESCRIPTION = (
     "Generate N tokens with speculative decoding on a whole qwen35 model: prefill the prompt, then draft up to K "
     "tokens, verify them in one ubatch with K rollback planes, accept the greedy prefix and roll back as llama.cpp "
     "does (llama_memory_seq_rm: the next verify reads plane n_t - 1 - accepted). --check runs it with fusion off and "
-    "on and compares tokens, accepted counts and every step's logits byte for byte.")
+    "on and compares tokens, accepted counts and every step's logits byte for byte. Several prompts (--prompt or "
+    "--prompt-ids repeated, --prompts-file) run as several sequences at once, each drafting, accepting and rolling "
+    "back on its own in ubatches shared as llama.cpp's split_equal shares them.")
 
 
 def _ids(text: str) -> list[int]:
