@@ -424,6 +424,19 @@ class Verdict:
     rows: slice | None = None          # this sequence's rows of the ubatch's logits (None: all)
     kept: torch.Tensor | None = None   # its logits, copied when the ubatch ran
 
+    @staticmethod
+    def joined(parts: Sequence["Verdict"]) -> "Verdict":
+        """One sequence's verdicts of consecutive ubatches as one (its logits only if every part kept them: the
+        earlier ubatches' are overwritten)."""
+        rows = [0]
+        for v in parts:
+            rows.append(rows[-1] + len(v.ids))
+        kept = torch.cat([v.kept for v in parts]) if all(v.kept is not None for v in parts) else None
+        return Verdict([i for v in parts for i in v.ids],
+                       None if parts[0].margins is None else [m for v in parts for m in v.margins],
+                       [r0 + r for v, r0 in zip(parts, rows) for r in v.nonfinite], parts[-1].slot, parts[-1].engine,
+                       parts[0].ubatch, parts[-1].rows, kept)
+
     def logits(self) -> torch.Tensor:
         """A (rows, vocab) float32 copy of the logits on the CPU."""
         if self.kept is not None:
@@ -751,29 +764,38 @@ class Engine:
         for s in order:
             self._check_tokens(batch[s])
         parts = split_equal([(s, len(batch[s])) for s in order], self.s.ubatch, self.n_rs + 1 if self.n_rs else 0)
-        ran = []
-        for part in parts:
+        ran = []  # per ubatch: part, slot, its logits kept, its number, its head's reading (None: copies queued)
+        for i, part in enumerate(parts):
             toks = [int(t) for s, a in zip(part.seqs, part.starts) for t in batch[s][a:a + part.n_t]]
             slot = self._ubatch(part, toks, logits, check)
             kept = slot.executor.read(slot.logits).reshape(slot.n_out, self.vocab) if keep_logits and logits \
                 else None
-            if slot.head is not None and part is not parts[-1]:
+            for k, (p, other, kp, n, got) in enumerate(ran):
+                if logits and other is slot and got is None:  # (one graph twice: read its first run's copies)
+                    self._wait()
+                    ran[k] = (p, other, kp, n, other.head.read())
+            if slot.head is not None and i < len(parts) - 1:
                 slot.head.start()  # (queued behind the ubatch; the last ubatch's fetch waits for all)
-            ran.append((part, slot, kept, self.ubatches))
+            ran.append((part, slot, kept, self.ubatches, slot.head.fetch() if slot.head and i == len(parts) - 1
+                        else None))
             if after is not None:
                 after()
-        if not logits or not ran:
+        if not logits:
             return {}
-        out = {}
-        for part, slot, kept, n in ran:
-            ids, margins, bad = slot.head.fetch() if part is parts[-1] else slot.head.read()
+        self._synced = True  # (the last fetch waited for the stream: every staged copy is done)
+        out: dict[int, list[Verdict]] = {}
+        for part, slot, kept, n, got in ran:
+            ids, margins, bad = got if got is not None else slot.head.read()
             for j, s in enumerate(part.seqs):
                 rows = slice(j * part.n_t, (j + 1) * part.n_t)
-                out[s] = Verdict(ids[rows], margins[rows] if margins is not None else None,
-                                 [r - rows.start for r in bad if rows.start <= r < rows.stop], slot, self, n, rows,
-                                 kept[rows] if kept is not None else None)
-        self._synced = True  # (the last fetch waited for the stream: every staged copy is done)
-        return out
+                out.setdefault(s, []).append(Verdict(ids[rows], margins[rows] if margins is not None else None,
+                                                     [r - rows.start for r in bad if rows.start <= r < rows.stop],
+                                                     slot, self, n, rows, kept[rows] if kept is not None else None))
+        return {s: v[0] if len(v) == 1 else Verdict.joined(v) for s, v in out.items()}
+
+    def _wait(self) -> None:
+        if self.s.device.startswith("cuda"):
+            torch.cuda.current_stream().synchronize()
 
     def h_nextn(self) -> np.ndarray:
         """The last ubatch's ``h_nextn`` rows, (n_t, n_embd) float32 on the host: the trunk's final-normed hidden

@@ -196,6 +196,18 @@ def test_one_wait_per_step_however_many_ubatches(model, plain, monkeypatch):
     assert calls["read"] == eng.ubatches - res[0].prefill_ubatches  # (fetch reads its own head too)
 
 
+def test_a_batch_that_runs_one_graph_twice(model):
+    """A sequence's 10 tokens with n_ubatch 4 are ubatches of 4, 4, 2 (the first two on one graph): each row's token
+    is what one ubatch at a time gives (the first run's head is read before the second run reuses its buffers)."""
+    toks = [5, 17, 99, 3, 250, 7, 42, 8, 1, 2]
+    eng = Engine(model, Settings(draft_max=1, n_ubatch=4))
+    got = eng.decode_batch({0: toks})[0]
+    assert [(k[0], k[3]) for k in eng.slots] == [(4, 0), (2, 0)] and eng.ubatches == 3
+    one = Engine(model, Settings(draft_max=1, n_ubatch=4))
+    want = [i for a, b in ((0, 4), (4, 8), (8, 10)) for i in one.verify(toks[a:b]).ids]
+    assert got.ids == want and len(set(want[:4])) > 1
+
+
 def test_a_sequence_that_ends_leaves_the_batch(model, plain):
     """Every draft accepted, so all three verify K + 1 tokens in one ubatch each step, until sequence 1 generates
     an end-of-generation token: it stops there, and sequences 0 and 2 (no longer consecutive ids) go on in
