@@ -794,8 +794,9 @@ class Engine:
         return {s: v[0] if len(v) == 1 else Verdict.joined(v) for s, v in out.items()}
 
     def _wait(self) -> None:
+        """Wait for the device's stream (what the greedy head's fetch waits for)."""
         if self.s.device.startswith("cuda"):
-            torch.cuda.current_stream().synchronize()
+            torch.cuda.current_stream(torch.device(self.s.device)).synchronize()
 
     def h_nextn(self) -> np.ndarray:
         """The last ubatch's ``h_nextn`` rows, (n_t, n_embd) float32 on the host: the trunk's final-normed hidden
