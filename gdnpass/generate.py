@@ -1,8 +1,8 @@
 """The speculative loop, end to end: prefill, then draft -> verify -> accept -> roll back, until N tokens.
 
 It runs a whole qwen35 model (a GGUF file, or a preset with generated weights) on an :class:`~gdnpass.engine.Engine`
-(a llama.cpp context of one sequence over gdnpass graphs), as llama.cpp's ``examples/speculative-simple`` drives a
-context (pinned commit 0c1e570):
+(a llama.cpp context of one or several sequences over gdnpass graphs), as llama.cpp's
+``examples/speculative-simple`` drives a context (pinned commit 0c1e570):
 
 * **prefill**: the prompt but its last token, in ubatches of ``n_ubatch`` split as llama.cpp's
   ``split_equal(n_ubatch, sequential, n_keep_tail = n_rs_seq + 1)`` splits them (the last ``1 + n_rs_seq`` tokens
@@ -16,6 +16,11 @@ context (pinned commit 0c1e570):
   ``accepted + 1`` tokens are generated; an end-of-generation token ends the loop;
 * **roll back** as llama.cpp does, ``llama_memory_seq_rm(mem, seq, p0 = n_past, -1)``
   (:meth:`~gdnpass.engine.Engine.seq_rm`): the next ubatch reads plane ``n_t - 1 - accepted``.
+
+Several sequences (:func:`generate_batch`) each do all of this on their own, in shared batches: the prompts
+prefilled in one, then each step one batch of every running sequence's ``[id_last, drafts...]``, split into
+ubatches as llama.cpp splits a batch (equal token counts, consecutive sequence ids), each sequence rolling back its
+own cell (``llama_memory_seq_rm(mem, s, ...)``); a finished sequence leaves the batch.
 
 A drafter with ``needs_h`` (the MTP head, :class:`gdnpass.mtp_drafter.MtpDrafter`) also gets llama.cpp's
 ``common_speculative_process`` / ``common_speculative_accept`` hooks: ``process(tokens, pos0, h)`` after every
