@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ChainScope:
-    """GDN_CONV_CHAIN (seed 000's scope): one sequence, ``max_tokens`` tokens, ``max_rows`` snapshot rows."""
+    """GDN_CONV_CHAIN: ``max_seqs`` sequences of ``max_tokens`` tokens, ``max_rows`` snapshot rows."""
 
+    max_seqs: int = 128           # sequences of one ubatch (the channel block shrinks with them: chain_block)
     max_tokens: int = 16          # registers per thread: d_conv-1+n_t window columns and n_t outputs
     max_rows: int = 16            # snapshot destinations of one node
     d_conv: tuple[int, ...] = (3, 4, 5)
