@@ -192,8 +192,8 @@ CHAIN_TILE = 16384  # f32 of the CONCAT tile one chain program holds, d_conv-1+n
 
 @triton.jit
 def _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, y_s0, y_s1, y_s2, qk_s1, qk_s2,
-                    qk_s3, S: tl.constexpr, N_T: tl.constexpr, L2_ROWS: tl.constexpr, RMS: tl.constexpr,
-                    CG: tl.constexpr):
+                    qk_s3, S: tl.constexpr, SEQS: tl.constexpr, N_T: tl.constexpr, L2_ROWS: tl.constexpr,
+                    RMS: tl.constexpr, CG: tl.constexpr):
     """q or k head ``head`` of every sequence from the SiLU output y, written after every y element of the head.
     The L2 tree sums a row within a thread; the chain spreads its rows one channel per thread. Read them back from y
     as [tokens, S] tiles instead: 16-byte vector loads, tokens to warps, the tree's first levels within a thread.
@@ -202,17 +202,26 @@ def _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, 
     tok = tl.arange(0, L2_ROWS)[:, None]
     mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
     src = y_ptr + (head * S + i) * y_s0 + tok * y_s1
-    o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1) + tok * qk_s2 + i
-    for sq in range(n_seqs):
-        if CG:
-            y = tl.load(src + sq * y_s2, mask=mask, other=0.0, cache_modifier=".cg")
-        else:
-            y = tl.load(src + sq * y_s2, mask=mask, other=0.0)
-        if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
-            qk = rms_scale_rows(y, head_n, eps) * scale
-        else:
-            qk = l2_scale_rows(y, eps)
-        tl.store(o_ptr + sq * qk_s3, qk, mask=mask)
+    dst = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1) + tok * qk_s2 + i
+    if SEQS == 1:  # (a loop, even of one turn, holds more registers: 54 -> 80 at 8 tokens, sm_90)
+        _chain_qk_norm(src, dst, mask, eps, scale, head_n, RMS, CG)
+    else:
+        for sq in range(n_seqs):
+            _chain_qk_norm(src + sq * y_s2, dst + sq * qk_s3, mask, eps, scale, head_n, RMS, CG)
+
+
+@triton.jit
+def _chain_qk_norm(src, dst, mask, eps, scale, head_n, RMS: tl.constexpr, CG: tl.constexpr):
+    """One sequence's rows of a q or k head: y at ``src`` normalised into ``dst``."""
+    if CG:
+        y = tl.load(src, mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        y = tl.load(src, mask=mask, other=0.0)
+    if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
+        qk = rms_scale_rows(y, head_n, eps) * scale
+    else:
+        qk = l2_scale_rows(y, eps)
+    tl.store(dst, qk, mask=mask)
 
 
 @triton.jit
@@ -237,7 +246,8 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
     PARTS: tl.constexpr = S // BLOCK_C  # programs of a head
     seq = tl.arange(0, SEQS)[:, None]
     ch = pid * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    live = tl.broadcast_to(seq < n_seqs, [SEQS, BLOCK_C])
+    # the sequences past n_seqs of the power-of-two tile (one sequence: none, and no sequence strides below)
+    live = tl.broadcast_to(seq < n_seqs, [SEQS, BLOCK_C]) if SEQS > 1 else tl.full([SEQS, BLOCK_C], 1, tl.int1)
 
     # Every read first, of every sequence: the writes below may land on what was read, within this program's
     # channels (a snapshot row on a row some sequence gathers, the SiLU output on token columns of the projection).
@@ -253,10 +263,13 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         cat = cat + (tl.load(xs + t * x_s0, mask=live, other=0.0),)
     # per-window destinations (table rows [offset, channel stride, step stride, sequence stride]); loaded now: a
     # load after the stores below would wait for them (it may alias them), one more round trip on the critical path
-    offsets, seq_strides = (), ()
+    offsets = ()
     for r in tl.static_range(len(COLUMNS)):
         offsets = offsets + (tl.load(table_ptr + r),)
-        seq_strides = seq_strides + (tl.load(table_ptr + 3 * n_rows + r).to(tl.int64),)
+    seq_offsets = ()
+    if SEQS > 1:
+        for r in tl.static_range(len(COLUMNS)):
+            seq_offsets = seq_offsets + (seq.to(tl.int64) * tl.load(table_ptr + 3 * n_rows + r),)
     ys = ()
     for t in tl.static_range(N_T):
         win = ()
@@ -268,9 +281,10 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
     y = y_ptr + seq * y_s2 + ch * y_s0
     for t in tl.static_range(N_T):
         tl.store(y + t * y_s1, ys[t], mask=live)
-    seq64 = seq.to(tl.int64)
     for r in tl.static_range(len(COLUMNS)):  # window r = CONCAT columns COLUMNS[r] .. +dc-2
-        row = st_ptr + offsets[r] + seq64 * seq_strides[r]
+        row = st_ptr + offsets[r]
+        if SEQS > 1:
+            row = row + seq_offsets[r]
         if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
             dst, s_step = row + ch * (D_CONV - 1), 1
         else:
@@ -279,7 +293,9 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         for s in tl.static_range(D_CONV - 1):
             tl.store(dst + s * s_step, cat[COLUMNS[r] + s], mask=live)
     # the shared row of overlapping windows (matcher rule 5b): columns TILE_C0 .. +TILE_N-1, each stored once
-    shared = st_ptr + tile_off + seq64 * tile_sseq + ch * tile_sch
+    shared = st_ptr + tile_off + ch * tile_sch
+    if SEQS > 1:
+        shared = shared + seq.to(tl.int64) * tile_sseq
     for c in tl.static_range(TILE_N):
         tl.store(shared + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c], mask=live)
 
@@ -288,10 +304,10 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         if PARTS == 1:  # this program wrote the whole head: its writes are visible to it after a barrier
             tl.debug_barrier()
             _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, y_s0, y_s1, y_s2, qk_s1,
-                            qk_s2, qk_s3, S, N_T, L2_ROWS, RMS, False)
+                            qk_s2, qk_s3, S, SEQS, N_T, L2_ROWS, RMS, False)
         elif last_to_arrive(cnt_ptr, head, PARTS):  # the head's last program to finish its part normalises it
             _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, y_s0, y_s1, y_s2, qk_s1,
-                            qk_s2, qk_s3, S, N_T, L2_ROWS, RMS, True)
+                            qk_s2, qk_s3, S, SEQS, N_T, L2_ROWS, RMS, True)
             tl.store(cnt_ptr + head, 0)  # zero for the next launch (and the next CUDA-graph replay)
 
 
@@ -336,10 +352,13 @@ def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
     return (off, s_col, s_ch, s_seq), first, n
 
 
-def chain_warps(S: int) -> int:
-    """Warps of the fused chain: one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and
-    beat spreading a long verify's tokens over more warps, docs/performance.md)."""
-    return min(max(S // 32, 1), 8)
+def chain_warps(S: int, tile: int = 1) -> int:
+    """Warps of the fused chain for heads of S channels and a CONCAT column tile of ``tile`` elements ([sequences,
+    channels]): one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and beat spreading a long
+    verify's tokens over more warps, docs/performance.md), up to 8 as a tile of several sequences grows past 256
+    elements (sm_90, no spills: 128 sequences of 8 tokens 238 -> 128 registers a thread, of 16 tokens 254 -> 176;
+    not yet timed)."""
+    return min(max(S // 32, tile // 64, 1), 8)
 
 
 def chain_block(n_seqs: int, S: int, d_conv: int, n_t: int) -> int:
@@ -355,16 +374,19 @@ def chain_block(n_seqs: int, S: int, d_conv: int, n_t: int) -> int:
     return block
 
 
-def chain_launch(n_t: int, S: int, num_warps: int | None = None) -> tuple[dict, int]:
-    """The fused chain's launch shape for n_t tokens and heads of S channels: (its L2_ROWS constexpr, num_warps);
-    ``num_warps`` overrides chain_warps (a benchmark's variants)."""
-    num_warps = num_warps or chain_warps(S)
-    return dict(L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
+def chain_launch(n_t: int, S: int, num_warps: int | None = None, n_seqs: int = 1,
+                 d_conv: int = 4) -> tuple[dict, int]:
+    """The fused chain's launch shape for n_seqs sequences of n_t tokens and heads of S channels: (its SEQS,
+    BLOCK_C and L2_ROWS constexprs, num_warps); ``num_warps`` overrides chain_warps (a benchmark's variants)."""
+    seqs, block = triton.next_power_of_2(n_seqs), chain_block(n_seqs, S, d_conv, n_t)
+    num_warps = num_warps or chain_warps(S, seqs * block)
+    # L2_ROWS: at least a row per warp
+    return dict(SEQS=seqs, BLOCK_C=block, L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
                    tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
-                   qk_scale: float = 1.0, block_c: int | None = None) -> None:
+                   qk_scale: float = 1.0) -> None:
     """GDN_CONV_CHAIN of n_s sequences (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
     five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
     (RMS_NORM(eps) then SCALE(qk_scale), upstream's form), computed by the same helpers as the unfused kernels.
@@ -383,7 +405,7 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     at 1..16 tokens, and per power of two of n_s. In exchange every register index is static (H200, T=8: 3.6 ->
     2.3 us, docs/performance.md).
 
-    Programs own channels (``block_c`` of them, default :func:`chain_block`), each for every sequence, and read
+    Programs own channels (:func:`chain_block` of them), each for every sequence, and read
     all their inputs before they write, so within their channels anything may alias, whatever the ids: a row one
     sequence writes the row another gathers, ``out`` the projection (same layout, shifted by whole tokens, of any
     sequence). Across programs nothing may: q_out and k_out must not overlap the projection unless ``l2_separate``,
@@ -407,19 +429,16 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     qs, xs, ws, ys = _strides(q_out), _strides(x), _strides(w), _strides(out)
     _require(qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1,
              "q and k share strides; q, k, out rows contiguous")
-    block = block_c or chain_block(n_s, S, d_conv, n_t)
-    _require(1 <= block <= S and not S % block and not block & (block - 1), f"channel block {block} of heads of {S}")
     tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
     per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
-    shape, num_warps = chain_launch(n_t, S, num_warps)
-    n_l2 = 0 if l2_separate else 2 * H_k
+    shape, num_warps = chain_launch(n_t, S, num_warps, n_s, d_conv)
+    block, n_l2 = shape["BLOCK_C"], 0 if l2_separate else 2 * H_k
     tickets = split_workspace(states.device, 0, n_l2, "GDN_CONV_CHAIN")[1] if block < S and n_l2 else None
     _gdn_conv_chain_kernel[(C // block,)](
         states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]), tickets,
         n_s, len(per), H_k, n_l2, f32(eps), f32(qk_scale), S, states.stride(2),
         xs[0], xs[1], xs[2], ws[0], ws[1], ys[0], ys[1], ys[2], qs[1], qs[2], qs[3], *tile_args,
-        D_CONV=d_conv, S=S, SEQS=triton.next_power_of_2(n_s), BLOCK_C=block, N_T=n_t,
-        COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
+        D_CONV=d_conv, S=S, N_T=n_t, COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
         WHOLE_ROWS=all(wins[j].stride()[1:] == (d_conv - 1, 1) for j in per), RMS=norm == "rms", **shape,
         **{**LAUNCH, "num_warps": num_warps})
     if l2_separate:
