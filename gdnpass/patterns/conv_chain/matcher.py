@@ -89,24 +89,14 @@ import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, keep_alive, ranges_overlap
+from gdnpass.ir import (DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, keep_alive, one_to_one,
+                        ranges_overlap)
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, rule)
 from gdnpass.patterns.conv_chain.record import RECORD
 
 NAME = "gdn_conv_chain"
 SCOPE = RECORD.scope  # the kernel's limits
-
-
-def _one_to_one(*dims: tuple[int, int]) -> bool:
-    """Whether an f32 view of ``dims`` (byte stride, extent) hits no address twice: in increasing order of stride,
-    each stride (a whole number of elements) reaches past everything the dims below it span (extent-1 dims aside)."""
-    reach = 4
-    for nb, n in sorted(d for d in dims if d[1] > 1):
-        if nb < reach or nb % 4:
-            return False
-        reach = nb * n
-    return True
 
 
 def _dedup_tile(dsts: list[Tensor], wins: list[int], columns: list[int], dc: int, C: int) -> dict | None:
@@ -124,7 +114,7 @@ def _dedup_tile(dsts: list[Tensor], wins: list[int], columns: list[int], dc: int
         return None
     first = min(columns[i] for i in wins)
     n_cols = max(columns[i] for i in wins) - first + dc - 1
-    if n_cols >= len(wins) * (dc - 1) or not _one_to_one((d0.nb[0], n_cols), (d0.nb[1], C), (d0.nb[2], n_s)):
+    if n_cols >= len(wins) * (dc - 1) or not one_to_one((d0.nb[0], n_cols), (d0.nb[1], C), (d0.nb[2], n_s)):
         return None  # (windows that share no column: nothing to write once; one window alone measured slower)
     return {"windows": wins, "base": d0.base.name, "offset": offset, "first": first, "n_cols": n_cols}
 
@@ -367,7 +357,7 @@ def _whole_rows(c: ChainCapture, ctx):
                      and not dst.view_offs % row and (n_s == 1 or not dst.nb[1] % row)
                      and cache.ne[0] == (dc - 1) * C)
         window = (dst.base is not cache and dst.base.buffer == cache.buffer and dst.ne == (dc - 1, C, n_s, 1)
-                  and _one_to_one((dst.nb[0], dc - 1), (dst.nb[1], C)))
+                  and one_to_one((dst.nb[0], dc - 1), (dst.nb[1], C)))
         if cpy.type is not DType.F32 or not (whole_row or window):
             return Why(cpy, "CPY writes neither one whole row of the gathered cache per sequence nor a "
                             "[d_conv-1, C] window per sequence in the cache buffer")
@@ -378,7 +368,7 @@ def _row_twice(c: ChainCapture, ctx):
     dsts, wins, tile, row, n_s = c.dsts, c.window_dsts, c.tile, c.cache.nb[1], c.n_seqs
     for i, d in enumerate(dsts):  # the rows of one destination's sequences
         if i in wins:
-            apart = _one_to_one((d.nb[0], d.ne[0]), (d.nb[1], d.ne[1]), (d.nb[2], n_s))
+            apart = one_to_one((d.nb[0], d.ne[0]), (d.nb[1], d.ne[1]), (d.nb[2], n_s))
         else:  # whole rows, a whole number of rows apart (rule 4): any number but 0
             apart = n_s == 1 or d.nb[1] != 0
         if not apart:

@@ -29,7 +29,7 @@ EPS = 1e-6
 # ---- GDN_CONV_CHAIN -------------------------------------------------------------------------------------------------
 
 
-def chain(S, H_k, H_v, dc, n_t, K, alias="", n_s=1):
+def chain(S, H_k, H_v, dc, n_t, K, alias="", n_s=1, nbytes=1 << 22):
     """A conv chain of ``n_s`` sequences in a fresh arena, laid out as build_conv_state builds it (cells 0..n_s-1,
     kv_head 0).
 
@@ -41,11 +41,11 @@ def chain(S, H_k, H_v, dc, n_t, K, alias="", n_s=1):
     "out+d": the SiLU output is the projection's memory, shifted by d token rows (same channel, another token, of
     any sequence); "qk": the L2 outputs lie on the projection (node param l2_separate, as the matcher sets it).
     Never both "out" and "qk": the SiLU and L2 outputs of one graph do not overlap. "rms": q/k normalised in
-    upstream's form, RMS_NORM(eps/S) then SCALE(1/sqrt(S)), instead of L2_NORM(eps)."""
+    upstream's form, RMS_NORM(eps/S) then SCALE(1/sqrt(S)), instead of L2_NORM(eps). ``nbytes``: the arena."""
     opts = alias.split(",") if alias else []
     shift = next((int(o[3:] or 0) for o in opts if o.startswith("out")), None)
     torch.manual_seed(0)
-    a = Arena()
+    a = Arena(nbytes)
     C = (2 * H_k + H_v) * S
     cache = a.put(rnd(1, 1, (K + 1) * n_s + 1, (dc - 1) * C))
     cache[0, 0, K * n_s:(K + 1) * n_s] = cache[0, 0, :n_s]
@@ -215,6 +215,28 @@ def test_conv_chain_of_several_sequences_triton_vs_torch(S, H_k, H_v, dc, n_t, K
     for name, got in results(tri).items():
         assert_close(got, want[name])
     assert_same_bytes(tri.cache, ref.cache, "cache")
+
+
+@pytest.mark.gpu
+def test_128_sequences_of_8_tokens_compiled_gpu():
+    """qwen3.5-9b's chain (C = 8192, heads of 128, d_conv 4) of 128 sequences of 8 tokens, 8 snapshot planes, the
+    ids rolled back across sequences, upstream's q/k form, compiled (blocks of 8 channels, a head over 16 programs):
+    fused vs unfused Triton byte for byte; against the torch reference the cache and the SiLU output bit for bit
+    (copies; the conv taps in order, libdevice's exp and an IEEE quotient, as torch's), q/k to the sum order (the
+    reference's torch sum, the kernel's fixed tree)."""
+    case = (128, 16, 32, 4, 8, 8, "rollback,rms", 128)
+    unfused, fused, ref = (chain(*case, nbytes=1 << 29) for _ in range(3))
+    assert triton_ssm.chain_launch(8, 128, n_seqs=128, d_conv=4)[0]["BLOCK_C"] == 8
+    run_unfused(unfused, TRITON_BACKEND)
+    run_fused(fused, TRITON_BACKEND)
+    run_fused(ref, TORCH_BACKEND)
+    want, torch_ref = results(unfused), results(ref)
+    for name, got in results(fused).items():
+        assert_same_bytes(got, want[name], name)
+        if name in ("cache", "silu"):
+            assert_same_bytes(got, torch_ref[name], name)
+        else:
+            assert_close(got, torch_ref[name])
 
 
 def test_chain_block_keeps_the_tile_in_budget():
