@@ -419,7 +419,7 @@ def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_o
     _require(heads is None, f"{heads}")
     _require(1 <= n_t <= CHAIN.max_tokens, f"1..{CHAIN.max_tokens} tokens")
     _require(1 <= n_s <= CHAIN.max_seqs, f"1..{CHAIN.max_seqs} sequences")
-    _require(tuple(ids.shape) == (1, 1, 1, n_s) and ids.dtype == torch.int32 and (n_s == 1 or ids.stride(3) == 1),
+    _require(ids.numel() == n_s and ids.dtype == torch.int32 and ids.is_contiguous(),
              f"ids: {n_s} contiguous i32 row ids, one per sequence")
     _require(1 <= len(rows) == len(columns) <= CHAIN.max_rows, f"1..{CHAIN.max_rows} snapshot rows")
     _require(all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t")
