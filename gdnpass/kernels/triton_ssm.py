@@ -187,7 +187,7 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
 
 CHAIN_TILE = 16384  # f32 of the CONCAT tile one chain program holds, d_conv-1+n_t columns of [sequences, channels]
-                    # (128 registers a thread at 4 warps): the channel block shrinks as the sequences grow
+                    # (64 a thread at 8 warps, chain_warps): the channel block shrinks as the sequences grow
 
 
 @triton.jit

@@ -10,7 +10,7 @@ The fused node runs at the CONCAT position (seed 000): it gathers the state row 
 reads the projection there (as CONCAT did), and writes the snapshot rows, the SiLU output and the normalised q/k
 there (earlier than the CPYs, SILU and norms did). The rules below protect exactly those moves.
 
-Several sequences (llama.cpp's split_equal ubatch: S cache rows gathered, S rows per snapshot CPY). Which row a
+Several sequences (llama.cpp's split_equal ubatch: n_s cache rows gathered, n_s rows per snapshot CPY). Which row a
 sequence gathers is runtime data (``s_copy``: after find_slot's cell swaps sequence j may read the row sequence i
 writes this ubatch; after a rollback it reads another plane), so no rule on the graph can say that a sequence's
 snapshot rows are not another's gathered row. The kernel makes every such aliasing legal, for any ids: its programs
@@ -23,7 +23,7 @@ static: the rows of different sequences a CPY writes never alias (rules 4, 5, 5b
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-8, hazards 9-10):
  1. [structure.concat] the CONCAT is along dim 0.
     [structure.state] its first source is RESHAPE(GET_ROWS(RESHAPE or VIEW at offset 0 of a cache, ids)).
-    [structure.projection] its second source is the TRANSPOSE of a contiguous [C, n_t] projection.
+    [structure.projection] its second source is the TRANSPOSE of a contiguous [C, n_t, n_s] projection.
  2. [scope.n-seqs] 1..128 sequences; [scope.n-tokens] 1 <= n_t <= 16; [scope.n-rows] 1..16 snapshot rows;
     [scope.d-conv] d_conv 3-5; [scope.type] every tensor of the chain f32 (the limits are the kernel's:
     ``gdnpass.kernels.limits.CHAIN``).
