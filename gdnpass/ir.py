@@ -357,6 +357,18 @@ def ranges_overlap(a: tuple[str, int, int], b: tuple[str, int, int]) -> bool:
     return a[0] == b[0] and a[1] < b[2] and b[1] < a[2] and a[1] < a[2] and b[1] < b[2]
 
 
+def one_to_one(*dims: tuple[int, int], elem: int = 4) -> bool:
+    """Whether a view of ``dims`` ((byte stride, extent) pairs) of ``elem``-byte elements hits no address twice: in
+    increasing order of stride, each stride (a whole number of elements) reaches past everything the dims below it
+    span (extent-1 dims aside). Sufficient, not necessary (interleaved layouts are refused)."""
+    reach = elem
+    for nb, n in sorted(d for d in dims if d[1] > 1):
+        if nb < reach or nb % elem:
+            return False
+        reach = nb * n
+    return True
+
+
 def keep_alive(name: str, *ts: Tensor) -> Tensor:
     """An allocator hint (ggml-backend's dependency node): an empty NONE node whose sources stay allocated until it.
 

@@ -123,7 +123,7 @@ def test_a_graph_file_without_a_plan_gets_one(capsys, tmp_path):
 
 @pytest.mark.parametrize("argv, rule", [
     (TINY + ["--tokens", "17"], "scope.n-tokens"),
-    (TINY + ["--seqs", "2"], "scope.n-seqs"),
+    (TINY + ["--seqs", "129"], "scope.n-seqs"),
     (QWEN, "pair.different-src1"),
 ])
 def test_explain_names_the_refusing_rule_per_layer(capsys, argv, rule):

@@ -25,7 +25,7 @@ def chain_operands(T: int, rows: int, seed: int = 0) -> dict:
     C, S, H_k, dc = 8192, 128, 16, 4
     g = torch.Generator(device="cuda").manual_seed(seed)
     cache = torch.randn(1, 1, 2 * rows, (dc - 1) * C, device="cuda", generator=g)
-    ids = torch.tensor([1], dtype=torch.int32, device="cuda")
+    ids = torch.tensor([1], dtype=torch.int32, device="cuda").view(1, 1, 1, 1)
     x = torch.randn(1, 1, T, C, device="cuda", generator=g).transpose(2, 3)  # (1,1,C,T), strides (.., .., 1, C)
     w = torch.randn(1, 1, C, dc, device="cuda", generator=g)
     dst = [cache[:, :, 2 * r:2 * r + 1] for r in range(rows)]

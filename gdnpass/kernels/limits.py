@@ -17,8 +17,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class ChainScope:
-    """GDN_CONV_CHAIN (seed 000's scope): one sequence, ``max_tokens`` tokens, ``max_rows`` snapshot rows."""
+    """GDN_CONV_CHAIN: ``max_seqs`` sequences of ``max_tokens`` tokens, ``max_rows`` snapshot rows."""
 
+    max_seqs: int = 128           # sequences of one ubatch (the channel block shrinks with them: chain_block)
     max_tokens: int = 16          # registers per thread: d_conv-1+n_t window columns and n_t outputs
     max_rows: int = 16            # snapshot destinations of one node
     d_conv: tuple[int, ...] = (3, 4, 5)
@@ -68,9 +69,9 @@ def mat_vec_columns(w_batches: int, x_ne: Sequence[int]) -> int:
 
 
 def check_row_ids(ids: torch.Tensor, n_rows: int, op: str = "GET_ROWS") -> None:
-    """Every row id of a GET_ROWS / SET_ROWS names a row of its source / destination (ggml asserts it): KernelError,
-    one line, otherwise. Skipped while a CUDA graph is being captured (no host sync there; the ids are only read at
-    replay)."""
+    """Every row id of a GET_ROWS (or the fused chain's gather) / SET_ROWS names a row of its source / destination
+    (ggml asserts it): KernelError, one line, otherwise. Skipped while a CUDA graph is being captured (no host sync
+    there; the ids are only read at replay)."""
     import torch
 
     if ids.numel() == 0 or ids.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -78,4 +79,4 @@ def check_row_ids(ids: torch.Tensor, n_rows: int, op: str = "GET_ROWS") -> None:
     lo, hi = (int(v) for v in ids.aminmax())
     if not (0 <= lo and hi < n_rows):
         raise KernelError(f"{op}: row id {lo if lo < 0 else hi} is outside the "
-                          f"{'source' if op == 'GET_ROWS' else 'destination'}'s {n_rows} rows")
+                          f"{'destination' if op == 'SET_ROWS' else 'source'}'s {n_rows} rows")

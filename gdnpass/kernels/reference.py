@@ -235,21 +235,21 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 
 def gdn_conv_chain_ref(states, ids, x, w, rows, columns, eps: float, head_dim: int, n_k_heads: int,
                        norm: str = "l2", qk_scale: float = 1.0):
-    """GDN_CONV_CHAIN of one sequence, composed of the unfused ops on the unfused graph's shapes and layouts (so
-    its bytes are theirs): GET_ROWS of the conv state, CONCAT with the transposed projection, one CPY per snapshot
+    """GDN_CONV_CHAIN of n_s sequences, composed of the unfused ops on the unfused graph's shapes and layouts (so
+    its bytes are theirs): GET_ROWS of the conv states, CONCAT with the transposed projection, one CPY per snapshot
     row, SSM_CONV, SILU, and the normalisation of the q and k heads: L2_NORM(eps) (``norm="l2"``), or upstream's
     RMS_NORM(eps) then SCALE(qk_scale) (``norm="rms"``).
 
-    states (1,1,R,(dc-1)*C), ids int32 (1,1,1,1), x (1,1,C,n_t), w (1,1,C,dc); rows: the destinations (a cache row
-    (1,1,1,(dc-1)*C) or a window (1,1,C,dc-1)), of which only the shape is used; row r gets window columns
-    columns[r] .. columns[r]+dc-2.
-    Returns (snapshot row values, SiLU output (1,1,n_t,C), q, k (1,n_t,H_k,S)).
+    states (1,1,R,(dc-1)*C), ids int32 (1,1,1,n_s), x (1,n_s,C,n_t), w (1,1,C,dc); rows: the destinations (cache
+    rows (1,1,n_s,(dc-1)*C) or windows (1,n_s,C,dc-1)), of which only the shape is used; row r gets window columns
+    columns[r] .. columns[r]+dc-2 of every sequence.
+    Returns (snapshot row values, SiLU output (1,n_s,n_t,C), q, k (n_s,n_t,H_k,S)).
     """
-    C, dc = w.shape[2], w.shape[3]
-    conv_input = concat(get_rows(states, ids).reshape(1, 1, C, dc - 1), x, 0)
+    n_s, C, dc = x.shape[1], w.shape[2], w.shape[3]
+    conv_input = concat(get_rows(states, ids).reshape(1, n_s, C, dc - 1), x, 0)
     snapshots = [cpy(conv_input[..., c:c + dc - 1], row) for c, row in zip(columns, rows)]
     y = silu(ssm_conv(conv_input, w).contiguous())  # contiguous: the SSM_CONV node's output as SILU reads it
-    heads = y[0, 0].unflatten(-1, (-1, head_dim))[None]  # the head views (1, n_t, C/S, S) the graph takes of it
+    heads = y[0].unflatten(-1, (-1, head_dim))  # the head views (n_s, n_t, C/S, S) the graph takes of it
     qk = [heads[:, :, :n_k_heads], heads[:, :, n_k_heads:2 * n_k_heads]]
     if norm == "rms":
         q, k = (scale(rms_norm(h, eps), qk_scale) for h in qk)

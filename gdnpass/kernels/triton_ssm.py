@@ -11,10 +11,11 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import CHAIN
+from gdnpass.kernels.limits import CHAIN, check_row_ids
 from gdnpass.kernels.reference import f32, gdn_scale
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, conv_dot, l2_scale_rows,
-                                         rms_scale_rows, silu_f32_unrolled, wait_for_previous_kernels)
+                                         last_to_arrive, rms_scale_rows, silu_f32_unrolled, split_workspace,
+                                         wait_for_previous_kernels)
 from gdnpass.kernels.triton_elementwise import scale
 from gdnpass.kernels.triton_norms import l2_norm, rms_norm
 
@@ -185,42 +186,90 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
 
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------
 
+CHAIN_TILE = 16384  # f32 of the CONCAT tile one chain program holds, d_conv-1+n_t columns of [sequences, channels]
+                    # (64 a thread at 8 warps, chain_warps): the channel block shrinks as the sequences grow
+
 
 @triton.jit
-def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr,
-                           n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, then scale)
-                           st_s1,           # states [(dc-1)*C, R]: a row holds dc-1 steps per channel, channel-major
-                           x_s0, x_s1,      # x [n_t, C] (the projection, transposed)
-                           w_s0, w_s1,      # w [dc, C]
-                           y_s0, y_s1,      # y [C, n_t] (the SiLU output)
-                           qk_s1, qk_s2,    # q, k [S, H_k, n_t]: contiguous rows, same strides
-                           tile_off, tile_sc, tile_sch,  # the shared row (TILE_N > 0)
-                           D_CONV: tl.constexpr, S: tl.constexpr, N_T: tl.constexpr, COLUMNS: tl.constexpr,
-                           TILE_C0: tl.constexpr, TILE_N: tl.constexpr, WHOLE_ROWS: tl.constexpr,
-                           L2_ROWS: tl.constexpr, RMS: tl.constexpr):
-    # One program per head of S channels, one thread per channel: the CONCAT row of a channel (dc-1 state columns,
-    # then N_T tokens) lives in registers as a tuple, so every tap, window and tile column is picked at compile time.
-    wait_for_previous_kernels()
-    head = tl.program_id(0)
-    i = tl.arange(0, S)
-    ch = head * S + i
+def _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, y_s0, y_s1, y_s2, qk_s1, qk_s2,
+                    qk_s3, S: tl.constexpr, SEQS: tl.constexpr, N_T: tl.constexpr, L2_ROWS: tl.constexpr,
+                    RMS: tl.constexpr, CG: tl.constexpr):
+    """q or k head ``head`` of every sequence from the SiLU output y, written after every y element of the head.
+    The L2 tree sums a row within a thread; the chain spreads its rows one channel per thread. Read them back from y
+    as [tokens, S] tiles instead: 16-byte vector loads, tokens to warps, the tree's first levels within a thread.
+    ``CG``: y was written by other programs of this launch (read at L2, never a line this SM's L1 kept)."""
+    i = tl.arange(0, S)[None, :]
+    tok = tl.arange(0, L2_ROWS)[:, None]
+    mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
+    src = y_ptr + (head * S + i) * y_s0 + tok * y_s1
+    dst = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1) + tok * qk_s2 + i
+    if SEQS == 1:  # (a loop, even of one turn, holds more registers: 54 -> 80 at 8 tokens, sm_90)
+        _chain_qk_norm(src, dst, mask, eps, scale, head_n, RMS, CG)
+    else:
+        for sq in range(n_seqs):
+            _chain_qk_norm(src + sq * y_s2, dst + sq * qk_s3, mask, eps, scale, head_n, RMS, CG)
 
-    # Every read first: the writes below may land on what was read, within this program's channels (a snapshot
-    # row on the gathered row, the SiLU output on token columns of the projection).
+
+@triton.jit
+def _chain_qk_norm(src, dst, mask, eps, scale, head_n, RMS: tl.constexpr, CG: tl.constexpr):
+    """One sequence's rows of a q or k head: y at ``src`` normalised into ``dst``."""
+    if CG:
+        y = tl.load(src, mask=mask, other=0.0, cache_modifier=".cg")
+    else:
+        y = tl.load(src, mask=mask, other=0.0)
+    if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
+        qk = rms_scale_rows(y, head_n, eps) * scale
+    else:
+        qk = l2_scale_rows(y, eps)
+    tl.store(dst, qk, mask=mask)
+
+
+@triton.jit
+def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, table_ptr, cnt_ptr,
+                           n_seqs, n_rows, H_k, n_l2, eps, scale, head_n,  # q/k norm: L2 (eps), or RMS (eps/S, scale)
+                           st_s1,               # states [(dc-1)*C, R]: a row holds dc-1 steps a channel, channel-major
+                           x_s0, x_s1, x_s2,    # x [n_t, C, n_s] (the projection, transposed)
+                           w_s0, w_s1,          # w [dc, C]
+                           y_s0, y_s1, y_s2,    # y [C, n_t, n_s] (the SiLU output)
+                           qk_s1, qk_s2, qk_s3,  # q, k [S, H_k, n_t, n_s]: contiguous rows, same strides
+                           tile_off, tile_sc, tile_sch, tile_sseq,  # the shared row (TILE_N > 0)
+                           D_CONV: tl.constexpr, S: tl.constexpr, SEQS: tl.constexpr, BLOCK_C: tl.constexpr,
+                           N_T: tl.constexpr, COLUMNS: tl.constexpr, TILE_C0: tl.constexpr, TILE_N: tl.constexpr,
+                           WHOLE_ROWS: tl.constexpr, L2_ROWS: tl.constexpr, RMS: tl.constexpr):
+    # One program per block of BLOCK_C channels (a head of S, or a part of one), for every sequence: the CONCAT rows
+    # of its channels (dc-1 state columns, then N_T tokens) live in registers as a tuple of [SEQS, BLOCK_C] tiles, so
+    # every tap, window and tile column is picked at compile time. Programs own channels, never sequences: the rows
+    # the ids gather are runtime data (any sequence may read the row another writes), and channel ch of every cache
+    # row, read or written, is this program's alone.
+    wait_for_previous_kernels()
+    pid = tl.program_id(0)
+    PARTS: tl.constexpr = S // BLOCK_C  # programs of a head
+    seq = tl.arange(0, SEQS)[:, None]
+    ch = pid * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    # the sequences past n_seqs of the power-of-two tile (one sequence: none, and no sequence strides below)
+    live = tl.broadcast_to(seq < n_seqs, [SEQS, BLOCK_C]) if SEQS > 1 else tl.full([SEQS, BLOCK_C], 1, tl.int1)
+
+    # Every read first, of every sequence: the writes below may land on what was read, within this program's
+    # channels (a snapshot row on a row some sequence gathers, the SiLU output on token columns of the projection).
     w = ()
     for j in tl.static_range(D_CONV):
         w = w + (tl.load(w_ptr + ch * w_s1 + j * w_s0),)
-    st = st_ptr + tl.load(ids_ptr).to(tl.int64) * st_s1 + ch * (D_CONV - 1)
+    st = st_ptr + tl.load(ids_ptr + seq, mask=seq < n_seqs, other=0).to(tl.int64) * st_s1 + ch * (D_CONV - 1)
     cat = ()
     for c in tl.static_range(D_CONV - 1):
-        cat = cat + (tl.load(st + c),)
+        cat = cat + (tl.load(st + c, mask=live, other=0.0),)
+    xs = x_ptr + seq * x_s2 + ch * x_s1
     for t in tl.static_range(N_T):
-        cat = cat + (tl.load(x_ptr + t * x_s0 + ch * x_s1),)
-    # per-window destinations (table rows [offset, channel stride, step stride]); loaded now: a load after the
-    # stores below would wait for them (it may alias them), one more round trip on the critical path
+        cat = cat + (tl.load(xs + t * x_s0, mask=live, other=0.0),)
+    # per-window destinations (table rows [offset, channel stride, step stride, sequence stride]); loaded now: a
+    # load after the stores below would wait for them (it may alias them), one more round trip on the critical path
     offsets = ()
     for r in tl.static_range(len(COLUMNS)):
         offsets = offsets + (tl.load(table_ptr + r),)
+    seq_offsets = ()
+    if SEQS > 1:
+        for r in tl.static_range(len(COLUMNS)):
+            seq_offsets = seq_offsets + (seq.to(tl.int64) * tl.load(table_ptr + 3 * n_rows + r),)
     ys = ()
     for t in tl.static_range(N_T):
         win = ()
@@ -229,34 +278,37 @@ def _gdn_conv_chain_kernel(st_ptr, ids_ptr, x_ptr, w_ptr, y_ptr, q_ptr, k_ptr, t
         ys = ys + (silu_f32_unrolled(conv_dot(win, w)),)
     tl.debug_barrier()  # every thread's reads happen before any thread's writes
 
+    y = y_ptr + seq * y_s2 + ch * y_s0
     for t in tl.static_range(N_T):
-        tl.store(y_ptr + ch * y_s0 + t * y_s1, ys[t])
+        tl.store(y + t * y_s1, ys[t], mask=live)
     for r in tl.static_range(len(COLUMNS)):  # window r = CONCAT columns COLUMNS[r] .. +dc-2
+        row = st_ptr + offsets[r]
+        if SEQS > 1:
+            row = row + seq_offsets[r]
         if WHOLE_ROWS:  # llama.cpp's cache rows: [C, dc-1] contiguous
-            dst, s_step = st_ptr + offsets[r] + ch * (D_CONV - 1), 1
+            dst, s_step = row + ch * (D_CONV - 1), 1
         else:
-            dst = st_ptr + offsets[r] + ch * tl.load(table_ptr + n_rows + r)
+            dst = row + ch * tl.load(table_ptr + n_rows + r)
             s_step = tl.load(table_ptr + 2 * n_rows + r)
         for s in tl.static_range(D_CONV - 1):
-            tl.store(dst + s * s_step, cat[COLUMNS[r] + s])
+            tl.store(dst + s * s_step, cat[COLUMNS[r] + s], mask=live)
     # the shared row of overlapping windows (matcher rule 5b): columns TILE_C0 .. +TILE_N-1, each stored once
+    shared = st_ptr + tile_off + ch * tile_sch
+    if SEQS > 1:
+        shared = shared + seq.to(tl.int64) * tile_sseq
     for c in tl.static_range(TILE_N):
-        tl.store(st_ptr + tile_off + ch * tile_sch + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c])
+        tl.store(shared + (TILE_C0 + c) * tile_sc, cat[TILE_C0 + c], mask=live)
 
+    head = pid // PARTS
     if head < n_l2:  # a q or a k head
-        # The L2 tree sums a row within a thread; the rows are spread one channel per thread here. Read them back
-        # from y (this program's writes, visible to it after a barrier) as a [tokens, S] tile instead: its loads
-        # are 16-byte vectors, tokens go to warps and the tree's first levels stay within a thread.
-        tl.debug_barrier()
-        tok = tl.arange(0, L2_ROWS)[:, None]
-        mask = tl.broadcast_to(tok < N_T, [L2_ROWS, S])
-        y = tl.load(y_ptr + (head * S + i[None, :]) * y_s0 + tok * y_s1, mask=mask, other=0.0)
-        o_ptr = tl.where(head < H_k, q_ptr + head * qk_s1, k_ptr + (head - H_k) * qk_s1)
-        if RMS:  # upstream's RMS_NORM then SCALE: the unfused kernels' expressions, in their order
-            qk = rms_scale_rows(y, head_n, eps) * scale
-        else:
-            qk = l2_scale_rows(y, eps)
-        tl.store(o_ptr + tok * qk_s2 + i[None, :], qk, mask=mask)
+        if PARTS == 1:  # this program wrote the whole head: its writes are visible to it after a barrier
+            tl.debug_barrier()
+            _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, y_s0, y_s1, y_s2, qk_s1,
+                            qk_s2, qk_s3, S, SEQS, N_T, L2_ROWS, RMS, False)
+        elif last_to_arrive(cnt_ptr, head, PARTS):  # the head's last program to finish its part normalises it
+            _chain_qk_norms(y_ptr, q_ptr, k_ptr, head, H_k, n_seqs, eps, scale, head_n, y_s0, y_s1, y_s2, qk_s1,
+                            qk_s2, qk_s3, S, SEQS, N_T, L2_ROWS, RMS, True)
+            tl.store(cnt_ptr + head, 0)  # zero for the next launch (and the next CUDA-graph replay)
 
 
 def _offset(states: torch.Tensor, v: torch.Tensor) -> int:
@@ -270,9 +322,11 @@ _chain_tables: dict[tuple, torch.Tensor] = {}
 
 
 def _chain_table(states: torch.Tensor, wins: list[torch.Tensor]) -> torch.Tensor:
-    """int32 [offsets from ``states``, channel strides, step strides] of the per-window destinations, on the
-    device, built once per distinct table: a later run (or its CUDA-graph capture) then does no host->device copy."""
-    vals = ([_offset(states, v) for v in wins] + [v.stride(0) for v in wins] + [v.stride(1) for v in wins]) or [0]
+    """int32 [offsets from ``states``, channel strides, step strides, sequence strides] of the per-window
+    destinations (views [n_s, C, dc-1]), on the device, built once per distinct table: a later run (or its
+    CUDA-graph capture) then does no host->device copy."""
+    vals = ([_offset(states, v) for v in wins] + [v.stride(1) for v in wins] + [v.stride(2) for v in wins]
+            + [v.stride(0) for v in wins]) or [0]
     _require(all(-2**31 <= v < 2**31 for v in vals), "cache offsets must fit in int32")
     key = (states.device, *vals)
     table = _chain_tables.get(key)
@@ -282,82 +336,113 @@ def _chain_table(states: torch.Tensor, wins: list[torch.Tensor]) -> torch.Tensor
 
 
 def _tile_args(states, wins, columns, tile, d_conv) -> tuple[tuple, int, int]:
-    """The kernel's shared-row arguments (offset of CONCAT column 0 from ``states``, step stride, channel stride),
-    its first column and its column count; zeros without a tile."""
+    """The kernel's shared-row arguments (offset of CONCAT column 0 from ``states``, step stride, channel stride,
+    sequence stride), its first column and its column count; zeros without a tile."""
     if not tile:
-        return (0, 0, 0), 0, 0
+        return (0, 0, 0, 0), 0, 0
     idx = tile["windows"]
-    s_ch, s_col = wins[idx[0]].stride()
+    s_seq, s_ch, s_col = wins[idx[0]].stride()
     off = _offset(states, wins[idx[0]]) - columns[idx[0]] * s_col
     first, n = tile["first"], tile["n_cols"]
+    one = wins[idx[0]].shape[0] == 1  # (one sequence: its stride is never used)
     # rule 5b, re-checked on the real views: every window is columns column .. +dc-2 of the one shared row
-    _require(all(wins[j].stride() == (s_ch, s_col) and _offset(states, wins[j]) == off + columns[j] * s_col
-               and first <= columns[j] <= first + n - (d_conv - 1) for j in idx), "windows are not one shared row")
-    return (off, s_col, s_ch), first, n
+    _require(all(wins[j].stride()[one:] == (s_seq, s_ch, s_col)[one:]
+                 and _offset(states, wins[j]) == off + columns[j] * s_col
+                 and first <= columns[j] <= first + n - (d_conv - 1) for j in idx), "windows are not one shared row")
+    return (off, s_col, s_ch, s_seq), first, n
 
 
-def chain_warps(S: int) -> int:
-    """Warps of the fused chain: one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and
-    beat spreading a long verify's tokens over more warps, docs/performance.md)."""
-    return min(max(S // 32, 1), 8)
+def chain_warps(S: int, tile: int = 1) -> int:
+    """Warps of the fused chain for heads of S channels and a CONCAT column tile of ``tile`` elements ([sequences,
+    channels]): one thread per channel of a head (H200: 4 warps for S = 128 beat 2 and 8, and beat spreading a long
+    verify's tokens over more warps, docs/performance.md), up to 8 as a tile of several sequences grows past 256
+    elements (sm_90, no spills: 128 sequences of 8 tokens 238 -> 128 registers a thread, of 16 tokens 254 -> 176;
+    not yet timed)."""
+    return min(max(S // 32, tile // 64, 1), 8)
 
 
-def chain_launch(n_t: int, S: int, num_warps: int | None = None) -> tuple[dict, int]:
-    """The fused chain's launch shape for n_t tokens and heads of S channels: (its L2_ROWS constexpr, num_warps);
-    ``num_warps`` overrides chain_warps (a benchmark's variants)."""
-    num_warps = num_warps or chain_warps(S)
-    return dict(L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps  # at least a row per warp
+def chain_block(n_seqs: int, S: int, d_conv: int, n_t: int) -> int:
+    """Channels a chain program owns, for every one of ``n_seqs`` sequences: a whole head of S while the CONCAT tile
+    ([next power of two of n_seqs, block] x (d_conv-1+n_t) columns) fits CHAIN_TILE, else the largest power of two
+    whose tile does (S / block programs then share a head; the last to finish normalises its q/k). qwen3.5's
+    S = 128, d_conv 4: one sequence up to 16 tokens, 8 up to 13 tokens keep a head a program; 128 sequences of 8
+    tokens run blocks of 8 channels (11 x 128 x 8 = 11264 f32)."""
+    tile = triton.next_power_of_2(n_seqs) * (d_conv - 1 + n_t)
+    block = S
+    while block > 1 and tile * block > CHAIN_TILE:
+        block //= 2
+    return block
+
+
+def chain_launch(n_t: int, S: int, num_warps: int | None = None, n_seqs: int = 1,
+                 d_conv: int = 4) -> tuple[dict, int]:
+    """The fused chain's launch shape for n_seqs sequences of n_t tokens and heads of S channels: (its SEQS,
+    BLOCK_C and L2_ROWS constexprs, num_warps); ``num_warps`` overrides chain_warps (a benchmark's variants)."""
+    seqs, block = triton.next_power_of_2(n_seqs), chain_block(n_seqs, S, d_conv, n_t)
+    num_warps = num_warps or chain_warps(S, seqs * block)
+    # L2_ROWS: at least a row per warp
+    return dict(SEQS=seqs, BLOCK_C=block, L2_ROWS=max(triton.next_power_of_2(n_t), num_warps)), num_warps
 
 
 def gdn_conv_chain(states, ids, x, w, rows, columns, eps: float, out, q_out, k_out, l2_separate: bool = False,
                    tile: dict | None = None, num_warps: int | None = None, norm: str = "l2",
                    qk_scale: float = 1.0) -> None:
-    """GDN_CONV_CHAIN of one sequence (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
+    """GDN_CONV_CHAIN of n_s sequences (semantics: :func:`reference.gdn_conv_chain_ref`) in one launch (three, or
     five in the RMS form, with ``l2_separate``). ``norm``: the q/k normalisation, "l2" (L2_NORM(eps)) or "rms"
     (RMS_NORM(eps) then SCALE(qk_scale), upstream's form), computed by the same helpers as the unfused kernels.
 
-    states torch (1,1,R,(dc-1)*C), ids int32 (1 element), x (1,1,C,n_t) any strides, w (1,1,C,dc); rows: the
-    destinations, views into the storage of ``states`` of C*(dc-1) elements that view as [C, dc-1] (channel, step):
-    a whole cache row (1,1,1,(dc-1)*C) or a window (1,1,C,dc-1) of any strides; row r gets window columns
-    columns[r] .. columns[r]+dc-2. ``tile`` (the node's op_params["tile"], matcher rule 5b): the rows
+    states torch (1,1,R,(dc-1)*C), ids int32 (1,1,1,n_s) (each sequence's gathered row), x (1,n_s,C,n_t) any
+    strides, w (1,1,C,dc); rows: the destinations, views into the storage of ``states`` of n_s*C*(dc-1) elements
+    that view as [n_s, C, dc-1] (sequence, channel, step): whole cache rows (1,1,n_s,(dc-1)*C), a sequence's row
+    any whole number of rows after the previous, or windows (1,n_s,C,dc-1) of any strides; row r gets window
+    columns columns[r] .. columns[r]+dc-2. ``tile`` (the node's op_params["tile"], matcher rule 5b): the rows
     tile["windows"] are windows of one shared row, written once column by column (tile["first"] ..
     +tile["n_cols"]-1); the other rows (or all, without it) are written window by window.
-    Writes out (1,1,n_t,C), q_out and k_out (1,n_t,H_k,S).
+    Writes out (1,n_s,n_t,C), q_out and k_out (n_s,n_t,H_k,S).
 
     The token count, the window columns and the tile's columns are compile-time constants (they are static
     properties of the graph node): one compile per (n_t, columns) of a model, e.g. 16 for llama.cpp's verify step
-    at 1..16 tokens. In exchange every register index is static (H200, T=8: 3.6 -> 2.3 us, docs/performance.md).
+    at 1..16 tokens, and per power of two of n_s. In exchange every register index is static (H200, T=8: 3.6 ->
+    2.3 us, docs/performance.md).
 
-    One program per head of S channels reads all its inputs, then writes, so within its channels anything may alias:
-    a row the gathered row, ``out`` the projection (same layout, shifted by whole tokens). Across programs nothing
-    may: q_out and k_out (written by the q/k head programs) must not overlap the projection unless ``l2_separate``,
+    Programs own channels (:func:`chain_block` of them), each for every sequence, and read
+    all their inputs before they write, so within their channels anything may alias, whatever the ids: a row one
+    sequence writes the row another gathers, ``out`` the projection (same layout, shifted by whole tokens, of any
+    sequence). Across programs nothing may: q_out and k_out must not overlap the projection unless ``l2_separate``,
     where a second launch (the L2_NORM kernel) computes them from ``out`` once the first has read the projection.
+    When a head spans several programs, the last of them to finish (a ticket of the split workspace) normalises it.
     """
-    n_t, C, d_conv = x.shape[3], x.shape[2], w.shape[3]
+    n_s, C, n_t, d_conv = x.shape[1], x.shape[2], x.shape[3], w.shape[3]
     H_k, S = q_out.shape[2], q_out.shape[3]
     _require(norm in ("l2", "rms"), f"q/k norm {norm!r} is not l2 or rms")
     heads = CHAIN.heads(S, H_k, C)
     _require(heads is None, f"{heads}")
     _require(1 <= n_t <= CHAIN.max_tokens, f"1..{CHAIN.max_tokens} tokens")
+    _require(1 <= n_s <= CHAIN.max_seqs, f"1..{CHAIN.max_seqs} sequences")
+    _require(ids.numel() == n_s and ids.dtype == torch.int32 and ids.is_contiguous(),
+             f"ids: {n_s} contiguous i32 row ids, one per sequence")
     _require(1 <= len(rows) == len(columns) <= CHAIN.max_rows, f"1..{CHAIN.max_rows} snapshot rows")
     _require(all(0 <= c <= n_t for c in columns), "window columns lie in 0..n_t")
     _require(states.stride(3) == 1, "cache rows must be contiguous")
-    wins = [row.view(C, d_conv - 1) for row in rows]
+    check_row_ids(ids, states.shape[2], "GDN_CONV_CHAIN")
+    wins = [row.view(n_s, C, d_conv - 1) for row in rows]
     qs, xs, ws, ys = _strides(q_out), _strides(x), _strides(w), _strides(out)
     _require(qs == _strides(k_out) and qs[0] == 1 and ys[0] == 1,
              "q and k share strides; q, k, out rows contiguous")
     tile_args, first, n_cols = _tile_args(states, wins, columns, tile, d_conv)
     per = [j for j in range(len(rows)) if not tile or j not in tile["windows"]]
-    shape, num_warps = chain_launch(n_t, S, num_warps)
-    _gdn_conv_chain_kernel[(C // S,)](
-        states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]),
-        len(per), H_k, 0 if l2_separate else 2 * H_k, f32(eps), f32(qk_scale), S, states.stride(2),
-        xs[0], xs[1], ws[0], ws[1], ys[0], ys[1], qs[1], qs[2], *tile_args,
+    shape, num_warps = chain_launch(n_t, S, num_warps, n_s, d_conv)
+    block, n_l2 = shape["BLOCK_C"], 0 if l2_separate else 2 * H_k
+    tickets = split_workspace(states.device, 0, n_l2, "GDN_CONV_CHAIN")[1] if block < S and n_l2 else None
+    _gdn_conv_chain_kernel[(C // block,)](
+        states, ids, x, w, out, q_out, k_out, _chain_table(states, [wins[j] for j in per]), tickets,
+        n_s, len(per), H_k, n_l2, f32(eps), f32(qk_scale), S, states.stride(2),
+        xs[0], xs[1], xs[2], ws[0], ws[1], ys[0], ys[1], ys[2], qs[1], qs[2], qs[3], *tile_args,
         D_CONV=d_conv, S=S, N_T=n_t, COLUMNS=tuple(columns[j] for j in per), TILE_C0=first, TILE_N=n_cols,
-        WHOLE_ROWS=all(wins[j].stride() == (d_conv - 1, 1) for j in per), RMS=norm == "rms", **shape,
+        WHOLE_ROWS=all(wins[j].stride()[1:] == (d_conv - 1, 1) for j in per), RMS=norm == "rms", **shape,
         **{**LAUNCH, "num_warps": num_warps})
     if l2_separate:
-        heads = out[0, 0].unflatten(-1, (-1, S))[None]  # the q/k head views L2_NORM reads: (1, n_t, C/S, S)
+        heads = out[0].unflatten(-1, (-1, S))  # the q/k head views L2_NORM reads: (n_s, n_t, C/S, S)
         for part, dst in ((heads[:, :, :H_k], q_out), (heads[:, :, H_k:2 * H_k], k_out)):
             if norm == "rms":
                 rms_norm(part, eps, dst)

@@ -144,14 +144,19 @@ def variants():
         block_r, block_c = att.soft_max_tile(ne0)
         yield (att._soft_max_kernel, dict(HAS_MASK=True, HAS_SINKS=on, ALIBI=on, BLOCK_R=block_r, BLOCK_C=block_c),
                core.NUM_WARPS, dict(mask_ptr=mask))
-    # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms
-    for n_t, rows, tile, whole, rms in ((1, 1, 0, True, True), (8, 8, 0, True, True), (16, 16, 0, True, False),
-                                        (3, 2, 0, False, True), (8, 1, 10, True, False), (8, 8, 0, True, False)):
+    # the fused chain: llama.cpp's rows at 1, 8 and 16 tokens, windows of any strides, the dedup tile; both q/k forms;
+    # one sequence, 3 (a head a program) and 128 (a head over 16 or 32 programs, their tickets)
+    for n_s, n_t, rows, tile, whole, rms in ((1, 1, 1, 0, True, True), (1, 8, 8, 0, True, True),
+                                             (1, 16, 16, 0, True, False), (1, 3, 2, 0, False, True),
+                                             (1, 8, 1, 10, True, False), (1, 8, 8, 0, True, False),
+                                             (3, 4, 4, 0, True, True), (128, 8, 8, 0, True, True),
+                                             (128, 8, 8, 0, True, False), (128, 16, 16, 0, True, True),
+                                             (128, 8, 1, 10, True, True)):
         columns = tuple(max(0, n_t - s) for s in range(rows - 1, -1, -1))
-        shape, warps = ssm.chain_launch(n_t, 128)
+        shape, warps = ssm.chain_launch(n_t, 128, n_seqs=n_s)
         yield ssm._gdn_conv_chain_kernel, dict(
-            D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole, RMS=rms,
-            **shape), warps
+            D_CONV=4, S=128, N_T=n_t, COLUMNS=columns, TILE_C0=0, TILE_N=tile, WHOLE_ROWS=whole, RMS=rms, **shape,
+            **({"cnt_ptr": None} if shape["BLOCK_C"] == 128 else {})), warps
 
 
 def kernel_modules() -> list:

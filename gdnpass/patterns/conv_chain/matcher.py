@@ -1,4 +1,4 @@
-"""The GDN conv chain of a speculative-verify ubatch, fused into one GDN_CONV_CHAIN node.
+"""The GDN conv chain of a speculative-verify ubatch of n_s sequences, fused into one GDN_CONV_CHAIN node.
 
     GET_ROWS(conv cache, ids) -> RESHAPE -> CONCAT(dim 0, state, projectionᵀ) -> K x (VIEW -> CPY into a cache row)
     -> SSM_CONV -> SILU -> VIEW -> q/k normalisation, VIEW -> q/k normalisation
@@ -10,22 +10,37 @@ The fused node runs at the CONCAT position (seed 000): it gathers the state row 
 reads the projection there (as CONCAT did), and writes the snapshot rows, the SiLU output and the normalised q/k
 there (earlier than the CPYs, SILU and norms did). The rules below protect exactly those moves.
 
+Several sequences (llama.cpp's split_equal ubatch: n_s cache rows gathered, n_s rows per snapshot CPY). Which row a
+sequence gathers is runtime data (``s_copy``: after find_slot's cell swaps sequence j may read the row sequence i
+writes this ubatch; after a rollback it reads another plane), so no rule on the graph can say that a sequence's
+snapshot rows are not another's gathered row. The kernel makes every such aliasing legal, for any ids: its programs
+own channels, never sequences, and each reads the gathered state and the tokens of its channels for every sequence
+before it writes any of them; rule 4 makes every destination row a whole cache row (or a window off the cache, rule
+9), so channel c of any row, read or written, is the program of channel c's alone. What the rules must still say is
+static: the rows of different sequences a CPY writes never alias (rules 4, 5, 5b), and nothing else crosses channels
+(rule 9).
+
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-8, hazards 9-10):
  1. [structure.concat] the CONCAT is along dim 0.
     [structure.state] its first source is RESHAPE(GET_ROWS(RESHAPE or VIEW at offset 0 of a cache, ids)).
-    [structure.projection] its second source is the TRANSPOSE of a contiguous [C, n_t] projection.
- 2. [scope.n-seqs] one sequence; [scope.n-tokens] 1 <= n_t <= 16; [scope.n-rows] 1..16 snapshot rows;
+    [structure.projection] its second source is the TRANSPOSE of a contiguous [C, n_t, n_s] projection.
+ 2. [scope.n-seqs] 1..128 sequences; [scope.n-tokens] 1 <= n_t <= 16; [scope.n-rows] 1..16 snapshot rows;
     [scope.d-conv] d_conv 3-5; [scope.type] every tensor of the chain f32 (the limits are the kernel's:
     ``gdnpass.kernels.limits.CHAIN``).
     [structure.weight] SSM_CONV(CONCAT, w) with a contiguous [d_conv, C] weight.
- 3. [cpy-run.view-of-concat] every other user of the CONCAT is a VIEW [d_conv-1, C, 1] with the CONCAT's strides at
-    column offset 0..n_t, read by exactly one CPY.
- 4. [cpy-run.whole-row] each CPY writes exactly one whole row of the cache the GET_ROWS reads, or a window: an f32
-    [d_conv-1, C, 1] view of another tensor in the cache's buffer whose (column, channel) -> address map is one-to-one.
- 5. [cpy-run.row-written-twice] no two destinations overlap (a cache row written twice), except as 5b allows.
+ 3. [cpy-run.view-of-concat] every other user of the CONCAT is a VIEW [d_conv-1, C, n_s] with the CONCAT's strides
+    at column offset 0..n_t, read by exactly one CPY.
+ 4. [cpy-run.whole-row] each CPY writes, for each sequence, exactly one whole row of the cache the GET_ROWS reads
+    (an f32 [(d_conv-1)*C, n_s] view whose sequence stride is a whole number of rows), or a window: an f32
+    [d_conv-1, C, n_s] view of another tensor in the cache's buffer whose (column, channel) -> address map is
+    one-to-one for each sequence.
+ 5. [cpy-run.row-written-twice] no two destinations overlap (a cache row written twice), except as 5b allows, and no
+    two sequences of one destination do: rows of different sequences never alias (a sequence stride of 0 rows, or
+    windows of two sequences that share an address, are refused).
  5b. The dedup gate (not a refusal of its own): overlapping windows are one shared row (sglang's MambaPool, vLLM's
-    widened state): views of one tensor with the same strides (nb0 = window stride, nb1 = channel stride) and the
-    same address of concat column 0 (offset - column * nb0), and no address twice in the tile of all their columns.
+    widened state): views of one tensor with the same strides (nb0 = window stride, nb1 = channel stride, nb2 =
+    sequence stride) and the same address of concat column 0 (offset - column * nb0), and no address twice in the
+    tile of all their columns of all sequences.
     Then the step stride equals the window stride: element (w, ch) of the window at concat column c lies at
     base + (c + w)*nb0 + ch*nb1, a function of the concat column, so overlapping CPYs write the same value to the
     same address, and the kernel writes the row once, as one tile (op_params["tile"]). When it fails, overlapping
@@ -37,7 +52,7 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     the q/k views and the RMS form's RMS_NORMs are pinned by rules 3 and 7, as part of the chain's shape.)
  7. The q/k normalisation, in the form of the q heads' norm (the other form's rules hold trivially):
     [l2.head-geometry] L2 form: L2_NORM(q) and L2_NORM(k) read views of the SiLU output with the head geometry:
-    ne [S, H_k, n_t, 1], nb [4, 4S, 4C, 4C*n_t], offsets 0 and 4*S*H_k (2*S*H_k <= C), one use each, the same eps,
+    ne [S, H_k, n_t, n_s], nb [4, 4S, 4C, 4C*n_t], offsets 0 and 4*S*H_k (2*S*H_k <= C), one use each, the same eps,
     contiguous outputs.
     [rms.head-geometry] RMS form: RMS_NORM(q) and RMS_NORM(k) read those views, one use each.
     [rms.norm-use] each RMS_NORM's only use is a SCALE, and it is not OUTPUT (the fused kernel never writes it).
@@ -47,11 +62,13 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     per head, ``tl.arange(0, S)``; ``CHAIN.heads``). llama.cpp accepts any S (head size 80, say): such a chain
     stays unfused.
  9. [alias.output-overlaps-input] the bytes the fused kernel writes overlap none it reads, except the aliasings it
-    is built for (each program reads all tokens of its channels before writing them): the SiLU output over the
-    projection with the same layout and an offset that is a whole number of token rows (so every element lands on
-    one of its own channel), and snapshot rows that may be the gathered row. L2 outputs on the projection are
-    accepted too, but then written by a second launch of the node (``l2_separate``), once the first has read
-    every projection element: within one launch that would be a race between programs.
+    is built for (each program reads all tokens and gathered rows of its channels, of every sequence, before
+    writing them): the SiLU output over the projection with the same layout and an offset that is a whole number of
+    token rows (so every element lands on one of its own channel, of any sequence), and snapshot rows that may be
+    any sequence's gathered row. A window (not a whole row) may not touch the cache: its channels lie elsewhere
+    than a row's, so it would write channels another program still gathers, of its own sequence or another's. L2
+    outputs on the projection are accepted too, but then written by a second launch of the node (``l2_separate``),
+    once the first has read every projection element: within one launch that would be a race between programs.
 10. Nodes in between (``patterns.common.between``): every kernel node inside the chain's span (GET_ROWS .. last q/k
     output) that the rewrite keeps (nor the projection's producer). Decided on byte ranges of the plan:
     [between.writes-cache] none may write the cache (before the fused position: the gathered row is runtime
@@ -72,7 +89,8 @@ import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, keep_alive, ranges_overlap
+from gdnpass.ir import (DType, Flag, Graph, Op, Tensor, Unary, buffer_role, byte_range, keep_alive, one_to_one,
+                        ranges_overlap)
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, rule)
 from gdnpass.patterns.conv_chain.record import RECORD
@@ -81,31 +99,24 @@ NAME = "gdn_conv_chain"
 SCOPE = RECORD.scope  # the kernel's limits
 
 
-def _one_to_one(nb0: int, n0: int, nb1: int, n1: int) -> bool:
-    """Whether an f32 [n0, n1] view with byte strides nb0, nb1 hits no address twice: the inner stride times its
-    extent does not reach the outer stride."""
-    (a, na), (b, _) = sorted([(nb0, n0), (nb1, n1)])
-    return a >= 4 and not a % 4 and not b % 4 and a * na <= b
-
-
 def _dedup_tile(dsts: list[Tensor], wins: list[int], columns: list[int], dc: int, C: int) -> dict | None:
     """Rule 5b: the shared row that the windows ``dsts[wins]`` are views of, as the fused node's tile (concat
-    columns first .. first+n_cols-1 of every channel, column c of channel ch at byte offset + c*nb0 + ch*nb1 of
-    ``base``), or None when they are not one."""
+    columns first .. first+n_cols-1 of every channel and sequence, column c of channel ch of sequence s at byte
+    offset + c*nb0 + ch*nb1 + s*nb2 of ``base``), or None when they are not one."""
     if not wins:
         return None
     d0 = dsts[wins[0]]
+    n_s = d0.ne[2]
+    strides = d0.nb[:3] if n_s > 1 else d0.nb[:2]  # (one sequence: its stride is never used)
     offset = d0.view_offs - columns[wins[0]] * d0.nb[0]  # where concat column 0 would lie
-    if any(dsts[i].base is not d0.base or dsts[i].nb[:2] != d0.nb[:2]
+    if any(dsts[i].base is not d0.base or dsts[i].nb[:len(strides)] != strides
            or dsts[i].view_offs - columns[i] * d0.nb[0] != offset for i in wins):
         return None
     first = min(columns[i] for i in wins)
     n_cols = max(columns[i] for i in wins) - first + dc - 1
-    if n_cols >= len(wins) * (dc - 1) or not _one_to_one(d0.nb[0], n_cols, d0.nb[1], C):
+    if n_cols >= len(wins) * (dc - 1) or not one_to_one((d0.nb[0], n_cols), (d0.nb[1], C), (d0.nb[2], n_s)):
         return None  # (windows that share no column: nothing to write once; one window alone measured slower)
     return {"windows": wins, "base": d0.base.name, "offset": offset, "first": first, "n_cols": n_cols}
-
-
 
 
 @dataclass
@@ -211,6 +222,10 @@ class ChainCapture(Capture):
     def n_tokens(self) -> int:
         return self.concat.ne[0] - (self.d_conv - 1)
 
+    @property
+    def n_seqs(self) -> int:
+        return self.concat.ne[2]
+
     @cached_property
     def cpys(self) -> list[Tensor]:
         """Each window's CPY (rule 3 makes it the window's only user)."""
@@ -277,14 +292,15 @@ def _projection(c: ChainCapture, ctx):
     if c.projection_t.op is not Op.TRANSPOSE:
         return Why(c.projection_t, "CONCAT's second source is not a TRANSPOSE")
     p = c.projection
-    if not p.is_contiguous() or p.ne[:2] != (c.C, c.n_tokens):
-        return Why(p, "the projection is not a contiguous [C, n_t] tensor")
+    if not p.is_contiguous() or p.ne[:3] != (c.C, c.n_tokens, c.n_seqs):
+        return Why(p, "the projection is not a contiguous [C, n_t, n_s] tensor")
 
 
 @rule("scope.n-seqs")
 def _n_seqs(c: ChainCapture, ctx):
-    if c.concat.ne[2] != 1 or c.concat.ne[3] != 1:
-        return Why(c.concat, f"{c.concat.ne[2]} sequences in the ubatch; only single-sequence verify fuses")
+    if c.concat.ne[3] != 1 or not 1 <= c.n_seqs <= SCOPE.max_seqs:
+        return Why(c.concat, f"{c.n_seqs} sequences in the ubatch (ne3 {c.concat.ne[3]}): outside the kernel's "
+                             f"1..{SCOPE.max_seqs}")
 
 
 @rule("scope.n-tokens")
@@ -326,29 +342,37 @@ def _views_of_concat(c: ChainCapture, ctx):
     dc, C, n_t = c.d_conv, c.C, c.n_tokens
     for w, users in zip(c.windows, c.window_users):
         col, rem = divmod(w.view_offs, 4)
-        if rem or not 0 <= col <= n_t or w.ne != (dc - 1, C, 1, 1) or w.nb[1:3] != c.concat.nb[1:3]:
-            return Why(w, f"window is not [d_conv-1, C, 1] at column 0..{n_t} with the CONCAT's strides")
+        if rem or not 0 <= col <= n_t or w.ne != (dc - 1, C, c.n_seqs, 1) or w.nb[1:3] != c.concat.nb[1:3]:
+            return Why(w, f"window is not [d_conv-1, C, n_s] at column 0..{n_t} with the CONCAT's strides")
         if len(users) != 1 or users[0].op is not Op.CPY or users[0].src[0] is not w or ctx.uses(w) != 1:
             return Why(w, "window is not read by exactly one CPY")
 
 
 @rule("cpy-run.whole-row")
 def _whole_rows(c: ChainCapture, ctx):
-    cache, dc, C = c.cache, c.d_conv, c.C
+    cache, dc, C, n_s = c.cache, c.d_conv, c.C, c.n_seqs
     row = cache.nb[1]
     for cpy, dst in zip(c.cpys, c.dsts):
-        whole_row = (dst.base is cache and dst.ne == (cache.ne[0], 1, 1, 1) and dst.is_contiguous()
-                     and not dst.view_offs % row and cache.ne[0] == (dc - 1) * C)
-        window = (dst.base is not cache and dst.base.buffer == cache.buffer and dst.ne == (dc - 1, C, 1, 1)
-                  and _one_to_one(dst.nb[0], dc - 1, dst.nb[1], C))
+        whole_row = (dst.base is cache and dst.ne == (cache.ne[0], n_s, 1, 1) and dst.has_contiguous_rows()
+                     and not dst.view_offs % row and (n_s == 1 or not dst.nb[1] % row)
+                     and cache.ne[0] == (dc - 1) * C)
+        window = (dst.base is not cache and dst.base.buffer == cache.buffer and dst.ne == (dc - 1, C, n_s, 1)
+                  and one_to_one((dst.nb[0], dc - 1), (dst.nb[1], C)))
         if cpy.type is not DType.F32 or not (whole_row or window):
-            return Why(cpy, "CPY writes neither exactly one whole row of the gathered cache nor a [d_conv-1, C] "
-                            "window in the cache buffer")
+            return Why(cpy, "CPY writes neither one whole row of the gathered cache per sequence nor a "
+                            "[d_conv-1, C] window per sequence in the cache buffer")
 
 
 @rule("cpy-run.row-written-twice")
 def _row_twice(c: ChainCapture, ctx):
-    dsts, wins, tile, row = c.dsts, c.window_dsts, c.tile, c.cache.nb[1]
+    dsts, wins, tile, row, n_s = c.dsts, c.window_dsts, c.tile, c.cache.nb[1], c.n_seqs
+    for i, d in enumerate(dsts):  # the rows of one destination's sequences
+        if i in wins:
+            apart = one_to_one((d.nb[0], d.ne[0]), (d.nb[1], d.ne[1]), (d.nb[2], n_s))
+        else:  # whole rows, a whole number of rows apart (rule 4): any number but 0
+            apart = n_s == 1 or d.nb[1] != 0
+        if not apart:
+            return Why(c.cpys[i], f"{d.name!r} writes the rows of two of its {n_s} sequences over each other")
     spans = [byte_range(d) for d in dsts]
     for j, i in itertools.combinations(range(len(dsts)), 2):
         if ranges_overlap(spans[j], spans[i]) and not (tile and i in wins and j in wins):
@@ -367,11 +391,11 @@ def _head_views(c: ChainCapture) -> Why | None:
     """The q and k views of the SiLU output have the head geometry and one use each (the norm)."""
     S, H_k = c.q.view.ne[0], c.q.view.ne[1]
     C, n_t = c.C, c.n_tokens
-    want_ne, want_nb = (S, H_k, n_t, 1), (4, 4 * S, 4 * C, 4 * C * n_t)
+    want_ne, want_nb = (S, H_k, n_t, c.n_seqs), (4, 4 * S, 4 * C, 4 * C * n_t)
     for norm in (c.q, c.k):
         v = norm.view
         if v.ne != want_ne or v.nb != want_nb or 2 * S * H_k > C or norm.uses_of_view != 1:
-            return Why(v, f"{v.name!r} is not [S, H_k, n_t, 1] heads of the SiLU output")
+            return Why(v, f"{v.name!r} is not [S, H_k, n_t, n_s] heads of the SiLU output")
     return None
 
 

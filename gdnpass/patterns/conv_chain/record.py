@@ -23,7 +23,8 @@ def _check(n: Tensor) -> None:
     p, sc = n.op_params, limits.CHAIN
     states, ids, xt, w = n.src
     dc, n_t, cols, S, H_k = p["d_conv"], p["n_tokens"], p["columns"], p["head_dim"], p["n_k_heads"]
-    C = w.ne[1]
+    C, n_s = w.ne[1], n.ne[2]
+    need(1 <= n_s <= sc.max_seqs, n, f"{n_s} sequences: outside 1..{sc.max_seqs}")
     need(dc in sc.d_conv, n, f"d_conv {dc} is not one of {sc.d_conv}")
     need(1 <= n_t <= sc.max_tokens, n, f"n_tokens {n_t} is outside 1..{sc.max_tokens}")
     need(1 <= len(cols) <= sc.max_rows and all(0 <= c <= n_t for c in cols), n,
@@ -34,15 +35,16 @@ def _check(n: Tensor) -> None:
          "tensors must be f32 (ids i32)")
     need(w.ne[:2] == (dc, C) and w.ne[2:] == (1, 1), n, f"weight {w.name!r} {w.ne} is not [d_conv={dc}, C]")
     need(states.ne[0] == (dc - 1) * C, n, f"states {states.name!r} rows hold {states.ne[0]}, not (d_conv-1)*C")
-    need(xt.ne == (n_t, C, 1, 1), n, f"projection {xt.name!r} {xt.ne} is not [n_tokens={n_t}, C={C}]")
-    need(n.ne == (C, n_t, 1, 1), n, f"ne {n.ne} is not [C={C}, n_tokens={n_t}]")
-    need(ids.nelements >= 1, n, "ids is empty")
+    need(xt.ne == (n_t, C, n_s, 1), n, f"projection {xt.name!r} {xt.ne} is not [n_tokens={n_t}, C={C}, n_s={n_s}]")
+    need(n.ne[:2] == (C, n_t) and n.ne[3] == 1, n, f"ne {n.ne} is not [C={C}, n_tokens={n_t}, n_s]")
+    need(ids.ne == (n_s, 1, 1, 1), n, f"ids {ids.name!r} {ids.ne} is not one row id per sequence ({n_s})")
     heads = sc.heads(S, H_k, C)
     need(heads is None, n, f"head_dim {S} / n_k_heads {H_k}: {heads}")
     for out in n.outs[:2]:
-        need(out.ne == (S, H_k, n_t, 1), n, f"{out.name!r} {out.ne} is not [head_dim, n_k_heads, n_tokens]")
+        need(out.ne == (S, H_k, n_t, n_s), n, f"{out.name!r} {out.ne} is not [head_dim, n_k_heads, n_tokens, n_s]")
     for row in n.outs[2:]:
-        need(row.nelements == (dc - 1) * C, n, f"destination {row.name!r} does not hold (d_conv-1)*C elements")
+        need(row.nelements == (dc - 1) * C * n_s, n,
+             f"destination {row.name!r} does not hold (d_conv-1)*C elements per sequence")
     need(p.get("norm", "l2") in NORMS, n, f"norm {p.get('norm')!r} is not one of {NORMS}")
     if p.get("norm") == "rms":
         need(NONNEG.ok(p.get("scale")), n, "the RMS form needs op_params 'scale' (the SCALE after the RMS_NORM)")
@@ -97,14 +99,14 @@ def _launches(n: Tensor) -> int:
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
     """The Triton programs of one execution (steps: tokens); ``l2_separate`` adds the norm kernels' launches, as
     their own families count them. Pure: reads shapes only."""
-    from gdnpass.kernels import triton_norms
+    from gdnpass.kernels import triton_norms, triton_ssm
 
     p = node.op_params
-    C, n_t, S = node.ne[0], int(p["n_tokens"]), int(p["head_dim"])
-    out = [(f"chain{p['d_conv']}", C // S, n_t)]
+    C, n_t, n_s, S, dc = node.ne[0], int(p["n_tokens"]), node.ne[2], int(p["head_dim"]), int(p["d_conv"])
+    out = [(f"chain{dc}", C // triton_ssm.chain_block(n_s, S, dc, n_t), n_t)]
     if p.get("l2_separate"):
         block_r, _ = triton_norms.l2_tile(S)
-        out.append(("l2_norm", 2 * -(-(n_t * int(p["n_k_heads"])) // block_r), 1))
+        out.append(("l2_norm", 2 * -(-(n_t * n_s * int(p["n_k_heads"])) // block_r), 1))
     return out
 
 

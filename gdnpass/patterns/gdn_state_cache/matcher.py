@@ -9,13 +9,20 @@ rollback) into the cache with one CPY per GDN layer: 2 MB per slot of qwen3.5-9b
 again by the CPY. The fused node runs at the GDN's position, writes the scores where the op wrote them and the states
 where the CPY wrote them; the op's own slots are never written.
 
+Several sequences (a verify ubatch of n_s): the destination holds a state row per sequence and slot, and the kernel
+stores each sequence's states into its own rows (any sequence stride). Unlike the conv chain, this fusion moves no
+gather: the GDN reads the state the ssm build_rs's GET_ROWS copied into the arena, never the cache, so whichever rows
+the runtime ids gather (find_slot's swaps, rollback planes) cannot alias what the fused node writes; rule 7 refuses
+any overlap of the destination with the GDN's inputs.
+
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-5, hazards 6-8):
  1. [gdn-cache.snapshot-view] the CPY copies the op's first min(n_t, K) slots exactly: its source is a packed view
     of the GDN output starting where the scores end, of S*S*H_v x n_s x min(n_t, K) elements (the slots the op
     writes; a slot >= n_t holds whatever was there, which the fused node would not copy).
  2. [gdn-cache.type] the GDN output and the CPY's destination are f32: the CPY is a bit copy.
  3. [gdn-cache.destination] the destination is [S*S*H_v, n_s, min(n_t, K)] with contiguous rows (the kernel's
-    scope, ``record.fits``: one state row per sequence, a slot per ne2, any strides between them).
+    scope, ``record.fits``: one state row per sequence, a slot per ne2, any strides between them that keep every
+    row apart: rows of different sequences, or slots, never alias).
  4. [gdn-out.readers] the GDN output is not OUTPUT and every other node reading it reads a view that stays inside
     its scores: the fused node writes only those.
  5. [gdn-snapshots.user-count] the snapshot view is read by the CPY alone and is not OUTPUT
@@ -113,8 +120,8 @@ def _type(c: GdnCacheCapture, ctx):
 def _destination(c: GdnCacheCapture, ctx):
     v = c.gdn.src[2]
     if not fits(c.dst, v, c.K):
-        return Why(c.dst, f"{c.dst.name!r} ne {list(c.dst.ne)}, nb0 {c.dst.nb[0]}: the kernel stores "
-                          f"{list(snapshot_shape(v, c.K))} with contiguous rows")
+        return Why(c.dst, f"{c.dst.name!r} ne {list(c.dst.ne)}, nb {list(c.dst.nb[:3])}: the kernel stores "
+                          f"{list(snapshot_shape(v, c.K))} with contiguous rows, no two of them overlapping")
 
 
 @rule("gdn-out.readers")

@@ -11,7 +11,7 @@ Python: the adapters and :func:`programs` import torch and Triton when called.
 
 from __future__ import annotations
 
-from gdnpass.ir import DType, Op, Tensor, fused_op
+from gdnpass.ir import DType, Op, Tensor, fused_op, one_to_one
 from gdnpass.patterns.record import INT, REPLACED, FusedOp, need
 
 OP = fused_op("GATED_DELTA_NET_CACHE")
@@ -25,9 +25,12 @@ def snapshot_shape(v: Tensor, K: int) -> tuple[int, int, int, int]:
 
 
 def fits(dst: Tensor, v: Tensor, K: int) -> bool:
-    """The kernel's scope: a destination of :func:`snapshot_shape` whose rows are contiguous (any seq and slot
-    strides: cache rows, slots whole cache rows apart). Its type, f32, is the matcher's rule of its own."""
-    return dst.ne == snapshot_shape(v, K) and dst.has_contiguous_rows()
+    """The kernel's scope: a destination of :func:`snapshot_shape` whose rows are contiguous, any seq and slot
+    strides (cache rows, slots whole cache rows apart) that keep every (sequence, slot) row apart: the rows of
+    different sequences never alias (programs of different sequences store them). Its type, f32, is the matcher's
+    rule of its own."""
+    return (dst.ne == snapshot_shape(v, K) and dst.has_contiguous_rows()
+            and one_to_one((dst.nb[0], dst.ne[0]), (dst.nb[1], dst.ne[1]), (dst.nb[2], dst.ne[2]), elem=dst.nb[0]))
 
 
 def _check(n: Tensor) -> None:

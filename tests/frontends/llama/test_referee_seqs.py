@@ -10,7 +10,8 @@ n_rs_seq 3:
 - our builder's GDN layers equal llama.cpp's node for node (use counts included), and so does our whole forward
   (the attention's KV streams, their views and the per-stream KQ mask; flash attention on and off; unified too);
 - our planner, given llama.cpp's reserve graph (n_seqs = n_seq_max), reproduces every compute offset and the size;
-- the conv chain stays unfused (rule scope.n-seqs) and fused vs unfused is byte-identical on llama.cpp's graph.
+- the conv chain of every GDN layer fuses on llama.cpp's graph and plan (issue 37 item 2), with llama.cpp's row ids
+  and with ids rolled across sequences, and fused vs unfused is byte-identical (``run --check`` too).
 """
 
 from __future__ import annotations
@@ -111,17 +112,40 @@ def test_planner_reproduces_llama_cpp_s_offsets(llama, gguf, S):
     assert len(compute) > 50
 
 
-def test_the_chain_of_several_sequences_stays_unfused_and_the_pass_is_exact(llama, gguf):
-    """Until the fused chain takes several sequences (issue 37 item 2) the matcher refuses it by its scope rule;
-    everything else the pass does on llama.cpp's graph is byte-identical to unfused."""
+@pytest.mark.parametrize("S", SEQS)
+@pytest.mark.parametrize("ids", ["recorded", "rolled"])
+def test_the_chain_of_several_sequences_fuses_on_llama_cpp_s_plan(llama, gguf, S, ids):
+    """Every GDN layer's chain of S sequences fuses on llama.cpp's own graph and memory plan (issue 37 item 2), with
+    the rows llama.cpp's s_copy held (each sequence its own cell), and rolled (sequence i gathers plane i+1 of cell
+    i+1, the row another sequence writes, as after find_slot's swaps and a rollback); everything the pass fused is
+    byte-identical to unfused."""
     from gdnpass.check import check_fusion
 
-    c = captured(llama, gguf, 2)
-    rep = fusion.fuse(copy.deepcopy(c.verify), enabled=True)
-    refused = sorted((r.layer, r.rule) for r in rep.refused if r.pattern == "gdn_conv_chain")
-    assert refused == [(il, "scope.n-seqs") for il in get_model(SHAPE).gdn_layers]
-    out = check_fusion(c.verify)
+    c = captured(llama, gguf, S)
+    g = c.verify
+    if ids == "rolled":
+        gathered = next(n for n in g.nodes if n.op is Op.GET_ROWS and n.name == "conv_states-0")
+        cells = gathered.src[0].ne[1] // (1 + RS)  # the cache's rows: 1 + n_rs_seq planes of its cells
+        rolled = np.array([((i + 1) % (1 + RS)) * cells + (i + 1) % S for i in range(S)], dtype=np.int32)
+        g.meta["input_bytes"]["rs_s_copy"] = base64.b64encode(rolled.tobytes()).decode()
+    out = check_fusion(g)
+    chains = sorted(a.layer for a in out.report.applied if a.pattern == "gdn_conv_chain")
+    assert chains == get_model(SHAPE).gdn_layers
+    assert not [r for r in out.report.refused if r.pattern == "gdn_conv_chain"]
     assert out.identical and any(x.name == "result_output" for x in out.compared)
+    assert {f"cache_r_l{il}" for il in chains} <= {x.name for x in out.compared}
+
+
+def test_run_check_on_a_captured_graph_of_several_sequences(llama, gguf, tmp_path, capsys):
+    """``gdnpass run --graph CAPTURE --check`` on llama.cpp's graph of 3 sequences: every chain fused, identical."""
+    from gdnpass import cli, serialize
+
+    path = tmp_path / "seqs.json"
+    serialize.save(captured(llama, gguf, 3).verify, path)
+    assert cli.main(["run", "--graph", str(path), "--check", "-q"]) == 0
+    out = capsys.readouterr().out
+    n = len(get_model(SHAPE).gdn_layers)
+    assert f"gdn_conv_chain: {n} applied" in out and " 0 differing" in out and "DIFFERS" not in out, out
 
 
 @pytest.mark.parametrize("S,flash", [(2, "on"), (3, "off")])

@@ -115,10 +115,10 @@ def test_tile_arguments():
     from gdnpass.kernels import triton_ssm as ssm
 
     c = chain(*SHAPES[0], 8, 8, "dedup", 1)
-    wins = [r.view(c["C"], c["dc"] - 1) for r in c["rows"]]
+    wins = [r.view(1, c["C"], c["dc"] - 1) for r in c["rows"]]  # (sequence, channel, step), as the launcher's
     args, first, n = ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], c["tile"], c["dc"])
-    assert (first, n) == (0, 10) and args[1:] == (1, c["W"])  # columns 0..9 (T + dc - 2 = 10), step 1, channel W
-    assert ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], None, c["dc"]) == ((0, 0, 0), 0, 0)
+    assert (first, n) == (0, 10) and args[1:3] == (1, c["W"])  # columns 0..9 (T + dc - 2 = 10), step 1, channel W
+    assert ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], None, c["dc"]) == ((0, 0, 0, 0), 0, 0)
     bad = {**c["tile"], "windows": [0, 1, 8]}  # plane 0's row is no window of the shared row
     with pytest.raises(KernelError, match="shared row"):
         ssm._tile_args(c["cache_r"], wins, c["params"]["columns"], bad, c["dc"])

@@ -55,9 +55,9 @@ def test_sweep_gpu_all_800(hints):
 # tests/patterns/test_rules.py; the broad/narrow between-checks and the negative controls: test_conv_chain_rules.py)
 
 
-@pytest.mark.parametrize("cfg_kw,rule", [(dict(n_seqs=2, mem_size=2), "scope.n-seqs"),
+@pytest.mark.parametrize("cfg_kw,rule", [(dict(n_seqs=129, mem_size=129), "scope.n-seqs"),
                                          (dict(n_tokens=17), "scope.n-tokens")])
-def test_multi_sequence_and_17_tokens_run_unchanged(cfg_kw, rule):
+def test_129_sequences_and_17_tokens_run_unchanged(cfg_kw, rule):
     cfg = VerifyConfig(**{"model": "tiny-dc4-h64", "n_tokens": 4, "n_rs_seq": 3, "n_layers": 2, **cfg_kw})
     g = build_verify_graph(cfg)
     plan(g)

@@ -1,8 +1,10 @@
 """Trip graphs of the conv chain's rules (tests/patterns/test_rules.py runs them, with every registered pattern's): for
 every rule, a mutation of a small planned verify graph (tests/support/surgery.py: tiny-dc4-h64, 1 layer, n_t=4,
-n_rs_seq=3) that breaks that rule and no other; for every hazard, a graph where forcing the rewrite past it corrupts
-bytes. The runtime data is arranged so that the move matters (the ids an in-between node writes differ from the
-ones read, ``CHECK``'s ids; a stale read feeds the layer output).
+n_rs_seq=3; of one sequence, or of two, ``SEQS2``) that breaks that rule and no other; for every hazard, a graph
+where forcing the rewrite past it corrupts bytes. The runtime data is arranged so that the move matters (the ids an
+in-between node writes differ from the ones read; a stale read feeds the layer output). The ids are recorded in the
+graph (``meta.ids``, which the check's fill reads): one sequence reads row 1 (a row no snapshot writes); of two, the
+first reads row 1, the row the second's plane 0 writes (find_slot's swap), and the second row 2, a spare cell's.
 
 ``alias.output-overlaps-input`` is a race between the programs of one Triton launch (the torch references compute
 every result before writing any output): its proof runs the Triton kernels of the chain's ops, fused and unfused, in
@@ -21,7 +23,8 @@ from support.surgery import (IDS, arena_tensor, byte_lo, chain, feed_layer_outpu
                              planned)
 from support.trips import Trip
 
-CHECK = dict(ids=IDS)  # check_fusion's keywords for the force proofs
+SEQS2 = dict(n_seqs=2, mem_size=3)  # two sequences (cells 0 and 1) and a spare cell
+IDS2 = [1, 2]  # their gathered rows: the row sequence 1's plane 0 writes, and the spare cell's plane 0
 
 
 # ---- the conv chain: structure and scope ----------------------------------------------------------------------------
@@ -122,11 +125,30 @@ def m_k_eps(g, c):  # k's RMS_NORM with another eps than q's
     c["k_norm"].op_params["eps"] *= 2
 
 
+def m_sequence_stride(g, c):  # plane 0's second sequence starts one element into a row
+    for t in (c["dsts"][-1], c["cpys"][-1]):
+        t.nb = (t.nb[0], t.nb[1] + 4, *t.nb[2:])
+
+
+def m_sequences_on_one_row(g, c):  # plane 0's two sequences on one row (a sequence stride of 0)
+    for t in (c["dsts"][-1], c["cpys"][-1]):
+        t.nb = (t.nb[0], 0, *t.nb[2:])
+
+
 # ---- the conv chain: hazards ----------------------------------------------------------------------------------------
 
 
 def m_silu_across_channels(g, c):  # SiLU on the projection, but one element off: other programs' channels
     c["silu"].offset = c["conv"].offset = c["proj"].offset + 4
+
+
+def m_window_on_a_gathered_row(g, c):
+    """Two sequences, dedup layout: the windows' shared rows moved onto cache rows 2.., so sequence 0's windows land
+    on the row sequence 1 gathers (IDS2[1] = 2), channel for channel elsewhere than a row's: the program of the first
+    channels writes bytes that later programs still gather."""
+    w, r = c["dsts"][0].base, c["cache"]
+    w.offset = r.offset + IDS2[1] * r.nb[1]
+    assert w.offset + w.nbytes <= r.offset + r.nbytes  # (inside the cache: nothing else of the buffer moves)
 
 
 def m_write_row_between(g, c):  # after the fused position, a node writes snapshot row 0 (before its CPY did)
@@ -174,7 +196,7 @@ TRIPS = [
     Trip("structure.state", m_state_from_mid_cache),
     Trip("structure.state", m_state_copied, name="copied"),
     Trip("structure.projection", m_projection_copied),
-    Trip("scope.n-seqs", config=dict(n_seqs=2)),
+    Trip("scope.n-seqs", config=dict(n_seqs=129, mem_size=129)),
     Trip("scope.n-tokens", config=dict(n_tokens=17)),
     Trip("scope.n-rows", m_extra_row, config=dict(n_rs_seq=15)),
     Trip("scope.d-conv", config=dict(model=TINY_DC6)),
@@ -183,7 +205,9 @@ TRIPS = [
     Trip("cpy-run.view-of-concat", m_window_column),
     Trip("cpy-run.view-of-concat", m_window_read_twice, name="read-twice"),
     Trip("cpy-run.whole-row", m_half_row),
+    Trip("cpy-run.whole-row", m_sequence_stride, config=SEQS2, name="sequence-stride"),
     Trip("cpy-run.row-written-twice", m_row_twice),
+    Trip("cpy-run.row-written-twice", m_sequences_on_one_row, config=SEQS2, name="sequences"),
     Trip("concat.user-count", m_concat_user),
     Trip("concat.user-count", m_concat_output, name="output"),
     Trip("get-rows.user-count", m_gr_user),
@@ -196,6 +220,8 @@ TRIPS = [
     Trip("rms.scale-bias", m_scale_bias),
     Trip("rms.same-params", m_k_eps),
     Trip("alias.output-overlaps-input", m_silu_across_channels, kernels="triton-chain"),
+    Trip("alias.output-overlaps-input", m_window_on_a_gathered_row, config=dict(SEQS2, snapshot_layout="dedup"),
+         kernels="triton-chain", name="window-on-a-sequence-row"),
     Trip("between.writes-cache", m_write_row_between, name="snapshot-row"),
     Trip("between.writes-cache", m_write_gathered_row_between, name="gathered-row"),
     Trip("between.writes-ids", m_write_ids_between),
@@ -210,6 +236,7 @@ TRIPS = [
 def candidate(t: Trip | None = None, mutate: bool = True):
     """(graph, pattern, anchor) of a trip case (None: the plain graph); ``mutate=False``: the same graph unmutated."""
     g = planned(**(t.config if t else {}))
+    g.meta["ids"] = {1: IDS, 2: IDS2}.get((t.config if t else {}).get("n_seqs", 1), g.meta["ids"])
     pattern = ConvChain()
     if t is not None and mutate and t.mutate:
         t.mutate(g, chain(g))

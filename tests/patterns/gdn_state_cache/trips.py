@@ -57,6 +57,13 @@ def m_destination_reshaped(g):
         t.nb = (t.nb[0], t.nb[1] // 2) + t.nb[2:]
 
 
+def m_sequences_on_one_row(g):
+    """Two sequences whose snapshot rows coincide (a sequence stride of 0): two programs would store one row."""
+    p = parts(g)
+    for t in (p["dst"], p["cpy"]):
+        t.nb = (t.nb[0], 0) + t.nb[2:]
+
+
 def m_gdn_output(g):
     parts(g)["gdn"].flags |= Flag.OUTPUT
 
@@ -107,6 +114,7 @@ TRIPS = [
     Trip("gdn-cache.snapshot-view", m_view_one_slot_on, config=dict(n_tokens=2)),
     Trip("gdn-cache.type", m_destination_f16),
     Trip("gdn-cache.destination", m_destination_reshaped),
+    Trip("gdn-cache.destination", m_sequences_on_one_row, config=dict(n_seqs=2, mem_size=3), name="sequences"),
     Trip("gdn-out.readers", m_gdn_output),
     Trip("gdn-snapshots.user-count", m_snapshots_output, name="output"),
     Trip("gdn-snapshots.user-count", m_snapshots_read_between, name="reader"),
