@@ -213,9 +213,6 @@ class Executor:
         if fn is None:
             raise GraphError(f"node {n.name!r}: gdnpass cannot execute {op_label(n)} (it models the op: validates, "
                              f"saves, plans and dumps it, but has no kernel for it)")
-        refusal = getattr(fn, "refusal", None)  # a backend's adapter that refuses the node (no Triton kernel yet)
-        if refusal is not None:
-            raise KernelError(f"node {n.name!r}: {refusal(n)}")
         return fn
 
     def capture(self) -> None:

@@ -43,6 +43,10 @@ CHAIN = ChainScope()
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 
 
+ARGSORT_MAX_ROW = 1024  # ARGSORT sorts a row in registers (a bitonic network of 64-bit keys): up to 1024 elements, as
+                       # a router's n_expert (256 for qwen3.5-35b-a3b, 512 for -397b-a17b); the torch reference beyond
+
+
 def mat_vec_weight(dtype) -> bool:
     """Whether the mat-vec reads weights of ``dtype`` (a :class:`gdnpass.ir.DType`): f32, f16, bf16 and ggml's
     block types (their bytes, decoded in the kernel)."""

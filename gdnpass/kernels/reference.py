@@ -181,8 +181,13 @@ def argsort(x: torch.Tensor, order: int) -> torch.Tensor:
 
 
 def sum_rows(x: torch.Tensor) -> torch.Tensor:
-    """SUM_ROWS: each row's sum, accumulated in double and rounded once to f32 (ggml_vec_sum_f32's ggml_float sum)."""
-    return x.to(torch.float64).sum(-1, keepdim=True).to(F32)
+    """SUM_ROWS: each row's sum as ggml_vec_sum_f32 makes it: from 0.0, element by element in order, in double, then
+    rounded once to f32. The order is part of it: a double sum of f32 values is exact only while their exponents lie
+    close together (``[2^60, 1, -2^60, 1]`` sums to 1 in this order, to 0 pairwise), and torch's sum has its own."""
+    acc = torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
+    for i in range(x.shape[-1]):
+        acc = acc + x[..., i].to(torch.float64)
+    return acc.to(F32).unsqueeze(-1)
 
 
 def clamp(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:

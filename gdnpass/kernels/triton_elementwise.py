@@ -1,5 +1,5 @@
-"""Triton kernels of the data movement (GET_ROWS, CONCAT, CPY/CONT, SET_ROWS) and the elementwise ops (ADD, MUL,
-UNARY, GLU, SCALE): one program per ELT_BLOCK elements (SET_ROWS: per row and ELT_BLOCK elements). Conventions and
+"""Triton kernels of the data movement (GET_ROWS, CONCAT, CPY/CONT, SET_ROWS) and the elementwise ops (ADD, MUL, DIV,
+UNARY, GLU, SCALE, CLAMP): one program per ELT_BLOCK elements (SET_ROWS: per row and ELT_BLOCK elements). Conventions and
 the shared helpers (SiLU, exp and log as torch computes them): :mod:`gdnpass.kernels.triton_core`.
 
 The data-movement kernels move bits (int views of the tensors, :func:`_bits`) or convert as torch converts
@@ -365,7 +365,7 @@ def set_rows(rows: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor) -> None:
         i_s[0], i_s[1], i_s[2], ids.shape[2], ids.shape[1], ys[1], ys[2], ys[3], MODE=mode, BLOCK=block, **LAUNCH)
 
 
-# ---- ADD, MUL -------------------------------------------------------------------------------------------------------
+# ---- ADD, MUL, DIV --------------------------------------------------------------------------------------------------
 
 
 @triton.jit
@@ -389,18 +389,24 @@ def _binary_kernel(a_ptr, b_ptr, y_ptr, n, ne0, ne1, ne2, b_ne0, b_ne1, b_ne2, b
     b = _src1_at(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask)
     if OP == "ADD":
         y = a + b
-    else:
+    elif OP == "MUL":
         y = a * b
+    else:  # DIV: one IEEE division (``/`` is approximate compiled)
+        y = tl.math.div_rn(a, b)
     tl.store(y_ptr + i0 * y_s0 + i1 * y_s1 + i2 * y_s2 + i3 * y_s3, y, mask=mask)
 
 
+BINARY_OPS = ("ADD", "MUL", "DIV")
+
+
 def binary(op: str, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """ADD or MUL (``op``) into ``out``: a + b or a * b, b repeated into a as ggml broadcasts (each ne of b divides
-    a's; semantics :func:`reference.add`), all f32, any strides; ``out`` may be ``a`` (or ``b`` when it is not
-    broadcast) itself. One program per ELT_BLOCK elements."""
+    """ADD, MUL or DIV (``op``) into ``out``: a + b, a * b or a / b (one correctly rounded division, as
+    :func:`reference.div`), b repeated into a as ggml broadcasts (each ne of b divides a's; semantics
+    :func:`reference.add`), all f32, any strides; ``out`` may be ``a`` (or ``b`` when it is not broadcast) itself.
+    One program per ELT_BLOCK elements."""
     if out.numel() == 0:
         return
-    _require(op in ("ADD", "MUL"), f"binary op {op!r}")
+    _require(op in BINARY_OPS, f"binary op {op!r}")
     _require(a.dtype == b.dtype == out.dtype == torch.float32, f"{op} of {a.dtype}, {b.dtype} into {out.dtype}")
     _require(tuple(out.shape) == tuple(a.shape) and _repeats(b, a),
              f"{op}: {tuple(b.shape)} does not repeat into {tuple(a.shape)} / output {tuple(out.shape)}")
@@ -418,6 +424,11 @@ def add(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
 def mul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
     """MUL: see :func:`binary`."""
     binary("MUL", a, b, out)
+
+
+def div(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """DIV: see :func:`binary`."""
+    binary("DIV", a, b, out)
 
 
 # ---- UNARY (SILU, SIGMOID, SOFTPLUS, EXP) ---------------------------------------------------------------------------
@@ -617,6 +628,36 @@ def scale(x: torch.Tensor, s: float, b: float, out: torch.Tensor) -> None:
         HAS_BIAS=bool(b), BLOCK=ELT_BLOCK, **LAUNCH)
 
 
+# ---- CLAMP ----------------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _clamp_kernel(x_ptr, y_ptr, n, ne0, ne1, ne2, lo, hi, x_s0, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
+                  BLOCK: tl.constexpr):
+    """MAX(MIN(x, hi), lo) with C's macros (``a < b ? a : b``): a NaN fails MIN's comparison and comes out as hi."""
+    wait_for_previous_kernels()
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    i0, r = idx % ne0, idx // ne0
+    x = tl.load(x_ptr + i0 * x_s0 + _row_offset(r, ne1, ne2, x_s1, x_s2, x_s3), mask=mask)
+    m = tl.where(x < hi, x, hi)
+    tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), tl.where(m > lo, m, lo), mask=mask)
+
+
+def clamp(x: torch.Tensor, lo: float, hi: float, out: torch.Tensor) -> None:
+    """CLAMP elementwise into ``out`` (same shape, any strides; ``out`` may be ``x``, ggml_clamp_inplace): bit for bit
+    :func:`reference.clamp`. The bounds are rounded to f32 (ggml's op params) and may be ±inf."""
+    if x.numel() == 0:
+        return
+    _require(tuple(out.shape) == tuple(x.shape) and x.dtype == out.dtype == torch.float32,
+             f"CLAMP of {x.dtype} {tuple(x.shape)} into {out.dtype} {tuple(out.shape)}")
+    _require(lo == lo and hi == hi, "CLAMP: a NaN bound")
+    _elementwise("CLAMP", out, x)
+    _clamp_kernel[_grid(x.numel())](
+        x, out, x.numel(), x.shape[3], x.shape[2], x.shape[1], f32(lo), f32(hi), *_strides(x), *_strides(out),
+        BLOCK=ELT_BLOCK, **LAUNCH)
+
+
 # ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
 
 
@@ -635,7 +676,7 @@ def programs(node) -> list[tuple[str, int, int]]:
         return [("swiglu", blocks, 1)] if node.op_params.get("kind") == "SWIGLU" else []
     if op is Op.GET_ROWS and node.src[0].type.is_quantized:  # a program per 256 elements of an output row
         return [("get_rows_q", node.ne[1] * node.ne[2] * node.ne[3] * triton.cdiv(node.ne[0], ROWS_NS * SUB.value), 1)]
-    if op in (Op.SCALE, Op.ADD, Op.MUL, Op.CONCAT, Op.GET_ROWS):
+    if op in (Op.SCALE, Op.ADD, Op.MUL, Op.DIV, Op.CLAMP, Op.CONCAT, Op.GET_ROWS):
         return [(op.value.lower(), blocks, 1)]
     if op in (Op.CPY, Op.CONT):
         return [("cpy", blocks, 1)]

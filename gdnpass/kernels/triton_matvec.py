@@ -178,19 +178,27 @@ XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every pro
 # (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
 # bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
 # (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
-# (group, column) at 16 K / 256 + 16 g + c.
+# (group, column) at 16 K / 256 + 16 g + c. More than 16 columns (MUL_MAT_ID's, one a slot and token) lie in chunks of
+# 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
 def activation_bytes(K: int) -> int:
-    """The workspace bytes a quantized product's activations take, for any of the block types."""
+    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type."""
     return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
 
 
 @triton.jit
-def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, G: tl.constexpr):
-    """A Q8_0 product's pre-pass, program (column c < 16, groups [G i, G i + G)): the column's groups of 32 as
-    llama.cpp's q8_1 blocks (mmvq's), q = roundf(x * (127 / amax)) (0 where amax is 0) as int8, d = amax / 127; the
-    columns past N are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
+def _column_chunk(ws_ptr, c, chunk):
+    """Column ``c``'s chunk of the activation workspace (``chunk`` bytes each), and its place there (0..15)."""
+    return ws_ptr + (c // XCOLS).to(tl.int64) * chunk, c % XCOLS
+
+
+@triton.jit
+def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, G: tl.constexpr):
+    """A Q8_0 product's pre-pass, program (column c, groups [G i, G i + G)): the column's groups of 32 as llama.cpp's
+    q8_1 blocks (mmvq's), q = roundf(x * (127 / amax)) (0 where amax is 0) as int8, d = amax / 127; the columns past N
+    are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
     wait_for_previous_kernels()
     c = tl.program_id(0)
+    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     g = tl.program_id(1) * G + tl.arange(0, G)
     e = tl.arange(0, SUB)
     mask = (g[:, None] * SUB + e[None, :] < K) & (c < N)
@@ -199,20 +207,21 @@ def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, G: tl.co
     amax = tl.max(tl.abs(xt), axis=1)
     inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
     q = tl.where(amax[:, None] > 0, _round_away(xt * inv[:, None]), 0.0)
-    at = g * XCOLS + c
+    at = g * XCOLS + cc
     tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + e[None, :], q.to(tl.int8), mask=g[:, None] * SUB < K)
     xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
     tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=g * SUB < K)
 
 
 @triton.jit
-def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3):
-    """A K-quant product's pre-pass, program (column c < 16, block b of 256): the block as ggml-cpu's q8_K
+def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk):
+    """A K-quant product's pre-pass, program (column c, block b of 256): the block as ggml-cpu's q8_K
     (quantize_row_q8_K_ref): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
     rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); the
     columns past N are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x_ggml_cpu`."""
     wait_for_previous_kernels()
     c, b = tl.program_id(0), tl.program_id(1)
+    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     g = b * GROUPS_K + tl.arange(0, GROUPS_K)
     e = tl.arange(0, SUB)
     k = tl.reshape(tl.arange(0, QK_K), (GROUPS_K, SUB))  # the element's place in the block, [group, lane]
@@ -224,10 +233,10 @@ def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3):
     on = mx != 0
     iscale = tl.where(on, tl.math.div_rn(tl.full(mx.shape, -127.0, tl.float32), tl.where(on, mx, 1.0)), 0.0)
     q = tl.minimum(_round_even(xt * iscale), 127.0).to(tl.int32)
-    at = g * XCOLS + c
+    at = g * XCOLS + cc
     tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + e[None, :], q.to(tl.int8))
     xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + b * XCOLS + c, tl.where(on, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32),
+    tl.store(xd + b * XCOLS + cc, tl.where(on, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32),
                                                                tl.where(on, iscale, 1.0)), 0.0))
     xb = (ws_ptr + XCOLS * K + 4 * XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
     tl.store(xb + at, tl.sum(q, axis=1))
@@ -396,14 +405,15 @@ def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y
 
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
              RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
     (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices up (see
-    :class:`MatVecTile`)."""
+    :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
+    quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16)."""
     cols = tl.arange(0, COLS)
-    col_mask = cols < N
+    col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
@@ -411,7 +421,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
             acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, 0, K, QTYPE)
         else:
             acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
-        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+        _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
+                 RESIDUAL)
     else:
         # equal slices of whole K steps (the last one short or empty), so every slice runs the same code
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
@@ -430,7 +441,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
             total = tl.load(part, cache_modifier=".cg")
             for j in tl.static_range(1, SPLIT_K):
                 total += tl.load(part + j * PART, cache_modifier=".cg")
-            _store_y(y_ptr, total, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
+            _store_y(y_ptr, total, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
                      RESIDUAL)
             tl.store(cnt_ptr + tile, 0)  # zero for the next launch (and the next CUDA-graph replay)
 
@@ -445,6 +456,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
                         ids_ptr, ids_s0, ids_s1,  # MUL_MAT_ID's expert ids [n_used, n_t] (IDS; None otherwise)
+                        x_chunk,               # a quantized MUL_MAT_ID's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
                         QTYPE: tl.constexpr, IDS: tl.constexpr):
@@ -460,17 +472,21 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
         w_off = tl.load(ids_ptr + i2 * ids_s0 + i3 * ids_s1).to(tl.int64) * w_b2
     else:
         w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
-    x_ptr += i2.to(tl.int64) * x_b2 + i3.to(tl.int64) * x_b3
+    if IDS and QTYPE != "":  # x_b2, x_b3 in columns of the pre-pass's chunks: this batch's column is col0 of one
+        x_ptr, col0 = _column_chunk(x_ptr, i2 * x_b2 + i3 * x_b3, x_chunk)
+    else:
+        x_ptr += i2.to(tl.int64) * x_b2 + i3.to(tl.int64) * x_b3
+        col0 = i2 * 0
     y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     if product == 0:
         _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
                  RESIDUAL, QTYPE)
     else:  # the pair's second product
         _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
                  False, QTYPE)
 
 
@@ -655,7 +671,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         x = quantize_activations(x, wtype, K, N, cols_x)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
-        out if residual is None else residual, None, 0, 0,
+        out if residual is None else residual, None, 0, 0, 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
         RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
@@ -663,14 +679,18 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
 
 def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: tuple) -> torch.Tensor:
     """A quantized product's pre-pass: x's N columns of K (``cols_x``: ne1, ne2 and the strides s1, s2, s3, as the
-    mat-vec takes them) quantized for a ``wtype`` weight into the activation workspace (:func:`activation_bytes`:
-    Q8_0's q8_1 groups, the K-quants' q8_K blocks), which it returns (uint8)."""
-    acts = activation_workspace(x.device, activation_bytes(K), "mul_mat_vec")
+    mat-vec takes them) quantized for a ``wtype`` weight into the activation workspace (:func:`activation_bytes`
+    a chunk of 16 columns, as many chunks as N needs: Q8_0's q8_1 groups, the K-quants' q8_K blocks), which it
+    returns (uint8)."""
+    chunk = activation_bytes(K)
+    chunks = triton.cdiv(N, XCOLS.value)
+    acts = activation_workspace(x.device, chunks * chunk, "mul_mat_vec")
+    grid = (XCOLS.value * chunks,)
     if wtype is DType.Q8_0:
-        _quantize_x_kernel[(XCOLS.value, triton.cdiv(K // SUB.value, X_GROUPS))](x, acts, K, N, *cols_x, G=X_GROUPS,
-                                                                                  **LAUNCH)
+        _quantize_x_kernel[(*grid, triton.cdiv(K // SUB.value, X_GROUPS))](x, acts, K, N, *cols_x, chunk,
+                                                                            G=X_GROUPS, **LAUNCH)
     else:
-        _quantize_x_k_kernel[(XCOLS.value, K // QK_K.value)](x, acts, K, N, *cols_x, **LAUNCH)
+        _quantize_x_k_kernel[(*grid, K // QK_K.value)](x, acts, K, N, *cols_x, chunk, **LAUNCH)
     return acts
 
 
@@ -700,17 +720,24 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
     _mat_vecs([(w_a, out_a), (w_b, out_b)], x, dtype=dtype)
 
 
-def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
-    """MUL_MAT_ID at verify widths: w ne [K, M, n_as] (f32 / f16 / bf16, one matrix per expert, contiguous rows; torch
-    (1, n_as, M, K)), x f32 ne [K, n_b, n_t] with n_b 1 or n_used, ids i32 ne [n_used, n_t], out f32 ne [M, n_used,
-    n_t]: out[:, e, t] = w[:, :, ids[e, t]] @ x[:, e % n_b, t], one column a (slot, token) on grid axis 2, its
-    matrix found on the device (no host round trip: CUDA graphs capture it), so only the selected experts' rows are
-    read. The mat-vec kernel and tile of one column (:func:`mat_vec_tile`): each product is the bytes of the
-    single mat-vec of that expert's matrix and column. Outside a CUDA-graph capture the ids are checked on the host
-    first (a one-line error for an id outside the experts, as the reference's; under capture they are not read)."""
-    wtype = weight_type(w)
-    n_as, M, K = w.shape[1], w.shape[2], w.shape[3]
+def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
+               dtype: DType | None = None) -> None:
+    """MUL_MAT_ID at verify widths: w ne [K, M, n_as] (one matrix per expert, contiguous rows: f32 / f16 / bf16,
+    torch (1, n_as, M, K); or quantized, ``dtype``, their bytes (1, n_as, M, row bytes)), x f32 ne [K, n_b, n_t] with
+    n_b 1 or n_used, ids i32 ne [n_used, n_t], out f32 ne [M, n_used, n_t]: out[:, e, t] = w[:, :, ids[e, t]] @
+    x[:, e % n_b, t], one column a (slot, token) on grid axis 2, its matrix found on the device (no host round trip:
+    CUDA graphs capture it), so only the selected experts' rows are read. The mat-vec kernel and tile of one column
+    (:func:`mat_vec_tile`): each product is the bytes of the single mat-vec of that expert's matrix and column. A
+    quantized product's pre-pass quantizes the n_b·n_t columns once (chunks of 16, :func:`quantize_activations`);
+    its program takes its column of a chunk, which the single mat-vec's sum makes alike in every place. Outside a
+    CUDA-graph capture the ids are checked on the host first (a one-line error for an id outside the experts, as the
+    reference's; under capture they are not read)."""
+    wtype = weight_type(w, dtype)
+    n_as, M = w.shape[1], w.shape[2]
+    K = w.shape[3] // wtype.size * wtype.block if wtype.is_quantized else w.shape[3]
     n_t, n_b, n_used = x.shape[1], x.shape[2], ids.shape[3]
+    _require(not wtype.is_quantized or w.shape[3] == wtype.row_bytes(K),
+             f"MUL_MAT_ID: {wtype.label} rows of whole blocks")
     _require(w.shape[0] == 1 and x.shape[0] == 1 and ids.shape[:2] == (1, 1) and ids.shape[2] == n_t,
              f"MUL_MAT_ID: as {tuple(w.shape)}, b {tuple(x.shape)}, ids {tuple(ids.shape)} are not 3-D / 2-D of n_t")
     _require(n_b in (1, n_used), f"MUL_MAT_ID: b's {n_b} rows per token: the kernel takes 1 or n_used ({n_used})")
@@ -730,12 +757,17 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         tiles = blocks * batches
         ws, cnt = split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles, "mul_mat_id")
     xs, ys, i_s = _strides(x), _strides(out), _strides(ids)
-    x_b2 = xs[1] if n_b > 1 else 0  # slot e reads row e % n_b
+    if wtype.is_quantized:  # column e % n_b + n_b·t of the pre-pass's chunks
+        x = quantize_activations(x, wtype, K, n_b * n_t, (n_b, n_t, xs[1], xs[2], xs[3]))
+        x_b2, x_b3, x_chunk = int(n_b > 1), n_b, activation_bytes(K)
+    else:  # slot e reads row e % n_b
+        x_b2, x_b3, x_chunk = xs[1] if n_b > 1 else 0, xs[2], 0
     _mul_mat_vec_kernel[(blocks, t.split_k, batches)](
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
-        n_used, 1, 1, w.stride(1), 0, x_b2, xs[2], ys[1], ys[2], out, ids, i_s[0], i_s[1],
+        n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, ids, i_s[0], i_s[1], x_chunk,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=False, QTYPE="", IDS=True, **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
+        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **{**LAUNCH, "num_warps": t.warps,
+                                                                  "num_stages": t.stages})
 
 
 # ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
@@ -756,17 +788,17 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
 
 
 def programs(node) -> list[tuple[str, int, int]]:
-    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program) and MUL_MAT_ID of plain
-    experts (a column a slot and token); empty for other ops, for MUL_MATs of over 16 columns (the pair's are its
-    record's: gdnpass.patterns.mat_vec_pair) and for quantized experts (the torch reference runs them). Pure:
-    reads shapes only."""
+    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program) and MUL_MAT_ID (a column
+    a slot and token, after a quantized weight's pre-pass of every column); empty for other ops and for MUL_MATs of
+    over 16 columns (the pair's are its record's: gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
     from gdnpass.ir import Op
 
     if node.op is Op.MUL_MAT_ID:
-        w, ids = node.src[0], node.src[2]
-        if w.type.is_quantized:
-            return []
+        w, x, ids = node.src
         t = mat_vec_tile(w.ne[1], 1, w.ne[0], w.type.label)
-        return [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],
-                 triton.cdiv(w.ne[0], t.block_k * t.split_k))]
+        chunks = triton.cdiv(x.ne[1] * x.ne[2], XCOLS.value)
+        pre = [("quantize_x", chunks * XCOLS.value * triton.cdiv(w.ne[0] // SUB.value, X_GROUPS), 1)] \
+            if w.type.is_quantized else []
+        return pre + [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],
+                       triton.cdiv(w.ne[0], t.block_k * t.split_k))]
     return mat_vec_programs(node.src[0], node.src[1]) if node.op is Op.MUL_MAT else []

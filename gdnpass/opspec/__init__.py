@@ -23,7 +23,7 @@ from __future__ import annotations
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op
 from gdnpass.opspec import shapes as s
-from gdnpass.opspec.adapters import GGML_CPU, TORCH, TRITON, no_programs, no_triton, programs_of, rope
+from gdnpass.opspec.adapters import GGML_CPU, TORCH, TRITON, programs_of, rope
 from gdnpass.opspec.shapes import ROPE_MODES, ROPE_TYPE_MROPE, Shape
 from gdnpass.opspec.vocab import (BOOL, BOUND, GGML_INPLACE_OPS, INPLACE, INT, INT4, INTS, NAMES, NONNEG, NUM, PREC,
                                   REPLACED, SIZE, STR, WORDS, Adapter, Arg, OpSpec, Param, Programs)
@@ -38,11 +38,7 @@ _ROPE_TORCH, _ROPE_TRITON = rope(ROPE_KEYS)
 
 
 def _spec(op: Op, args: tuple[Arg, ...], shape, family: str | None = None, doc: str = "", **run) -> OpSpec:
-    """An op's spec; a kernel op (``family``: its Triton module) takes its adapters from :mod:`.adapters`; family
-    ``None`` with ``torch_only``: the torch reference, and a Triton adapter that refuses by name."""
-    if run.get("torch_only"):
-        return OpSpec(op, args, shape, torch=TORCH[op], triton=no_triton, programs=no_programs,
-                      ggml_cpu=GGML_CPU.get(op), doc=doc)
+    """An op's spec; a kernel op (``family``: its Triton module) takes its adapters from :mod:`.adapters`."""
     if family is None:
         return OpSpec(op, args, shape, doc=doc)
     return OpSpec(op, args, shape, torch=run.get("torch", TORCH.get(op)), triton=run.get("triton", TRITON.get(op)),
@@ -89,14 +85,14 @@ _SPECS = (
     # the GDN ops (kernels/triton_ssm.py)
     _spec(Op.SSM_CONV, (), s.rule_ssm_conv, "ssm"),
     _spec(Op.GATED_DELTA_NET, (Arg("K", INT, 0),), s.rule_gdn, "ssm", doc="src (q, k, v, g, beta, state)"),
-    # the expert FFN (llama.cpp's build_moe_ffn, issue 36): the torch reference only, no Triton kernel yet, but
-    # MUL_MAT_ID's (the mat-vec's, kernels/triton_matvec.py)
-    _spec(Op.ARGSORT, (Arg("order", INT, 0, True),), s.rule_argsort, torch_only=True,
+    # the expert FFN (llama.cpp's build_moe_ffn, issue 36): the router's sort (kernels/triton_sort.py), the weights'
+    # sum (triton_norms.py), clamp and division (triton_elementwise.py), the experts' products (the mat-vec's)
+    _spec(Op.ARGSORT, (Arg("order", INT, 0, True),), s.rule_argsort, "sort",
           doc="order: enum ggml_sort_order, 0 ASC, 1 DESC (ggml_argsort_top_k: DESC)"),
-    _spec(Op.SUM_ROWS, (), s.rule_sum_rows, torch_only=True),
-    _spec(Op.CLAMP, (Arg("min", BOUND, 0, True), Arg("max", BOUND, 1, True), INPLACE), s.rule_clamp,
-          torch_only=True, doc="max may be inf (build_moe_ffn's weight sum)"),
-    _spec(Op.DIV, (INPLACE,), s.rule_binary, torch_only=True),
+    _spec(Op.SUM_ROWS, (), s.rule_sum_rows, "norms"),
+    _spec(Op.CLAMP, (Arg("min", BOUND, 0, True), Arg("max", BOUND, 1, True), INPLACE), s.rule_clamp, "elementwise",
+          doc="max may be inf (build_moe_ffn's weight sum)"),
+    _spec(Op.DIV, (INPLACE,), s.rule_binary, "elementwise"),
     _spec(Op.MUL_MAT_ID, (), s.rule_mul_mat_id, "matvec", doc="src (as, b, ids)"),
 )
 

@@ -110,25 +110,6 @@ GGML_CPU: dict[Op, Adapter] = {op: computed(fn) for op, fn in {
 }.items()}
 
 
-def _no_triton_why(node) -> str:
-    return f"{node.op.value} has no Triton kernel yet (issue 36); run it with --backend torch"
-
-
-def no_triton(node, views, out):
-    """The Triton adapter of an op gdnpass has no kernel for yet (the expert FFN's, issue 36): a one-line refusal
-    naming the op, rather than a silent fallback to the torch reference inside a Triton run. The executor asks its
-    ``refusal`` before running anything (runtime.Executor._kernel)."""
-    raise KernelError(_no_triton_why(node))
-
-
-no_triton.refusal = _no_triton_why  # type: ignore[attr-defined]
-
-
-def no_programs(node) -> list[tuple[str, int, int]]:
-    """The cost estimate of an op without a Triton kernel: it launches no Triton program."""
-    return []
-
-
 # ---- the Triton kernels: fn(node, views, out) ----------------------------------------------------------------------
 
 def _tri_unary(node, views, out):
@@ -160,13 +141,23 @@ def _tri_mul_mat(node, views, out):
 
 
 def _tri_mul_mat_id(node, views, out):
-    """MUL_MAT_ID on the mat-vec kernel, the experts' matrices found from the ids on the device; quantized experts
-    (and a b of rows that neither is one nor one a slot) on the torch reference, which reads the ids on the host."""
+    """MUL_MAT_ID on the mat-vec kernel (plain and quantized experts), the experts' matrices found from the ids on
+    the device; a b of rows that neither is one nor one a slot (which no llama.cpp graph makes) on the torch
+    reference, which reads the ids on the host."""
     w, x, ids = views
-    if node.src[0].type.is_quantized or x.shape[2] not in (1, ids.shape[3]):
+    if x.shape[2] not in (1, ids.shape[3]):
         TORCH[Op.MUL_MAT_ID](node, views, out)
     else:
-        _family("matvec").mul_mat_id(w, x, ids, out)
+        _family("matvec").mul_mat_id(w, x, ids, out, node.src[0].type)
+
+
+def _tri_argsort(node, views, out):
+    """ARGSORT on its Triton kernel; rows longer than the kernel sorts in registers (triton_sort.argsort_refusal:
+    over limits.ARGSORT_MAX_ROW elements) on the torch reference."""
+    if _family("sort").argsort_refusal(views[0], out) is not None:
+        TORCH[Op.ARGSORT](node, views, out)
+    else:
+        _family("sort").argsort(views[0], int(node.op_params["order"]), out)
 
 
 def _tri_soft_max(node, views, out):
@@ -223,10 +214,15 @@ TRITON: dict[Op, Adapter] = {
     Op.SCALE: _tri_scale,
     Op.ADD: lambda node, views, out: _family("elementwise").add(views[0], views[1], out),
     Op.MUL: lambda node, views, out: _family("elementwise").mul(views[0], views[1], out),
+    Op.DIV: lambda node, views, out: _family("elementwise").div(views[0], views[1], out),
+    Op.CLAMP: lambda node, views, out: _family("elementwise").clamp(views[0], float(node.op_params["min"]),
+                                                                    float(node.op_params["max"]), out),
     Op.UNARY: _tri_unary,
     Op.GLU: _tri_glu,
     Op.RMS_NORM: lambda node, views, out: _family("norms").rms_norm(views[0], _eps(node), out),
     Op.L2_NORM: lambda node, views, out: _family("norms").l2_norm(views[0], _eps(node), out),
+    Op.SUM_ROWS: lambda node, views, out: _family("norms").sum_rows(views[0], out),
+    Op.ARGSORT: _tri_argsort,
     Op.MUL_MAT: _tri_mul_mat,
     Op.MUL_MAT_ID: _tri_mul_mat_id,
     Op.SOFT_MAX: _tri_soft_max,

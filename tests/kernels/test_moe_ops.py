@@ -5,8 +5,9 @@
    order, the double sum, MAX(MIN(x, max), min) with NaN going to max, one correctly rounded f32 division, each
    token's selected experts.
 3. CLAMP's max of +inf through the graph file (written as "Infinity") and the decoder; NaN refused.
-4. The Triton backend refuses each of them in one line naming the op, but MUL_MAT_ID, which runs on the mat-vec
-   kernel: each (slot, token) product the bytes of the single mat-vec of its expert's matrix.
+4. Their Triton kernels against the references, bit for bit (ARGSORT, SUM_ROWS, CLAMP, DIV), and MUL_MAT_ID on
+   the mat-vec kernel, plain and quantized experts: each (slot, token) product the bytes of the single mat-vec of
+   its expert's matrix; the router's nodes run on the Triton backend as on torch's.
 5. llama.cpp itself: its captured verify of the tiny qwen35moe file decodes every one of them (no OPAQUE node
    left), validates, and node by node, fed llama.cpp's own inputs, gdnpass's references give llama.cpp's bytes.
 """
@@ -222,22 +223,153 @@ def test_the_decoder_reads_an_infinite_max():
     assert params["inplace"] is True
 
 
-# ---- 4. Triton: refused by name ---------------------------------------------------------------------------------------
+# ---- 4. Triton: every op on its kernel, against its reference ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("op", [o for o in NEW_OPS if o is not Op.MUL_MAT_ID], ids=lambda o: o.value)
-def test_triton_refuses_each_by_name(op):
-    probs = _inp("probs", F32, (8, 4))
+def _kernels_for(op, x_ne=(8, 4)):
+    """A node of ``op`` as the router makes it, and the Triton adapter the backend gives it."""
+    probs = _inp("probs", F32, x_ne)
     topk = ops.argsort_top_k(probs, 2)
     total = ops.sum_rows(probs)
-    node = {Op.ARGSORT: topk.view_src, Op.SUM_ROWS: total, Op.CLAMP: ops.clamp(total, 0.0, float("inf")),
-            Op.DIV: ops.div(probs, total),
-            Op.MUL_MAT_ID: ops.mul_mat_id(_inp("w", F32, (16, 32, 8)), _inp("x", F32, (16, 1, 4)), topk)}[op]
-    fn = kernel(TRITON_BACKEND, node)
-    with pytest.raises(KernelError, match=f"^{op.value} has no Triton kernel yet") as e:
-        fn(node, [], None)
+    node = {Op.ARGSORT: lambda: topk.view_src, Op.SUM_ROWS: lambda: total,
+            Op.CLAMP: lambda: ops.clamp(total, 0.0, float("inf")), Op.DIV: lambda: ops.div(probs, total),
+            Op.MUL_MAT_ID: lambda: ops.mul_mat_id(_inp("w", F32, (16, 32, x_ne[0])), _inp("x", F32, (16, 1, x_ne[1])),
+                                                  topk)}[op]()
+    return node, kernel(TRITON_BACKEND, node)
+
+
+@pytest.mark.parametrize("op", NEW_OPS, ids=lambda o: o.value)
+def test_triton_runs_each_on_its_kernel(op):
+    """The Triton backend has a kernel of its own for each (none is the torch reference's adapter), and the cost
+    model names its programs (gdnpass.cli.INTERPRETER_S prices each)."""
+    from gdnpass import cli
+    from gdnpass.kernels.backends import programs
+
+    node, fn = _kernels_for(op)
+    assert fn is not None and fn is not kernel(TORCH_BACKEND, node)
+    names = [k for k, _, _ in programs(node)]
+    assert names and all(k in cli.INTERPRETER_S for k in names), names
+
+
+def _sort_rows(ne0: int, rows: int, gen) -> torch.Tensor:
+    """Router-like rows with what a sort must order exactly: ties (runs of one value), ±0, ±inf and NaNs of both
+    signs, and a subnormal."""
+    x = torch.randn(rows, ne0, generator=gen)
+    if ne0 >= 8:
+        x[0, : ne0 // 2] = 0.25                                  # a run of ties
+        x[1, :8] = torch.tensor([float("nan"), 1.0, -0.0, 0.0, float("-inf"), -float("nan"), 1.0, float("inf")])
+        x[2, 1::2] = x[2, 0::2][: len(x[2, 1::2])]               # every value twice
+        x[3, 0] = 1e-45
+    return x
+
+
+@pytest.mark.parametrize("ne0", [1, 5, 8, 37, 64])
+@pytest.mark.parametrize("order", [0, 1], ids=["asc", "desc"])
+def test_argsort_kernel_is_the_reference_s_bits(ne0, order, device):
+    """ARGSORT's kernel (a bitonic network on (value, index) keys) against reference.argsort bit for bit: ascending
+    and descending, equal values in index order, NaNs after +inf (first, descending), -0.0 equal to 0.0; rows of
+    any length up to a power of two and past one, with gaps between them, two batches; nothing else written."""
+    from gdnpass.kernels import triton_sort as ts
+    from support.arena import Arena
+    from support.compare import assert_bits
+
+    gen = torch.Generator().manual_seed(ne0)
+    a = Arena()
+    x = a.put(_sort_rows(ne0, 10, gen).view(1, 2, 5, ne0).to(device), row_stride=ne0 + 3)
+    out = a.view((1, 2, 5, ne0), torch.int32)
+    a.run(lambda: ts.argsort(x, order, out), out)
+    assert_bits(out, ref.argsort(x, order), f"ARGSORT order {order}, rows of {ne0}")
+
+
+def test_argsort_past_the_kernel_s_rows_runs_the_reference():
+    """A row longer than the kernel sorts in registers (limits.ARGSORT_MAX_ROW) runs the torch reference through
+    the backend (as SOFT_MAX's refusals do); the launcher refuses it in one line."""
+    from gdnpass.kernels import triton_sort as ts
+    from gdnpass.kernels.limits import ARGSORT_MAX_ROW
+
+    n = ARGSORT_MAX_ROW + 1
+    node, fn = _kernels_for(Op.ARGSORT, (n, 2))
+    x = torch.randn(1, 1, 2, n)
+    out = torch.empty(1, 1, 2, n, dtype=torch.int32)
+    fn(node, [x], out)
+    assert torch.equal(out, ref.argsort(x, 1))
+    with pytest.raises(KernelError, match=f"^ARGSORT: rows of {n} elements") as e:
+        ts.argsort(x, 1, out)
     assert "\n" not in str(e.value)
-    assert kernel(TORCH_BACKEND, node) is not None
+
+
+@pytest.mark.parametrize("ne0", [1, 4, 8, 37])
+def test_sum_rows_kernel_is_the_reference_s_bits(ne0, device):
+    """SUM_ROWS' kernel against reference.sum_rows bit for bit: a double sum in ggml's order (a row whose sum
+    depends on it), rows with gaps, a strided output, three batches."""
+    from gdnpass.kernels import triton_norms as tn
+    from support.arena import Arena
+    from support.compare import assert_same_bytes
+
+    gen = torch.Generator().manual_seed(ne0)
+    x = torch.randn(1, 3, 5, ne0, generator=gen) * torch.logspace(-20, 20, 5).view(1, 1, 5, 1)
+    if ne0 == 4:
+        x[0, 0, 0] = torch.tensor([2.0 ** 60, 1.0, -2.0 ** 60, 1.0])  # 1 in ggml's order, 0 pairwise
+    a = Arena()
+    xv = a.put(x.to(device), row_stride=ne0 + 5)
+    out = a.view((1, 3, 5, 1), row_stride=3)
+    a.run(lambda: tn.sum_rows(xv, out), out)
+    want = ref.sum_rows(xv)
+    assert_same_bytes(out, want, f"SUM_ROWS of rows of {ne0}")
+    if ne0 == 4:
+        assert out[0, 0, 0, 0].item() == 1.0
+
+
+CLAMP_X = [-1.0, 0.0, -0.0, 1e-9, 6.1e-5, 0.5, 2.0 ** 100, float("inf"), float("-inf"), float("nan"), -float("nan"),
+           1e-45, -3.0]
+
+
+@pytest.mark.parametrize("lo, hi", [(6.103515625e-5, float("inf")), (-2.0, 2.0), (float("-inf"), 1.0),
+                                    (float("-inf"), float("inf")), (1.0, -1.0)])
+def test_clamp_kernel_is_the_reference_s_bits(lo, hi, device):
+    """CLAMP's kernel against reference.clamp bit for bit: MAX(MIN(x, max), min), NaNs (either sign) to max, ±inf
+    bounds, min above max; into a new tensor and in place (ggml_clamp_inplace, the plan's CLAMP over its SUM_ROWS)."""
+    from gdnpass.kernels import triton_elementwise as te
+    from support.arena import Arena
+    from support.compare import assert_bits
+
+    x = torch.tensor(CLAMP_X * 3).view(1, 3, 1, len(CLAMP_X)).to(device)
+    a = Arena()
+    xv, out = a.put(x, row_stride=len(CLAMP_X) + 2), a.view(tuple(x.shape))
+    a.run(lambda: te.clamp(xv, lo, hi, out), out)
+    want = ref.clamp(x, lo, hi)
+    assert_bits(out, want, f"CLAMP [{lo}, {hi}]")
+    a.run(lambda: te.clamp(xv, lo, hi, xv), xv)
+    assert_bits(xv, want, f"CLAMP [{lo}, {hi}] in place")
+
+
+def test_div_kernel_is_the_reference_s_bits(device):
+    """DIV's kernel against reference.div bit for bit (one IEEE division): b tiled over a (the router's weights by
+    their sum: a row of one; a row of a's width; a's shape) and in place (over a; over b of a's shape); quotients
+    that overflow, underflow to subnormals, divide by ±0, NaN."""
+    from gdnpass.kernels import triton_elementwise as te
+    from support.arena import Arena
+    from support.compare import assert_bits
+
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 2, 4, 8, generator=gen) * 1e3
+    x[0, 0, 0, :5] = torch.tensor([1e-40, 3e38, float("nan"), 0.0, -1.0])
+    for b_shape in ((1, 1, 4, 1), (1, 1, 1, 8), (1, 2, 4, 8)):
+        y = torch.rand(b_shape, generator=gen) + 0.5
+        y.view(-1)[0] = 1e-30 if b_shape[3] == 1 else 0.0
+        y.view(-1)[-1] = -0.0
+        a = Arena()
+        av, bv, out = a.put(x.to(device)), a.put(y.to(device), row_stride=b_shape[3] + 1), a.view(tuple(x.shape))
+        want = ref.div(av, bv)
+        a.run(lambda: te.div(av, bv, out), out)
+        assert_bits(out, want, f"DIV by {b_shape}")
+        a.run(lambda: te.div(av, bv, av), av)
+        assert_bits(av, want, f"DIV by {b_shape}, in place over a")
+    bv = a.put(y.to(device))
+    av = a.put(x.to(device))
+    want = ref.div(av, bv)
+    a.run(lambda: te.div(av, bv, bv), bv)
+    assert_bits(bv, want, "DIV in place over b")
 
 
 @pytest.mark.parametrize("wt", ["f32", "bf16"])
@@ -270,20 +402,73 @@ def test_mul_mat_id_on_the_mat_vec_kernel_is_each_expert_s_single_mat_vec(wt, n_
         mv.mul_mat_id(w, x, bad, out)
 
 
-def test_a_triton_executor_refuses_before_running_anything():
-    """The Triton backend's executor names the first such node before any node runs (as it refuses an op without
-    any kernel)."""
-    probs = _inp("probs", F32, (8, 4))
-    g = _graph([ops.div(ops.scale(probs, 2.0), ops.sum_rows(probs))])
+QUANTIZED = [t for t in DType if t.is_quantized]
+
+
+@pytest.mark.parametrize("dtype, n_b", [(t, 3) for t in QUANTIZED] + [(DType.Q4_K, 1)],
+                         ids=lambda v: v.label if isinstance(v, DType) else {1: "b-shared", 3: "b-per-slot"}[v])
+def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, n_b, device):
+    """MUL_MAT_ID of quantized experts (Q8_0, Q4_K, Q5_K, Q6_K: their blocks as the file has them) on the quantized
+    mat-vec: the activation columns quantized once (n_b·n_t of them: 18 for down's b of a row a slot, two workspace
+    chunks of 16; 6 for gate / up's shared b), each slot's product the bytes of the single quantized mat-vec of its
+    expert's matrix and that column (one launch per expert on the columns that chose it: a quantized tile does not
+    depend on the columns); the experts no token chose are never read (their bytes all 0xFF: NaN scales, which any
+    read would spread); within f32 summation accuracy of the reference (quants.mul_mat_q, the kernels' activation
+    scheme)."""
+    from gdnpass.kernels import triton_matvec as mv
+    from gdnpass.kernels.quants import random_blocks
+    from support.arena import Arena, assert_close, rnd
+    from support.compare import assert_bits
+
+    K, M, n_as, n_used, n_t = 256, 20, 6, 3, 6
+    gen = torch.Generator().manual_seed(3)
+    experts = torch.stack([random_blocks(M, K, dtype, gen, 0.05) for _ in range(n_as)]).view(1, n_as, M, -1)
+    chosen = torch.tensor([[4, 0, 4], [2, 2, 1], [0, 1, 2], [4, 4, 4], [1, 0, 2], [2, 4, 0]], dtype=torch.int32)
+    unused = sorted(set(range(n_as)) - set(chosen.view(-1).tolist()))
+    assert unused == [3, 5]
+    experts[0, unused] = 0xFF
+    a = Arena(1 << 22)
+    w = a.put(experts.to(device))
+    x = a.put(rnd(1, n_t, n_b, K), row_stride=K + 32)
+    ids = a.put(chosen.view(1, 1, n_t, n_used).to(device))
+    out = a.view((1, n_t, n_used, M))
+    a.run(lambda: mv.mul_mat_id(w, x, ids, out, dtype), out)
+    assert not out.isnan().any()
+    for expert in sorted(set(chosen.view(-1).tolist())):
+        slots = [(t, e) for t in range(n_t) for e in range(n_used) if chosen[t, e] == expert]
+        assert mv.mat_vec_tile(M, len(slots), K, dtype.label) == mv.mat_vec_tile(M, 1, K, dtype.label)
+        cols = a.put(torch.stack([x[0, t, e % n_b] for t, e in slots]).view(1, 1, len(slots), K))
+        single = a.view((1, 1, len(slots), M))
+        a.run(lambda: mv.mul_mat_vec(w[:, expert:expert + 1], cols, single, dtype), single)
+        for j, (t, e) in enumerate(slots):
+            assert_bits(out[0, t, e], single[0, 0, j], f"slot {e} of token {t} (expert {expert})")
+    assert_close(out, ref.mul_mat_id(w, x, ids, dtype), rtol=1e-5)
+
+
+def test_the_router_runs_on_triton_as_on_torch(kernel_exp):
+    """The expert FFN's weights as build_moe_ffn makes them (SOFT_MAX, the DESC ARGSORT's top-k view, GET_ROWS,
+    SUM_ROWS, CLAMP, DIV), planned (the CLAMP over its SUM_ROWS, as gallocr puts llama.cpp's) and run by an executor
+    on each backend: the same bytes, every node (in the interpreter, the reference's exp is the kernels': see
+    conftest's kernel_exp)."""
     from gdnpass.alloc import plan
 
+    probs = ops.soft_max(_inp("logits", F32, (8, 5)))
+    top = ops.argsort_top_k(probs, 3)
+    w = ops.reshape(ops.get_rows(ops.reshape(probs, 1, 8, 5), top), 3, 5)
+    total = ops.sum_rows(w)
+    clamped = ops.clamp(total, 6.103515625e-5, float("inf"))
+    norm = ops.div(w, clamped)
+    g = _graph([top, norm])
     plan(g, 32)
-    ex = Executor(g, backend=TRITON_BACKEND)
-    ran = []
-    ex.kernels = {**ex.kernels, Op.SCALE: lambda *a: ran.append("SCALE")}
-    with pytest.raises(KernelError, match=r"^node '.*\(sum_rows\)': SUM_ROWS has no Triton kernel yet") as e:
-        ex.run()
-    assert "\n" not in str(e.value) and ran == []
+    assert (clamped.buffer, clamped.offset) == (total.buffer, total.offset)
+    runs = []
+    for backend in (TORCH_BACKEND, TRITON_BACKEND):
+        ex = Executor(g, backend=backend)
+        ex.buffers["input"].copy_(torch.randn(ex.buffers["input"].numel() // 4, generator=torch.Generator()
+                                              .manual_seed(5)).view(torch.uint8))
+        runs.append(ex.run_probed([top.view_src, w, total, clamped, norm]))
+    for t, a, b in zip(("argsort", "weights", "sum", "clamp", "norm"), *runs):
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), t
 
 
 # ---- 5. llama.cpp: the captured qwen35moe verify ------------------------------------------------------------------
