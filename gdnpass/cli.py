@@ -254,10 +254,11 @@ INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032,
                  "get_rows": (0.032, 0.0), "rope": (0.05, 0.0), "set_rows": (0.03, 0.0),
                  # attention (steps: KV blocks; column blocks): tiny-qwen35's, 16 / 12.8 ms and 33 ms a program
                  "flash_attn": (0.021, 0.017), "soft_max": (0.035, 0.01),
-                 # a quantized product's pre-pass (a program per column and 8 groups, measured as add's); the expert
+                 # quantized weights: GET_ROWS of their rows (a program per 256 elements) and a product's
+                 # pre-pass (a program per column and 8 groups), measured as add's; the expert
                  # FFN's: DIV and CLAMP as add, SUM_ROWS (steps: the row's elements), ARGSORT (steps: stages x 256
                  # keys; 6 stages of 32 keys took 0.038 s, 36 of 2048 keys 2.1 s, 2026-12-05, this 2-core machine)
-                 "quantize_x": (0.026, 0.0), "div": (0.026, 0.0), "clamp": (0.026, 0.0),
+                 "get_rows_q": (0.04, 0.0), "quantize_x": (0.026, 0.0), "div": (0.026, 0.0), "clamp": (0.026, 0.0),
                  "sum_rows": (0.026, 0.001), "argsort": (0.04, 0.008)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0

@@ -4,8 +4,9 @@
 - :mod:`~gdnpass.kernels.triton_core`: the exactness core of the Triton kernels, the ``@triton.jit`` helpers that fused
   and unfused kernels share and the launch conventions;
 - the Triton kernels and their launchers, by family: :mod:`~gdnpass.kernels.triton_elementwise` (data movement and
-  elementwise ops), :mod:`~gdnpass.kernels.triton_norms`, :mod:`~gdnpass.kernels.triton_matvec` (the mat-vec and its
-  pair), :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET, the fused conv chain),
+  elementwise ops), :mod:`~gdnpass.kernels.triton_norms` (and SUM_ROWS), :mod:`~gdnpass.kernels.triton_sort`
+  (ARGSORT), :mod:`~gdnpass.kernels.triton_matvec` (the mat-vec and its pair, MUL_MAT_ID),
+  :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET, the fused conv chain),
   :mod:`~gdnpass.kernels.triton_rope`, :mod:`~gdnpass.kernels.triton_attention`;
 - :mod:`~gdnpass.kernels.limits`: what the kernels can do (read by the patterns' matchers and records);
 - :mod:`~gdnpass.kernels.backends`: the op -> adapter tables the executor runs.

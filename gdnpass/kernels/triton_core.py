@@ -3,9 +3,10 @@ families, so that a fused kernel and the unfused kernels it stands for write ide
 
 The kernels run the ops the executor runs, one launch per graph node (as ggml-cuda), each writing straight into a
 (possibly strided) output view. They live by family: :mod:`~gdnpass.kernels.triton_elementwise` (the data movement,
-GET_ROWS, CONCAT, CPY/CONT and SET_ROWS, and the elementwise ops, ADD, MUL, UNARY, GLU and SCALE),
-:mod:`~gdnpass.kernels.triton_norms` (L2_NORM, RMS_NORM), :mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT of 1-16
-columns, the mat-vec pair), :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET and the fused
+GET_ROWS, CONCAT, CPY/CONT and SET_ROWS, and the elementwise ops, ADD, MUL, DIV, UNARY, GLU, SCALE and CLAMP),
+:mod:`~gdnpass.kernels.triton_norms` (L2_NORM, RMS_NORM, SUM_ROWS), :mod:`~gdnpass.kernels.triton_sort` (ARGSORT),
+:mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT of 1-16 columns, the mat-vec pair, MUL_MAT_ID),
+:mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET and the fused
 GDN_CONV_CHAIN), :mod:`~gdnpass.kernels.triton_rope` (ROPE) and :mod:`~gdnpass.kernels.triton_attention` (SOFT_MAX,
 FLASH_ATTN_EXT). MUL_MATs of more than 16 columns stay on torch (its matmul). Each family module holds its kernels,
 their launchers and its ``programs`` (the launch sizes :func:`gdnpass.kernels.backends.programs` reports).

@@ -29,11 +29,12 @@ from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels import triton_norms as norms
 from gdnpass.kernels import triton_rope as rope
+from gdnpass.kernels import triton_sort as sort
 from gdnpass.kernels import triton_ssm as ssm
 
 INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
 FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale",
-          "softcap"}
+          "softcap", "lo", "hi"}
 
 
 SM90_SHARED = 232448  # bytes of shared memory one program may have on sm_90 (227 KiB): more compiles, fails at launch
@@ -69,8 +70,16 @@ def variants():
     for kind in elt.UNARY_KINDS:
         yield elt._unary_kernel, dict(KIND=kind, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     yield elt._swiglu_kernel, dict(BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
-    for op in ("ADD", "MUL"):
+    for op in elt.BINARY_OPS:
         yield elt._binary_kernel, dict(OP=op, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
+    # the expert FFN's router: CLAMP, SUM_ROWS, ARGSORT of the models' rows (8, 256 and 512 experts; 16 tokens)
+    yield elt._clamp_kernel, dict(BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
+    yield norms._sum_rows_kernel, dict(BLOCK_R=norms.SUM_ROWS_BLOCK), core.NUM_WARPS
+    for n_expert in (8, 256, 512, 1024):
+        block_r, block_n = sort.sort_tile(n_expert, 16)
+        for desc in (False, True):
+            yield (sort._argsort_kernel, dict(BLOCK_R=block_r, BLOCK_N=block_n, DESC=desc), core.NUM_WARPS,
+                   dict(y_ptr="*i32"))
     # the data-movement kernels move bits: int views (see triton_elementwise._bits)
     for dim in range(4):
         yield (elt._concat_kernel, dict(DIM=dim, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS,
@@ -112,14 +121,16 @@ def variants():
                  RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
-    # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes
-    for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32")):
+    # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes, plain
+    # and quantized (a quantized one reads its column of the pre-pass's chunks)
+    for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32", *core.QTYPES.values())):
         t = mv.mat_vec_tile(M, 1, K, wt)
-        ptr = {"bf16": "*bf16", "f32": "*fp32"}[wt]
+        ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=False, QTYPE="", IDS=True)
+                 RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32"), dict(num_stages=t.stages))
+               dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"),
+               dict(num_stages=t.stages))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16

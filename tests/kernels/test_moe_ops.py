@@ -445,6 +445,83 @@ def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, 
     assert_close(out, ref.mul_mat_id(w, x, ids, dtype), rtol=1e-5)
 
 
+def _expert_blocks(n: int, M: int, K: int, dtype: DType, gen) -> torch.Tensor:
+    """``n`` experts' matrices of ``dtype`` blocks (1, n, M, row bytes), each its own random quants, with the f16
+    scales of one quants.random_blocks matrix (which sizes them; finding them for each expert takes seconds)."""
+    from gdnpass.kernels.quants import F16_FIELDS, random_blocks
+
+    base = random_blocks(M, K, dtype, gen, 0.02).view(M, -1, dtype.size)
+    experts = torch.randint(0, 256, (n, *base.shape), dtype=torch.uint8, generator=gen)
+    for off in F16_FIELDS[dtype]:
+        experts[..., off:off + 2] = base[..., off:off + 2]
+    return experts.view(1, n, M, -1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_expert, n_used", [(256, 8), (512, 10)], ids=["35b-a3b", "512-experts"])
+def test_gpu_moe_kernels_at_the_models_shapes(n_expert, n_used):
+    """Compiled, at the routers' and experts' shapes of Qwen3.5-35B-A3B (256 experts, 8 used; experts 512 x 2048,
+    down 2048 x 512) and of a 512-expert router, for 1, 4 and 16 tokens: ARGSORT (DESC and ASC), SUM_ROWS, CLAMP and
+    DIV the bytes of their references (on the GPU); MUL_MAT_ID of bf16, Q8_0 and K-quant experts, gate / up (b shared)
+    and down (a row a slot), each product the bytes of the single mat-vec of its expert (bf16: a launch per slot;
+    quantized: one per expert on the columns that chose it) and within 1e-5 of the reference."""
+    from gdnpass.kernels import triton_elementwise as te
+    from gdnpass.kernels import triton_matvec as mv
+    from gdnpass.kernels import triton_norms as tn
+    from gdnpass.kernels import triton_sort as ts
+    from support.arena import assert_close
+    from support.compare import assert_bits
+
+    dev = "cuda"
+    gen = torch.Generator().manual_seed(n_expert)
+    E, F = 2048, 512
+    routed = {}
+    for n_t in (1, 4, 16):
+        logits = torch.randn(1, 1, n_t, n_expert, generator=gen)
+        logits[0, 0, 0, ::7] = 0.5                                   # ties
+        probs = torch.softmax(logits, -1).to(dev)
+        for order in (1, 0):
+            out = torch.empty(probs.shape, dtype=torch.int32, device=dev)
+            ts.argsort(probs, order, out)
+            assert_bits(out, ref.argsort(probs, order), f"ARGSORT {order} of {n_t} x {n_expert}")
+        ids = out.flip(-1)[..., :n_used].contiguous()                # (ASC flipped: the top n_used, most first)
+        w = torch.gather(probs, -1, ids.long())
+        total = torch.empty(1, 1, n_t, 1, device=dev)
+        tn.sum_rows(w, total)
+        assert_bits(total, ref.sum_rows(w), "SUM_ROWS")
+        clamped = torch.empty_like(total)
+        te.clamp(total, 6.103515625e-5, float("inf"), clamped)
+        assert_bits(clamped, ref.clamp(total, 6.103515625e-5, float("inf")), "CLAMP")
+        norm = torch.empty_like(w)
+        te.div(w, clamped, norm)
+        assert_bits(norm, ref.div(w, clamped), "DIV")
+        routed[n_t] = ids
+    if n_used != 8:
+        return
+    for wt in ("bf16", "q8_0", "q4_k", "q5_k", "q6_k"):
+        dtype = DType.parse(wt)
+        for M, K, n_b in ((F, E, 1), (E, F, n_used)):                # gate / up, then down
+            if wt == "bf16":
+                experts = (torch.randn(1, n_expert, M, K, generator=gen) / 16).to(torch.bfloat16).to(dev)
+            else:
+                experts = _expert_blocks(n_expert, M, K, dtype, gen).to(dev)
+            for n_t, ids in routed.items():
+                x = torch.randn(1, n_t, n_b, K, generator=gen).to(dev)
+                y = torch.empty(1, n_t, n_used, M, device=dev)
+                mv.mul_mat_id(experts, x, ids, y, dtype)
+                chosen = ids[0, 0].tolist()
+                for expert in sorted({e for row in chosen for e in row}):
+                    slots = [(t, e) for t in range(n_t) for e in range(n_used) if chosen[t][e] == expert]
+                    groups = [[s] for s in slots] if wt == "bf16" else [slots]  # (plain tiles depend on the columns)
+                    for group in groups:
+                        cols = torch.stack([x[0, t, e % n_b] for t, e in group]).view(1, 1, len(group), K)
+                        single = torch.empty(1, 1, len(group), M, device=dev)
+                        mv.mul_mat_vec(experts[:, expert:expert + 1], cols, single, dtype)
+                        for j, (t, e) in enumerate(group):
+                            assert_bits(y[0, t, e], single[0, 0, j], f"{wt} {M}x{K}: slot {e} of token {t}")
+                assert_close(y, ref.mul_mat_id(experts, x, ids, dtype), rtol=1e-5)
+
+
 def test_the_router_runs_on_triton_as_on_torch(kernel_exp):
     """The expert FFN's weights as build_moe_ffn makes them (SOFT_MAX, the DESC ARGSORT's top-k view, GET_ROWS,
     SUM_ROWS, CLAMP, DIV), planned (the CLAMP over its SUM_ROWS, as gallocr puts llama.cpp's) and run by an executor
