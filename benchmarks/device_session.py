@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -13,7 +13,7 @@ Part 2 (issue 16): bench.py's per-op, mat-vec, chain, dedup and pair tables and 
 memcheck and racecheck over every kernel (``sanitize.py``), then the kernel test files compiled.
 Part 3: the 800-case exactness sweep in both hint modes, in parallel (``warm_compile.py``: the check of
 ``test_sweep_gpu_all_800``, which takes over 250 s per mode in one pytest process), then the other GPU tests
-(``pytest -m gpu``, the sweep test left out: every model tile launched, the ceilings), and ``run --check`` of 8 layers
+(``pytest -m gpu``, the sweep test and the MoE ones, part 8's, left out: every model tile launched, the ceilings), and ``run --check`` of 8 layers
 of the 9B at T = 8 on the GPU.
 
 Part 4 (issue 34): the quantized kernels compiled (test_triton_quants.py), the quantized products at the 9B's
@@ -25,6 +25,9 @@ Part 6 (issue 34): ours and upstream llama.cpp on one real Q4_K_M file, the whol
 --quick --only whole,upstream --quantize q4_k_m``; carry ``.llama-src`` as for part 1).
 Part 7 (issue 35): the MTP loop, gdnpass (fusion off and on) next to llama.cpp's ``--spec-type draft-mtp`` on one
 file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draft mtp``; carry ``.llama-src``).
+Part 8 (issue 36): the expert FFN's kernels compiled (``tests/kernels/test_moe_ops.py``, its GPU test at the 35B-A3B
+and 512-expert shapes among them), then the whole tiny-qwen35moe forward on the Triton backend (``tests/
+test_moe_triton.py``: run --check fused vs unfused, logits against the torch backend's; the gguf wheel needed).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
