@@ -36,6 +36,8 @@ def node_launches(n: Tensor) -> int:
         w, x = n.src[0], n.src[1]
         if runs_as_mat_vec(w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)):
             return mat_vec_launches(w)
+    if n.op is Op.MUL_MAT_ID:  # the mat-vec kernel (a quantized expert stack's: after its activations' pre-pass)
+        return mat_vec_launches(n.src[0])
     return 1
 
 

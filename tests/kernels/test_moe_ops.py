@@ -251,6 +251,24 @@ def test_triton_runs_each_on_its_kernel(op):
     assert names and all(k in cli.INTERPRETER_S for k in names), names
 
 
+def test_a_quantized_mul_mat_id_launches_its_pre_pass_then_the_mat_vec():
+    """Launch counts and the cost model: a Q4_K expert stack's MUL_MAT_ID is two launches (its activations'
+    pre-pass, every column of the n_b·n_t in chunks of 16, then the mat-vec: a program a row block and slot), a bf16
+    one one."""
+    from gdnpass.kernels.backends import programs
+    from gdnpass.runtime import node_launches
+
+    ids = ops.argsort_top_k(_inp("probs", F32, (8, 9)), 2)
+    gate = ops.mul_mat_id(_inp("wq", DType.Q4_K, (512, 64, 8)), _inp("x", F32, (512, 1, 9)), ids)
+    down = ops.mul_mat_id(_inp("wd", DType.Q4_K, (512, 64, 8)), _inp("xd", F32, (512, 2, 9)), ids)
+    plain = ops.mul_mat_id(_inp("wb", DType.BF16, (512, 64, 8)), _inp("x2", F32, (512, 1, 9)), ids)
+    assert (node_launches(gate), node_launches(down), node_launches(plain)) == (2, 2, 1)
+    for node, chunks in ((gate, 1), (down, 2)):  # 9 columns; 18
+        (pre, n_pre, _), (mat, n_mat, _) = programs(node)
+        assert (pre, n_pre, mat) == ("quantize_x", chunks * 16 * 2, "mat_vec") and n_mat % (2 * 9) == 0
+    assert [k for k, _, _ in programs(plain)] == ["mat_vec"]
+
+
 def _sort_rows(ne0: int, rows: int, gen) -> torch.Tensor:
     """Router-like rows with what a sort must order exactly: ties (runs of one value), ±0, ±inf and NaNs of both
     signs, and a subnormal."""

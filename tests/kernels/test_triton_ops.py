@@ -428,15 +428,20 @@ def test_programs_of_the_new_kernels():
     assert seen == {"get_rows", "concat", "cpy", "add", "mul", "swiglu", "silu", "sigmoid", "softplus"}
 
 
-@pytest.mark.parametrize("flash, fusion", [(True, False), (True, True), (False, True)])
-def test_the_interpreter_cost_model_knows_every_kernel_of_a_whole_forward(flash, fusion):
-    """Every kernel backends.programs names for a whole tiny-qwen35 forward (attention included) has a cost in
-    gdnpass.cli.INTERPRETER_S, so `gdnpass run --whole --backend triton` on the CPU estimates instead of raising."""
+@pytest.mark.parametrize("model, wtype, flash, fusion", [("tiny-qwen35", "bf16", True, False),
+                                                         ("tiny-qwen35", "bf16", True, True),
+                                                         ("tiny-qwen35", "bf16", False, True),
+                                                         ("tiny-qwen35moe", "bf16", True, True),
+                                                         ("tiny-qwen35moe", "q8_0", True, False)])
+def test_the_interpreter_cost_model_knows_every_kernel_of_a_whole_forward(model, wtype, flash, fusion):
+    """Every kernel backends.programs names for a whole tiny-qwen35 forward (attention included; the expert FFN's;
+    a quantized model's) has a cost in gdnpass.cli.INTERPRETER_S, so `gdnpass run --whole --backend triton` on the
+    CPU estimates instead of raising."""
     from gdnpass import cli, pipeline
     from gdnpass.kernels.backends import programs
     from gdnpass.models import VerifyConfig
 
-    cfg = VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8)
+    cfg = VerifyConfig(model, 4, 3, whole=True, flash_attn=flash, n_past=8, wtype=wtype)
     g = pipeline.run(cfg, pipeline.PassOptions(fusion=fusion)).graph
     names = {k.rstrip("0123456789") for n in g.nodes for k, _, _ in programs(n)}
     assert names - set(cli.interpreter_table()) == set()  # (a fused kernel's entries are its record's)
