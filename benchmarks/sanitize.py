@@ -6,7 +6,8 @@
 1. the fused conv chain (both L2 modes) and the alpha/beta pair, qwen3.5-9b size, one layer;
 2. the whole tiny-qwen35 verify forward, unfused and fused, with flash attention and (fused) with MUL_MAT + SOFT_MAX
    + MUL_MAT: GET_ROWS, CONCAT, CPY, SSM_CONV, the norms, the elementwise ops, GLU, ROPE, SET_ROWS, FLASH_ATTN_EXT,
-   SOFT_MAX, GATED_DELTA_NET;
+   SOFT_MAX, GATED_DELTA_NET; the whole tiny-qwen35moe verify, bf16 and Q8_0 weights, fused: the expert FFN's
+   ARGSORT, SUM_ROWS, CLAMP, DIV and MUL_MAT_ID (plain and quantized experts);
 3. one mat-vec per distinct tile (form, rows per program, columns, K step, split) that qwen3.5-9b's product shapes
    take at 1, 4, 8 and 16 columns, f32 and bf16 weights.
 """
@@ -49,6 +50,9 @@ def main() -> int:
     for flash, fusion in ((True, False), (True, True), (False, True)):
         print(f"tiny-qwen35 whole, flash_attn={flash}, fusion={fusion}: "
               + run(VerifyConfig("tiny-qwen35", 4, 3, whole=True, flash_attn=flash, n_past=8), fusion), flush=True)
+    for wtype in ("bf16", "q8_0"):  # the expert FFN: ARGSORT, SUM_ROWS, CLAMP, DIV, MUL_MAT_ID (plain, quantized)
+        print(f"tiny-qwen35moe whole, {wtype}: "
+              + run(VerifyConfig("tiny-qwen35moe", 4, 3, whole=True, n_past=8, wtype=wtype), True), flush=True)
 
     tiles = {}
     for M, K, *_ in product_shapes("qwen3.5-9b"):
