@@ -396,7 +396,8 @@ def test_mul_mat_id_on_the_mat_vec_kernel_is_each_expert_s_single_mat_vec(wt, n_
     """The Triton MUL_MAT_ID (the mat-vec kernel, the experts' matrices found from the ids on the device): each
     slot's product is the bytes of the single mat-vec of its expert's matrix and column (same kernel, same tile),
     repeated and unused experts included, b shared by the slots (the gate / up form) or one row a slot (down), and
-    within f32 summation accuracy of the reference; an id outside the experts is one line."""
+    within f32 summation accuracy of the reference; the expert no token chose (3: NaN) is never read; an id outside
+    the experts is one line."""
     from gdnpass.kernels import triton_matvec as mv
     from support.arena import Arena, assert_close, rnd
     from support.compare import assert_bits
@@ -404,6 +405,7 @@ def test_mul_mat_id_on_the_mat_vec_kernel_is_each_expert_s_single_mat_vec(wt, n_
     K, M, n_as, n_used, n_t = 64, 40, 5, 3, 2
     a = Arena(1 << 22)
     w = a.put((rnd(1, n_as, M, K) / 8).to({"f32": torch.float32, "bf16": torch.bfloat16}[wt]))
+    w[0, 3] = float("nan")
     x = a.put(rnd(1, n_t, n_b, K))
     ids = a.put(torch.tensor([[[[4, 0, 4], [2, 2, 1]]]], dtype=torch.int32, device=device))  # (1, 1, n_t, n_used)
     out = a.view((1, n_t, n_used, M))
