@@ -1,6 +1,7 @@
 """GPU benchmarks of the kernels and the pass, in one run, each table with its targets and met/missed per row.
 
     python benchmarks/bench.py [--quick] [--json OUT.json]
+    python benchmarks/bench.py --quick --only whole,upstream --model qwen3.5-35b-a3b --layers 8   # the MoE table
 
 1. ceilings: the card's read and copy bandwidth (1 GiB, CUDA events, no capture, no profiler), cross-checked against
    the datasheet and against the tables' own timing (a floor from a reference that fails is refused, not printed),
@@ -41,6 +42,8 @@ from gdnpass.bench.chain import UPSTREAM, bench_chain, bench_dedup, per_op
 from gdnpass.bench import ceilings
 from gdnpass.bench.floors import gather_copy_us
 from gdnpass.bench.forward import bench_forward, bench_pass
+from gdnpass.errors import GdnpassError
+from gdnpass.models.hparams import get_model
 from gdnpass.patterns import REGISTRY
 from gdnpass.bench.matvec import PAIR_TARGET, bench_mat_vec, bench_pair, bench_quantized
 
@@ -71,7 +74,7 @@ def print_versus(whole: list | None, up: dict, ceil: ceilings.Ceilings) -> None:
     if not whole:
         print("\n(run with the whole section too for ours vs upstream)")
         return
-    print("\n## whole qwen3.5-9b verify: ours (fusion off / on) vs upstream llama.cpp, same GPU, same run")
+    print(f"\n## whole {up['model']} verify: ours (fusion off / on) vs upstream llama.cpp, same GPU, same run")
     print("T rows | kernels ours off / on / upstream | kernel us ours off / on / upstream | ours on / upstream "
           "(target <= 0.6) | GPU us ours on (CUDA graph) / floor = weight bytes / read BW (target <= 1.3) | "
           "ours on CUDA graph / upstream wall us per decode (target <= 0.65) | fewer kernels per GDN layer")
@@ -113,6 +116,10 @@ def main() -> int:
     p.add_argument("--source", help="upstream: a folder `gdnpass llama-build --pack` wrote (machines without a "
                                     "registry)")
     p.add_argument("--gguf", help="upstream: the model file (default: written once, see benchmarks/upstream.py)")
+    p.add_argument("--model", default="qwen3.5-9b", help="whole, upstream: the preset (default qwen3.5-9b; "
+                                                          "qwen3.5-35b-a3b for the MoE table)")
+    p.add_argument("--layers", type=int, help="whole, upstream: the preset's first N layers (its pattern kept; a "
+                                              "model too large for the card or the time, at full width)")
     p.add_argument("--wtype", default="bf16", help="forward, whole: the projections' and the embedding's weight "
                                                    "type (bf16; q8_0, q4_k, ...: random blocks; not with upstream)")
     p.add_argument("--quantize", metavar="MIX", help="upstream and whole: the model file quantized by llama.cpp's "
@@ -122,6 +129,11 @@ def main() -> int:
     a = p.parse_args()
     if a.without and a.without not in [x.name for x in REGISTRY]:
         p.error(f"--without: no pattern {a.without!r} (registered: {', '.join(x.name for x in REGISTRY)})")
+    try:
+        shape = get_model(a.model)
+        shape = shape.first_layers(a.layers) if a.layers else shape
+    except GdnpassError as e:
+        p.error(f"--model / --layers: {e}")
     only = set(a.only.split(",")) if a.only else None
     want = (lambda s: only is None or s in only)
     prepared = None
@@ -131,7 +143,7 @@ def main() -> int:
 
         def prepare():
             os.nice(10)  # (Linux: this thread, and the compilers and writer threads it starts, yield to the timing)
-            return upstream.prepare("qwen3.5-9b", a.source, a.gguf, lambda line: print(line, file=sys.stderr,
+            return upstream.prepare(shape, a.source, a.gguf, lambda line: print(line, file=sys.stderr,
                                                                                          flush=True), a.quantize)
         prepared = ThreadPoolExecutor(1).submit(prepare)
     out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
@@ -241,12 +253,14 @@ def main() -> int:
             continue
         out[section] = []
         weights = f"the {a.quantize} file's weight types" if a.quantize else f"own {a.wtype} weights"
-        print("\n## verify forward, " + (f"whole qwen3.5-9b (32 layers, {weights}, lm head)" if whole else
+        print("\n## verify forward, " + (f"whole {upstream.model_label(shape)} ({shape.n_layer} layers, {weights}, "
+                                         "lm head)" if whole else
                                          "24 GDN layers (+FFN, shared weights)") + ", DFlash taps, fusion off vs on")
         print("T rows | kernels off -> on (per GDN layer) | kernel us off -> on | alpha/beta us off -> on | "
               "FFN products us off -> on | CUDA-graph GPU us off -> on (ABBA)")
         for T, rows in upstream.CASES:
             r = bench_forward(T, rows, rounds=2 if a.quick else 5, whole=whole, without=a.without, wtype=a.wtype,
+                              shape=shape if whole else "qwen3.5-9b",
                               gguf=prepared.result()[1] if whole and a.quantize and prepared is not None else None)
             out[section].append(r)
             off, on = r["off"], r["on"]
@@ -265,6 +279,11 @@ def main() -> int:
                           f"{floor:.0f} us; fusion on / floor = {on['us_per_forward'] / floor:.2f}", flush=True)
                 except ceilings.FloorRefused as e:
                     print(f"  floor refused ({e})", flush=True)
+            if on.get("experts", {}).get("kernels"):
+                ex = on["experts"]
+                print(f"  expert products (MUL_MAT_ID, fusion on): {ex['bytes'] / 1e9:.3f} GB of the chosen experts "
+                      f"in {ex['kernel_us']:.1f} us ({ex['kernels']} kernels): "
+                      f"{ex['bytes'] / (ex['kernel_us'] * 1e3) / ceil.read_GBps:.0%} of the read bandwidth", flush=True)
             if a.without:
                 w = r["without"]
                 print(f"  {a.without}'s share at T={T}: on without it -> on: {w['kernels']} -> {on['kernels']} "
@@ -285,7 +304,7 @@ def main() -> int:
     if prepared is not None and want("upstream"):
         install, gguf = prepared.result()
         torch.cuda.empty_cache()  # (llama.cpp runs in its own process: leave it the GPU memory)
-        out["upstream"] = up = upstream.measure(install, gguf, "qwen3.5-9b",
+        out["upstream"] = up = upstream.measure(install, gguf, shape,
                                                 lambda line: print(line, file=sys.stderr, flush=True),
                                                 kernels=not a.no_ncu)
         upstream.print_tables(up)

@@ -17,6 +17,7 @@ from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
 from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch
 from gdnpass.models import VerifyConfig, default_ids
+from gdnpass.models.hparams import ModelShape
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
 from gdnpass.runtime import Executor, launches, node_launches
@@ -48,7 +49,10 @@ def _weight_layout(g) -> tuple:
 
 
 def product_kind(n) -> str | None:
-    """'alpha/beta' or 'ffn' for the products the forward table reports alone."""
+    """'alpha/beta', 'experts' (MUL_MAT_ID) or 'ffn' (the rest of the FFN) for the products the forward table
+    reports alone."""
+    if n.op is Op.MUL_MAT_ID:
+        return "experts"
     names = [w.name for w in product_weights(n)]
     if any("ssm_alpha" in m or "ssm_beta" in m for m in names):
         return "alpha/beta"
@@ -67,7 +71,7 @@ def forward_kernels(g, ex: Executor) -> dict:
         nodes = measured_launches(g, ex)
     res = dict(kernels=len(ks), kernel_us=total)
     if len(nodes) == len(ks):
-        for kind in ("alpha/beta", "ffn"):
+        for kind in ("alpha/beta", "ffn", "experts"):
             d = [t for n, t in zip(nodes, ks) if product_kind(n) == kind]
             res[kind] = dict(kernels=len(d), kernel_us=sum(d))
         res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
@@ -111,9 +115,27 @@ def node_class(n) -> str:
     return _NODE_CLASSES.get(n.op, n.op.name)
 
 
-def weight_bytes_read(g) -> int:
+def chosen_experts(g, ex: Executor) -> dict[int, set[int]]:
+    """The experts each expert stack's MUL_MAT_IDs read in an eager run of ``ex`` (their ids probed as they are
+    read): stack uid -> expert indices."""
+    id_nodes = [n for n in g.nodes if n.op is Op.MUL_MAT_ID]
+    chosen: dict[int, set[int]] = {}
+    for n, ids in zip(id_nodes, ex.run_probed([n.src[2] for n in id_nodes]) if id_nodes else []):
+        chosen.setdefault(n.src[0].base.uid, set()).update(ids.flatten().tolist())
+    return chosen
+
+
+def expert_bytes_read(g, chosen: dict[int, set[int]]) -> int:
+    """Bytes of the experts the MUL_MAT_IDs read (:func:`chosen_experts`)."""
+    stacks = {n.src[0].base.uid: n.src[0].base for n in g.nodes if n.op is Op.MUL_MAT_ID}
+    return sum(len(chosen[uid]) * w.nb[2] for uid, w in stacks.items())
+
+
+def weight_bytes_read(g, ex: Executor | None = None) -> int:
     """Bytes of the weights one forward reads: every weights-buffer leaf whole, but the rows GET_ROWS gathers of a
-    leaf only GET_ROWS reads (the token embedding)."""
+    leaf only GET_ROWS reads (the token embedding), and of an expert stack only MUL_MAT_ID reads, the experts its ids
+    chose (``ex``: an eager run's, :func:`chosen_experts`; without ``ex``, every expert)."""
+    chosen = chosen_experts(g, ex) if ex is not None else {}
     readers: dict[int, list] = {}
     for n in g.nodes:
         for s in n.src:
@@ -124,17 +146,20 @@ def weight_bytes_read(g) -> int:
         base = uses[0][1]
         if all(n.op is Op.GET_ROWS for n, _ in uses):
             total += sum(n.ne[1] * n.ne[2] * n.ne[3] for n, _ in uses) * base.nb[1]
+        elif base.uid in chosen and all(n.op is Op.MUL_MAT_ID for n, _ in uses):
+            total += len(chosen[base.uid]) * base.nb[2]
         else:
             total += base.nbytes
     return total
 
 
 def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: str | None = None,
-                  wtype: str = "bf16", gguf=None) -> dict:
-    """The 24 GDN layers with their FFNs (one shared set of weights), or ``whole``: the whole 32-layer forward with
-    its own weights (token embedding, attention layers, lm head; the projections and the embedding ``wtype``: bf16,
+                  wtype: str = "bf16", gguf=None, shape: str | ModelShape = "qwen3.5-9b") -> dict:
+    """The 24 GDN layers of ``shape`` with their FFNs (one shared set of weights), or ``whole``: its whole forward
+    with its own weights (token embedding, every layer, lm head; the projections and the embedding ``wtype``: bf16,
     or a block type's random blocks), after upstream's prompt (n_past upstream.N_PROMPT); ``gguf``: the whole
-    forward of that model file, with its weight types (seeded values). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
+    forward of that model file, with its weight types (seeded values). The weights read count an expert stack's
+    experts the run's router chose (:func:`weight_bytes_read`). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
     programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
     with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
     model = None
@@ -145,7 +170,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
         cfg = model.config(n_tokens=T, n_rs_seq=rows - 1, dflash=True, n_past=upstream.N_PROMPT)
         wtype = model.weights_summary()
     else:
-        cfg = VerifyConfig("qwen3.5-9b", T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
+        cfg = VerifyConfig(shape, T, rows - 1, share_weights=not whole, dflash=True, whole=whole,
                            n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
     res = {}
     runs = {}
@@ -159,7 +184,9 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
         with programmatic_launch(False):  # kernel durations of serial launches: under PDL a kernel's would count
             kernels = forward_kernels(g, ex)  # the time it waits for its predecessor
         res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **kernels,
-                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g), pdl=pdl)
+                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g, ex), pdl=pdl)
+        if "experts" in res[name]:
+            res[name]["experts"]["bytes"] = expert_bytes_read(g, chosen_experts(g, ex))
         with programmatic_launch(pdl):
             ex.capture()
         runs[name] = ex

@@ -78,6 +78,14 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("moe-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_moe_ops.py", "tests/test_moe_triton.py",
                            "-k", "not capture and not llama"], 420),
         ]
+    if part == 11:
+        return [
+            # issue 36: the MoE verify forward (qwen3.5-35b-a3b's first 8 layers at full width: 6 GDN, 2 attention,
+            # 256 experts), ours off / on next to upstream on the same file (written there, 14.4 GiB in bf16)
+            ("moe-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream", "--model",
+                              "qwen3.5-35b-a3b", "--layers", "8", *(["--source", source] if source else []),
+                              "--json", str(out / "moe-upstream.json")], 520),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -101,7 +109,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 11)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from gdnpass.frontends.llama import build, capture
-from gdnpass.models.hparams import dflash_target_layers, get_model
+from gdnpass.models.hparams import ModelShape, dflash_target_layers, get_model
 
 CASES = ((4, 4), (8, 8))   # (T, rows): the widths bench.py's forward sections measure
 N_PROMPT = 16              # tokens before the first verify (bench.py's forward has the same n_past)
@@ -35,15 +35,21 @@ def find_ncu() -> str | None:
     return None
 
 
-def default_gguf(model: str) -> Path:
+def model_label(model: str | ModelShape) -> str:
+    """A preset's name, with its layer count where it is the preset's first layers ("qwen3.5-35b-a3b-8l")."""
+    shape = get_model(model)
+    return shape.name if shape.n_layer == get_model(shape.name).n_layer else f"{shape.name}-{shape.n_layer}l"
+
+
+def default_gguf(model: str | ModelShape) -> Path:
     """Where the benchmark model is written: /dev/shm when it has room (a load from memory), else the temp dir."""
     shm = Path("/dev/shm")
-    need = 20 << 30 if model == "qwen3.5-9b" else 1 << 30
+    need = 20 << 30 if get_model(model).n_embd >= 4096 else 1 << 30
     base = shm if shm.is_dir() and shutil.disk_usage(shm).free > need else Path(tempfile.gettempdir())
-    return base / f"gdnpass-{model}-bf16.gguf"
+    return base / f"gdnpass-{model_label(model)}-bf16.gguf"
 
 
-def prepare(model: str, source: str | None, gguf: str | None, say=print,
+def prepare(model: str | ModelShape, source: str | None, gguf: str | None, say=print,
             quantize: str | None = None) -> tuple[build.Install, Path]:
     """The CUDA build and the model file (each made when missing); ``quantize`` (a mix: q4_k_m, q8_0, ...): that
     file quantized by llama.cpp's own quantizer, next to it (made when missing)."""
@@ -52,7 +58,7 @@ def prepare(model: str, source: str | None, gguf: str | None, say=print,
     install = build.ensure(log=lambda line: say(f"[llama-build] {line}"), variant="cuda", source=source)
     path = Path(gguf) if gguf else default_gguf(model)
     if not path.is_file():
-        say(f"[gguf] writing {model} (bf16 projections, f32 alpha/beta) to {path}")
+        say(f"[gguf] writing {model_label(model)} (bf16 projections, f32 alpha/beta) to {path}")
         write_gguf(model, path, wtype="bf16", ab_wtype="f32", workers=min(16, os.cpu_count() or 1))
     if quantize:
         from gdnpass.frontends.llama.quantize import quantize as llama_quantize
@@ -66,7 +72,7 @@ def prepare(model: str, source: str | None, gguf: str | None, say=print,
     return install, path
 
 
-def layer_inputs(model: str) -> list[int]:
+def layer_inputs(model: str | ModelShape) -> list[int]:
     """The layers whose *inputs* llama.cpp outputs for a DFlash drafter (bench.py's taps): target layer l -> l + 1."""
     return [l + 1 for l in dflash_target_layers(get_model(model).n_layer)]
 
@@ -185,12 +191,12 @@ def chain_table(kernels: list[tuple[str, float]]) -> dict:
     return table
 
 
-def measure(install: build.Install, gguf: Path, model: str, say=print, kernels: bool = True) -> dict:
+def measure(install: build.Install, gguf: Path, model: str | ModelShape, say=print, kernels: bool = True) -> dict:
     """ncu kernels per verify (one process per width; ``kernels`` False: none) and wall times (one process, CUDA
     graphs on)."""
     ncu = find_ncu() if kernels else None
     taps = layer_inputs(model)
-    out: dict = {"model": model, "gguf": str(gguf), "taps": taps, "cases": []}
+    out: dict = {"model": model_label(model), "gguf": str(gguf), "taps": taps, "cases": []}
     walls = capture.time_verify(gguf, [(T, rows - 1) for T, rows in CASES], n_prompt=N_PROMPT, n_ctx=N_CTX,
                                 layer_inputs=taps, reps=30, warmup=5, install=install, timeout_s=480)
     out["load_s"], out["log"] = walls["load_s"], walls["log"]
