@@ -193,7 +193,8 @@ def generate(gguf: str | os.PathLike, *, prompt: list[int] | None = None, n_pred
              drafter: dict | None = None, n_rs_seq: int = 0, n_ubatch: int = 16, n_ctx: int = 256,
              flash_attn: str = "auto", n_threads: int = 2, rows: bool = False,
              prompts: Sequence[Sequence[int]] | None = None, drafters: Sequence[dict] | None = None,
-             record_ubatches: bool = False, install: build.Install | None = None, timeout_s: float = 600.0) -> dict:
+             record_ubatches: bool = False, sampling: str = "full", runs: int = 1, n_gpu_layers: int = 0,
+             install: build.Install | None = None, timeout_s: float = 600.0) -> dict:
     """llama.cpp's own greedy speculative loop on ``gguf`` (the worker's ``generate`` mode): the referee of
     ``gdnpass generate``. ``drafter``: {"kind": "none"}, {"kind": "ngram", "size_n", "size_m"} or {"kind":
     "planted", "truth", "accept", "lengths"} (:mod:`gdnpass.drafters`). Returns the worker's record: tokens, steps
@@ -204,22 +205,47 @@ def generate(gguf: str | os.PathLike, *, prompt: list[int] | None = None, n_pred
     ``drafter``, in a context of n_seq_max = their number (a KV stream each; ``n_ctx`` is shared by the streams, as
     llama.cpp shares it); the record's ``sequences`` holds each one's tokens, steps and margins. With
     ``record_ubatches`` it also has ``prefill`` and ``batches``: each llama_decode's batch ([sequence, tokens]) and
-    the ubatches llama.cpp split it into ([sequences, tokens] each)."""
+    the ubatches llama.cpp split it into ([sequences, tokens] each). ``sampling`` ("full", "host", "backend"),
+    ``runs`` and ``n_gpu_layers``: the worker's timing settings (:func:`.worker.run_generate`); the record's
+    ``runs`` has each run's decode-loop seconds."""
+    if (prompt is None) == (prompts is None):
+        raise LlamaError("generate: give one prompt (prompt=) or several (prompts=)")
+    case = generate_request([list(prompt)] if prompts is None else prompts,
+                            drafters if drafters is not None else [drafter or {"kind": "none"}] *
+                            (1 if prompts is None else len(prompts)),
+                            n_predict, draft_max=draft_max, n_rs_seq=n_rs_seq, n_ubatch=n_ubatch, n_ctx=n_ctx,
+                            flash_attn=flash_attn, n_threads=n_threads, rows=rows, record_ubatches=record_ubatches,
+                            sampling=sampling, runs=runs)
+    return generate_cases(gguf, [case], n_gpu_layers=n_gpu_layers, install=install, timeout_s=timeout_s)[0]
+
+
+def generate_request(prompts: Sequence[Sequence[int]], drafters: Sequence[dict], n_predict: int, *,
+                     draft_max: int = 0, n_rs_seq: int = 0, n_ubatch: int = 16, n_ctx: int = 256,
+                     flash_attn: str = "auto", n_threads: int = 2, rows: bool = False, record_ubatches: bool = False,
+                     sampling: str = "full", runs: int = 1) -> dict:
+    """One context of the worker's ``generate`` mode (a case of :func:`generate_cases`): its prompts (token ids) and
+    drafters (one each per sequence) and settings. ``n_batch`` holds the whole prefill (every prompt) and a step of
+    every sequence's K + 1 tokens, so that each is one ``llama_decode``, split by llama.cpp alone."""
+    prompts = [[int(t) for t in p] for p in prompts]
+    if len(drafters) != len(prompts):
+        raise LlamaError(f"generate: {len(prompts)} prompts and {len(drafters)} drafters: one drafter per sequence")
+    return {"n_ctx": n_ctx, "n_batch": max(n_ubatch, sum(len(p) for p in prompts), len(prompts) * (draft_max + 1)),
+            "n_ubatch": n_ubatch, "n_rs_seq": n_rs_seq, "flash_attn": flash_attn, "n_threads": n_threads,
+            "prompts": prompts, "n_predict": n_predict, "draft_max": draft_max, "drafters": list(drafters),
+            "rows": rows, "record_ubatches": record_ubatches, "sampling": sampling, "runs": runs}
+
+
+def generate_cases(gguf: str | os.PathLike, cases: Sequence[dict], *, n_gpu_layers: int = 0,
+                   install: build.Install | None = None, timeout_s: float = 600.0) -> list[dict]:
+    """Several contexts of the worker's ``generate`` mode (:func:`generate_request` each) in one worker process, on
+    one load of ``gguf`` (``n_gpu_layers`` of its layers on the GPU: -1 or 99 for all); one record per case."""
     path = Path(gguf)
     if not path.is_file():
         raise LlamaError(f"generate: GGUF file {path} does not exist")
-    if (prompt is None) == (prompts is None):
-        raise LlamaError("generate: give one prompt (prompt=) or several (prompts=)")
-    prompts = [list(prompt)] if prompts is None else [list(p) for p in prompts]
     install = install or build.ensure()
     req = {"mode": "generate", "gguf": str(path.resolve()), "lib_dir": str(install.lib_dir), "layout": install.layout,
-           "n_ctx": n_ctx, "n_batch": max(n_ubatch, sum(len(p) for p in prompts), len(prompts) * (draft_max + 1)),
-           "n_ubatch": n_ubatch,
-           "n_rs_seq": n_rs_seq, "flash_attn": flash_attn, "n_threads": n_threads, "prompts": prompts,
-           "n_predict": n_predict, "draft_max": draft_max,
-           "drafters": list(drafters) if drafters is not None else [drafter or {"kind": "none"}] * len(prompts),
-           "rows": rows, "record_ubatches": record_ubatches}
-    return _call_worker(req, path, install, timeout_s)
+           "n_gpu_layers": n_gpu_layers, "cases": list(cases)}
+    return _call_worker(req, path, install, timeout_s)["cases"]
 
 
 def tokenize(gguf: str | os.PathLike, texts: Sequence[str] = (), *,

@@ -362,25 +362,55 @@ def run_generate(req: dict) -> dict:
     leaves the batch. Returns per sequence the tokens, per step the width, the accepted drafts and seq_rm's result,
     per token its top-2 margin (and, with ``rows``, its logits row); with one prompt these are the record's own
     keys. With ``record_ubatches`` also every batch's (sequence, tokens) and the ubatches llama.cpp ran for it,
-    (sequences, tokens) each, read from the graphs its scheduler computed."""
+    (sequences, tokens) each, read from the graphs its scheduler computed.
+
+    For timing (the peer of ``benchmarks/seqs_bench.py``): ``sampling`` "host" reads each row's greedy token as the
+    argmax of its logits, which llama.cpp copies to the host (numpy, no margins), "backend" lets llama.cpp's greedy
+    sampler run on the device (``llama_context_params.samplers``: a greedy chain per sequence, the token read with
+    ``llama_get_sampled_token_ith``; the logits stay there); the default ("full") keeps margins as above. ``runs``:
+    the loop run that many times in the one context (``llama_memory_clear`` between), each run's decode loop timed
+    (prefill excluded, after ``llama_synchronize``): ``runs`` in the record. ``cases``: several such requests (each a
+    dict of keys overriding the request's) on one model load: ``cases`` in the record, one record each."""
     import llama_cpp.llama_cpp as L
 
+    logs: list[str] = []
+    on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
+    model = load_model(L, req, logs)
+    if req.get("cases"):
+        out = {"cases": [_generate(L, model, {**req, **case}, logs) for case in req["cases"]]}
+    else:
+        out = _generate(L, model, req, logs)
+    L.llama_model_free(model)
+    return out
+
+
+SAMPLING = ("full", "host", "backend")
+
+
+def _generate(L, model, req: dict, logs: list[str]) -> dict:
+    """One context of :func:`run_generate`: the loop over its prompts, ``runs`` times."""
     from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, draft_budget,  # (no torch)
                                   first_argmax)
 
-    logs: list[str] = []
     prompts = [[int(x) for x in p] for p in req.get("prompts") or [req["prompt"]]]
     specs = req.get("drafters") or [req.get("drafter") or {"kind": "none"}] * len(prompts)
     if len(specs) != len(prompts):
         raise Refused(f"{len(prompts)} prompts and {len(specs)} drafters: one drafter per sequence")
+    sampling = req.get("sampling", "full")
+    if sampling not in SAMPLING:
+        raise Refused(f"sampling {sampling!r}: expected one of {', '.join(SAMPLING)}")
+    runs = int(req.get("runs", 1))
+    if runs < 1:
+        raise Refused(f"runs must be >= 1, is {runs}")
     ran: list[list[int]] = []  # the ubatches of the current llama_decode: [sequences, tokens] each
     on_eval = _ubatch_recorder(req, ran) if req.get("record_ubatches") else None
-
-    on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
-    model = load_model(L, req, logs)
-    ctx = make_context(L, model, {**req, "n_seqs": len(prompts)}, logs, req["n_rs_seq"], on_eval)
+    K, N = req["draft_max"], req["n_predict"]
+    chains = _greedy_chains(L, len(prompts)) if sampling == "backend" else None
+    ctx = make_context(L, model, {**req, "n_seqs": len(prompts)}, logs, req["n_rs_seq"], on_eval,
+                       samplers=chains, n_outputs_max_per_seq=K + 1 if chains else 0)
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     mem = L.llama_get_memory(ctx)
+    n_ctx = int(L.llama_n_ctx_seq(ctx))  # (each sequence's stream: n_ctx / n_seq_max)
 
     def drafter(d: dict, prompt: list[int]):
         if d["kind"] == "ngram":
@@ -388,60 +418,103 @@ def run_generate(req: dict) -> dict:
         if d["kind"] == "planted":
             return Planted(d["truth"], len(prompt), n_vocab, d["accept"], d.get("lengths", ()))
         return NoDraft()
-    K, N = req["draft_max"], req["n_predict"]
-    seqs = [{"drafter": drafter(d, p), "history": p[:-1], "id_last": p[-1], "tokens": [], "steps": [],
-             "margins": [], "rows": []} for p, d in zip(prompts, specs)]
-    t0 = time.perf_counter()
-    ran.clear()
-    if any(q["history"] for q in seqs):
-        decode_seqs(L, ctx, logs, {s: q["history"] for s, q in enumerate(seqs) if q["history"]}, 0, "none")
-    prefill = {"batch": [[s, len(q["history"])] for s, q in enumerate(seqs) if q["history"]], "ubatches": list(ran)}
-    batches = []
-    n_ctx = int(L.llama_n_ctx_seq(ctx))  # (each sequence's stream: n_ctx / n_seq_max)
-    while True:
-        running = [s for s, q in enumerate(seqs) if len(q["tokens"]) < N]
-        if not running:
-            break
-        drafts = {}
-        for s in running:
-            q = seqs[s]
-            budget = draft_budget(K, n_ctx, len(q["history"]), N, len(q["tokens"]))
-            drafts[s] = [int(t) for t in q["drafter"].draft(q["history"], q["id_last"], budget)][:budget]
-        ran.clear()
-        batch = {s: [seqs[s]["id_last"], *drafts[s]] for s in running}
-        decode_seqs(L, ctx, logs, batch, {s: len(seqs[s]["history"]) for s in running}, "all")
-        batches.append({"batch": [[s, len(b)] for s, b in batch.items()], "ubatches": list(ran)})
-        row0 = 0  # the batch index of the sequence's first row
-        for s in running:
-            q, draft = seqs[s], drafts[s]
 
-            def row_argmax(i: int, q=q, row0=row0) -> int:  # row i's greedy token; keeps its top-2 margin (and bytes)
-                p = L.llama_get_logits_ith(ctx, row0 + i)
-                row = [p[j] for j in range(n_vocab)]
-                top = sorted(row, reverse=True)[:2]
-                q["margins"].append(top[0] - top[1])
-                if req.get("rows"):
-                    q["rows"].append(base64.b64encode(ctypes.string_at(p, 4 * n_vocab)).decode())
-                return first_argmax(row)
-            ids = accept_greedy(draft, row_argmax)
-            row0 += len(draft) + 1
-            for tok in ids:
-                q["history"].append(q["id_last"])
-                q["id_last"] = tok
-            ok = bool(L.llama_memory_seq_rm(mem, s, len(q["history"]), -1))
-            q["steps"].append({"n_t": len(draft) + 1, "drafted": len(draft), "accepted": len(ids) - 1, "seq_rm": ok,
-                               "pos_max": int(L.llama_memory_seq_pos_max(mem, s))})
-            q["tokens"] += ids
+    def greedy(row: int, q: dict) -> int:
+        """Row ``row`` (of the batch) 's greedy token, as ``sampling`` reads it."""
+        if sampling == "backend":
+            tok = int(L.llama_get_sampled_token_ith(ctx, row))
+            if tok == L.LLAMA_TOKEN_NULL:
+                raise Refused(f"backend sampling gave no token for row {row} of the batch")
+            return tok
+        p = L.llama_get_logits_ith(ctx, row)
+        if sampling == "host":
+            import numpy as np
+
+            return int(np.argmax(np.ctypeslib.as_array(p, shape=(n_vocab,))))  # (the first of equal maxima)
+        values = [p[j] for j in range(n_vocab)]
+        top = sorted(values, reverse=True)[:2]
+        q["margins"].append(top[0] - top[1])
+        if req.get("rows"):
+            q["rows"].append(base64.b64encode(ctypes.string_at(p, 4 * n_vocab)).decode())
+        return first_argmax(values)
+
+    def loop() -> tuple[list[dict], dict, list[dict], float, float]:
+        """One run: the sequences' records, the prefill's and each step's batches, the whole and the decode loop's
+        seconds."""
+        seqs = [{"drafter": drafter(d, p), "history": p[:-1], "id_last": p[-1], "tokens": [], "steps": [],
+                 "margins": [], "rows": []} for p, d in zip(prompts, specs)]
+        t0 = time.perf_counter()
+        ran.clear()
+        if any(q["history"] for q in seqs):
+            decode_seqs(L, ctx, logs, {s: q["history"] for s, q in enumerate(seqs) if q["history"]}, 0, "none")
+        L.llama_synchronize(ctx)
+        prefill = {"batch": [[s, len(q["history"])] for s, q in enumerate(seqs) if q["history"]],
+                   "ubatches": list(ran)}
+        batches = []
+        t_loop = time.perf_counter()
+        while True:
+            running = [s for s, q in enumerate(seqs) if len(q["tokens"]) < N]
+            if not running:
+                break
+            drafts = {}
+            for s in running:
+                q = seqs[s]
+                budget = draft_budget(K, n_ctx, len(q["history"]), N, len(q["tokens"]))
+                drafts[s] = [int(t) for t in q["drafter"].draft(q["history"], q["id_last"], budget)][:budget]
+            ran.clear()
+            batch = {s: [seqs[s]["id_last"], *drafts[s]] for s in running}
+            decode_seqs(L, ctx, logs, batch, {s: len(seqs[s]["history"]) for s in running}, "all")
+            batches.append({"batch": [[s, len(b)] for s, b in batch.items()], "ubatches": list(ran)})
+            row0 = 0  # the batch index of the sequence's first row
+            for s in running:
+                q, draft = seqs[s], drafts[s]
+                ids = accept_greedy(draft, lambda i, q=q, row0=row0: greedy(row0 + i, q))
+                row0 += len(draft) + 1
+                for tok in ids:
+                    q["history"].append(q["id_last"])
+                    q["id_last"] = tok
+                ok = bool(L.llama_memory_seq_rm(mem, s, len(q["history"]), -1))
+                q["steps"].append({"n_t": len(draft) + 1, "drafted": len(draft), "accepted": len(ids) - 1,
+                                   "seq_rm": ok, "pos_max": int(L.llama_memory_seq_pos_max(mem, s))})
+                q["tokens"] += ids
+        t1 = time.perf_counter()
+        return seqs, prefill, batches, t1 - t0, t1 - t_loop
+
+    timed = []
+    for r in range(runs):
+        if r:
+            L.llama_memory_clear(mem, True)
+        seqs, prefill, batches, seconds, decode_s = loop()
+        tokens = [q["tokens"] for q in seqs]
+        if not r:
+            first = (seqs, prefill, batches, seconds, tokens)
+        n_tokens = sum(len(t) for t in tokens)
+        timed.append({"decode_seconds": round(decode_s, 6), "n_tokens": n_tokens,
+                      "tokens_per_second": round(n_tokens / decode_s, 3) if decode_s else 0.0,
+                      "same_tokens": tokens == first[4]})
+    seqs, prefill, batches, seconds, _ = first
     sequences = [{k: q[k] for k in ("tokens", "steps", "margins", "rows")} for q in seqs]
     out = {**(sequences[0] if len(seqs) == 1 else {}), "sequences": sequences, "n_vocab": int(n_vocab),
            "settings": {"n_ctx": int(L.llama_n_ctx(ctx)), "n_ctx_seq": n_ctx, "n_seq_max": len(seqs),
-                        "n_rs_seq": int(L.llama_n_rs_seq(ctx)), "n_ubatch": req["n_ubatch"]},
-           "seconds": round(time.perf_counter() - t0, 3)}
+                        "n_rs_seq": int(L.llama_n_rs_seq(ctx)), "n_ubatch": req["n_ubatch"], "sampling": sampling,
+                        "n_gpu_layers": int(req.get("n_gpu_layers", 0))},
+           "seconds": round(seconds, 3), "runs": timed}
     if req.get("record_ubatches"):
         out.update({"prefill": prefill, "batches": batches})
     L.llama_free(ctx)
-    L.llama_model_free(model)
+    for chain in chains or ():
+        L.llama_sampler_free(chain)
     return out
+
+
+def _greedy_chains(L, n: int) -> list:
+    """One sampler chain holding llama.cpp's greedy sampler per sequence (backend sampling takes chains only)."""
+    chains = []
+    for _ in range(n):
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+        chains.append(chain)
+    return chains
 
 
 def _ubatch_recorder(req: dict, ran: list[list[int]]):
@@ -667,11 +740,19 @@ def load_model(L, req: dict, logs: list[str]):
 
 
 def make_context(L, model, req: dict, logs: list[str], n_rs_seq: int, cb_eval=None, ctx_type: int = 0,
-                 ctx_other=None):
-    """A one-sequence context with the request's n_ctx / n_batch / n_ubatch / threads / flash attention and
-    ``n_rs_seq`` rollback planes; ``cb_eval``: the scheduler's eval callback (None: none); ``ctx_type`` (an
-    ``LLAMA_CONTEXT_TYPE_*``) and ``ctx_other`` (another context) as llama_context_params takes them."""
+                 ctx_other=None, samplers=None, n_outputs_max_per_seq: int = 0):
+    """A context of the request's ``n_seqs`` sequences (default one) with its n_ctx / n_batch / n_ubatch / threads /
+    flash attention and ``n_rs_seq`` rollback planes; ``cb_eval``: the scheduler's eval callback (None: none);
+    ``ctx_type`` (an ``LLAMA_CONTEXT_TYPE_*``) and ``ctx_other`` (another context) as llama_context_params takes
+    them; ``samplers``: a sampler chain per sequence, run on the device (backend sampling), with at most
+    ``n_outputs_max_per_seq`` output rows per sequence and batch."""
     cp = L.llama_context_default_params()
+    if samplers:
+        configs = (L.llama_sampler_seq_config * len(samplers))()
+        for s, chain in enumerate(samplers):
+            configs[s].seq_id, configs[s].sampler = s, ctypes.cast(chain, ctypes.c_void_p)
+        cp.samplers, cp.n_samplers = configs, len(samplers)
+        cp.n_outputs_max_per_seq = n_outputs_max_per_seq
     cp.ctx_type = ctx_type
     if ctx_other is not None:
         cp.ctx_other = ctx_other
