@@ -204,3 +204,11 @@ class Planted:
 def cycle_schedule(k: int) -> list[int]:
     """An acceptance schedule in which every acceptance 0..k occurs: all, none, then 1 .. k-1."""
     return [k, 0, *range(1, k)] if k > 0 else [0]
+
+
+def seq_schedule(schedule: Sequence[int], seq: int) -> list[int]:
+    """Sequence ``seq``'s schedule among several: ``schedule`` started at its entry ``seq`` (cyclically), so that
+    sequences drafting in one step accept different counts there (``gdnpass generate`` with several prompts,
+    ``benchmarks/seqs_bench.py``)."""
+    k = seq % len(schedule)
+    return [*schedule[k:], *schedule[:k]]

@@ -492,6 +492,7 @@ class Engine:
         self.ubatches = 0
         self._last: Slot | None = None  # the last ubatch's graph (its h_nextn rows are readable until the next)
         self._synced = True  # the stream has been waited for since the last staged input copy
+        self._pool = None  # the CUDA graphs' memory pool (_capture)
 
     def _config(self, n_t: int, n_kv: int, n_out: int | None, seq0: int, n_seqs: int) -> VerifyConfig:
         """A ubatch of ``n_t`` tokens of each of sequences seq0 .. seq0 + n_seqs - 1 (their recurrent cells, of the
@@ -577,7 +578,13 @@ class Engine:
         self._forward(slot)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        # one memory pool for all of the engine's graphs: they replay one at a time on one stream, and what a capture
+        # allocates is a temporary used within that replay (the products over 16 columns run torch's matmul on an
+        # f32 copy of the weight: 8 GB for a 128-column lm head of the 9B), which a pool per graph would hold once per
+        # graph (every input, output and head buffer is allocated before the capture)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        with torch.cuda.graph(graph, pool=self._pool):
             self._forward(slot)
         slot.cuda_graph = graph
         self.shared["cache"].copy_(keep)

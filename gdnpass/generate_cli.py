@@ -116,7 +116,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
                            "weights; drop the flag")
     from gdnpass import generate as gen
     from gdnpass.engine import Engine, Model, Settings
-    from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults
+    from gdnpass.drafters import NgramSimple, NoDraft, Planted, cycle_schedule, ngram_defaults, seq_schedule
     from gdnpass.fusion import env_enabled
     from gdnpass.mtp_drafter import MtpDrafter, has_head
     from gdnpass.progress import step
@@ -161,7 +161,7 @@ def cmd_generate(a: argparse.Namespace) -> int:
         if a.draft == "mtp":  # (its own context of the target's settings: fused when the target is)
             return MtpDrafter(model, settings)
         if a.draft == "planted":  # (sequence s starts its schedule at entry s)
-            return Planted(plain[s].tokens, len(prompts[s]), vocab, accept[s % len(accept):] + accept[:s % len(accept)],
+            return Planted(plain[s].tokens, len(prompts[s]), vocab, seq_schedule(accept, s),
                            a.plant_lengths or ())
         return NoDraft()
 
@@ -240,18 +240,7 @@ def _prompts(a: argparse.Namespace, tok, vocab: int) -> list[list[int]]:
     default one prompt of ids 1..8."""
     texts = list(a.prompt or [])
     if a.prompts_file is not None:
-        from pathlib import Path
-
-        path = Path(a.prompts_file)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise GdnpassError(f"--prompts-file {path}: cannot read it as UTF-8 text "
-                               f"({getattr(e, 'strerror', None) or e.__class__.__name__})") from None
-        lines = [x for x in lines if x.strip()]
-        if not lines:
-            raise GdnpassError(f"--prompts-file {path}: no prompt in it (one per line, blank lines skipped)")
-        texts += lines
+        texts += read_prompts_file(a.prompts_file)
     if texts and a.prompt_ids is not None:
         raise GdnpassError("--prompt / --prompts-file and --prompt-ids: give the prompts one way")
     prompts = [tok.encode(t) for t in texts] if texts else (a.prompt_ids or [[1, 2, 3, 4, 5, 6, 7, 8]])
@@ -263,6 +252,22 @@ def _prompts(a: argparse.Namespace, tok, vocab: int) -> list[list[int]]:
         if bad:
             raise GdnpassError(f"--prompt-ids: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
     return prompts
+
+
+def read_prompts_file(path) -> list[str]:
+    """``--prompts-file``: text prompts, one per line, blank lines skipped; one-line errors naming the file."""
+    from pathlib import Path
+
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise GdnpassError(f"--prompts-file {path}: cannot read it as UTF-8 text "
+                           f"({getattr(e, 'strerror', None) or e.__class__.__name__})") from None
+    lines = [x for x in lines if x.strip()]
+    if not lines:
+        raise GdnpassError(f"--prompts-file {path}: no prompt in it (one per line, blank lines skipped)")
+    return lines
 
 
 # The divergence rule's tolerance for two runs of gdnpass's own executor (speculative vs plain decode): logits of

@@ -80,3 +80,25 @@ def test_several_sequences_on_the_gpu(model):
         assert off[s].tokens == truths[s]
         assert differences(eager[s], off[s]) == [] and differences(off[s], on[s]) == []
     assert any(x.ubatch_seqs > 1 for r in on for x in r.steps)
+
+
+def test_graphs_wider_than_the_mat_vec_share_one_pool(model):
+    """Four sequences drafting K = 4 each: a step is one ubatch of 20 tokens, whose products run torch's matmul (over
+    the mat-vec's 16 columns) on temporaries that the capture allocates. All of an engine's graphs are captured into
+    one memory pool (a pool per graph would hold such temporaries once per graph: 8 GB for the 9B's lm head at 128
+    columns); replays of graphs that share it give the eager run's bytes at every step of every sequence."""
+    prompts = [PROMPT[:8], PROMPT[8:12], PROMPT[12:16], PROMPT[16:]]
+    plain = generate_batch(Engine(model, Settings(draft_max=0, n_rs_seq=0, n_seqs=4, device="cuda")), prompts,
+                           [None] * 4, N)
+    schedule = [K]  # every draft accepted: the four sequences verify K + 1 tokens each in one ubatch, every step
+
+    def run(cuda_graphs: bool):
+        drafters = [Planted(r.tokens, len(p), model.shape.vocab_size, schedule) for r, p in zip(plain, prompts)]
+        eng = Engine(model, Settings(draft_max=K, n_seqs=4, device="cuda", cuda_graphs=cuda_graphs))
+        return generate_batch(eng, prompts, drafters, N, hash_logits=True), eng
+
+    (eager, _), (replayed, eng) = run(False), run(True)
+    for s in range(4):
+        assert replayed[s].tokens == plain[s].tokens and differences(eager[s], replayed[s]) == []
+    wide = [k for k, slot in eng.slots.items() if k[0] * k[4] > 16 and k[2] and slot.cuda_graph is not None]
+    assert wide and {slot.cuda_graph.pool() for slot in eng.slots.values()} == {eng._pool}
