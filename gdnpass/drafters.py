@@ -212,3 +212,18 @@ def seq_schedule(schedule: Sequence[int], seq: int) -> list[int]:
     ``benchmarks/seqs_bench.py``)."""
     k = seq % len(schedule)
     return [*schedule[k:], *schedule[:k]]
+
+
+def from_spec(spec: dict, n_prompt: int, vocab: int) -> Drafter:
+    """A drafter from its plain description, the form llama.cpp's worker takes one in (the same drafter on both
+    sides of a comparison): {"kind": "none"}, {"kind": "ngram", "size_n", "size_m"} or {"kind": "planted", "truth",
+    "accept", "lengths" (optional)}, for a sequence whose prompt has ``n_prompt`` tokens."""
+    kind = spec.get("kind")
+    if kind == "ngram":
+        return NgramSimple(spec["size_n"], spec["size_m"])
+    if kind == "planted":
+        return Planted(spec["truth"], n_prompt, vocab, spec["accept"], spec.get("lengths", ()))
+    if kind == "none":
+        return NoDraft()
+    raise GdnpassError(f"drafter kind {kind!r}: expected none, ngram or planted")
+

@@ -389,13 +389,18 @@ SAMPLING = ("full", "host", "backend")
 
 def _generate(L, model, req: dict, logs: list[str]) -> dict:
     """One context of :func:`run_generate`: the loop over its prompts, ``runs`` times."""
-    from gdnpass.drafters import (NgramSimple, NoDraft, Planted, accept_greedy, draft_budget,  # (no torch)
-                                  first_argmax)
+    from gdnpass.drafters import accept_greedy, draft_budget, first_argmax, from_spec  # (no torch)
+    from gdnpass.errors import GdnpassError
 
     prompts = [[int(x) for x in p] for p in req.get("prompts") or [req["prompt"]]]
     specs = req.get("drafters") or [req.get("drafter") or {"kind": "none"}] * len(prompts)
     if len(specs) != len(prompts):
         raise Refused(f"{len(prompts)} prompts and {len(specs)} drafters: one drafter per sequence")
+    try:
+        for d, p in zip(specs, prompts):  # (a kind it does not know: one line, before llama.cpp runs)
+            from_spec(d, len(p), 1)
+    except GdnpassError as e:
+        raise Refused(str(e)) from None
     sampling = req.get("sampling", "full")
     if sampling not in SAMPLING:
         raise Refused(f"sampling {sampling!r}: expected one of {', '.join(SAMPLING)}")
@@ -411,13 +416,6 @@ def _generate(L, model, req: dict, logs: list[str]) -> dict:
     n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     mem = L.llama_get_memory(ctx)
     n_ctx = int(L.llama_n_ctx_seq(ctx))  # (each sequence's stream: n_ctx / n_seq_max)
-
-    def drafter(d: dict, prompt: list[int]):
-        if d["kind"] == "ngram":
-            return NgramSimple(d["size_n"], d["size_m"])
-        if d["kind"] == "planted":
-            return Planted(d["truth"], len(prompt), n_vocab, d["accept"], d.get("lengths", ()))
-        return NoDraft()
 
     def greedy(row: int, q: dict) -> int:
         """Row ``row`` (of the batch) 's greedy token, as ``sampling`` reads it."""
@@ -441,8 +439,8 @@ def _generate(L, model, req: dict, logs: list[str]) -> dict:
     def loop() -> tuple[list[dict], dict, list[dict], float, float]:
         """One run: the sequences' records, the prefill's and each step's batches, the whole and the decode loop's
         seconds."""
-        seqs = [{"drafter": drafter(d, p), "history": p[:-1], "id_last": p[-1], "tokens": [], "steps": [],
-                 "margins": [], "rows": []} for p, d in zip(prompts, specs)]
+        seqs = [{"drafter": from_spec(d, len(p), n_vocab), "history": p[:-1], "id_last": p[-1], "tokens": [],
+                 "steps": [], "margins": [], "rows": []} for p, d in zip(prompts, specs)]
         t0 = time.perf_counter()
         ran.clear()
         if any(q["history"] for q in seqs):
