@@ -1,6 +1,6 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
-    python benchmarks/device_session.py --part 1|6|7|11 [--source .llama-src] [--out DIR]
+    python benchmarks/device_session.py --part 1|6|7|9|11 [--source .llama-src] [--out DIR]
     python benchmarks/device_session.py --part 2|3|4|5|8 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
@@ -28,6 +28,9 @@ file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draf
 Part 8 (issue 36): the expert FFN's kernels compiled (``tests/kernels/test_moe_ops.py``, its GPU test at the 35B-A3B
 and 512-expert shapes among them), then the whole tiny-qwen35moe forward on the Triton backend (``tests/
 test_moe_triton.py``: run --check fused vs unfused, logits against the torch backend's; the gguf wheel needed).
+Part 9 (issue 37 item 4): several sequences at once, tokens/s over all sequences at S = 1, 8, 32, gdnpass (fusion
+off and on) next to llama.cpp's library decoding the same batches, the 9B shape as a cycle model
+(``seqs_bench.py``; carry ``.llama-src`` and ``.whl``).
 Part 11 (issue 36): the MoE table, qwen3.5-35b-a3b's first 8 layers at full width, ours off / on next to upstream
 on one file, the chosen experts' bytes over the MUL_MAT_IDs' time (``bench.py --only whole,upstream --model
 qwen3.5-35b-a3b --layers 8``; carry ``.llama-src``).
@@ -53,7 +56,7 @@ def main() -> int:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--part", type=int, choices=PARTS)
     which.add_argument("--steps", help="named steps of any parts, comma-separated, in that order")
-    p.add_argument("--source", help="parts 1, 6, 7 and 11: a folder `gdnpass llama-build --pack` wrote")
+    p.add_argument("--source", help="parts 1, 6, 7, 9 and 11: a folder `gdnpass llama-build --pack` wrote")
     p.add_argument("--out", default=os.environ.get("OUT") or "device-session", help="logs and JSON (default: $OUT)")
     a = p.parse_args()
     out = Path(a.out)

@@ -78,6 +78,17 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("moe-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_moe_ops.py", "tests/test_moe_triton.py",
                            "-k", "not capture and not llama"], 420),
         ]
+    if part == 9:
+        return [
+            # issue 37 item 4: gdnpass's loop over 1, 8, 32 sequences at once (n-gram and planted drafters, each
+            # sequence alone first, fusion off / on ABBA), next to llama.cpp's library on the same batches (its CUDA
+            # build runs meanwhile, as in part 1; it measures each S once the build is ready, and the JSON is written
+            # after every S, so a run out of time keeps the smaller S); the 9B shape as a cycle model written there
+            # (~60 s, the file generate_bench.py writes too)
+            ("seqs", [PY, "benchmarks/seqs_bench.py", "--gguf", "/dev/shm/c9b.gguf", "--write-cycle", "qwen3.5-9b",
+                      "--seqs", "1,8,32", "-K", "3", "-n", "128", "--peer", *(["--source", source] if source else []),
+                      "--json", str(out / "seqs.json")], 530),
+        ]
     if part == 11:
         return [
             # issue 36: the MoE verify forward (qwen3.5-35b-a3b's first 8 layers at full width: 6 GDN, 2 attention,
@@ -109,7 +120,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 11)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 11)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
