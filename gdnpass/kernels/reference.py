@@ -165,7 +165,10 @@ def mul_mat(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
         from gdnpass.kernels.quants import mul_mat_q
 
         return mul_mat_q(w, x, dtype)
-    w = w.to(F32).repeat_interleave(x.shape[1] // w.shape[1], 1).repeat_interleave(x.shape[0] // w.shape[0], 0)
+    w, r1, r0 = w.to(F32), x.shape[1] // w.shape[1], x.shape[0] // w.shape[0]
+    # (repeat_interleave copies even by 1: a whole f32 weight more, 4 GB for the 9B's lm head; contiguous() gives a
+    # single weight the layout the copy gave it, so the product's bytes are the same)
+    w = w.repeat_interleave(r1, 1).repeat_interleave(r0, 0) if r1 > 1 or r0 > 1 else w.contiguous()
     return x.to(F32) @ w.transpose(-1, -2)
 
 

@@ -188,6 +188,20 @@ def test_scale_strided_and_in_place(s, b):
 # ---- MUL_MAT (mat-vec) ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("wtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "broadcast"])
+def test_reference_mul_mat_is_the_repeated_weights_product(wtype, layout):
+    """The reference multiplies a single weight without repeating it (a copy of the whole f32 weight: 4 GB for the
+    9B's lm head, held by every CUDA graph of a wide ubatch), and its bytes are those of the repeated form it had."""
+    w = rnd(2, 2, 24, 40).to(wtype)
+    if layout == "transposed":  # (attention's K as a permuted view)
+        w = rnd(2, 2, 40, 24).to(wtype).transpose(-1, -2)
+    x = rnd(2, 2, 20, 40) if layout != "broadcast" else rnd(2, 6, 20, 40)
+    old = w.to(torch.float32).repeat_interleave(x.shape[1] // w.shape[1], 1).repeat_interleave(
+        x.shape[0] // w.shape[0], 0)
+    assert_bits(ref.mul_mat(w, x), x @ old.transpose(-1, -2), f"mul_mat {layout}")
+
+
 @pytest.mark.parametrize("wtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("cols", [(1, 1, 1), (3, 1, 1), (2, 2, 2)])
 def test_mul_mat_vec(wtype, cols):
