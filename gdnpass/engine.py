@@ -469,11 +469,16 @@ class Engine:
     stream s, as a context of n_seq_max sequences with a KV stream each gives them when their first ubatches come in
     sequence order). :meth:`decode_batch` is ``llama_decode`` of a batch of several sequences' tokens (split into
     ubatches as llama.cpp's split_equal splits it); :meth:`verify` / :meth:`prefill` / :meth:`seq_rm` without a
-    sequence are sequence 0's."""
+    sequence are sequence 0's. ``weights_of``: another engine of the same model and device whose weights this one
+    reads instead of loading its own copy (as llama.cpp's contexts share their model); it must have built a graph
+    by the time this one builds its first."""
 
-    def __init__(self, model: Model, settings: Settings = Settings()) -> None:
+    def __init__(self, model: Model, settings: Settings = Settings(), weights_of: "Engine | None" = None) -> None:
         settings.check()
         self.model, self.s = model, settings
+        if weights_of is not None and (weights_of.model is not model or weights_of.s.device != settings.device):
+            raise GraphError("weights_of: the engine whose weights are shared must be of the same model and device")
+        self._weights_of = weights_of  # (until the first graph takes its weights buffer)
         self.kv_size = settings.kv_size
         self.n_rs = settings.rs_seq
         self.n_seqs = settings.n_seqs
@@ -531,14 +536,23 @@ class Engine:
             shared.pop("arena", None)
         if self._layout is not None and layout != self._layout:
             raise GraphError(f"graph n_t={n_t} n_kv={n_kv} lays out weights or caches unlike the first graph")
-        loading = self._layout is None and self.model.gguf is not None and self.s.device == "cpu"
+        donor = self._weights_of if self._layout is None else None
+        if donor is not None:
+            if donor._layout is None:
+                raise GraphError("weights_of: the engine whose weights are shared has built no graph yet")
+            if {k: v for k, v in layout.items() if v[0] == "weights"} != \
+                    {k: v for k, v in donor._layout.items() if v[0] == "weights"}:
+                raise GraphError("weights_of: this engine's graphs lay out the weights unlike the other engine's")
+            shared["weights"] = donor.shared["weights"]
+        loading = self._layout is None and self.model.gguf is not None and self.s.device == "cpu" and donor is None
         # (the weights are read one at a time through a host copy: on the CPU that copy shares the plan's memory)
         extra = {"loading a weight": self.model.gguf.load_extra_bytes(g)} if loading else None
         ex = Executor(g, device=self.s.device, backend=self.s.backend, buffers=shared or None, extra=extra)
         if self._layout is None:
             self._layout = layout
-            self._init_memory(ex, g)
+            self._init_memory(ex, g, load=donor is None)
             self.shared = {k: ex.buffers[k] for k in ("weights", "cache", "arena") if k in ex.buffers}
+            self._weights_of = None
         names = {**{n: n for n in INPUTS}, g.meta.get("token_input"): "inp_tokens"}
         leafs = {names[t.name]: t for t in g.leafs if t.name in names}
         stage = self._stage(ex, list(leafs.values())) if ex.device.type == "cuda" else None
@@ -589,8 +603,10 @@ class Engine:
         slot.cuda_graph = graph
         self.shared["cache"].copy_(keep)
 
-    def _init_memory(self, ex, g: Graph) -> None:
-        if self.model.gguf is None:
+    def _init_memory(self, ex, g: Graph, load: bool = True) -> None:
+        if not load:  # (another engine's weights, already there)
+            ex.buffers[ex.arena].fill_(0xFF)
+        elif self.model.gguf is None:
             fill(ex, seed=self.model.seed)  # the preset's weights (and seeded caches, zeroed below)
         else:
             ex.buffers[ex.arena].fill_(0xFF)

@@ -208,6 +208,23 @@ def test_a_batch_that_runs_one_graph_twice(model):
     assert got.ids == want and len(set(want[:4])) > 1
 
 
+def test_an_engine_reads_another_engines_weights(model, tmp_path):
+    """Contexts of one model share its weights, as llama.cpp's contexts share their model (benchmarks/seqs_bench.py
+    keeps one copy of the 9B's 17 GB for all of its engines): an engine given ``weights_of`` loads no copy and
+    decodes what an engine with its own copy decodes, byte for byte, fused or not, with any number of sequences."""
+    own = Engine(model, Settings(draft_max=K))
+    with pytest.raises(GdnpassError, match="has built no graph yet"):
+        generate(Engine(model, Settings(draft_max=K), weights_of=own), PROMPTS[0], NoDraft(), 6)
+    alone = generate(own, PROMPTS[0], NoDraft(), 6, hash_logits=True)
+    for fusion, n_seqs in ((False, 1), (True, 2)):
+        shared = Engine(model, Settings(draft_max=K, fusion=fusion, n_seqs=n_seqs), weights_of=own)
+        again = generate(shared, PROMPTS[0], NoDraft(), 6, hash_logits=True)
+        assert shared.shared["weights"] is own.shared["weights"] and differences(alone, again) == []
+    other = Model.from_gguf(write_gguf("tiny-qwen35", tmp_path / "o.gguf", wtype="f32", seed=2))
+    with pytest.raises(GdnpassError, match="same model"):
+        Engine(other, Settings(draft_max=K), weights_of=own)
+
+
 def test_a_sequence_that_ends_leaves_the_batch(model, plain):
     """Every draft accepted, so all three verify K + 1 tokens in one ubatch each step, until sequence 1 generates
     an end-of-generation token: it stops there, and sequences 0 and 2 (no longer consecutive ids) go on in

@@ -197,10 +197,20 @@ class Bench:
     say: object = print
     alone: dict = field(default_factory=dict)   # (drafter, s) -> Result of sequence s alone, fusion on
     truths: dict = field(default_factory=dict)  # s -> the greedy continuation of prompt s
+    donor: object = None  # the first engine, whose weights every later one reads (one copy of the model's weights)
 
     @property
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
+
+    def engine(self, n_seqs: int, fusion: bool):
+        """A context of ``n_seqs`` sequences on the first engine's weights (the 9B's 17 GB loaded once)."""
+        from gdnpass.engine import Engine
+
+        eng = Engine(self.model, self.settings(n_seqs, fusion), weights_of=self.donor)
+        if self.donor is None:
+            self.donor = eng
+        return eng
 
     def settings(self, n_seqs: int, fusion: bool):
         from gdnpass.engine import Settings
@@ -229,14 +239,13 @@ class Bench:
         """Sequences 0..n_seqs-1 alone (those not run yet), fusion on: the n-gram runs first, whose tokens are the
         planted drafter's truths (a plain decode gives them otherwise)."""
         from gdnpass.drafters import NoDraft
-        from gdnpass.engine import Engine
         from gdnpass.generate import generate
 
         todo = [(k, s) for k in kinds for s in range(n_seqs) if (k, s) not in self.alone]
         if not todo:
             return
         t0 = time.perf_counter()
-        eng = Engine(self.model, self.settings(1, True))
+        eng = self.engine(1, True)
         for k, s in todo:
             if k == "planted" and s not in self.truths:
                 self.truths[s] = generate(eng, self.prompts[s], NoDraft(), self.n_predict).tokens
@@ -252,11 +261,10 @@ class Bench:
 
     def case(self, n_seqs: int, kinds: Sequence[str], building: Future | None = None) -> list[dict]:
         """S = ``n_seqs``: every drafter's warm-up and identity runs, then its timed runs (ABBA)."""
-        from gdnpass.engine import Engine
         from gdnpass.generate import differences, generate_batch
 
         prompts = self.prompts[:n_seqs]
-        engines = {on: Engine(self.model, self.settings(n_seqs, on)) for on in (False, True)}
+        engines = {on: self.engine(n_seqs, on) for on in (False, True)}  # (off builds its graphs first)
         cases = []
         for kind in kinds:
             specs = self.specs(kind, n_seqs)
