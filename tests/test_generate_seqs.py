@@ -291,6 +291,27 @@ def test_llama_cpp_runs_the_same_sequences_in_the_same_ubatches(llama, model, pl
     assert any(u[0] == 3 for b in theirs["batches"] for u in b["ubatches"])  # a step in one ubatch of all three
 
 
+def test_llama_cpp_cases_on_one_load(llama, model, plain):
+    """The worker's timing cases (the peer of benchmarks/seqs_bench.py): contexts on one model load, each loop run
+    twice (the memory cleared between: the same tokens), the greedy tokens read on the host (numpy's argmax) and by
+    llama.cpp's backend sampling (a greedy chain per sequence on the device) equal to the full reading's, with every
+    acceptance; a case llama.cpp refuses gets its one-line error and the others run."""
+    from gdnpass.frontends.llama import capture
+
+    specs = [{"kind": "planted", "truth": r.tokens, "accept": a, "lengths": list(n)}
+             for r, (a, n) in zip(plain, SCHEDULES)]
+    cases = [capture.generate_request(PROMPTS, specs, N, draft_max=K, n_rs_seq=K, n_ubatch=12, n_ctx=768,
+                                      sampling=m, runs=2) for m in ("full", "host", "backend", "gpu")]
+    full, host, backend, bad = capture.generate_cases(model.gguf.path, cases, install=llama)
+    assert bad == {"error": "sampling 'gpu': expected one of full, host, backend"}
+    tokens = [q["tokens"] for q in full["sequences"]]
+    assert {x["accepted"] for q in full["sequences"] for x in q["steps"]} == set(range(K + 1))
+    for rec in (full, host, backend):
+        assert [q["tokens"] for q in rec["sequences"]] == tokens
+        assert len(rec["runs"]) == 2 and all(r["same_tokens"] and r["n_tokens"] == 3 * N for r in rec["runs"])
+    assert host["sequences"][0]["margins"] == [] and backend["settings"]["sampling"] == "backend"
+
+
 # ---- the CLI, bad input ------------------------------------------------------------------------------------------
 
 

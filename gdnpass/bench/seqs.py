@@ -520,6 +520,11 @@ def run(a) -> int:
             return
         ours = {(c["S"], c["drafter"]): c for c in out["cases"]}
         for c, g in zip(cases, got):
+            if "error" in g:
+                print(f"S={c['S']} {c['drafter']}: llama.cpp ({c['sampling']}): {g['error']}", flush=True)
+                out["llama_cpp_errors"].append({"S": c["S"], "drafter": c["drafter"], "sampling": c["sampling"],
+                                                "error": g["error"]})
+                continue
             mine = ours[(c["S"], c["drafter"])]
             out["llama_cpp"].append(peer_record(c, g, mine["tokens"], mine["fusion_on"]["median_tokens_per_s"]))
             p = out["llama_cpp"][-1]

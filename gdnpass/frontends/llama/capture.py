@@ -216,7 +216,10 @@ def generate(gguf: str | os.PathLike, *, prompt: list[int] | None = None, n_pred
                             n_predict, draft_max=draft_max, n_rs_seq=n_rs_seq, n_ubatch=n_ubatch, n_ctx=n_ctx,
                             flash_attn=flash_attn, n_threads=n_threads, rows=rows, record_ubatches=record_ubatches,
                             sampling=sampling, runs=runs)
-    return generate_cases(gguf, [case], n_gpu_layers=n_gpu_layers, install=install, timeout_s=timeout_s)[0]
+    out = generate_cases(gguf, [case], n_gpu_layers=n_gpu_layers, install=install, timeout_s=timeout_s)[0]
+    if "error" in out:
+        raise LlamaError(f"generate of {Path(gguf).name}: {out['error']}")
+    return out
 
 
 def generate_request(prompts: Sequence[Sequence[int]], drafters: Sequence[dict], n_predict: int, *,
@@ -238,7 +241,8 @@ def generate_request(prompts: Sequence[Sequence[int]], drafters: Sequence[dict],
 def generate_cases(gguf: str | os.PathLike, cases: Sequence[dict], *, n_gpu_layers: int = 0,
                    install: build.Install | None = None, timeout_s: float = 600.0) -> list[dict]:
     """Several contexts of the worker's ``generate`` mode (:func:`generate_request` each) in one worker process, on
-    one load of ``gguf`` (``n_gpu_layers`` of its layers on the GPU: -1 or 99 for all); one record per case."""
+    one load of ``gguf`` (``n_gpu_layers`` of its layers on the GPU: -1 or 99 for all); one record per case, or
+    ``{"error": ...}`` (one line) for a case llama.cpp refused."""
     path = Path(gguf)
     if not path.is_file():
         raise LlamaError(f"generate: GGUF file {path} does not exist")

@@ -370,14 +370,15 @@ def run_generate(req: dict) -> dict:
     ``llama_get_sampled_token_ith``; the logits stay there); the default ("full") keeps margins as above. ``runs``:
     the loop run that many times in the one context (``llama_memory_clear`` between), each run's decode loop timed
     (prefill excluded, after ``llama_synchronize``): ``runs`` in the record. ``cases``: several such requests (each a
-    dict of keys overriding the request's) on one model load: ``cases`` in the record, one record each."""
+    dict of keys overriding the request's) on one model load: ``cases`` in the record, one record each (or
+    ``{"error": ...}`` for a case llama.cpp refused)."""
     import llama_cpp.llama_cpp as L
 
     logs: list[str] = []
     on_log = log_into(L, logs)  # noqa: F841 (kept referenced: llama.cpp calls it until the process ends)
     model = load_model(L, req, logs)
-    if req.get("cases"):
-        out = {"cases": [_generate(L, model, {**req, **case}, logs) for case in req["cases"]]}
+    if req.get("cases"):  # (a case llama.cpp refuses gets its error; the others still run)
+        out = {"cases": [_generate_or_error(L, model, {**req, **case}, logs) for case in req["cases"]]}
     else:
         out = _generate(L, model, req, logs)
     L.llama_model_free(model)
@@ -385,6 +386,13 @@ def run_generate(req: dict) -> dict:
 
 
 SAMPLING = ("full", "host", "backend")
+
+
+def _generate_or_error(L, model, req: dict, logs: list[str]) -> dict:
+    try:
+        return _generate(L, model, req, logs)
+    except Refused as e:
+        return {"error": str(e)}
 
 
 def _generate(L, model, req: dict, logs: list[str]) -> dict:
