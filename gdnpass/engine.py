@@ -594,7 +594,7 @@ class Engine:
         graph = torch.cuda.CUDAGraph()
         # one memory pool for all of the engine's graphs: they replay one at a time on one stream, and what a capture
         # allocates is a temporary used within that replay (the products over 16 columns run torch's matmul on an
-        # f32 copy of the weight: 8 GB for a 128-column lm head of the 9B), which a pool per graph would hold once per
+        # f32 copy of the weight: 4 GB for the 9B's lm head), which a pool per graph would hold once per
         # graph (every input, output and head buffer is allocated before the capture)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()

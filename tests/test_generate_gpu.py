@@ -85,7 +85,7 @@ def test_several_sequences_on_the_gpu(model):
 def test_graphs_wider_than_the_mat_vec_share_one_pool(model):
     """Four sequences drafting K = 4 each: a step is one ubatch of 20 tokens, whose products run torch's matmul (over
     the mat-vec's 16 columns) on temporaries that the capture allocates. All of an engine's graphs are captured into
-    one memory pool (a pool per graph would hold such temporaries once per graph: 8 GB for the 9B's lm head at 128
+    one memory pool (a pool per graph would hold such temporaries once per graph: 4 GB for the 9B's lm head over 16
     columns); replays of graphs that share it give the eager run's bytes at every step of every sequence."""
     prompts = [PROMPT[:8], PROMPT[8:12], PROMPT[12:16], PROMPT[16:]]
     plain = generate_batch(Engine(model, Settings(draft_max=0, n_rs_seq=0, n_seqs=4, device="cuda")), prompts,
