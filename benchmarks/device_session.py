@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -28,6 +28,10 @@ file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draf
 Part 8 (issue 36): the expert FFN's kernels compiled (``tests/kernels/test_moe_ops.py``, its GPU test at the 35B-A3B
 and 512-expert shapes among them), then the whole tiny-qwen35moe forward on the Triton backend (``tests/
 test_moe_triton.py``: run --check fused vs unfused, logits against the torch backend's; the gguf wheel needed).
+Part 10 (issue 37 item 3): the deduplicated snapshot window at batch, seed 003's table (``tune_dedup.py``): S 1, 8,
+64, 128 x T 4, 8, 16 in the rows, dedup and dedup-t layouts and the per-token baseline, fused vs unfused byte for
+byte before timing, at the seed's shape (qwen3.5-27b, C 10240), at qwen3.5-9b's (C 8192), and the seed's bf16 bytes
+(f32 at half the heads, C 5120) at its points.
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

@@ -136,17 +136,16 @@ def chain_layer(model, T: int, n_rs: int, layout: str, n_seqs: int = 1):
     there is one, else in the interpreter; the GDN_CONV_CHAIN node; the unfused chain's nodes that launch kernels, in
     order: they still run on the executor, made for the unfused plan, whose memory the fused node keeps). The forward
     ran first so that the chain is timed and checked on real intermediates (fill leaves them NaN, which takes SiLU's
-    slow division path and compares equal too easily); in the interpreter it runs on the torch references (faster;
-    its values need only be real). Each sequence gathers plane min(1, n_rs) of its own cell: an accepted-token
-    offset."""
-    gpu = torch.cuda.is_available()
-    device = "cuda" if gpu else "cpu"
+    slow division path and compares equal too easily), on the torch references: its values need only be real, and
+    the layer's other kernels then need no compile (on the GPU) and no interpreter (on the CPU). Each sequence
+    gathers plane min(1, n_rs) of its own cell: an accepted-token offset."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     cfg = VerifyConfig(model, T, n_rs, n_layers=1, n_seqs=n_seqs, share_weights=True, ffn=False,
                        snapshot_layout=layout)
     g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
     ex = Executor(g, device=device, backend="triton")
     fill(ex, seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))
-    (ex if gpu else Executor(g, device, backend="torch", buffers=ex.buffers)).run()
+    Executor(g, device, backend="torch", buffers=ex.buffers).run()
     unfused = list(g.nodes)
     fuse(g, enabled=True, patterns=[ConvChain()])
     node = next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)

@@ -78,6 +78,20 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("moe-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_moe_ops.py", "tests/test_moe_triton.py",
                            "-k", "not capture and not llama"], 420),
         ]
+    if part == 10:
+        # issue 37 item 3: the deduplicated window at batch, seed 003's table (benchmarks/tune_dedup.py): S 1/8/64/128
+        # x T 4/8/16, rows / dedup / dedup-t / the per-token baseline, each case fused vs unfused byte for byte
+        # before it is timed, the seed's points first, the JSON rewritten after every case (a step cut short keeps
+        # what it measured). The first step, the seed's shape (C 10240), compiles the 36 chain variants (3 a case:
+        # rows, the per-window path, the tile; ~1-2 s each, no spills, ptxas on the CPU); the others reuse them.
+        dedup = [PY, "benchmarks/tune_dedup.py"]
+        return [
+            ("seqs-dedup-27b", [*dedup, "--model", "qwen3.5-27b", "--json", str(out / "seqs-dedup-27b.json")], 280),
+            ("seqs-dedup-9b", [*dedup, "--model", "qwen3.5-9b", "--json", str(out / "seqs-dedup-9b.json")], 150),
+            # seed 003's state is bf16, llama.cpp's and gdnpass's f32: its bytes as f32 at half the heads (C 5120)
+            ("seqs-dedup-bf16", [*dedup, "--model", "qwen3.5-27b", "--state", "bf16-bytes", "--seqs", "1,64,128",
+                                 "--tokens", "8,16", "--json", str(out / "seqs-dedup-bf16.json")], 90),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -101,7 +115,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 10)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
