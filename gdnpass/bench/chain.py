@@ -1,7 +1,10 @@
 """The conv chain at qwen3.5-9b size (C 8192, S 128, 16 k heads, d_conv 4): the fused chain's operands laid out as
 llama.cpp lays them and the bytes it must move; one layer's unfused chain, kernel by kernel, next to upstream
 ggml-cuda's (:data:`UPSTREAM`) and the fused node; the one-layer fused node in a snapshot layout
-(:func:`fused_chain`, benchmarks/tune_dedup.py's too) and the dedup layouts against the rows layout."""
+(:func:`fused_chain`) and the dedup layouts against the rows layout; and at batch (:func:`bench_dedup_seqs`,
+benchmarks/tune_dedup.py's): S sequences x T tokens of any model, each layout's fused node and unfused chain checked
+byte for byte, then timed, next to seed 003's per-token baseline (:func:`without_tile`) and figures
+(:data:`SEED_003`)."""
 
 from __future__ import annotations
 
