@@ -28,10 +28,11 @@ file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draf
 Part 8 (issue 36): the expert FFN's kernels compiled (``tests/kernels/test_moe_ops.py``, its GPU test at the 35B-A3B
 and 512-expert shapes among them), then the whole tiny-qwen35moe forward on the Triton backend (``tests/
 test_moe_triton.py``: run --check fused vs unfused, logits against the torch backend's; the gguf wheel needed).
-Part 10 (issue 37 item 3): the deduplicated snapshot window at batch, seed 003's table (``tune_dedup.py``): S 1, 8,
-64, 128 x T 4, 8, 16 in the rows, dedup and dedup-t layouts and the per-token baseline, fused vs unfused byte for
-byte before timing, at the seed's shape (qwen3.5-27b, C 10240), at qwen3.5-9b's (C 8192), and the seed's bf16 bytes
-(f32 at half the heads, C 5120) at its points.
+Part 10 (issue 37 item 3): the dedup layouts at 128 sequences compiled, byte for byte (``test_seqs.py``'s GPU
+test; part 3 leaves it here), then the deduplicated snapshot window at batch, seed 003's table (``tune_dedup.py``):
+S 1, 8, 64, 128 x T 4, 8, 16 in the rows, dedup and dedup-t layouts and the per-token baseline, fused vs unfused
+byte for byte before timing, at the seed's shape (qwen3.5-27b, C 10240), at qwen3.5-9b's (C 8192), and the seed's
+bf16 bytes (f32 at half the heads, C 5120) at its points.
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the
