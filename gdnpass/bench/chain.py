@@ -257,9 +257,10 @@ def _layout_case(model, S: int, T: int, layout: str) -> dict:
     tile = node.op_params.get("tile")
     r = {f"{layout} identical": same_bytes(ex, unfused, fused, over=chain_written(node)),
          f"{layout} tile": tile is not None, f"{layout} bytes": node_bytes(node, tile)}
-    if layout == "dedup":  # the seed's baseline: this shared row written window by window
+    if layout == "dedup":  # the seed's baseline: this shared row written window by window (without a tile, the node)
         per_token = node_runner(ex, without_tile(node)) if tile else fused
-        r["per-token identical"] = r["dedup identical"] and same_bytes(ex, fused, per_token, chain_written(node))
+        r["per-token identical"] = r["dedup identical"] and (
+            not tile or same_bytes(ex, fused, per_token, chain_written(node)))
         r["per-token bytes"] = node_bytes(node)
     us, kernels = timed(unfused) if r[f"{layout} identical"] else (float("nan"), None)
     # (its kernels: the profiler's count, else its nodes' launches)
