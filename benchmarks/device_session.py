@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -31,6 +31,11 @@ test_moe_triton.py``: run --check fused vs unfused, logits against the torch bac
 Part 9 (issue 37 item 4): several sequences at once, tokens/s over all sequences at S = 1, 8, 32, gdnpass (fusion
 off and on) next to llama.cpp's library decoding the same batches, the 9B shape as a cycle model
 (``seqs_bench.py``; carry ``.llama-src`` and ``.whl``).
+Part 10 (issue 37 item 3): the dedup layouts at 128 sequences compiled, byte for byte (``test_seqs.py``'s GPU
+test; part 3 leaves it here), then the deduplicated snapshot window at batch, seed 003's table (``tune_dedup.py``):
+S 1, 8, 64, 128 x T 4, 8, 16 in the rows, dedup and dedup-t layouts and the per-token baseline, fused vs unfused
+byte for byte before timing, at the seed's shape (qwen3.5-27b, C 10240), at qwen3.5-9b's (C 8192), and the seed's
+bf16 bytes (f32 at half the heads, C 5120) at its points.
 Part 11 (issue 36): the MoE table, qwen3.5-35b-a3b's first 8 layers at full width, ours off / on next to upstream
 on one file, the chosen experts' bytes over the MUL_MAT_IDs' time (``bench.py --only whole,upstream --model
 qwen3.5-35b-a3b --layers 8``; carry ``.llama-src``).

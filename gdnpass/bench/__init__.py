@@ -8,7 +8,8 @@ timing itself needs one). No module here imports a script; the scripts import th
 - :mod:`~gdnpass.bench.floors`: the floor kernels of the fused chain's data dependencies (Triton copies of N bytes,
   after a dependent load, with a block norm);
 - :mod:`~gdnpass.bench.chain`: the fused conv chain at qwen3.5-9b size (operands, bytes, the unfused chain's
-  kernels next to upstream's, the one-layer fused node in a snapshot layout, the dedup layouts);
+  kernels next to upstream's, the one-layer fused node in a snapshot layout, the dedup layouts, and those at batch:
+  S sequences x T tokens, fused vs unfused checked first, next to seed 003's per-token baseline and figures);
 - :mod:`~gdnpass.bench.matvec`: the thin MUL_MAT (the models' product shapes read off the fused graph, cold-weight
   rotation, operands) against the read bandwidth, a streaming read of the same bytes and cuBLAS, and the alpha/beta
   pair;

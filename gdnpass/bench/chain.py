@@ -1,9 +1,16 @@
 """The conv chain at qwen3.5-9b size (C 8192, S 128, 16 k heads, d_conv 4): the fused chain's operands laid out as
 llama.cpp lays them and the bytes it must move; one layer's unfused chain, kernel by kernel, next to upstream
 ggml-cuda's (:data:`UPSTREAM`) and the fused node; the one-layer fused node in a snapshot layout
-(:func:`fused_chain`, benchmarks/tune_dedup.py's too) and the dedup layouts against the rows layout."""
+(:func:`fused_chain`) and the dedup layouts against the rows layout; and at batch (:func:`bench_dedup_seqs`,
+benchmarks/tune_dedup.py's): S sequences x T tokens of any model, each layout's fused node and unfused chain checked
+byte for byte, then timed, next to seed 003's per-token baseline (:func:`without_tile`) and figures
+(:data:`SEED_003`)."""
 
 from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import replace
 
 import torch
 
@@ -11,11 +18,14 @@ from gdnpass import pipeline
 from gdnpass.bench.floors import copy_us
 from gdnpass.bench.timing import kernel_us, node_runner
 from gdnpass.fusion import fuse
+from gdnpass.errors import GraphError
 from gdnpass.ir import Op, runs_kernel
 from gdnpass.models import VerifyConfig, default_ids
+from gdnpass.models.hparams import SNAPSHOT_LAYOUTS, ModelShape, get_model
 from gdnpass.models.fill import fill
+from gdnpass.patterns.conv_chain import ConvChain
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor
+from gdnpass.runtime import Executor, node_launches
 
 
 def chain_operands(T: int, rows: int, seed: int = 0) -> dict:
@@ -35,14 +45,22 @@ def chain_operands(T: int, rows: int, seed: int = 0) -> dict:
     return dict(cache=cache, out=out, q=q, k=k, args=(cache, ids, x, w, dst, cols, 1e-6, out, q, k))
 
 
-def chain_bytes(T: int, rows: int, tile: dict | None = None) -> int:
-    """Bytes the fused chain must move at qwen3.5-9b size: the gathered state, the projection, the taps, the SiLU
-    output, the q/k outputs and the snapshot rows; with the node's ``tile`` (a dedup layout's shared row), the
-    tile's windows stored as its columns once."""
-    C, dc, S, Hk = 8192, 4, 128, 16
+def chain_bytes(T: int, rows: int, tile: dict | None = None, C: int = 8192, n_s: int = 1, H_k: int = 16,
+                S: int = 128, dc: int = 4) -> int:
+    """Bytes the fused chain must move (default: qwen3.5-9b's C, heads and d_conv, one sequence): the gathered
+    state, the projection, the taps, the SiLU output, the q/k outputs and the snapshot rows of each of ``n_s``
+    sequences (the taps once); with the node's ``tile`` (a dedup layout's shared row), the tile's windows stored as
+    its columns once."""
     per_window = rows - len(tile["windows"]) if tile else rows  # rows stored window by window, dc-1 columns each
     snapshot_cols = per_window * (dc - 1) + (tile["n_cols"] if tile else 0)
-    return 4 * ((dc - 1) * C + C * T + dc * C + C * T + 2 * S * Hk * T + snapshot_cols * C)
+    return 4 * (dc * C + n_s * ((dc - 1) * C + C * T + C * T + 2 * S * H_k * T + snapshot_cols * C))
+
+
+def node_bytes(n, tile: dict | None = None) -> int:
+    """:func:`chain_bytes` of GDN_CONV_CHAIN node ``n`` (its shape, sequences and heads), stored with ``tile``."""
+    p = n.op_params
+    return chain_bytes(p["n_tokens"], len(p["columns"]), tile, C=n.ne[0], n_s=n.ne[2], H_k=p["n_k_heads"],
+                       S=p["head_dim"], dc=p["d_conv"])
 
 
 # ---- upstream ggml-cuda on this H200 (2026-12-01, ncu kernel durations; ../shared/reference/llama-cpp.md) ---------
@@ -114,18 +132,69 @@ def per_op(r: dict) -> dict[str, float]:
 # ---- the snapshot layouts ---------------------------------------------------------------------------------------------
 
 
-def fused_chain(model: str, T: int, n_rs: int, layout: str):
-    """One layer of ``model`` (no FFN), fused, in snapshot ``layout``: (its executor, with the Triton backend, on the
-    GPU when there is one, else on the CPU; its GDN_CONV_CHAIN node). On the GPU the forward has run once, so the
-    chain is timed on real intermediates (fill leaves them NaN, and NaN takes SiLU's slow division path)."""
-    gpu = torch.cuda.is_available()
-    cfg = VerifyConfig(model, T, n_rs, n_layers=1, share_weights=True, ffn=False, snapshot_layout=layout)
-    g = pipeline.run(cfg, PassOptions(fusion=True)).graph
-    ex = Executor(g, device="cuda" if gpu else "cpu", backend="triton")
-    fill(ex, seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))  # an accepted-token offset: plane 1 is read
-    if gpu:
-        ex.run()
-    return ex, next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)
+def chain_layer(model, T: int, n_rs: int, layout: str, n_seqs: int = 1):
+    """One layer of ``model`` (a preset's name or a ModelShape; no FFN, shared weights) verifying ``n_seqs``
+    sequences of T tokens with ``n_rs`` rollback planes in snapshot ``layout``: planned unfused, filled, run once,
+    then its chain fused (the chain pattern alone). Returns (its executor, with the Triton backend, on the GPU when
+    there is one, else in the interpreter; the GDN_CONV_CHAIN node; the unfused chain's nodes that launch kernels, in
+    order: they still run on the executor, made for the unfused plan, whose memory the fused node keeps). The forward
+    ran first so that the chain is timed and checked on real intermediates (fill leaves them NaN, which takes SiLU's
+    slow division path and compares equal too easily), on the torch references: its values need only be real, and
+    the layer's other kernels then need no compile (on the GPU) and no interpreter (on the CPU). Each sequence
+    gathers plane min(1, n_rs) of its own cell: an accepted-token offset."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    cfg = VerifyConfig(model, T, n_rs, n_layers=1, n_seqs=n_seqs, share_weights=True, ffn=False,
+                       snapshot_layout=layout)
+    g = pipeline.run(cfg, PassOptions(fusion=True), fuse_now=False).graph
+    ex = Executor(g, device=device, backend="triton")
+    fill(ex, seed=1, ids=default_ids(cfg, read_plane=min(1, n_rs)))
+    Executor(g, device, backend="torch", buffers=ex.buffers).run()
+    unfused = list(g.nodes)
+    fuse(g, enabled=True, patterns=[ConvChain()])
+    node = next(n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN)
+    replaced = set(node.op_params["replaced"])
+    return ex, node, [n for n in unfused if n.name in replaced and runs_kernel(n)]
+
+
+def fused_chain(model, T: int, n_rs: int, layout: str, n_seqs: int = 1):
+    """:func:`chain_layer`'s executor and fused node."""
+    ex, node, _ = chain_layer(model, T, n_rs, layout, n_seqs)
+    return ex, node
+
+
+def without_tile(n):
+    """Fused chain node ``n`` with its dedup tile left out: the shared row's windows written window by window, d_conv
+    - 1 element stores each (the kernel's per-window path; seed 003's kernel before its change)."""
+    m = copy.copy(n)
+    m.op_params = {k: v for k, v in n.op_params.items() if k != "tile"}
+    return m
+
+
+def nodes_runner(ex: Executor, nodes):
+    """The kernels of ``nodes`` (of ``ex``'s graph), in order, as one call (the unfused chain)."""
+    fns = [node_runner(ex, n) for n in nodes]
+    return lambda: [fn() for fn in fns]
+
+
+def chain_written(n) -> list:
+    """What GDN_CONV_CHAIN node ``n`` writes (its SiLU output, q, k, the snapshot destinations) and the whole
+    tensors its destinations are views of (the conv caches: a stray write there shows)."""
+    written = [n.view_src, *n.outs]
+    return written + list({t.base.uid: t.base for t in written if t.base is not t}.values())
+
+
+def same_bytes(ex: Executor, a, b, over) -> bool:
+    """Run ``a``, then ``b``, from the same starting bytes (restored afterwards): whether they leave the tensors
+    ``over`` (of ``ex``'s graph) byte-identical. (Not every buffer: an unfused chain also writes its interior nodes'
+    arena blocks, which its fused node does not; and a copy of every buffer is the memory of one more executor.)"""
+    start = ex.snapshot()
+    ends = []
+    for fn in (a, b):
+        ex.restore(start)
+        fn()
+        ends.append([ex.view(t).clone(memory_format=torch.contiguous_format).view(torch.uint8) for t in over])
+    ex.restore(start)
+    return all(torch.equal(x, y) for x, y in zip(*ends))
 
 
 def bench_dedup(cases) -> list[dict]:
@@ -144,3 +213,80 @@ def bench_dedup(cases) -> list[dict]:
         r["copy ratio"] = copy_us(min(r["dedup bytes"], r["dedup-t bytes"])) / copy_us(r["rows bytes"])
         out.append(r)
     return out
+
+
+# ---- the snapshot layouts at batch (issue 37 item 3; seed 003's table) ----------------------------------------------
+
+# Seed 003's kernel time per call, us (GB300, dim 10240, K 4, bf16 state, CUDA graph), at (bs, T): (before: the
+# deduplicated window stored per token, three element stores each; after: stored once as a tile; a dense window)
+SEED_003 = {(1, 8): (5.35, 2.49, 3.71), (64, 8): (57.39, 9.96, 21.08), (128, 8): (106.45, 17.55, 38.58),
+            (128, 16): (322.63, 39.10, 74.12)}
+
+
+def seqs_cases(seqs, tokens) -> list[tuple[int, int]]:
+    """(S, T) of every S in ``seqs`` and T in ``tokens``, seed 003's points first (a run cut short has those)."""
+    grid = [(S, T) for S in seqs for T in tokens]
+    return [c for c in SEED_003 if c in grid] + [c for c in grid if c not in SEED_003]
+
+
+def half_channels(model) -> ModelShape:
+    """``model`` with half its GDN heads (k and v; the same head size): its chain in f32 moves the bytes the chain of
+    ``model`` would move with bf16 state and inputs (seed 003's bf16 row in gdnpass's f32 terms: llama.cpp's
+    recurrent caches are f32, and so is gdnpass's chain), with half the stores of that bf16 chain."""
+    m = get_model(model)
+    if m.n_k_heads % 2 or m.n_v_heads % 2:
+        raise GraphError(f"model {m.name!r}: {m.n_k_heads} k and {m.n_v_heads} v heads do not halve")
+    return replace(m, name=f"{m.name}/2", n_k_heads=m.n_k_heads // 2, n_v_heads=m.n_v_heads // 2)
+
+
+def timed(fn) -> tuple[float, int | None]:
+    """Kernel time per call of ``fn``, us, and its kernels (:func:`kernel_us`: profiler durations of one call captured
+    as a CUDA graph, median over replays); without a GPU one call, untimed: (nan, None)."""
+    if not torch.cuda.is_available():
+        fn()
+        return float("nan"), None
+    us, per = kernel_us(fn)
+    return us, len(per)
+
+
+def _layout_case(model, S: int, T: int, layout: str) -> dict:
+    """One layout of :func:`bench_dedup_seqs`'s (S, T): checked, then timed (a case whose bytes differ is not
+    timed: NaN). Its executor dies with this call (the next layout's needs the memory)."""
+    ex, node, chain = chain_layer(model, T, T - 1, layout, S)
+    fused, unfused = node_runner(ex, node), nodes_runner(ex, chain)
+    tile = node.op_params.get("tile")
+    r = {f"{layout} identical": same_bytes(ex, unfused, fused, over=chain_written(node)),
+         f"{layout} tile": tile is not None, f"{layout} bytes": node_bytes(node, tile)}
+    if layout == "dedup":  # the seed's baseline: this shared row written window by window (without a tile, the node)
+        per_token = node_runner(ex, without_tile(node)) if tile else fused
+        r["per-token identical"] = r["dedup identical"] and (
+            not tile or same_bytes(ex, fused, per_token, chain_written(node)))
+        r["per-token bytes"] = node_bytes(node)
+    us, kernels = timed(unfused) if r[f"{layout} identical"] else (float("nan"), None)
+    # (its kernels: the profiler's count, else its nodes' launches)
+    r[f"{layout} unfused"] = us
+    r[f"{layout} unfused kernels"] = kernels if kernels is not None else sum(node_launches(n) for n in chain)
+    r[layout] = timed(fused)[0] if r[f"{layout} identical"] else float("nan")
+    if layout == "dedup":
+        r["per-token"] = timed(per_token)[0] if r["per-token identical"] else float("nan")
+    return r
+
+
+def bench_dedup_seqs(model, cases):
+    """Issue 37 item 3, seed 003's table in gdnpass: per (S, T) of ``cases``, one ``model`` layer (a preset's name or
+    a ModelShape) verifying S sequences of T tokens with T - 1 rollback planes (T windows a sequence: the seed's
+    verify of T tokens), in each snapshot layout: the fused GDN_CONV_CHAIN node's kernel time per call, the unfused
+    chain's (its kernels) and the bytes the node moves; in the dedup layout also the node without its tile
+    ("per-token": the shared row written window by window, d_conv - 1 element stores a window, as the seed's kernel
+    before its change). Before any timing, fused vs unfused (the chain's nodes, then the node, from the same bytes:
+    its outputs and whole conv caches) and per-token vs tile are compared byte for byte. Yields one dict per case,
+    as it is measured."""
+    m = get_model(model)
+    for S, T in cases:
+        r = dict(model=m.name, C=m.conv_channels, S=S, T=T, planes=T)
+        for layout in SNAPSHOT_LAYOUTS:
+            r.update(_layout_case(model, S, T, layout))
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        yield r

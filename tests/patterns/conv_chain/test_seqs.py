@@ -16,6 +16,7 @@ graphs: trips.py; llama.cpp's own graphs of 2 and 3 sequences: tests/frontends/l
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from gdnpass.check import check_fusion
 from gdnpass.ir import Op
 from gdnpass.kernels import triton_ssm
 from gdnpass.models import VerifyConfig, default_ids
+from gdnpass.patterns.conv_chain import ConvChain
 from gdnpass.pipeline import PassOptions, run
 from support.graphs import CHAIN, CHAIN_OPS, assert_identical, triton_for
 
@@ -78,14 +80,17 @@ def test_several_sequences_fuse_byte_identically_on_triton(S, T, n_rs, mode):
 
 
 @INTERPRETER
-@pytest.mark.parametrize("S,T,n_rs,mode", [(3, 4, 3, "rollback"), (8, 2, 1, "swap")])
-def test_a_head_over_several_programs_fuses_byte_identically(monkeypatch, S, T, n_rs, mode):
+@pytest.mark.parametrize("S,T,n_rs,mode,layout", [(3, 4, 3, "rollback", "rows"), (8, 2, 1, "swap", "rows"),
+                                                  (3, 4, 3, "rollback", "dedup-t"), (8, 2, 1, "swap", "dedup")])
+def test_a_head_over_several_programs_fuses_byte_identically(monkeypatch, S, T, n_rs, mode, layout):
     """A CONCAT tile budget small enough that each head of 64 channels spans 4..64 programs: the last of a head's
-    programs to finish normalises its q and k (the ticket), and the bytes are the unfused graph's."""
+    programs to finish normalises its q and k (the ticket), and the bytes are the unfused graph's; in the dedup
+    layouts each program stores its channels' part of the shared rows (the tile; one window: window by window)."""
     monkeypatch.setattr(triton_ssm, "CHAIN_TILE", 64)
     assert triton_ssm.chain_block(S, 64, 4, T) <= 16
-    _, res = check(S, T, n_rs, mode, backend=triton_for(CHAIN_OPS))
-    assert_identical(res, compared=["q_conv_predelta-0", "k_conv_predelta-0"])
+    _, res = check(S, T, n_rs, mode, backend=triton_for(CHAIN_OPS), snapshot_layout=layout)
+    assert_identical(res, compared=["q_conv_predelta-0", "k_conv_predelta-0",
+                                    *(["cache_w_l0"] if layout != "rows" else [])])
 
 
 @pytest.mark.parametrize("layout", ["dedup", "dedup-t"])
@@ -99,6 +104,30 @@ def test_several_sequences_in_the_snapshot_layouts(layout, S, T, n_rs, mode):
     one, _ = check(1, T, n_rs, "own", snapshot_layout=layout)
     (node,), (alone,) = ([n for n in h.nodes if n.op is Op.GDN_CONV_CHAIN] for h in (g, one))
     assert node.op_params.get("tile") == alone.op_params.get("tile") and (n_rs < 2) == ("tile" not in node.op_params)
+
+
+class PerWindow(ConvChain):
+    """The chain pattern with the dedup tile left out: overlapping windows of a shared row stored window by window,
+    d_conv - 1 element stores each (the kernel's per-window path; seed 003's kernel before its change, the baseline
+    benchmarks/tune_dedup.py times)."""
+
+    def plan(self, c, ctx):
+        return replace(super().plan(c, ctx), tile=None)
+
+
+@INTERPRETER
+@pytest.mark.parametrize("layout", ["dedup", "dedup-t"])
+@pytest.mark.parametrize("S,T,n_rs,mode,store", [(3, 4, 3, "rollback", "tile"), (3, 4, 3, "rollback", "per-window"),
+                                                 (3, 4, 1, "swap", "tile"), (5, 2, 3, "own", "tile")])
+def test_several_sequences_in_the_snapshot_layouts_on_triton(layout, S, T, n_rs, mode, store):
+    """The chain's ops on Triton (the interpreter) in the dedup layouts: the tile of a sequence count that is no
+    power of two (the tile's masked sequences), the same windows stored window by window (each sequence's windows at
+    its own sequence stride), one window (no tile), planes past the tokens (windows at column 0, repeated)."""
+    patterns = CHAIN if store == "tile" else [PerWindow()]
+    g, res = check(S, T, n_rs, mode, backend=triton_for(CHAIN_OPS), patterns=patterns, snapshot_layout=layout)
+    assert_identical(res, compared=["cache_w_l0", "cache_r_l0"])
+    (node,) = [n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN]
+    assert ("tile" in node.op_params) == (store == "tile" and n_rs >= 2)
 
 
 def test_a_ubatch_after_other_cells():
@@ -137,3 +166,17 @@ def test_128_sequences_of_8_tokens_gpu(mode):
     assert applied.count("gdn_conv_chain") == 1 and applied.count("gdn_state_cache") == 1
     assert_identical(res, applied=len(applied), compared=["conv_output_silu-0", "cache_r_l0", "cache_s_l0"])
     assert triton_ssm.chain_launch(8, 128, n_seqs=128)[0]["BLOCK_C"] == 8
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout,store", [("dedup", "tile"), ("dedup", "per-window"), ("dedup-t", "tile")])
+def test_128_sequences_in_the_snapshot_layouts_gpu(layout, store):
+    """The dedup layouts at 128 sequences of 8 tokens (qwen3.5-9b, 7 rollback planes, ids rolled back), compiled:
+    the tile and the per-window stores (tune_dedup.py's baseline), fused vs unfused byte for byte."""
+    cfg = VerifyConfig("qwen3.5-9b", 8, 7, n_layers=1, n_seqs=128, share_weights=True, ffn=False,
+                       snapshot_layout=layout)
+    g = run(cfg, PassOptions(fusion=True), fuse_now=False).graph
+    res = check_fusion(g, "cuda", ids=row_ids(cfg, "rollback"), patterns=CHAIN if store == "tile" else [PerWindow()])
+    assert_identical(res, compared=["conv_output_silu-0", "cache_r_l0", "cache_w_l0"])
+    (node,) = [n for n in g.nodes if n.op is Op.GDN_CONV_CHAIN]
+    assert ("tile" in node.op_params) == (store == "tile")
