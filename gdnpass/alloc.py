@@ -14,7 +14,8 @@ What it reproduces, because fusion legality is decided on exactly this plan:
   children, so a hint keeps tensors alive up to its position, and the hint itself is never allocated.
 
 Leafs: those in the ``weights`` / ``cache`` / ``input`` buffers of a gdnpass-built graph are laid out by a simple
-aligned bump allocator per buffer; a leaf already placed in another named buffer (a llama.cpp capture's model, KV or
+aligned bump allocator per buffer, except in a buffer laid out before planning (``Graph.placed``: a model's weights,
+shared by the trunk's and the MTP head's contexts), whose leafs keep their offsets; a leaf already placed in another named buffer (a llama.cpp capture's model, KV or
 recurrent buffer) keeps its place; a leaf with no buffer is a graph input gallocr allocates in the arena, as ggml does
 (all such leafs first, in leaf order, then INPUT-flagged nodes and sources in node order; freed after their last use).
 
@@ -250,14 +251,20 @@ def bind(reserve: Graph, graph: Graph, arena_name: str = "arena") -> Binding:
 
 
 def _place_leafs(graph: Graph, alignment: int) -> dict[str, int]:
-    """gdnpass's weights, caches and inputs: each buffer packed in leaf order, aligned. Leafs placed elsewhere keep
-    their place (their buffer's size is at least their end); leafs without a buffer are the arena's."""
-    sizes: dict[str, int] = {"weights": 0, "cache": 0, "input": 0}
+    """gdnpass's weights, caches and inputs: each buffer packed in leaf order, aligned, but for a buffer laid out
+    before planning (``graph.placed``), whose leafs keep their offsets. Leafs placed elsewhere keep their place (their
+    buffer's size is at least their end); leafs without a buffer are the arena's."""
+    sizes: dict[str, int] = {"weights": 0, "cache": 0, "input": 0, **graph.placed}
     external: dict[str, int] = {}
     for t in graph.leafs:
         if t.view_src is not None or t.buffer is None:
             continue
-        if t.buffer in sizes:
+        if t.buffer in graph.placed:
+            if t.offset is None or t.offset % alignment or t.offset + t.nbytes > graph.placed[t.buffer]:
+                raise GraphError(f"leaf {t.name!r}: buffer {t.buffer!r} is laid out before planning "
+                                 f"({graph.placed[t.buffer]} bytes), but the leaf's offset {t.offset} is not an "
+                                 f"{alignment}-aligned place for its {t.nbytes} bytes in it")
+        elif t.buffer in sizes:
             t.offset = sizes[t.buffer]
             sizes[t.buffer] = _align(t.offset + t.nbytes, alignment)
         elif t.offset is not None:

@@ -419,6 +419,9 @@ class Graph:
         self.leafs: list[Tensor] = []
         self.meta: dict = {}
         self.buffers: dict[str, int] = {}  # buffer name -> size in bytes, set by the planner
+        # buffer name -> size of a buffer laid out before planning, its leafs' offsets given (a model's weights, which
+        # every context of the model shares, as llama.cpp's model buffer): the planner keeps them
+        self.placed: dict[str, int] = {}
         self.buffer_specs: dict[str, BufferSpec] = {}  # buffer name -> role; DEFAULT_BUFFERS' names need none
         self.alignment: int = 0            # arena alignment the plan used (0: not planned)
         self._visited: set[int] = set()

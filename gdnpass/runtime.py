@@ -49,6 +49,15 @@ def launches(graph: Graph) -> Counter:
     return +c
 
 
+def canonical_device(d: torch.device | str) -> torch.device:
+    """``d`` with its index spelled out, so that two names of one device compare equal: "cuda" is the current CUDA
+    device (where torch allocates for it); a CPU's index does not matter ("cpu:0" is "cpu")."""
+    d = torch.device(d)
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu") if d.type == "cpu" else d
+
+
 def backend_for(device: str, backend: str | dict | None) -> dict:
     """The op -> kernel table: torch references on the CPU, Triton kernels for the arithmetic ops on CUDA; a table
     itself (a dict, e.g. torch with the Triton kernels of a few ops, as the interpreter tests use) as it is."""
@@ -82,14 +91,6 @@ class Executor:
         self.device = torch.device(device)
         self.kernels = backend_for(device, backend)
         shared = dict(buffers or {})
-
-        def canonical(d: torch.device) -> torch.device:
-            """``d`` with its index spelled out, so that two names of one device compare equal: "cuda" is the current
-            CUDA device (where torch allocates for it); a CPU's index does not matter ("cpu:0" is "cpu")."""
-            if d.type == "cuda" and d.index is None:
-                return torch.device("cuda", torch.cuda.current_device())
-            return torch.device("cpu") if d.type == "cpu" else d
-
         for name, t in shared.items():
             if name not in graph.buffers:
                 raise GraphError(f"shared buffer {name!r}: the graph has no such buffer ({', '.join(graph.buffers)})")
@@ -98,9 +99,9 @@ class Executor:
                                  f"{t.dim()}-D {t.dtype} tensor")
             # the full device, index included: a buffer on cuda:1 under an executor on cuda:0 would hand its kernels
             # another GPU's memory
-            if canonical(t.device) != canonical(self.device):
+            if canonical_device(t.device) != canonical_device(self.device):
                 raise GraphError(f"shared buffer {name!r}: is on {t.device}, the executor runs on "
-                                 f"{canonical(self.device)}")
+                                 f"{canonical_device(self.device)}")
             if t.numel() < _pad(graph.buffers[name]):
                 raise GraphError(f"shared buffer {name!r} has {t.numel()} bytes, the graph needs "
                                  f"{_pad(graph.buffers[name])}")

@@ -6,7 +6,7 @@ import pytest
 
 from gdnpass import ops
 from gdnpass.alloc import DynAllocator, live_ranges, plan
-from gdnpass.ir import DType, Flag, Graph, Op
+from gdnpass.ir import DType, Flag, Graph, GraphError, Op
 from gdnpass.models import VerifyConfig, build_verify_graph
 
 
@@ -100,3 +100,26 @@ def test_leaf_buffers_are_separate_and_aligned():
     for t in g.leafs:
         assert t.buffer in ("weights", "cache", "input") and t.offset % 128 == 0
     assert all(n.buffer == "arena" for n in g.nodes if n.view_src is None)
+
+
+def test_a_buffer_laid_out_before_planning_keeps_its_offsets():
+    """``Graph.placed`` (a model's weights buffer, shared by its contexts): the planner keeps the leafs' offsets and
+    the buffer's size, packs the other buffers as before, and refuses an offset that is not an aligned place."""
+    packed, _ = planned()
+    g = build_verify_graph(VerifyConfig(model="qwen3.5-9b", n_tokens=4, n_rs_seq=3, n_layers=4))
+    weights = [t for t in g.leafs if t.buffer == "weights"]
+    end = 4096  # (a gap first, then the leafs in reverse order: not the planner's packing)
+    for t in reversed(weights):
+        t.offset, end = end, -(-(end + t.nbytes) // 128) * 128
+    size = g.placed["weights"] = end + 1000
+    want = {t.name: t.offset for t in weights}
+    plan(g)
+    assert {t.name: t.offset for t in weights} == want and g.buffers["weights"] == size
+    assert {k: v for k, v in g.buffers.items() if k != "weights"} == \
+        {k: v for k, v in packed.buffers.items() if k != "weights"}
+    g = build_verify_graph(VerifyConfig(model="qwen3.5-9b", n_tokens=4, n_rs_seq=3, n_layers=4))
+    g.placed["weights"] = size
+    for t in g.leafs:
+        t.offset = 64 if t.buffer == "weights" else t.offset
+    with pytest.raises(GraphError, match="laid out before planning.*not an 128-aligned place"):
+        plan(g)

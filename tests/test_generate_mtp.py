@@ -102,6 +102,37 @@ def test_random_k_and_prompts(model, k, data):
         done += s.accepted + 1
 
 
+def test_the_head_shares_the_model_s_weights(model, prompt):
+    """llama.cpp's MTP context reads the model's own tensors: the head's context binds the model's one weights
+    buffer, which the target's contexts (fusion off and on) bind too, so token_embd and output are held once; it
+    allocates no weights of its own. The model's buffer holds the head's block besides the trunk's weights."""
+    from gdnpass.pipeline import PassOptions, run as plan_alone
+
+    off, on = Settings(draft_max=3), Settings(draft_max=3, fusion=True)
+    drafter = MtpDrafter(model, off)
+    generate(Engine(model, on), prompt, MtpDrafter(model, on), 4)
+    target = Engine(model, off)
+    generate(target, prompt, drafter, 4)
+    slots = [*target.slots.values(), *drafter.head.slots.values()]
+    buffer = slots[0].executor.buffers["weights"]
+    assert all(s.executor.buffers["weights"] is buffer for s in slots) and target.weights is drafter.head.weights
+
+    def storage(slot):
+        return {t.name: (slot.executor.view(t).data_ptr(), t.nbytes) for t in slot.graph.leafs
+                if t.buffer == "weights"}
+
+    trunk, head = storage(slots[0]), storage(slots[-1])
+    shared = trunk.keys() & head.keys()
+    assert {"token_embd.weight", "output.weight"} <= shared
+    assert {n: trunk[n] for n in shared} == {n: head[n] for n in shared}  # the same bytes, not equal copies
+    # the memory: the head's graph planned alone packs its own weights; now the buffer grows by its block only
+    alone = {mtp: plan_alone(model.build(model.config(mtp=mtp, n_tokens=1)), PassOptions(fusion=False)).graph
+             for mtp in (False, True)}
+    before, block = alone[True].buffers["weights"], buffer.numel() - alone[False].buffers["weights"]
+    assert buffer.numel() == target.weights.size and 0 < block < before
+    assert before - block == sum(-(-trunk[n][1] // 128) * 128 for n in shared)
+
+
 def test_the_accepted_counts_depend_on_the_pairing(model, prompt):
     """A head paired with zeros instead of pending_h drafts differently: equal counts are evidence of the pairing."""
 

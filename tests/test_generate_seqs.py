@@ -208,21 +208,23 @@ def test_a_batch_that_runs_one_graph_twice(model):
     assert got.ids == want and len(set(want[:4])) > 1
 
 
-def test_an_engine_reads_another_engines_weights(model, tmp_path):
+def test_engines_of_a_model_share_its_weights(model, tmp_path, monkeypatch):
     """Contexts of one model share its weights, as llama.cpp's contexts share their model (benchmarks/seqs_bench.py
-    keeps one copy of the 9B's 17 GB for all of its engines): an engine given ``weights_of`` loads no copy and
-    decodes what an engine with its own copy decodes, byte for byte, fused or not, with any number of sequences."""
+    keeps one copy of the 9B's 17 GB for all of its engines): a later engine's weights buffer is the first's and it
+    loads no byte, and it decodes what the first decodes, byte for byte, fused or not, with any number of sequences;
+    another model's engine has its own."""
     own = Engine(model, Settings(draft_max=K))
-    with pytest.raises(GdnpassError, match="has built no graph yet"):
-        generate(Engine(model, Settings(draft_max=K), weights_of=own), PROMPTS[0], NoDraft(), 6)
     alone = generate(own, PROMPTS[0], NoDraft(), 6, hash_logits=True)
+    loaded = []
+    load = model.gguf.load_weights
+    monkeypatch.setattr(model.gguf, "load_weights", lambda ex, g, skip=(): loaded.append(load(ex, g, skip)))
     for fusion, n_seqs in ((False, 1), (True, 2)):
-        shared = Engine(model, Settings(draft_max=K, fusion=fusion, n_seqs=n_seqs), weights_of=own)
+        shared = Engine(model, Settings(draft_max=K, fusion=fusion, n_seqs=n_seqs))
         again = generate(shared, PROMPTS[0], NoDraft(), 6, hash_logits=True)
         assert shared.shared["weights"] is own.shared["weights"] and differences(alone, again) == []
+    assert loaded == [0, 0]  # (bytes written: each engine's first graph skipped every weight)
     other = Model.from_gguf(write_gguf("tiny-qwen35", tmp_path / "o.gguf", wtype="f32", seed=2))
-    with pytest.raises(GdnpassError, match="same model"):
-        Engine(other, Settings(draft_max=K), weights_of=own)
+    assert Engine(other, Settings(draft_max=K)).weights is not own.weights
 
 
 def test_a_sequence_that_ends_leaves_the_batch(model, plain):

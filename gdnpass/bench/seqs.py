@@ -197,20 +197,17 @@ class Bench:
     say: object = print
     alone: dict = field(default_factory=dict)   # (drafter, s) -> Result of sequence s alone, fusion on
     truths: dict = field(default_factory=dict)  # s -> the greedy continuation of prompt s
-    donor: object = None  # the first engine, whose weights every later one reads (one copy of the model's weights)
 
     @property
     def cuda(self) -> bool:
         return self.device.startswith("cuda")
 
     def engine(self, n_seqs: int, fusion: bool):
-        """A context of ``n_seqs`` sequences on the first engine's weights (the 9B's 17 GB loaded once)."""
+        """A context of ``n_seqs`` sequences on the model's weights (every engine of the model shares them: the 9B's
+        17 GB loaded once)."""
         from gdnpass.engine import Engine
 
-        eng = Engine(self.model, self.settings(n_seqs, fusion), weights_of=self.donor)
-        if self.donor is None:
-            self.donor = eng
-        return eng
+        return Engine(self.model, self.settings(n_seqs, fusion))
 
     def settings(self, n_seqs: int, fusion: bool):
         from gdnpass.engine import Settings

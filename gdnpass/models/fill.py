@@ -21,7 +21,8 @@ from gdnpass.runtime import TORCH_DTYPES, Executor
 
 
 def fill(ex: Executor, seed: int = 0, ids: list[int] | None = None,
-         progress: Callable[[int, int], None] | None = None, keep: Collection[str] = ()) -> None:
+         progress: Callable[[int, int], None] | None = None, keep: Collection[str] = (),
+         skip: Collection[str] = ()) -> None:
     """Reproducible contents for every leaf of ``ex``'s graph, and poison (NaN) in the arena.
 
     A leaf's bytes depend only on (seed, name, shape, type): two graphs built from one config get the same
@@ -29,10 +30,12 @@ def fill(ex: Executor, seed: int = 0, ids: list[int] | None = None,
     unwritten outputs). Inputs llama.cpp sets (token ids, positions, row ids, the KQ mask, ``rs_s_copy``) get its
     values (:func:`gdnpass.models.inputs.input_values`; ``ids`` sets ``rs_s_copy``). ``progress(done_bytes,
     total_bytes)`` after each leaf. ``keep``: buffers left as they are (one another executor of the same leaves
-    filled and shares).
+    filled and shares); ``skip``: leafs, by name, left as they are (weights of a model's buffer another context
+    loaded).
     """
     ex.buffers[ex.arena].fill_(0xFF)  # 0xFFFFFFFF is a NaN in f32
-    leafs = [t for t in ex.graph.leafs if not t.is_view and not t.is_empty and t.base.buffer not in keep]
+    leafs = [t for t in ex.graph.leafs if not t.is_view and not t.is_empty and t.base.buffer not in keep
+             and t.name not in skip]
     total, done = sum(t.nbytes for t in leafs), 0
     known = _input_values(ex.graph, seed, ids, leafs)
     for t in leafs:

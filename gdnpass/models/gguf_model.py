@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Collection
 
 from gdnpass.errors import GraphError
 from gdnpass.ir import DType, Graph
@@ -100,9 +101,10 @@ class GgufModel:
                 most = max(most, held + (t.nbytes if _PLAIN.get(file_t, DType.F32) is not t.type else 0))
         return most
 
-    def load_weights(self, executor, graph: Graph) -> int:
-        """Write every weight leaf of ``graph`` from the file into ``executor``'s buffers (dequantizing quantized
-        ones); returns the bytes written."""
+    def load_weights(self, executor, graph: Graph, skip: Collection[str] = ()) -> int:
+        """Write every weight leaf of ``graph`` but those named in ``skip`` (loaded already into a buffer the
+        executor shares) from the file into ``executor``'s buffers (dequantizing quantized ones); returns the bytes
+        written."""
         import numpy as np
         import torch
 
@@ -111,7 +113,7 @@ class GgufModel:
         by_name = {t.name: t for t in reader.tensors}
         done = 0
         for t in graph.leafs:
-            if t.buffer != "weights" or t.view_src is not None:
+            if t.buffer != "weights" or t.view_src is not None or t.name in skip:
                 continue
             src = by_name[t.name]
             if src.tensor_type.name in DEQUANTIZED:
