@@ -15,9 +15,10 @@ What it reproduces, because fusion legality is decided on exactly this plan:
 
 Leafs: those in the ``weights`` / ``cache`` / ``input`` buffers of a gdnpass-built graph are laid out by a simple
 aligned bump allocator per buffer, except in a buffer laid out before planning (``Graph.placed``: a model's weights,
-shared by the trunk's and the MTP head's contexts), whose leafs keep their offsets; a leaf already placed in another named buffer (a llama.cpp capture's model, KV or
-recurrent buffer) keeps its place; a leaf with no buffer is a graph input gallocr allocates in the arena, as ggml does
-(all such leafs first, in leaf order, then INPUT-flagged nodes and sources in node order; freed after their last use).
+shared by the trunk's and the MTP head's contexts), whose leafs keep their offsets; a leaf already placed in another
+named buffer (a llama.cpp capture's model, KV or recurrent buffer) keeps its place; a leaf with no buffer is a graph
+input gallocr allocates in the arena, as ggml does (all such leafs first, in leaf order, then INPUT-flagged nodes and
+sources in node order; freed after their last use).
 
 :func:`bind` models what llama.cpp does with the plan: gallocr plans the worst-case (reserve) graph once and binds its
 offsets to every later graph of the same topology whose tensors fit, node by node and source slot by source slot;

@@ -5,8 +5,9 @@ Memory is planned as llama.cpp plans it: one reserve plan of the worst-case grap
 sequence, every KV cell), and each ubatch graph bound to it slot by slot (:func:`gdnpass.pipeline.run` with
 ``reserve``). Graphs are cached per (width n_t, KV bucket n_kv: llama.cpp pads the used cells to 256, rows of
 logits, the ubatch's sequences), the pass runs on each once; all of them share one set of buffers (weights, the
-recurrent and KV caches, the arena), as llama.cpp's graphs share the model, its memory and its compute buffer. On
-CUDA each graph can be captured once as a CUDA graph and replayed.
+recurrent and KV caches, the arena), as llama.cpp's graphs share the model, its memory and its compute buffer; the
+weights buffer is the model's (:meth:`Model.weights`), shared by every context of the model, the MTP head's
+included. On CUDA each graph can be captured once as a CUDA graph and replayed.
 
 Several sequences (``Settings.n_seqs``, llama.cpp's ``n_seq_max``) each have a recurrent cell (its 1 + n_rs_seq
 planes) and a KV stream (llama.cpp's default, not ``kv_unified``). A batch of their tokens is split into ubatches
@@ -18,7 +19,9 @@ A ubatch is lean (:meth:`Engine.verify`, :meth:`Engine.decode_batch`): the input
 host copy of the input buffer and go over in one asynchronous copy; the greedy sampler's argmax (and, when asked,
 the top-2 logits) run on the device, inside the CUDA graph (:class:`GreedyHead`); only those few numbers come back,
 in the one wait of the step (a batch of several ubatches queues them all, then waits once). The logits themselves
-are copied to the host only when asked (:meth:`Verdict.logits`).
+are copied to the host only when asked (:meth:`Verdict.logits`). :meth:`Engine.launch` queues a ubatch without
+waiting at all, leaving its greedy head's outputs on the device; inputs that are on the device already (hidden-state
+rows, a draft's token ids: ``h`` as a torch tensor, ``on_device``) are copied there, behind the staged copy.
 
 The memory bookkeeping is llama.cpp's, per sequence (:class:`SeqMemory`): ``llama_memory_seq_rm``
 (:meth:`Engine.seq_rm`) makes the recurrent memory remember ``rs_idx[seq] = cell.pos - (p0 - 1)``, the plane the
@@ -34,7 +37,8 @@ KV cell is garbage, so reading anything else changes the logits.
 With ``Settings.mtp`` the engine is an MTP context instead (``LLAMA_CONTEXT_TYPE_MTP``, docs/mtp.md): the MTP head's
 graphs over a KV cache of the MTP block alone (no recurrent memory, so ``seq_rm`` frees any tail and no plane is
 tracked), each ubatch taking the hidden-state rows paired with its tokens. Every ubatch's ``h_nextn`` rows, the
-trunk's or the head's, can be read back (:meth:`Engine.h_nextn`): what an MTP drafter pairs its tokens with.
+trunk's or the head's, are at hand where they are (:meth:`Engine.h_rows`): what an MTP drafter pairs its tokens
+with.
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ from gdnpass.models.fill import fill
 from gdnpass.models.hparams import (MAX_RS_SEQ, MAX_SEQS, MAX_UBATCH, ModelShape, VerifyConfig, default_ids,
                                     get_model)
 from gdnpass.models.inputs import InputWriter
+
+Rows = np.ndarray | torch.Tensor  # hidden-state rows: on the host, or where the engine runs (a torch tensor)
 
 KV_PAD = 256  # llama.cpp pads n_ctx and n_kv to 256 cells (llama-context.cpp, llama_kv_cache::get_n_kv)
 
@@ -438,8 +444,11 @@ class Slot:
     report: object
     reallocated: bool
     writer: InputWriter              # what llama.cpp's set_input writes, for this graph
-    inputs: dict[str, np.ndarray]    # input name -> the flat numpy view it is written through (host stage on CUDA)
+    inputs: dict[str, np.ndarray]    # input name -> the flat numpy view it was last written through (on CUDA: of a
+                                     # host copy of the stage)
     stage: "Stage | None"            # CUDA: the inputs' bytes on the host, copied over in one go per ubatch
+    on_device: dict[str, torch.Tensor]  # input name -> its flat torch view in the graph's memory (what stays on the
+                                        # device is copied there: the MTP head's hidden-state rows, drafted tokens)
     logits: object                   # the result_output tensor
     h: object                        # the h_nextn tensor [n_embd, n_t] (every row: what an MTP head reads)
     head: GreedyHead | None
@@ -447,21 +456,42 @@ class Slot:
     runs: int = 0
 
 
+STAGE_RING = 2 * (MAX_RS_SEQ + 1)  # most host copies of one graph's inputs in flight (the MTP head's draft steps)
+
+
 @dataclass
 class Stage:
-    """A page-locked host copy of a graph's input buffer: every input is written there, then bytes [lo, hi) (the
-    span of the inputs llama.cpp sets) go to the device in one asynchronous copy, ordered before the graph on the
-    stream, so writing the inputs never waits for the device."""
+    """Page-locked host copies of a graph's input buffer: every input is written into one, then its bytes [lo, hi)
+    (the span of the inputs llama.cpp sets) go to the device in one asynchronous copy, ordered before the graph on
+    the stream, so writing the inputs never waits for the device. A copy still in flight is not written again: the
+    next free one is taken, a new one made when none is (a ring that grows to as many ubatches of this graph as are
+    queued without a wait, as the MTP head's draft steps are), up to STAGE_RING."""
 
-    host: torch.Tensor
     device: torch.Tensor
     lo: int
     hi: int
-    copied: object  # torch.cuda.Event: the last copy out of ``host`` has been done
+    views: Callable[[torch.Tensor], dict[str, np.ndarray]]  # a host copy -> its inputs' flat numpy views
+    ring: list[tuple[torch.Tensor, dict[str, np.ndarray], object]] = field(default_factory=list)  # (+ its Event)
+    at: int = -1
+
+    def take(self) -> dict[str, np.ndarray]:
+        """The views of a host copy free to be written: the next one in the ring whose copy is done (asked, not
+        waited for), else a new one, else (the ring full) the next one once its copy is done."""
+        nxt = (self.at + 1) % len(self.ring) if self.ring else 0
+        if not self.ring or not self.ring[nxt][2].query():
+            if len(self.ring) < STAGE_RING:
+                host = torch.zeros(self.device.numel(), dtype=torch.uint8, pin_memory=True)
+                self.ring.insert(nxt, (host, self.views(host), torch.cuda.Event()))  # (before the oldest)
+            else:
+                self.ring[nxt][2].synchronize()
+        self.at = nxt
+        return self.ring[nxt][1]
 
     def push(self) -> None:
-        self.device[self.lo:self.hi].copy_(self.host[self.lo:self.hi], non_blocking=True)
-        self.copied.record()
+        """Copy the host copy :meth:`take` gave to the device, asynchronously."""
+        host, _, copied = self.ring[self.at]
+        self.device[self.lo:self.hi].copy_(host[self.lo:self.hi], non_blocking=True)
+        copied.record()
 
 
 @dataclass
@@ -548,7 +578,6 @@ class Engine:
         self.mem = [SeqMemory(Planes(self.n_rs)) for _ in range(self.n_seqs)]
         self.ubatches = 0
         self._last: Slot | None = None  # the last ubatch's graph (its h_nextn rows are readable until the next)
-        self._synced = True  # the stream has been waited for since the last staged input copy
         self._pool = None  # the CUDA graphs' memory pool (_capture)
 
     def _config(self, n_t: int, n_kv: int, n_out: int | None, seq0: int, n_seqs: int) -> VerifyConfig:
@@ -604,26 +633,27 @@ class Engine:
             self.shared = {k: ex.buffers[k] for k in ("weights", "cache", "arena") if k in ex.buffers}
         names = {**{n: n for n in INPUTS}, g.meta.get("token_input"): "inp_tokens"}
         leafs = {names[t.name]: t for t in g.leafs if t.name in names}
-        stage = self._stage(ex, list(leafs.values())) if ex.device.type == "cuda" else None
-        inputs = {n: _flat((ex.view_in(t, stage.host) if stage else ex.view(t)).numpy(), n) for n, t in leafs.items()}
+        stage = self._stage(ex, leafs) if ex.device.type == "cuda" else None
+        inputs = {} if stage else {n: _flat(ex.view(t).numpy(), n) for n, t in leafs.items()}
+        on_device = {n: ex.view(t).reshape(-1) for n, t in leafs.items() if n in ("inp_tokens", "mtp_h_input")}
         logits = g.find("result_output")
         head = GreedyHead(ex.view(logits).reshape(n_out, self.vocab), self.s.margins) if n_out else None
         slot = Slot(n_t, n_kv, n_out, seq0, n_seqs, cfg, g, ex, res.report, res.binding.reallocated,
-                    InputWriter(cfg), inputs, stage, logits, output_node(g, "h_nextn"), head)
+                    InputWriter(cfg), inputs, stage, on_device, logits, output_node(g, "h_nextn"), head)
         self.slots[key] = slot
         if self.s.cuda_graphs:
             self._capture(slot)
         return slot
 
     @staticmethod
-    def _stage(ex, leafs: list) -> Stage:
-        where = {t.base.buffer for t in leafs}
+    def _stage(ex, leafs: dict[str, object]) -> Stage:
+        where = {t.base.buffer for t in leafs.values()}
         if where != {"input"}:
             raise GraphError(f"the graph's inputs lie in buffers {sorted(where)}, not in one input buffer")
-        lo = min(t.base.offset + t.view_offs for t in leafs)
-        hi = max(t.base.offset + t.view_offs + t.nbytes for t in leafs)
-        dev = ex.buffers["input"]
-        return Stage(torch.zeros(dev.numel(), dtype=torch.uint8, pin_memory=True), dev, lo, hi, torch.cuda.Event())
+        lo = min(t.base.offset + t.view_offs for t in leafs.values())
+        hi = max(t.base.offset + t.view_offs + t.nbytes for t in leafs.values())
+        return Stage(ex.buffers["input"], lo, hi,
+                     lambda host: {n: _flat(ex.view_in(t, host).numpy(), n) for n, t in leafs.items()})
 
     def _forward(self, slot: Slot) -> None:
         """The device work of one ubatch: the graph's nodes, then the greedy head."""
@@ -750,23 +780,29 @@ class Engine:
 
     # ---- ubatches -------------------------------------------------------------------------------------------------
     def _write_inputs(self, slot: Slot, tokens: Sequence[int], n_past: int | Sequence[int], planes: Sequence[int],
-                      h: np.ndarray | None) -> None:
+                      h: Rows | None, on_device: Sequence[tuple[int, torch.Tensor]] = ()) -> None:
         """What llama.cpp's set_input writes for a ubatch of the slot's sequences at positions n_past.. (one per
         sequence), each reading its plane (and, for the MTP head, the hidden-state rows ``h`` paired with the
-        tokens)."""
-        if slot.stage is not None and not self._synced:
-            slot.stage.copied.synchronize()  # the last ubatch's copy out of the host stage is done
+        tokens). Host values go through the stage; a torch ``h`` and the ``on_device`` token ids ((row, ids):
+        rows row.. of the token input) are copied where they are, behind the staged copy on the stream."""
+        if slot.stage is not None:
+            slot.inputs = slot.stage.take()
         slot.writer.write(slot.inputs, tokens, n_past, default_ids(slot.cfg, planes) if self.recurrent else ())
-        if self.s.mtp:
+        if isinstance(h, np.ndarray):
             slot.inputs["mtp_h_input"][...] = h.reshape(-1)
         if slot.stage is not None:
             slot.stage.push()
-            self._synced = False
+        if isinstance(h, torch.Tensor):
+            slot.on_device["mtp_h_input"].copy_(h.reshape(-1), non_blocking=True)
+        for row, ids in on_device:
+            slot.on_device["inp_tokens"][row:row + len(ids)].copy_(ids, non_blocking=True)
 
     def _ubatch(self, part: Part, tokens: Sequence[int], logits: bool, check: bool | None,
-                h: np.ndarray | None = None, n_out: int | None = None) -> Slot:
-        """Run one ubatch (``tokens``: its sequences' tokens, one sequence after another) without waiting for it:
-        each sequence reads its plane ``rs_idx`` (then 0 again, as ``s_copy`` resets it) at its own positions."""
+                h: Rows | None = None, n_out: int | None = None,
+                on_device: Sequence[tuple[int, torch.Tensor]] = ()) -> Slot:
+        """Run one ubatch (``tokens``: its sequences' tokens, one sequence after another; ``on_device``: (row, ids)
+        of rows whose ids are on the device) without waiting for it: each sequence reads its plane ``rs_idx`` (then 0
+        again, as ``s_copy`` resets it) at its own positions."""
         n_t, seqs = part.n_t, part.seqs
         mems = [self.mem[s] for s in seqs]
         past = [m.n_past for m in mems]
@@ -785,7 +821,7 @@ class Engine:
                          (rows if n_out is None else n_out) if logits else 0, part.seq0, part.n_seqs)
         if self.s.poison and self.recurrent:
             self._poison_planes(dict(zip(seqs, planes)))
-        self._write_inputs(slot, tokens, past[0] if len(past) == 1 else past, planes, h)
+        self._write_inputs(slot, tokens, past[0] if len(past) == 1 else past, planes, h, on_device)
         if slot.cuda_graph is not None:
             slot.cuda_graph.replay()
         else:
@@ -805,35 +841,44 @@ class Engine:
             raise GdnpassError(f"token id {bad[0]} is outside the vocabulary (0..{self.vocab - 1})")
 
     def verify(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True,
-               h: np.ndarray | None = None, n_out: int | None = None, seq: int = 0) -> Verdict | None:
+               h: Rows | None = None, n_out: int | None = None, seq: int = 0) -> Verdict | None:
         """``llama_decode`` of one ubatch of sequence ``seq``, with logits for every token (``logits``; ``n_out``:
         the last n_out rows only) or none (a prefill's ubatch). It reads plane ``rs_idx`` (then 0 again, as
         ``s_copy`` resets it). The MTP head (``Settings.mtp``) also takes ``h``, the (n_t, n_embd) float32
-        hidden-state rows paired with the tokens. Returns each row's greedy token (and top-2 margin with
-        ``Settings.margins``); nothing else waits for the device."""
+        hidden-state rows paired with the tokens (numpy on the host, or a torch tensor, copied where it is). Returns
+        each row's greedy token (and top-2 margin with ``Settings.margins``); nothing else waits for the device."""
+        slot = self.launch(tokens, check, logits, h, n_out, seq)
+        return Verdict(*slot.head.fetch(), slot, self, self.ubatches) if slot.head is not None else None
+
+    def launch(self, tokens: Sequence[int], check: bool | None = None, logits: bool = True, h: Rows | None = None,
+               n_out: int | None = None, seq: int = 0, on_device: torch.Tensor | None = None) -> Slot:
+        """:meth:`verify` without the wait: the ubatch is queued and its slot returned, whose greedy head's outputs
+        (``slot.head.ids``, ``slot.head.top``) are on the device until the next ubatch of that graph. ``on_device``:
+        the ids of the ubatch's last tokens (int64, on the device: a draft step's token is the step before's
+        argmax), for which ``tokens`` holds placeholders."""
         n_t = len(tokens)
-        if self.s.mtp != (h is not None) or h is not None and h.shape != (n_t, self.model.shape.n_embd):
+        if self.s.mtp != (h is not None) or h is not None and tuple(h.shape) != (n_t, self.model.shape.n_embd):
             raise GraphError(f"the MTP head's ubatch takes hidden-state rows ({n_t}, {self.model.shape.n_embd}) with "
                              "its tokens, and only the MTP head takes them")
         if not 1 <= n_t <= self.s.ubatch:
             raise GraphError(f"a ubatch has 1..{self.s.ubatch} tokens, not {n_t}")
         self._check_tokens(tokens)
-        slot = self._ubatch(Part(seq, n_t, (0,)), tokens, logits, check, h, n_out)
-        if slot.head is None:
-            return None
-        verdict = Verdict(*slot.head.fetch(), slot, self, self.ubatches)
-        self._synced = True  # (fetch waited for the stream: every staged copy is done)
-        return verdict
+        dev = [] if on_device is None else [(n_t - len(on_device), on_device)]
+        return self._ubatch(Part(seq, n_t, (0,)), tokens, logits, check, h, n_out, dev)
 
     def decode_batch(self, batch: Mapping[int, Sequence[int]], logits: bool = True, check: bool | None = None,
-                     keep_logits: bool = False, after: Callable[[], None] | None = None) -> dict[int, Verdict]:
+                     keep_logits: bool = False, after: Callable[[], None] | None = None,
+                     on_device: Mapping[int, torch.Tensor] | None = None) -> dict[int, Verdict]:
         """``llama_decode`` of one batch holding each sequence's tokens (``batch``: sequence -> its tokens, at its
         own next positions; the batch holds them in increasing sequence order, as gdnpass's loop and its llama.cpp
         referee build it), with logits for every token (``logits``) or none (a prefill). The batch is split into
         ubatches as llama.cpp splits it (:func:`split_equal` with n_keep_tail = n_rs_seq + 1), each run without
         waiting; then one wait brings back every row's greedy token. Returns sequence -> its :class:`Verdict` (none
         without logits). ``keep_logits`` copies each ubatch's logits to the host as it runs (a later ubatch of the
-        batch reuses their memory); ``after()`` is called after each ubatch (e.g. to read its h_nextn rows)."""
+        batch reuses their memory); ``after()`` is called after each ubatch (e.g. to read its h_nextn rows).
+        ``on_device``: sequence -> the ids of its last tokens, still on the device (int64: a model drafter's draft
+        queued behind the graphs that pick it), for which its token list holds placeholders; each ubatch copies
+        those of its rows into its token input there."""
         order = sorted(batch)
         if any(not 0 <= s < self.n_seqs for s in order):
             raise GraphError(f"sequence {next(s for s in order if not 0 <= s < self.n_seqs)} is not among the "
@@ -844,7 +889,14 @@ class Engine:
         ran = []  # per ubatch: part, slot, its logits kept, its number, its head's reading (None: copies queued)
         for i, part in enumerate(parts):
             toks = [int(t) for s, a in zip(part.seqs, part.starts) for t in batch[s][a:a + part.n_t]]
-            slot = self._ubatch(part, toks, logits, check)
+            dev = []  # (row of the ubatch, the device ids of its tokens there)
+            for j, (s, a) in enumerate(zip(part.seqs, part.starts)):
+                if on_device and s in on_device:
+                    d0 = len(batch[s]) - len(on_device[s])  # (the sequence's first token on the device)
+                    lo, hi = max(a, d0), min(a + part.n_t, len(batch[s]))
+                    if lo < hi:
+                        dev.append((j * part.n_t + lo - a, on_device[s][lo - d0:hi - d0]))
+            slot = self._ubatch(part, toks, logits, check, on_device=dev)
             kept = slot.executor.read(slot.logits).reshape(slot.n_out, self.vocab) if keep_logits and logits \
                 else None
             for k, (p, other, kp, n, got) in enumerate(ran):
@@ -859,7 +911,6 @@ class Engine:
                 after()
         if not logits:
             return {}
-        self._synced = True  # (the last fetch waited for the stream: every staged copy is done)
         out: dict[int, list[Verdict]] = {}
         for part, slot, kept, n, got in ran:
             ids, margins, bad = got if got is not None else slot.head.read()
@@ -875,14 +926,15 @@ class Engine:
         if self.s.device.startswith("cuda"):
             torch.cuda.current_stream(torch.device(self.s.device)).synchronize()
 
-    def h_nextn(self) -> np.ndarray:
-        """The last ubatch's ``h_nextn`` rows, (n_t, n_embd) float32 on the host: the trunk's final-normed hidden
-        state of every token (llama_set_embeddings_nextn(ctx, true, masked false) copies every row), or the MTP
-        head's own. Read it before the next ubatch overwrites it."""
+    def h_rows(self) -> torch.Tensor:
+        """The last ubatch's ``h_nextn`` rows where they are, (n_t, n_embd) float32 (a view of the graph's memory:
+        on the device, valid until the next ubatch of this context): the trunk's final-normed hidden state of every
+        token (llama_set_embeddings_nextn(ctx, true, masked false) makes llama.cpp keep every row), or the MTP
+        head's own. What an MTP drafter pairs its tokens with, copied device to device into its head's input."""
         slot = self._last
         if slot is None:
             raise GraphError("no ubatch has run: there are no h_nextn rows to read")
-        return slot.executor.read(slot.h).reshape(slot.n_t * slot.n_seqs, self.model.shape.n_embd).numpy()
+        return slot.executor.view(slot.h).reshape(slot.n_t * slot.n_seqs, self.model.shape.n_embd)
 
     def decode(self, tokens: Sequence[int], check: bool | None = None) -> torch.Tensor:
         """:meth:`verify`, returning the (n_t, vocab) float32 logits on the CPU."""

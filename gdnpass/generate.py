@@ -24,8 +24,10 @@ own cell (``llama_memory_seq_rm(mem, s, ...)``); a finished sequence leaves the 
 
 A drafter with ``needs_h`` (the MTP head, :class:`gdnpass.mtp_drafter.MtpDrafter`) also gets llama.cpp's
 ``common_speculative_process`` / ``common_speculative_accept`` hooks: ``process(tokens, pos0, h)`` after every
-target batch (the prefill's, as one batch, and each verify's) with the target's ``h_nextn`` rows of every token,
-and ``accept(accepted, n_past)`` after the rollback.
+target batch (the prefill's, as one batch, and each verify's) with the target's ``h_nextn`` rows of every token
+(where the target runs: :meth:`~gdnpass.engine.Engine.h_rows`), and ``accept(accepted, n_past)`` after the rollback.
+Its draft may still be on the device (:class:`~gdnpass.mtp_drafter.DeviceDraft`): the verify then takes those tokens
+there, and the step's one wait brings them to the host.
 
 Then the comparisons the checks and tests make of two runs: :func:`differences` (fused vs unfused, byte for byte)
 and :func:`divergence` (the divergence rule, for runs whose arithmetic differs).
@@ -38,12 +40,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Collection, Sequence
 
-import numpy as np
 import torch
 
 from gdnpass.drafters import Drafter, NoDraft, accept_greedy, draft_budget
 from gdnpass.engine import Engine
 from gdnpass.errors import GdnpassError, ResourceError
+from gdnpass.mtp_drafter import DeviceDraft
 
 # ---------------------------------------------------------------------------------------------------------------------
 # the loop
@@ -200,11 +202,11 @@ def generate_batch(engine: Engine, prompts: Sequence[Sequence[int]], drafters: S
     if hooks:
         drafters[0].reset()
     t0 = time.perf_counter()
-    h_rows: list = []
+    h_rows: list = []  # (each ubatch's rows, copied where they are before the next ubatch reuses the memory)
     ubatches = engine.prefill({s: q.history for s, q in enumerate(seqs)},
-                              after=(lambda: h_rows.append(engine.h_nextn())) if hooks else None)
+                              after=(lambda: h_rows.append(engine.h_rows().clone())) if hooks else None)
     if hooks and h_rows:  # (llama.cpp hands the drafter the prompt's batch, whatever ubatches decoded it)
-        drafters[0].process(seqs[0].history, 0, np.concatenate(h_rows))
+        drafters[0].process(seqs[0].history, 0, torch.cat(h_rows))
     if engine.s.device.startswith("cuda"):
         torch.cuda.synchronize()  # (the prefill's ubatches ask for nothing back: wait for them here, not in step 1)
     prefill = time.perf_counter() - t0
@@ -221,11 +223,15 @@ def generate_batch(engine: Engine, prompts: Sequence[Sequence[int]], drafters: S
         for s in running:
             q = seqs[s]
             budget = draft_budget(K, engine.kv_size, len(q.history), n_predict, len(q.res.tokens))
-            drafts[s] = [int(t) for t in q.drafter.draft(q.history, q.id_last, budget)][:budget]
-        verdicts = engine.decode_batch({s: [seqs[s].id_last, *drafts[s]] for s in running},
-                                       keep_logits=keep_logits or hash_logits)
+            d = q.drafter.draft(q.history, q.id_last, budget)
+            drafts[s] = d if isinstance(d, DeviceDraft) else [int(t) for t in d][:budget]  # (a device draft: n_max)
+        queued = {s: d for s, d in drafts.items() if isinstance(d, DeviceDraft)}  # (its tokens on the device)
+        verdicts = engine.decode_batch({s: [seqs[s].id_last, *([0] * len(drafts[s]) if s in queued else drafts[s])]
+                                        for s in running}, keep_logits=keep_logits or hash_logits,
+                                       on_device={s: d.ids for s, d in queued.items()})
+        drafts.update({s: d.tolist() for s, d in queued.items()})  # (the step's wait brought them over)
         if hooks:
-            drafters[0].process([seqs[0].id_last, *drafts[0]], len(seqs[0].history), engine.h_nextn())
+            drafters[0].process([seqs[0].id_last, *drafts[0]], len(seqs[0].history), engine.h_rows())
         for s in running:
             q, draft, verdict = seqs[s], drafts[s], verdicts[s]
             n_past = len(q.history)

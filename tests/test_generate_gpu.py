@@ -102,3 +102,90 @@ def test_graphs_wider_than_the_mat_vec_share_one_pool(model):
         assert replayed[s].tokens == plain[s].tokens and differences(eager[s], replayed[s]) == []
     wide = [k for k, slot in eng.slots.items() if k[0] * k[4] > 16 and k[2] and slot.cuda_graph is not None]
     assert wide and {slot.cuda_graph.pool() for slot in eng.slots.values()} == {eng._pool}
+
+
+# ---- the MTP drafter on the device (issue 35): a cycle model whose MTP head agrees with the trunk part of the time
+
+MTP_PROMPT = [491, 32, 113, 117, 369, 107, 274, 114, 111, 119, 110, 287, 111, 120, 32, 106, 315, 112, 115]
+MTP_N = 24  # (the prompt: "The quick brown fox jumps" in the file's tokenizer, as tests/test_generate_mtp.py has it)
+
+
+@pytest.fixture(scope="module")
+def mtp_model(tmp_path_factory):
+    from gdnpass.models.cycle_model import write_cycle_gguf
+
+    return Model.from_gguf(write_cycle_gguf("tiny-qwen35", tmp_path_factory.mktemp("gpu-mtp") / "cm.gguf", period=5,
+                                            wtype="f32", seed=3, mtp=1))
+
+
+def mtp_run(model, **kw):
+    from gdnpass.mtp_drafter import MtpDrafter
+
+    gen_kw = {k: kw.pop(k) for k in ("hash_logits",) if k in kw}
+    s = Settings(draft_max=3, device="cuda", margins=True, **kw)
+    drafter = MtpDrafter(model, s)
+    eng = Engine(model, s)
+    return generate(eng, MTP_PROMPT, drafter, MTP_N, **gen_kw), eng, drafter
+
+
+def test_mtp_loop_eager_cuda_graphs_and_fused_are_identical(mtp_model):
+    """The MTP loop on the GPU (hidden-state rows and drafts staying on the device): an eager run, CUDA-graph
+    replays and fused replays give the same tokens, accepted counts and logits bytes, and the tokens of plain greedy
+    decode on the GPU."""
+    from gdnpass.generate import divergence
+    from gdnpass.generate_cli import SELF_TOLERANCE
+
+    eager, _, _ = mtp_run(mtp_model, cuda_graphs=False, hash_logits=True)
+    off, _, _ = mtp_run(mtp_model, cuda_graphs=True, hash_logits=True)
+    on, _, drafter = mtp_run(mtp_model, cuda_graphs=True, fusion=True, hash_logits=True)
+    assert differences(eager, off) == [] and differences(off, on) == []
+    assert 0 < on.accepted < on.drafted and all(s.report.enabled for s in drafter.head.slots.values())
+    plain = generate(Engine(mtp_model, Settings(draft_max=0, n_rs_seq=0, device="cuda", cuda_graphs=True,
+                                                margins=True)), MTP_PROMPT, n_predict=MTP_N)
+    d = divergence(on.tokens, on.margins, plain.tokens, plain.margins, SELF_TOLERANCE)
+    assert d.ok, str(d)
+
+
+def test_mtp_head_binds_the_target_s_weights_on_the_gpu(mtp_model):
+    _, eng, drafter = mtp_run(mtp_model, cuda_graphs=True)
+    slots = [*eng.slots.values(), *drafter.head.slots.values()]
+    buffer = slots[0].executor.buffers["weights"]
+    assert buffer.is_cuda and all(s.executor.buffers["weights"] is buffer for s in slots)
+    for name in ("token_embd.weight", "output.weight"):
+        ptrs = {s.executor.view(t).data_ptr() for s in slots for t in s.graph.leafs if t.name == name}
+        assert len(ptrs) == 1, name
+
+
+def test_mtp_step_synchronizes_only_in_the_verify_fetch(mtp_model, monkeypatch):
+    """torch's sync debug mode set to error during a warm run (every graph captured): no operation of the loop
+    synchronizes with the device but the verify's greedy-head fetch (once a step), the draft's host copies read
+    after it, and the wait after the prefill; the head is never fetched."""
+    from gdnpass.engine import GreedyHead
+    from gdnpass.mtp_drafter import DeviceDraft, MtpDrafter
+
+    s = Settings(draft_max=3, device="cuda", cuda_graphs=True)
+    eng, drafter = Engine(mtp_model, s), MtpDrafter(mtp_model, s)
+    warm = generate(eng, MTP_PROMPT, drafter, MTP_N)  # (every graph built and captured)
+    calls = {"fetch": 0, "tolist": 0, "synchronize": 0}
+
+    def allowed(f, name):
+        def call(*a, **kw):
+            calls[name] += 1
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode(0)
+            try:
+                return f(*a, **kw)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+        return call
+
+    monkeypatch.setattr(GreedyHead, "fetch", allowed(GreedyHead.fetch, "fetch"))
+    monkeypatch.setattr(DeviceDraft, "tolist", allowed(DeviceDraft.tolist, "tolist"))
+    monkeypatch.setattr(torch.cuda, "synchronize", allowed(torch.cuda.synchronize, "synchronize"))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        res = generate(eng, MTP_PROMPT, drafter, MTP_N)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert res.tokens == warm.tokens and res.drafted > 0
+    assert calls == {"fetch": len(res.steps), "tolist": sum(1 for x in res.steps if x.drafted), "synchronize": 1}

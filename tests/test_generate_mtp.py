@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -133,12 +132,52 @@ def test_the_head_shares_the_model_s_weights(model, prompt):
     assert before - block == sum(-(-trunk[n][1] // 128) * 128 for n in shared)
 
 
+def test_a_step_has_one_host_round_trip(model, prompt, monkeypatch):
+    """The n-gram step's one wait per step: the head's draft steps and process ubatches are queued, each draft step's
+    token the step before's argmax and every hidden-state row (the target's, pending_h, the head's own) copied where
+    they are; the verify's greedy head is the only thing fetched (the draft's ids come over with it), and neither
+    h_nextn rows nor logits are read back."""
+    from collections import Counter
+
+    from gdnpass.engine import GreedyHead
+    from gdnpass.runtime import Executor
+
+    calls: Counter = Counter()
+    for cls, name in ((GreedyHead, "fetch"), (Executor, "read"), (Engine, "_wait")):
+        def counted(*a, _f=getattr(cls, name), _n=f"{cls.__name__}.{name}", **kw):
+            calls[_n] += 1
+            return _f(*a, **kw)
+        monkeypatch.setattr(cls, name, counted)
+    s = Settings(draft_max=3)
+    drafter = MtpDrafter(model, s)
+    res = generate(Engine(model, s), prompt, drafter, N)
+    assert calls == Counter({"GreedyHead.fetch": len(res.steps)})
+    assert res.drafted > res.accepted > 0 and drafter.head.ubatches > res.drafted  # (draft steps and process)
+
+
+def test_nothing_is_kept_in_a_context_s_arena_across_its_ubatches(model, prompt, monkeypatch):
+    """What a draft step hands the next (its token, its h_nextn row) and the target's rows the head pairs with are
+    copied out before the context runs another ubatch: NaN in every arena before every ubatch of the target and of
+    the head (as a CUDA graph's capture warm-up run overwrites it) changes no byte."""
+    clean, _ = run(model, prompt)
+    ubatch = Engine._ubatch
+
+    def clobbered(self, *a, **kw):
+        if "arena" in self.shared:
+            self.shared["arena"].fill_(0xFF)
+        return ubatch(self, *a, **kw)
+
+    monkeypatch.setattr(Engine, "_ubatch", clobbered)
+    poisoned, _ = run(model, prompt)
+    assert differences(clean, poisoned) == [] and clean.accepted > 0
+
+
 def test_the_accepted_counts_depend_on_the_pairing(model, prompt):
     """A head paired with zeros instead of pending_h drafts differently: equal counts are evidence of the pairing."""
 
     class ZeroPending(MtpDrafter):
         def draft(self, history, id_last, n_max):
-            self.pending = np.zeros_like(self.pending)
+            self.pending.zero_()
             return super().draft(history, id_last, n_max)
 
     s = Settings(draft_max=3)
