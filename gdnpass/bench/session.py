@@ -67,7 +67,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issue 35: the MTP loop on the GPU, next to llama.cpp's own MTP loop on the same file (the 9B shape as a
             # cycle model with an MTP head, written there: ~60 s for the trunk; llama.cpp's CUDA build as in part 1)
             ("mtp-loop", [PY, "benchmarks/generate_bench.py", "--gguf", "/dev/shm/c9b-mtp.gguf", "--write-cycle",
-                          "qwen3.5-9b", "--mtp", "1", "--mtp-h", "1.0", "--draft", "mtp", "-K", "1,3", "-n", "128", "--peer",
+                          "qwen3.5-9b", "--mtp", "1", "--mtp-h", "1.0", "--draft", "mtp", "-K", "1,3", "-n", "128",
+                          "--peer",
                           *(["--source", source] if source else []), "--json", str(out / "mtp-loop.json")], 520),
         ]
     if part == 8:
