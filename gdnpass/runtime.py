@@ -32,7 +32,7 @@ def node_launches(n: Tensor) -> int:
         return 0
     if n.op.is_fused:
         return RECORDS[n.op].launches(n)
-    if n.op is Op.MUL_MAT:
+    if n.op is Op.MUL_MAT:  # the mat-vec (after a quantized weight's pre-pass), else one launch: the GEMM, torch's
         w, x = n.src[0], n.src[1]
         if runs_as_mat_vec(w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)):
             return mat_vec_launches(w)

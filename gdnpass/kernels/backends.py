@@ -48,7 +48,8 @@ GGML_CPU_BACKEND: dict[Op, Adapter] = {
     **{op: spec.ggml_cpu for op, spec in SPECS.items() if spec.ggml_cpu is not None},
 }
 
-# one Triton launch per node for every base op (MUL_MATs of more than 16 columns stay torch's matmul) and fused op
+# one Triton launch per node for every base op (MUL_MATs of more than 16 columns: the GEMM, or torch's matmul for f32
+# and batched weights) and fused op
 TRITON_BACKEND: dict[Op, Adapter] = {
     **TORCH_BACKEND,
     **{op: spec.triton for op, spec in SPECS.items() if spec.triton is not None},
@@ -61,7 +62,7 @@ def programs(node) -> list[tuple[str, int, int]]:
     :data:`TRITON_BACKEND`, from the launchers' own block sizes: ``[(kernel, programs, steps)]``, ``steps`` being each
     program's loop trip count (tokens for ssm_conv, gdn and chain; K blocks for mat_vec; KV blocks for flash_attn,
     column blocks per pass for soft_max; 1 otherwise), as the family module of its op counts them (each one's
-    ``programs``; a fused node's: its record's). Empty for nodes that run on torch (MUL_MATs of over 16 columns) or
+    ``programs``; a fused node's: its record's). Empty for nodes that run on torch (wide MUL_MATs of f32 weights) or
     launch nothing. Pure: reads shapes only (the interpreter's cost estimate reads them): a base op's spec names its
     family's ``programs``."""
     if not runs_kernel(node):

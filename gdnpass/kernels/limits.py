@@ -41,6 +41,8 @@ class ChainScope:
 CHAIN = ChainScope()
 
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
+GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM (triton_matvec.mul_mat_gemm); f32
+                                # weights need no conversion (torch's matmul), block types run the mat-vec per 16
 
 
 ARGSORT_MAX_ROW = 1024  # ARGSORT sorts a row in registers (a bitonic network of 64-bit keys): up to 1024 elements, as
@@ -57,6 +59,13 @@ def runs_as_mat_vec(rows: int, cols: int) -> bool:  # noqa: ARG001 - every row c
     """Whether a single-matrix MUL_MAT of ``rows`` outputs and ``cols`` columns runs the Triton mat-vec; the pair
     matcher accepts exactly these, so a pair is always byte-identical to its two unfused products."""
     return 1 <= cols <= MAT_VEC_COLS
+
+
+def runs_as_gemm(dtype, w_batches: int, cols: int) -> bool:
+    """Whether a MUL_MAT of ``cols`` activation columns (:func:`mat_vec_columns`) against ``w_batches`` weight
+    matrices of ``dtype`` (a :class:`gdnpass.ir.DType`) runs the Triton GEMM: more columns than the mat-vec takes
+    (several sequences' verify, a prompt's ubatch), one matrix (not attention's batched KQ / KQV), f16 or bf16."""
+    return cols > MAT_VEC_COLS and w_batches == 1 and dtype.label in GEMM_WEIGHTS
 
 
 def mat_vec_launches(w) -> int:

@@ -5,10 +5,10 @@ The kernels run the ops the executor runs, one launch per graph node (as ggml-cu
 (possibly strided) output view. They live by family: :mod:`~gdnpass.kernels.triton_elementwise` (the data movement,
 GET_ROWS, CONCAT, CPY/CONT and SET_ROWS, and the elementwise ops, ADD, MUL, DIV, UNARY, GLU, SCALE and CLAMP),
 :mod:`~gdnpass.kernels.triton_norms` (L2_NORM, RMS_NORM, SUM_ROWS), :mod:`~gdnpass.kernels.triton_sort` (ARGSORT),
-:mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT of 1-16 columns, the mat-vec pair, MUL_MAT_ID),
+:mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT: the mat-vec of 1-16 columns, the GEMM beyond; the pair, MUL_MAT_ID),
 :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET and the fused
 GDN_CONV_CHAIN), :mod:`~gdnpass.kernels.triton_rope` (ROPE) and :mod:`~gdnpass.kernels.triton_attention` (SOFT_MAX,
-FLASH_ATTN_EXT). MUL_MATs of more than 16 columns stay on torch (its matmul). Each family module holds its kernels,
+FLASH_ATTN_EXT). Wide MUL_MATs of f32 weights stay on torch (its matmul). Each family module holds its kernels,
 their launchers and its ``programs`` (the launch sizes :func:`gdnpass.kernels.backends.programs` reports).
 
 Tensors follow :mod:`gdnpass.kernels.reference`: 4-D torch views of shape (ne3, ne2, ne1, ne0), usually strided

@@ -2,7 +2,10 @@
 of MUL_MAT_VEC_PAIR, which is the same kernel with a second product on the grid, so each product of a pair is
 byte-identical to its single mat-vec. A tile per shape and weight type (:func:`mat_vec_tile`): CUDA-core FMAs for few
 columns, tensor cores at f32-level accuracy for many, K split across programs where the row blocks alone leave SMs
-idle (:class:`MatVecTile`). Conventions: :mod:`gdnpass.kernels.triton_core`.
+idle (:class:`MatVecTile`). Beyond 16 columns (several sequences' verify: S x T columns; a prompt's ubatch) a single
+f16 / bf16 weight runs the GEMM (:func:`mul_mat_gemm`): the mat-vec's tensor-core sum on a grid of row blocks x
+column tiles, reading the weight as it is where torch's matmul would first convert all of it to f32 on every call
+(49 ms for a 9B verify of 8 sequences, 7.1 ms for one: H100). Conventions: :mod:`gdnpass.kernels.triton_core`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
+from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_columns, runs_as_gemm, runs_as_mat_vec
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
@@ -96,7 +99,8 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
-                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1):
+                DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1,
+                IEEE: tl.constexpr = False):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
     element offset, :func:`x_columns`), in f32. Returns [BLOCK_M, COLS].
 
@@ -107,8 +111,9 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
     f32-level accuracy (not f32 rounding): bf16 weights as they are, times the activations as three bf16 terms side
     by side in one [BLOCK_K, TERMS * COLS] operand (:func:`_bf16_terms`: one dot per step, each bf16 x bf16 product
     exact, summed in f32; the terms' sums folded at the end, :func:`_fold_terms`); other weights in 3xTF32 (each f32
-    operand split into a TF32 head and tail, the tail x tail term dropped). For many columns, where CUDA-core
-    arithmetic would bound the time.
+    operand split into a TF32 head and tail, the tail x tail term dropped; with ``IEEE``, the weight tile in f32 and
+    an f32 dot, as the GEMM takes f16 weights). For many columns, where CUDA-core arithmetic would bound the
+    time.
 
     A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
     the slice's first element and ``K`` its length: the same code on fewer steps. ``EVICT``: the weight's lines are
@@ -133,6 +138,8 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
                     acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="ieee")
             elif w_ptr.dtype.element_ty == tl.bfloat16:
                 acc = _dot_bf16_terms(w, xt, acc)
+            elif IEEE:
+                acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="ieee")
             else:
                 acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="tf32x3")
         if TERMS_ > 1:
@@ -770,17 +777,89 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
                                                                   "num_stages": t.stages})
 
 
+# ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------
+
+
+@triton.jit
+def _gemm_kernel(w_ptr, y_ptr, x_ptr, M, K, N, ne1, ne2,
+                 w_s1,                  # w [K, M], one matrix, contiguous rows
+                 x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
+                 y_s0, y_s1, y_s2, y_s3,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile): the mat-vec's tensor-core sum
+    (:func:`matvec_cols`: bf16 weights times x's three bf16 terms, f16 weights in f32) over all of K in order, on a
+    grid of row blocks x column tiles. Program p is row block p // tiles, column tile p % tiles: the column tiles of
+    a row block run side by side, so its weight rows come from HBM once and from the L2 after."""
+    wait_for_previous_kernels()
+    tiles = tl.cdiv(N, BLOCK_N)
+    rows = tl.program_id(0) // tiles * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(0) % tiles * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask, col_mask = rows < M, cols < N
+    x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
+    acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, True, IEEE=True)
+    _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, y_ptr, False)
+
+
+class GemmTile(NamedTuple):
+    """One GEMM launch shape: BLOCK_M weight rows x BLOCK_N columns per program, BLOCK_K per step, warps, Triton's
+    pipeline depth. Bytes depend on it (the K steps and the dot's tiles), on nothing else: no split, no atomics."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warps: int
+    stages: int = 3
+
+
+def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:  # noqa: ARG001 - every M and K, for now
+    """The GEMM's tile for an M-row, N-column (N > 16) product over K of ``wtype`` ("bf16" or "f16") weights.
+    UNTIMED: chosen for an H100 / H200 from the kernel's shape alone, to be swept in the next GPU session.
+    bf16: 128-row blocks in K steps of 64 (the mat-vec's 9-16 column tiles'), 32 columns (4 warps) up to 32
+    columns, 64 (8 warps) beyond: three bf16 dots per step, a [128, 64] f32 accumulator. f16 (an f32 dot on the
+    CUDA cores): 64 x 32 or 64 x 64 tiles in K steps of 32."""
+    wide = N > 32
+    if wtype == "bf16":
+        return GemmTile(128, 64, 64, 8) if wide else GemmTile(128, 32, 64, 4)
+    return GemmTile(64, 64 if wide else 32, 32, 4, 2)
+
+
+def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None) -> None:
+    """MUL_MAT of many columns (:func:`gdnpass.kernels.limits.runs_as_gemm`): w ne [K, M] one f16 / bf16 matrix
+    (torch (1, 1, M, K), contiguous rows), x f32 ne [K, N1, N2, N3] of any N1·N2·N3 columns (contiguous rows, any
+    strides above), out f32 ne [M, N1, N2, N3] (any strides). The weight is read as it is (no f32 copy, as torch's
+    matmul needs); the sum is the mat-vec's tensor-core form at f32-level accuracy, K in order within one program:
+    the same bytes every run. ``tile``: a test's or benchmark's override of :func:`gemm_tile`."""
+    wtype = weight_type(w)
+    M, K = w.shape[-2], w.shape[-1]
+    N = x.shape[0] * x.shape[1] * x.shape[2]
+    _require(wtype.label in GEMM_WEIGHTS, f"mul_mat_gemm of {wtype.label} weights (takes {', '.join(GEMM_WEIGHTS)})")
+    _require(w.shape[:2] == (1, 1) and w.stride(-1) == 1, "mul_mat_gemm needs one weight matrix with contiguous rows")
+    _require(x.dtype == out.dtype == torch.float32 and x.stride(-1) == 1,
+             f"mul_mat_gemm takes f32 columns with contiguous rows into f32, not {x.dtype} into {out.dtype}")
+    _require(x.shape[3] == K and out.shape[3] == M and out.shape[:3] == x.shape[:3],
+             f"mul_mat_gemm: columns {tuple(x.shape)} for K {K}, output {tuple(out.shape)} for M {M}")
+    if out.numel() == 0:
+        return
+    _alias_ok("mul_mat_gemm", out, x, w, same_ok=False)  # (a program writes rows other programs' sums still read)
+    t = tile or gemm_tile(M, N, K, wtype.label)
+    xs, ys = _strides(x), _strides(out)
+    _gemm_kernel[(triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n),)](
+        w, out, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *ys,
+        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
+
+
 # ---- launch sizes (for cost estimates) ------------------------------------------------------------------------------
 
 
 def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     """The mat-vec's programs for weight ``w`` and activation ``x`` (graph tensors), ``products`` weights of that
     shape in one launch (the pair's 2), after a quantized weight's pre-pass (its own launch); empty for a product
-    of over 16 columns (torch's matmul)."""
+    of over 16 columns (the GEMM's or torch's: :func:`programs`)."""
     batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
     K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if not runs_as_mat_vec(M, N):
-        return []  # torch's matmul
+        return []
     t = mat_vec_tile(M, N, K, w.type.label)
     pre = [("quantize_x", XCOLS.value * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
     return pre + [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
@@ -788,9 +867,10 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
 
 
 def programs(node) -> list[tuple[str, int, int]]:
-    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program) and MUL_MAT_ID (a column
-    a slot and token, after a quantized weight's pre-pass of every column); empty for other ops and for MUL_MATs of
-    over 16 columns (the pair's are its record's: gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
+    """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program; the mat-vec's, or the
+    GEMM's beyond 16 columns) and MUL_MAT_ID (a column a slot and token, after a quantized weight's pre-pass of every
+    column); empty for other ops and for the MUL_MATs of over 16 columns that run elsewhere (the pair's are its
+    record's: gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
     from gdnpass.ir import Op
 
     if node.op is Op.MUL_MAT_ID:
@@ -801,4 +881,11 @@ def programs(node) -> list[tuple[str, int, int]]:
             if w.type.is_quantized else []
         return pre + [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],
                        triton.cdiv(w.ne[0], t.block_k * t.split_k))]
-    return mat_vec_programs(node.src[0], node.src[1]) if node.op is Op.MUL_MAT else []
+    if node.op is not Op.MUL_MAT:
+        return []
+    w, x = node.src
+    N = mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+    if runs_as_gemm(w.type, w.ne[2] * w.ne[3], N):
+        t = gemm_tile(w.ne[1], N, w.ne[0], w.type.label)
+        return [("gemm", triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n), triton.cdiv(w.ne[0], t.block_k))]
+    return mat_vec_programs(w, x)

@@ -70,7 +70,7 @@ _SPECS = (
     # norms (kernels/triton_norms.py)
     _spec(Op.RMS_NORM, (Arg("eps", NUM, 0), INPLACE), s.rule_unary_src, "norms"),
     _spec(Op.L2_NORM, (Arg("eps", NUM, 0), INPLACE), s.rule_unary_src, "norms"),
-    # the mat-vec (kernels/triton_matvec.py): 1-16 columns; torch's matmul beyond
+    # the mat-vec (kernels/triton_matvec.py): 1-16 columns; the GEMM beyond (f16 / bf16), torch's matmul for the rest
     _spec(Op.MUL_MAT, (Arg("prec", PREC, 0, sparse=True),), s.rule_mul_mat, "matvec",
           doc="prec: ggml_prec_set_acc, recorded only when set"),
     # attention (kernels/triton_attention.py, triton_rope.py)

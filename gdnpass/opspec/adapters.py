@@ -16,7 +16,7 @@ from typing import Callable
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_mat_vec
+from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_gemm, runs_as_mat_vec
 from gdnpass.opspec.vocab import Adapter, Programs
 
 
@@ -126,13 +126,17 @@ def _tri_scale(node, views, out):
 
 
 def _tri_mul_mat(node, views, out):
-    """The mat-vec for 1-16 columns (of each batch, for attention's batched KQ / KQV); torch's matmul beyond (a
-    prompt's ubatch), but a quantized weight's product of many columns runs the mat-vec per 16 columns (torch would
-    first dequantize the whole weight: 4 GB of f32 for a 9B's lm head)."""
+    """The mat-vec for 1-16 columns (of each batch, for attention's batched KQ / KQV); beyond (several sequences'
+    verify, a prompt's ubatch) the GEMM for a single f16 / bf16 matrix (torch's matmul would convert the whole weight
+    to f32 on every call), the mat-vec per 16 columns for a quantized one (torch would first dequantize the whole
+    weight: 4 GB of f32 for a 9B's lm head), torch's matmul for the rest (f32 weights, batched products)."""
     w, x = views
     wtype = node.src[0].type
-    if runs_as_mat_vec(w.shape[2], mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])):
+    batches, cols = w.shape[0] * w.shape[1], mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])
+    if runs_as_mat_vec(w.shape[2], cols):
         _family("matvec").mul_mat_vec(w, x, out, wtype)
+    elif runs_as_gemm(wtype, batches, cols):
+        _family("matvec").mul_mat_gemm(w, x, out)
     elif wtype.is_quantized and x.shape[0] * x.shape[1] == 1:
         for c in range(0, x.shape[2], MAT_VEC_COLS):
             _family("matvec").mul_mat_vec(w, x[:, :, c:c + MAT_VEC_COLS], out[:, :, c:c + MAT_VEC_COLS], wtype)
@@ -203,7 +207,8 @@ def rope(keys: tuple[str, ...]) -> tuple[Adapter, Adapter]:
     return computed(lambda n, out, x, pos, ff=None: _ref().rope(x, pos, ff, **rope_params(n, keys))), triton
 
 
-# one Triton launch per node for every op below (MUL_MATs of more than 16 columns stay torch's matmul)
+# one Triton launch per node for every op below (MUL_MATs of more than 16 columns: the GEMM for f16 / bf16 weights,
+# see _tri_mul_mat)
 TRITON: dict[Op, Adapter] = {
     Op.CONT: lambda node, views, out: _family("elementwise").cpy(views[0], out),
     Op.CPY: lambda node, views, out: _family("elementwise").cpy(views[0], out),  # views[1] is the destination

@@ -121,6 +121,13 @@ def variants():
                  RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
+    # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
+    # 17-1024 columns (several sequences' verify, a prompt's ubatch)
+    gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
+            itertools.product(shapes, (17, 32, 33, 128, 1024), mv.GEMM_WEIGHTS)}
+    for t, wt in sorted(gemm):
+        yield (mv._gemm_kernel, dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k), t.warps,
+               dict(w_ptr={"bf16": "*bf16", "f16": "*fp16"}[wt]), dict(num_stages=t.stages))
     # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes, plain
     # and quantized (a quantized one reads its column of the pre-pass's chunks)
     for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32", *core.QTYPES.values())):
