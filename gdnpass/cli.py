@@ -241,10 +241,10 @@ def _progress(a: argparse.Namespace, label: str, unit: str = "nodes", scale: flo
 
 
 # seconds per Triton program under TRITON_INTERPRET=1: (fixed, per loop step), steps as kernels.backends.programs says
-# (tokens for the convolutions and GDN, K blocks for the mat-vec). Measured on the project's 2-core CPU machine
-# (shared, so on the slow side) from single launches of the tiny-* models and direct launches of silu/mul_mat_vec:
-# silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens, mat-vec
-# ~22 ms at 1 K block and ~35 ms at 4.
+# (tokens for the convolutions and GDN, K blocks for the mat-vec and the GEMM). Measured on the project's 2-core CPU
+# machine (shared, so on the slow side) from single launches of the tiny-* models and direct launches of
+# silu/mul_mat_vec: silu ~20 ms a program, L2 ~25 ms, 4-tap conv ~60-95 ms at 8 tokens, GDN ~120-185 ms at 8 tokens,
+# mat-vec ~22 ms at 1 K block and ~35 ms at 4.
 # (a fused kernel's own entries are its record's, gdnpass.patterns.interpreter_s)
 INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032, 0.0), "rms_norm": (0.032, 0.0),
                  "ssm_conv": (0.026, 0.012), "gdn": (0.026, 0.020), "mat_vec": (0.024, 0.005),
@@ -259,7 +259,10 @@ INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032,
                  # FFN's: DIV and CLAMP as add, SUM_ROWS (steps: the row's elements), ARGSORT (steps: stages x 256
                  # keys; 6 stages of 32 keys took 0.038 s, 36 of 2048 keys 2.1 s, 2026-12-05, this 2-core machine)
                  "get_rows_q": (0.04, 0.0), "quantize_x": (0.026, 0.0), "div": (0.026, 0.0), "clamp": (0.026, 0.0),
-                 "sum_rows": (0.026, 0.001), "argsort": (0.04, 0.008)}
+                 "sum_rows": (0.026, 0.001), "argsort": (0.04, 0.008),
+                 # the GEMM (over 16 columns; steps: K blocks): 14 ms at 1 step, 37 at 4, 106 at 16 (1024 rows x 32
+                 # columns of bf16, 2026-12-06, this 2-core machine)
+                 "gemm": (0.010, 0.008)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0
 # the graph the refusal suggests: ~18 s on the interpreter, under the limit checked too (unfused, then fused: twice

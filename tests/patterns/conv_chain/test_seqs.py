@@ -93,6 +93,28 @@ def test_a_head_over_several_programs_fuses_byte_identically(monkeypatch, S, T, 
                                     *(["cache_w_l0"] if layout != "rows" else [])])
 
 
+@INTERPRETER
+def test_wide_products_of_several_sequences_run_the_gemm(monkeypatch):
+    """8 sequences of 4 tokens: every bf16 MUL_MAT has 32 columns, over the mat-vec's 16, and runs the Triton GEMM
+    (a spy on its launcher: each such product once unfused and once fused), with the chain's ops on Triton: fused vs
+    unfused byte for byte, the layer's output among the compared. (The pair and MUL_MAT_ADD refuse 32 columns, so
+    the products are the same nodes with every pattern on; the other fused records' Triton kernels are not run
+    here: the rest of the graph is torch's, which an unfused Triton RMS_NORM would not match.)"""
+    from gdnpass.kernels import triton_matvec
+    from gdnpass.kernels.limits import mat_vec_columns, runs_as_gemm
+
+    calls = []
+    real = triton_matvec.mul_mat_gemm
+    monkeypatch.setattr(triton_matvec, "mul_mat_gemm", lambda *a, **kw: (calls.append(a[1].shape), real(*a, **kw)))
+    cfg, g = graph(8, 4, 3)
+    wide = [n for n in g.nodes if n.op is Op.MUL_MAT
+            and runs_as_gemm(n.src[0].type, n.src[0].ne[2] * n.src[0].ne[3], mat_vec_columns(1, n.src[1].ne))]
+    assert len(wide) >= 4  # (qkv, z, ssm_out, the FFN's three)
+    res = check_fusion(g, backend=triton_for(CHAIN_OPS + (Op.MUL_MAT,)), ids=row_ids(cfg, "rollback"), patterns=CHAIN)
+    assert_identical(res, compared=["conv_output_silu-0", "cache_r_l0", "l_out-0"])
+    assert len(calls) == 2 * len(wide) and all(s[0] * s[1] * s[2] == 32 for s in calls)
+
+
 @pytest.mark.parametrize("layout", ["dedup", "dedup-t"])
 @pytest.mark.parametrize("S,T,n_rs,mode", [(2, 4, 3, "swap"), (3, 8, 7, "rollback"), (3, 1, 2, "own")])
 def test_several_sequences_in_the_snapshot_layouts(layout, S, T, n_rs, mode):
