@@ -672,9 +672,9 @@ class Engine:
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         # one memory pool for all of the engine's graphs: they replay one at a time on one stream, and what a capture
-        # allocates is a temporary used within that replay (the products over 16 columns run torch's matmul on an
-        # f32 copy of the weight: 4 GB for the 9B's lm head), which a pool per graph would hold once per
-        # graph (every input, output and head buffer is allocated before the capture)
+        # allocates is a temporary used within that replay (a product over 16 columns of an f32 or batched weight
+        # runs torch's matmul; bf16 / f16 ones run the Triton GEMM, which allocates nothing), which a pool per graph
+        # would hold once per graph (every input, output and head buffer is allocated before the capture)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         with torch.cuda.graph(graph, pool=self._pool):
