@@ -811,16 +811,23 @@ class GemmTile(NamedTuple):
     stages: int = 3
 
 
-def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:  # noqa: ARG001 - every M and K, for now
+GEMM_PROGRAMS = 264  # the least programs a launch is given by halving its row blocks (two per SM of an H100's 132)
+
+
+def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:  # noqa: ARG001 - every K, for now
     """The GEMM's tile for an M-row, N-column (N > 16) product over K of ``wtype`` ("bf16" or "f16") weights.
     UNTIMED: chosen for an H100 / H200 from the kernel's shape alone, to be swept in the next GPU session.
-    bf16: 128-row blocks in K steps of 64 (the mat-vec's 9-16 column tiles'), 32 columns (4 warps) up to 32
-    columns, 64 (8 warps) beyond: three bf16 dots per step, a [128, 64] f32 accumulator. f16 (an f32 dot on the
-    CUDA cores): 64 x 32 or 64 x 64 tiles in K steps of 32."""
-    wide = N > 32
-    if wtype == "bf16":
-        return GemmTile(128, 64, 64, 8) if wide else GemmTile(128, 32, 64, 4)
-    return GemmTile(64, 64 if wide else 32, 32, 4, 2)
+    bf16: K steps of 64 (the mat-vec's 9-16 column tiles'), 32 columns up to 32, 64 beyond, three bf16 dots per
+    step; 128-row blocks, halved down to 32 while the launch has fewer than :data:`GEMM_PROGRAMS` programs (no
+    split-K: at 32 columns the 9B's 4096-row down projection would otherwise run 32 programs on 132 SMs); 8 warps
+    for a 128 x 64 tile, 4 below. f16 (an f32 dot on the CUDA cores): 64-row blocks, K steps of 32."""
+    block_n = 64 if N > 32 else 32
+    if wtype != "bf16":
+        return GemmTile(64, block_n, 32, 4, 2)
+    block_m = 128
+    while block_m > 32 and triton.cdiv(M, block_m) * triton.cdiv(N, block_n) < GEMM_PROGRAMS:
+        block_m //= 2
+    return GemmTile(block_m, block_n, 64, 8 if block_m * block_n >= 128 * 64 else 4)
 
 
 def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None) -> None:
