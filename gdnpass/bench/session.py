@@ -116,6 +116,17 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                               "qwen3.5-35b-a3b", "--layers", "8", *(["--source", source] if source else []),
                               "--json", str(out / "moe-upstream.json")], 520),
         ]
+    if part == 12:
+        return [
+            # issue 37 item 4's products of over 16 columns on the Triton GEMM (never run on a GPU when written):
+            # compiled at the 9B's shapes at 32 and 128 columns (against f64, the same bytes eagerly and replayed,
+            # its time next to the torch reference it replaced), a whole 9B layer of 128 sequences through it
+            # fused vs unfused, then the tile sweep (tune_gemm.py; gemm_tile's tiles are untimed). Part 9 after it
+            # measures what it changes end to end.
+            ("gemm-tests", [PY, "-m", "pytest", "-q", "-s", "-m", "gpu", "tests/kernels/test_gemm.py"], 90),
+            ("tune-gemm", [PY, "benchmarks/tune_gemm.py", "--budget-s", "300", "--json", str(out / "tune-gemm.json")],
+             420),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -139,7 +150,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
