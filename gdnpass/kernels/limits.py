@@ -68,6 +68,16 @@ def runs_as_gemm(dtype, w_batches: int, cols: int) -> bool:
     return cols > MAT_VEC_COLS and w_batches == 1 and dtype.label in GEMM_WEIGHTS
 
 
+def mat_vec_chunks(dtype, w_batches: int, x_ne: Sequence[int]) -> int:
+    """How many mat-vecs of up to MAT_VEC_COLS columns a MUL_MAT of more columns runs one after another: a quantized
+    weight's (torch would first dequantize the whole weight: 4 GB of f32 for a 9B's lm head), of x ne [K, N1, 1, 1]
+    (its columns in ne1 alone), against one matrix; 0 for every other MUL_MAT (the mat-vec once, the GEMM, torch)."""
+    cols = mat_vec_columns(w_batches, x_ne)
+    if not dtype.is_quantized or w_batches != 1 or x_ne[2] * x_ne[3] != 1 or cols <= MAT_VEC_COLS:
+        return 0
+    return -(-cols // MAT_VEC_COLS)
+
+
 def mat_vec_launches(w) -> int:
     """Kernel launches of one mat-vec (single, pair or MUL_MAT_ADD) of weight ``w`` (a graph tensor): two for a
     quantized weight, its activations' pre-pass and then the mat-vec (triton_matvec), one otherwise."""

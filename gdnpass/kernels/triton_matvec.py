@@ -16,7 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_columns, runs_as_gemm, runs_as_mat_vec
+from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, runs_as_gemm,
+                                    runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
@@ -864,9 +865,13 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     shape in one launch (the pair's 2), after a quantized weight's pre-pass (its own launch); empty for a product
     of over 16 columns (the GEMM's or torch's: :func:`programs`)."""
     batches = x.ne[2] * x.ne[3] if w.ne[2] * w.ne[3] != 1 else 1  # attention's batched KQ / KQV
-    K, M, N = w.ne[0], w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
-    if not runs_as_mat_vec(M, N):
-        return []
+    N = mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+    return _launch_programs(w, N, batches, products) if runs_as_mat_vec(w.ne[1], N) else []
+
+
+def _launch_programs(w, N: int, batches: int = 1, products: int = 1) -> list[tuple[str, int, int]]:
+    """One mat-vec launch's programs (and a quantized weight's pre-pass) for N <= 16 columns of each batch."""
+    K, M = w.ne[0], w.ne[1]
     t = mat_vec_tile(M, N, K, w.type.label)
     pre = [("quantize_x", XCOLS.value * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
     return pre + [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
@@ -876,8 +881,9 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
 def programs(node) -> list[tuple[str, int, int]]:
     """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program; the mat-vec's, or the
     GEMM's beyond 16 columns) and MUL_MAT_ID (a column a slot and token, after a quantized weight's pre-pass of every
-    column); empty for other ops and for the MUL_MATs of over 16 columns that run elsewhere (the pair's are its
-    record's: gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
+    column; a quantized weight's over 16 columns: the mat-vec's of each 16, limits.mat_vec_chunks); empty for other
+    ops and for the MUL_MATs of over 16 columns that run on torch (the pair's are its record's:
+    gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
     from gdnpass.ir import Op
 
     if node.op is Op.MUL_MAT_ID:
@@ -895,4 +901,6 @@ def programs(node) -> list[tuple[str, int, int]]:
     if runs_as_gemm(w.type, w.ne[2] * w.ne[3], N):
         t = gemm_tile(w.ne[1], N, w.ne[0], w.type.label)
         return [("gemm", triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n), triton.cdiv(w.ne[0], t.block_k))]
+    if chunks := mat_vec_chunks(w.type, w.ne[2] * w.ne[3], x.ne):  # a quantized weight's, 16 columns a launch
+        return [p for c in range(chunks) for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]
     return mat_vec_programs(w, x)

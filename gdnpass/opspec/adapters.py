@@ -16,7 +16,7 @@ from typing import Callable
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_columns, runs_as_gemm, runs_as_mat_vec
+from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, runs_as_gemm, runs_as_mat_vec
 from gdnpass.opspec.vocab import Adapter, Programs
 
 
@@ -137,7 +137,7 @@ def _tri_mul_mat(node, views, out):
         _family("matvec").mul_mat_vec(w, x, out, wtype)
     elif runs_as_gemm(wtype, batches, cols):
         _family("matvec").mul_mat_gemm(w, x, out)
-    elif wtype.is_quantized and x.shape[0] * x.shape[1] == 1:
+    elif mat_vec_chunks(wtype, batches, x.shape[::-1]):
         for c in range(0, x.shape[2], MAT_VEC_COLS):
             _family("matvec").mul_mat_vec(w, x[:, :, c:c + MAT_VEC_COLS], out[:, :, c:c + MAT_VEC_COLS], wtype)
     else:

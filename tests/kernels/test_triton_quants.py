@@ -9,13 +9,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from gdnpass import ops
 from gdnpass.errors import KernelError
-from gdnpass.ir import DType
+from gdnpass.ir import DType, Op
+from gdnpass.kernels import backends
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels.quants import dequantize, mul_mat_q, quantize_x, quantize_x_ggml_cpu, random_blocks
+from gdnpass.runtime import node_launches
 from support.arena import DEVICE, Arena, assert_close, rnd
 from support.compare import assert_bits, assert_same_bytes
 
@@ -134,3 +137,31 @@ def test_k_quant_activations_are_ggml_cpus_q8_K_blocks():
     assert torch.equal(sums[:n], q_ref.view(n, -1, 32).sum(-1).int()) and not sums[n:].any()
     assert q_ref[0, :2].tolist() == [-127, 127] and d[1, 1] == 0 and d[2, 1] == 1
     assert q_ref[2, 256:260].tolist() == [-127, 2, 4, -2]
+
+
+@pytest.mark.parametrize("x_ne,chunks", [((256, 40), 3), ((256, 16), 0), ((256, 5, 4), 0)],
+                         ids=["40-columns", "16-columns", "20-columns-over-ne2"])
+def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_16(monkeypatch, x_ne, chunks):
+    """TRITON_BACKEND's MUL_MAT of a quantized weight with more columns than the mat-vec takes, all in ne1, runs it
+    once per 16 columns (limits.mat_vec_chunks: a spy on the launcher), each launch its pre-pass and the mat-vec:
+    the launch count and the programs follow, and the result is the reference's. Columns over ne2 (or 16 at most)
+    are not chunked: torch's reference, or one mat-vec."""
+    dtype, M, K = DType.Q8_0, 24, 256
+    n = ops.mul_mat(ops.new_tensor("w", dtype, (K, M), buffer="weights"),
+                    ops.new_tensor("x", DType.F32, x_ne, buffer="input"))
+    calls = []
+    real = mv.mul_mat_vec
+    monkeypatch.setattr(mv, "mul_mat_vec", lambda *args, **kw: (calls.append(args[1].shape[2]), real(*args, **kw)))
+    a = Arena(1 << 22)
+    w = _weights(a, dtype, M, K, 1)
+    x = a.put(rnd(*reversed((*x_ne, 1, 1)[:4])))
+    y = a.view((*x.shape[:3], M))
+    a.run(lambda: backends.TRITON_BACKEND[Op.MUL_MAT](n, [w, x], y), y)
+    assert_close(y, mul_mat_q(w, x, dtype), rtol=1e-5)
+    cols = x.shape[0] * x.shape[1] * x.shape[2]
+    if chunks:
+        assert calls == [16, 16, 8] and node_launches(n) == 2 * chunks
+        progs = backends.programs(n)
+        assert [k for k, *_ in progs] == ["quantize_x", "mat_vec"] * chunks
+    else:
+        assert calls == ([cols] if cols <= 16 else []) and node_launches(n) == (2 if cols <= 16 else 1)
