@@ -68,6 +68,12 @@ def runs_as_gemm(dtype, w_batches: int, cols: int) -> bool:
     return cols > MAT_VEC_COLS and w_batches == 1 and dtype.label in GEMM_WEIGHTS
 
 
+def runs_in_one_launch(dtype, w_batches: int, rows: int, cols: int) -> bool:
+    """Whether a MUL_MAT of one weight matrix runs as one launch of the Triton mat-vec (:func:`runs_as_mat_vec`)
+    or of the GEMM (:func:`runs_as_gemm`): the products MUL_MAT_ADD fuses with their residual ADD."""
+    return w_batches == 1 and (runs_as_mat_vec(rows, cols) or runs_as_gemm(dtype, w_batches, cols))
+
+
 def mat_vec_chunks(dtype, w_batches: int, x_ne: Sequence[int]) -> int:
     """How many mat-vecs of up to MAT_VEC_COLS columns a MUL_MAT of more columns runs one after another: a quantized
     weight's (torch would first dequantize the whole weight: 4 GB of f32 for a 9B's lm head), of x ne [K, N1, 1, 1]

@@ -712,10 +712,14 @@ def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DTyp
 
 def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torch.Tensor,
                     dtype: DType | None = None) -> None:
-    """MUL_MAT_ADD: out = w·x + r, the mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns) adding r to
-    each product as it stores it, so out holds the bytes of the unfused ADD of that product and r. r and out are f32
-    views of the product's shape (torch: x's column dims, M); out may be r itself (each element is read before it is
-    written, in one program), and overlaps nothing else the launch reads."""
+    """MUL_MAT_ADD: out = w·x + r, the mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns; beyond, the
+    GEMM of :func:`mul_mat_gemm`, as MUL_MAT runs it) adding r to each product as it stores it, so out holds the bytes
+    of the unfused ADD of that product and r. r and out are f32 views of the product's shape (torch: x's column
+    dims, M); out may be r itself (each element is read before it is written, in one program), and overlaps nothing
+    else the launch reads."""
+    if runs_as_gemm(weight_type(w, dtype), 1, x.shape[0] * x.shape[1] * x.shape[2]):
+        mul_mat_gemm(w, x, out, residual=r)
+        return
     _alias_ok("mul_mat_vec_add", out, x, w, same_ok=False)
     _alias_ok("mul_mat_vec_add", out, r)
     _mat_vecs([(w, out)], x, residual=r, dtype=dtype)
@@ -782,15 +786,16 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
 
 
 @triton.jit
-def _gemm_kernel(w_ptr, y_ptr, x_ptr, M, K, N, ne1, ne2,
+def _gemm_kernel(w_ptr, y_ptr, x_ptr, r_ptr, M, K, N, ne1, ne2,
                  w_s1,                  # w [K, M], one matrix, contiguous rows
                  x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                  y_s0, y_s1, y_s2, y_s3,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr):
     """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile): the mat-vec's tensor-core sum
     (:func:`matvec_cols`: bf16 weights times x's three bf16 terms, f16 weights in f32) over all of K in order, on a
     grid of row blocks x column tiles. Program p is row block p // tiles, column tile p % tiles: the column tiles of
-    a row block run side by side, so its weight rows come from HBM once and from the L2 after."""
+    a row block run side by side, so its weight rows come from HBM once and from the L2 after. RESIDUAL
+    (MUL_MAT_ADD): y = that sum + r, r laid out as y (the mat-vec's store, :func:`_store_y`)."""
     wait_for_previous_kernels()
     tiles = tl.cdiv(N, BLOCK_N)
     rows = tl.program_id(0) // tiles * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -798,7 +803,7 @@ def _gemm_kernel(w_ptr, y_ptr, x_ptr, M, K, N, ne1, ne2,
     row_mask, col_mask = rows < M, cols < N
     x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
     acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, True, IEEE=True)
-    _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, y_ptr, False)
+    _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
 
 
 class GemmTile(NamedTuple):
@@ -831,12 +836,15 @@ def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:  # noqa: ARG001 -
     return GemmTile(block_m, block_n, 64, 8 if block_m * block_n >= 128 * 64 else 4)
 
 
-def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None) -> None:
+def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None,
+                 residual: torch.Tensor | None = None) -> None:
     """MUL_MAT of many columns (:func:`gdnpass.kernels.limits.runs_as_gemm`): w ne [K, M] one f16 / bf16 matrix
     (torch (1, 1, M, K), contiguous rows), x f32 ne [K, N1, N2, N3] of any N1·N2·N3 columns (contiguous rows, any
     strides above), out f32 ne [M, N1, N2, N3] (any strides). The weight is read as it is (no f32 copy, as torch's
     matmul needs); the sum is the mat-vec's tensor-core form at f32-level accuracy, K in order within one program:
-    the same bytes every run. ``tile``: a test's or benchmark's override of :func:`gemm_tile`."""
+    the same bytes every run. ``tile``: a test's or benchmark's override of :func:`gemm_tile`. ``residual``
+    (MUL_MAT_ADD's addend, f32, laid out as out, which may be it): out = w·x + residual, the product's bytes then
+    the unfused ADD's one rounding."""
     wtype = weight_type(w)
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
@@ -846,14 +854,19 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
              f"mul_mat_gemm takes f32 columns with contiguous rows into f32, not {x.dtype} into {out.dtype}")
     _require(x.shape[3] == K and out.shape[3] == M and out.shape[:3] == x.shape[:3],
              f"mul_mat_gemm: columns {tuple(x.shape)} for K {K}, output {tuple(out.shape)} for M {M}")
+    _require(residual is None or residual.dtype == torch.float32 and residual.shape == out.shape
+             and residual.stride() == out.stride(), "mul_mat_gemm: the residual must be f32 and laid out as the output")
     if out.numel() == 0:
         return
     _alias_ok("mul_mat_gemm", out, x, w, same_ok=False)  # (a program writes rows other programs' sums still read)
+    if residual is not None:  # (each element read, then written, by one program: out may be the residual itself)
+        _alias_ok("mul_mat_gemm", out, residual)
     t = tile or gemm_tile(M, N, K, wtype.label)
     xs, ys = _strides(x), _strides(out)
     _gemm_kernel[(triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n),)](
-        w, out, x, M, K, N, x.shape[2], x.shape[1], w.stride(-2), xs[1], xs[2], xs[3], *ys,
-        BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        w, out, x, out if residual is None else residual, M, K, N, x.shape[2], x.shape[1], w.stride(-2),
+        xs[1], xs[2], xs[3], *ys, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        RESIDUAL=residual is not None,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
@@ -894,9 +907,12 @@ def programs(node) -> list[tuple[str, int, int]]:
             if w.type.is_quantized else []
         return pre + [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],
                        triton.cdiv(w.ne[0], t.block_k * t.split_k))]
-    if node.op is not Op.MUL_MAT:
-        return []
-    w, x = node.src
+    return product_programs(*node.src) if node.op is Op.MUL_MAT else []
+
+
+def product_programs(w, x) -> list[tuple[str, int, int]]:
+    """A MUL_MAT's programs for weight ``w`` and activation ``x`` (graph tensors), as :func:`programs` counts them:
+    the GEMM's, a quantized weight's mat-vec per 16 columns, the mat-vec's, or none (torch's matmul)."""
     N = mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if runs_as_gemm(w.type, w.ne[2] * w.ne[3], N):
         t = gemm_tile(w.ne[1], N, w.ne[0], w.type.label)

@@ -1,10 +1,11 @@
-"""A thin MUL_MAT and the ADD of its product (the residual connection), fused into one MUL_MAT_ADD node.
+"""A MUL_MAT and the ADD of its product (the residual connection), fused into one MUL_MAT_ADD node.
 
     p = MUL_MAT(w, x) [; v = RESHAPE(p)]; s = ADD(p or v, r)      ->      MUL_MAT_ADD(w, x, r) writes s
 
 Qwen3.5 adds the residual to the output projection of every layer (ssm_out, through a RESHAPE; attention's o) and
 to the FFN's down projection: 64 ADDs of 1.8 us per qwen3.5-9b verify, each reading back a product just written.
-The mat-vec adds r to each product as it stores it (f32, one rounding, as the ADD). The node runs at the ADD's
+The mat-vec (1-16 columns), or the GEMM beyond (several sequences' verify, bf16 / f16 weights), adds r to each
+product as it stores it (f32, one rounding, as the ADD). The node runs at the ADD's
 position and writes the ADD's memory; the product is never written.
 
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-6, hazards 7-9):
@@ -13,8 +14,9 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  2. [mul-mat-add.addend] the ADD's other operand has the sum's shape (no broadcast).
  3. [mul-mat-add.type] the weight is one the mat-vec reads (f32, f16, bf16 or a block type); x, the product, the
     addend and the sum are f32.
- 4. [mul-mat-add.n-cols] the weight is one matrix and the product runs the Triton mat-vec unfused
-    (``kernels.limits.runs_as_mat_vec``: 1..MAT_VEC_COLS columns): the sum holds the unfused product's bytes.
+ 4. [mul-mat-add.n-cols] the weight is one matrix and the product runs as one launch of the Triton mat-vec or
+    GEMM unfused (``kernels.limits.runs_in_one_launch``: 1..MAT_VEC_COLS columns, or more of an f16 / bf16
+    weight), whose store adds r: the sum holds the unfused product's bytes.
  5. [mul-mat-add.layout] the sum and the addend are packed, the product's rows per column (the record's scope).
  6. [mul-mat.user-count] the product and its view are read by the ADD alone and are not OUTPUT
     (``patterns.common.confined``).
@@ -33,7 +35,7 @@ from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Op, Tensor
 from gdnpass.kernels import limits
-from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
+from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, runs_in_one_launch
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule, same_elements)
 from gdnpass.patterns.mul_mat_add.record import RECORD
@@ -137,9 +139,9 @@ def _type(c: MatAddCapture, ctx):
 @rule("mul-mat-add.n-cols")
 def _n_cols(c: MatAddCapture, ctx):
     w = c.w
-    if w.ne[2] * w.ne[3] != 1 or not runs_as_mat_vec(w.ne[1], c.cols):
-        return Why(c.mm, f"{c.cols} columns of a {list(w.ne)} weight: not a single-matrix mat-vec "
-                         f"(1..{MAT_VEC_COLS} columns)")
+    if not runs_in_one_launch(w.type, w.ne[2] * w.ne[3], w.ne[1], c.cols):
+        return Why(c.mm, f"{c.cols} columns of a {w.type.label} {list(w.ne)} weight: not one launch of a single "
+                         f"matrix (the mat-vec: 1..{MAT_VEC_COLS} columns; the GEMM: more, {'/'.join(GEMM_WEIGHTS)})")
 
 
 @rule("mul-mat-add.layout")

@@ -1,8 +1,8 @@
 """MUL_MAT_ADD's record: what the fused node carries and writes, its launches, adapters, scope and cost.
 
-The node reads ``(w, x, r)`` and writes the ADD's memory: w·x + r, the thin product with the addend (the residual)
-added as the mat-vec stores it. op_params: ``replaced``. The kernel is :func:`gdnpass.kernels.triton_matvec.
-mul_mat_vec_add`, the single mat-vec's own kernel with that one add at its store (so the product's bytes are the
+The node reads ``(w, x, r)`` and writes the ADD's memory: w·x + r, the product with the addend (the residual) added
+as the mat-vec (or, beyond 16 columns, the GEMM) stores it. op_params: ``replaced``. The kernel is :func:`gdnpass.kernels.triton_matvec.
+mul_mat_vec_add`, the single mat-vec's (or the GEMM's) own kernel with that one add at its store (so the product's bytes are the
 unfused MUL_MAT's, and their sum the unfused ADD's: IEEE addition is commutative, so which operand of the ADD the
 product was does not change a bit): it stays in the mat-vec family. Pure Python: the adapters and :func:`programs`
 import torch and Triton when called.
@@ -28,8 +28,8 @@ def _check(n: Tensor) -> None:
     w, x, r = n.src
     need(not n.outs, n, "writes only its own memory (the ADD's)")
     M, cols = w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
-    need(w.ne[0] == x.ne[0] and w.ne[2] * w.ne[3] == 1 and limits.runs_as_mat_vec(M, cols), n,
-         f"{cols} columns of a {w.ne[:2]} weight: not a single-matrix mat-vec")
+    need(w.ne[0] == x.ne[0] and limits.runs_in_one_launch(w.type, w.ne[2] * w.ne[3], M, cols), n,
+         f"{cols} columns of a {w.type.label} {w.ne[:2]} weight: not one launch of a single matrix")
     need(w.type in (DType.F32, DType.F16, DType.BF16) and x.type is DType.F32, n,
          f"weight {w.type.label} and x {x.type.label}: the mat-vec takes f32/f16/bf16 weights and f32 columns")
     for t in (n, r):
@@ -54,10 +54,10 @@ def _triton(node: Tensor, views: list, out) -> None:
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
-    """The single mat-vec's programs (the same kernel and grid)."""
+    """The single product's programs (the same kernel and grid: the mat-vec's or the GEMM's)."""
     from gdnpass.kernels import triton_matvec
 
-    return triton_matvec.mat_vec_programs(node.src[0], node.src[1])
+    return triton_matvec.product_programs(node.src[0], node.src[1])
 
 
 def watch(n: Tensor) -> bool:
@@ -75,7 +75,7 @@ RECORD = FusedOp(
     torch=_torch,
     triton=_triton,
     scope=fits,
-    doc="a thin MUL_MAT and the ADD of its product (the residual), in one mat-vec launch",
+    doc="a MUL_MAT and the ADD of its product (the residual), in one mat-vec or GEMM launch",
     programs=programs,
     interpreter_s={},  # the mat-vec's own ("mat_vec": gdnpass.cli.INTERPRETER_S)
     watch=watch,

@@ -12,7 +12,7 @@ import torch
 from gdnpass import pipeline
 from gdnpass.check import check_fusion
 from gdnpass.fusion import fuse
-from gdnpass.ir import Op
+from gdnpass.ir import DType, Op
 from gdnpass.kernels import triton_matvec
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND, programs
 from gdnpass.models import VerifyConfig, default_ids
@@ -25,7 +25,8 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim
 
 WTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 CASES = ([("torch", w, n) for w in WTYPES for n in (1, 4, 16)]
-         + [("triton", w, n) for w in WTYPES for n in (1, 4)] + [("triton", "bf16", 9)])
+         + [("triton", w, n) for w in WTYPES for n in (1, 4)] + [("triton", "bf16", 9)]
+         + [("triton", w, 20) for w in ("f16", "bf16")])  # over 16 columns: the GEMM's store adds r
 
 
 def _operands(a: Arena, wtype, n: int, M: int = 12, K: int = 200):
@@ -42,11 +43,12 @@ def test_fused_kernel_has_the_bytes_of_the_product_then_the_add(backend, wtype, 
     a = Arena()
     w, x, r = _operands(a, WTYPES[wtype], n)
     product, want = a.view((1, 1, n, 12)), a.view((1, 1, n, 12))
-    table[Op.MUL_MAT](node(Op.MUL_MAT), [w, x], product)
+    types = (DType.parse(wtype),)  # (the adapters read the weight's type: the mat-vec, the GEMM or torch's)
+    table[Op.MUL_MAT](node(Op.MUL_MAT, types), [w, x], product)
     table[Op.ADD](node(Op.ADD), [product, r], want)
     addend = r.clone()
     out = r if in_place else a.view((1, 1, n, 12))
-    a.run(lambda: table[Op.MUL_MAT_ADD](node(Op.MUL_MAT_ADD), [w, x, r], out), out)
+    a.run(lambda: table[Op.MUL_MAT_ADD](node(Op.MUL_MAT_ADD, types), [w, x, r], out), out)
     assert_same_bytes(out, want, "sum")
     assert_close(out, (x.double() @ w.double().transpose(-1, -2) + addend.double()).float())
 
@@ -82,9 +84,10 @@ def _residual_product(n) -> bool:  # the FFN's down and the GDN's output project
     return any(s in n.src[0].name for s in ("ffn_down", "ssm_out"))
 
 
-@pytest.mark.parametrize("n_t,rs", [(1, 0), (4, 3)], ids=["T1", "T4"])
+@pytest.mark.parametrize("n_t,rs", [(1, 0), (4, 3), (17, 0)], ids=["T1", "T4", "T17"])
 @pytest.mark.parametrize("kernels", ["torch", "triton"])
 def test_fused_graph_is_byte_identical(n_t, rs, kernels, device):
+    """(T17: 17 columns, the bf16 products on the GEMM, fused with their residual ADDs as the mat-vec's are.)"""
     cfg, g = _graph(n_t, rs)
     table = "torch" if kernels == "torch" else triton_for((Op.MUL_MAT, Op.MUL_MAT_ADD, Op.ADD),
                                                           where=lambda n: n.op is Op.ADD or _residual_product(n))
