@@ -7,7 +7,8 @@ before anything is timed.
 
 Per (S, T): one layer of the model, S sequences of T tokens, T - 1 rollback planes (T windows a sequence, as the
 seed's verify of T tokens), each sequence gathering plane 1 of its cell. Layouts (docs/performance.md, "Deduplicated
-snapshot window"): "rows", every plane a cache row (llama.cpp's; the seed's dense window); "dedup", planes 1..T-1
+snapshot window"): "rows", every plane a cache row (llama.cpp's; the seed's dense window), and the same node with
+its q/k norms in launches of their own ("rows, norm apart": gdnpass.bench.chain.norm_apart); "dedup", planes 1..T-1
 windows of one shared channel-major row a sequence (MambaPool's), stored once as a tile (the seed's change);
 "per-token", that node without its tile, each window stored with d_conv - 1 element stores (the seed's kernel before
 its change); "dedup-t", the shared row time-major (MambaPool's axis-0 layout seen transposed), as a tile. Times: us
@@ -50,7 +51,8 @@ def line(r: dict, differ: list[str]) -> str:
     """A case's table row."""
     seed = SEED_003.get((r["S"], r["T"]))
     return (f"{r['S']:3d} {r['T']:2d} | {r['C']:5d} | {r['rows unfused']:7.2f} / {r['dedup unfused']:7.2f} / "
-            f"{r['dedup-t unfused']:7.2f} ({r['rows unfused kernels']}) | {r['rows']:6.2f} | {r['per-token']:6.2f} | "
+            f"{r['dedup-t unfused']:7.2f} ({r['rows unfused kernels']}) | {r['rows']:6.2f} | {r['norm-apart']:6.2f} | "
+            f"{r['per-token']:6.2f} | "
             f"{r['dedup']:6.2f} | {r['dedup-t']:6.2f} | {r['dedup'] / r['rows']:4.2f} | "
             f"{r['dedup-t'] / r['rows']:4.2f} | {r['dedup'] / r['per-token']:4.2f} | "
             f"{r['rows bytes']} -> {r['dedup bytes']} | {'NO: ' + ', '.join(differ) if differ else 'yes'} | "
@@ -84,12 +86,13 @@ def main() -> int:
         print(f"# {out['gpu'] or 'CPU (Triton interpreter: byte checks only, no times)'}, torch {torch.__version__}, "
               f"triton {triton.__version__}; {a.model}{', half the heads (bf16-bytes)' if a.state != 'f32' else ''}; "
               "us per call (profiler kernel durations of a CUDA-graph replay, median of 20)")
-        print(" S  T |   C | unfused rows / dedup / dedup-t (kernels) | rows | per-token | dedup | dedup-t | "
+        print(" S  T |   C | unfused rows / dedup / dedup-t (kernels) | rows | rows, norm apart | per-token | dedup | "
+              "dedup-t | "
               "dedup/rows | dedup-t/rows | dedup/per-token | bytes rows -> dedup | identical | "
               "seed 003 after/before, after/dense")
         ok = True
         for r in rows:
-            differ = [k for k in ("rows", "dedup", "dedup-t", "per-token") if not r[f"{k} identical"]]
+            differ = [k for k in ("rows", "norm-apart", "dedup", "dedup-t", "per-token") if not r[f"{k} identical"]]
             ok &= not differ
             print(line(r, differ), flush=True)
             out["cases"].append(r)

@@ -170,6 +170,17 @@ def without_tile(n):
     return m
 
 
+def norm_apart(n):
+    """Fused chain node ``n`` with its q/k norms in launches of their own (``l2_separate``: the unfused norm kernels
+    after the chain, over every row at once). At batch a head spans several programs (``triton_ssm.chain_block``)
+    and the last of them to finish normalises the head for every sequence alone; this is the form without that
+    tail, to time beside it (on 2026-12-06 the rows layout's fused node ran 1.2-1.6x slower than the unfused chain
+    from 64 sequences)."""
+    m = copy.copy(n)
+    m.op_params = {**n.op_params, "l2_separate": True}
+    return m
+
+
 def nodes_runner(ex: Executor, nodes):
     """The kernels of ``nodes`` (of ``ex``'s graph), in order, as one call (the unfused chain)."""
     fns = [node_runner(ex, n) for n in nodes]
@@ -257,6 +268,9 @@ def _layout_case(model, S: int, T: int, layout: str) -> dict:
     tile = node.op_params.get("tile")
     r = {f"{layout} identical": same_bytes(ex, unfused, fused, over=chain_written(node)),
          f"{layout} tile": tile is not None, f"{layout} bytes": node_bytes(node, tile)}
+    if layout == "rows":  # the same node with its q/k norms in launches of their own (norm_apart)
+        apart = node_runner(ex, norm_apart(node))
+        r["norm-apart identical"] = r["rows identical"] and same_bytes(ex, fused, apart, chain_written(node))
     if layout == "dedup":  # the seed's baseline: this shared row written window by window (without a tile, the node)
         per_token = node_runner(ex, without_tile(node)) if tile else fused
         r["per-token identical"] = r["dedup identical"] and (
@@ -267,6 +281,8 @@ def _layout_case(model, S: int, T: int, layout: str) -> dict:
     r[f"{layout} unfused"] = us
     r[f"{layout} unfused kernels"] = kernels if kernels is not None else sum(node_launches(n) for n in chain)
     r[layout] = timed(fused)[0] if r[f"{layout} identical"] else float("nan")
+    if layout == "rows":
+        r["norm-apart"] = timed(apart)[0] if r["norm-apart identical"] else float("nan")
     if layout == "dedup":
         r["per-token"] = timed(per_token)[0] if r["per-token identical"] else float("nan")
     return r

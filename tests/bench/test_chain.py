@@ -14,6 +14,7 @@ import torch
 from gdnpass.bench import chain
 from gdnpass.errors import GraphError
 from gdnpass.models.hparams import get_model
+from gdnpass.runtime import node_launches
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_batch_measurement_checks_every_layout_and_the_baseline():
     (r,) = chain.bench_dedup_seqs("tiny-dc4-h64", [(3, 4)])
     assert (r["S"], r["T"], r["planes"], r["C"]) == (3, 4, 4, 256)
-    assert all(r[f"{k} identical"] for k in ("rows", "dedup", "dedup-t", "per-token"))
+    assert all(r[f"{k} identical"] for k in ("rows", "norm-apart", "dedup", "dedup-t", "per-token"))
     assert (r["rows tile"], r["dedup tile"], r["dedup-t tile"]) == (False, True, True)
     # the tile stores the shared row's 5 columns once, the windows' 3 x 3 columns window by window
     assert r["per-token bytes"] == r["rows bytes"] > r["dedup bytes"] == r["dedup-t bytes"]
@@ -29,7 +30,7 @@ def test_the_batch_measurement_checks_every_layout_and_the_baseline():
     # GET_ROWS, CONCAT, 4 CPYs, SSM_CONV, SILU, q and k RMS_NORM + SCALE
     assert r["rows unfused kernels"] == r["dedup unfused kernels"] == 12
     if not torch.cuda.is_available():
-        assert all(r[k] != r[k] for k in ("rows", "dedup", "dedup-t", "per-token"))  # NaN: not timed here
+        assert all(r[k] != r[k] for k in ("rows", "norm-apart", "dedup", "dedup-t", "per-token"))  # NaN: untimed
 
 
 def test_the_byte_check_catches_a_node_that_writes_the_wrong_window():
@@ -43,6 +44,10 @@ def test_the_byte_check_catches_a_node_that_writes_the_wrong_window():
     wrong.op_params = {**wrong.op_params, "columns": [cols[1], *cols[1:]]}
     assert cols[0] != cols[1] and not chain.same_bytes(ex, fused, chain.node_runner(ex, wrong), over)
     assert chain.same_bytes(ex, fused, chain.node_runner(ex, chain.without_tile(node)), over)
+    # the norm-apart form: the same bytes from its own norm launches (q and k: RMS_NORM and SCALE each)
+    apart = chain.norm_apart(node)
+    assert (node_launches(node), node_launches(apart)) == (1, 5)
+    assert chain.same_bytes(ex, fused, chain.node_runner(ex, apart), over)
 
 
 def test_chain_bytes_of_several_sequences():
