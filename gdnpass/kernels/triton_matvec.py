@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, runs_as_gemm,
-                                    runs_as_mat_vec)
+from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, mul_mat_path,
+                                    runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
@@ -924,7 +924,7 @@ def _launch_programs(w, N: int, batches: int = 1, products: int = 1) -> list[tup
 def programs(node) -> list[tuple[str, int, int]]:
     """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program; the mat-vec's, or the
     GEMM's beyond 16 columns) and MUL_MAT_ID (a column a slot and token, after a quantized weight's pre-pass of every
-    column; a quantized weight's over 16 columns: the mat-vec's of each 16, limits.mat_vec_chunks); empty for other
+    column; a quantized weight's over 16 columns: the mat-vec's of each 16, limits.mul_mat_path); empty for other
     ops and for the MUL_MATs of over 16 columns that run on torch (the pair's are its record's:
     gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
     from gdnpass.ir import Op
@@ -944,11 +944,12 @@ def product_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     """A MUL_MAT's programs for weight ``w`` and activation ``x`` (graph tensors), as :func:`programs` counts them:
     the GEMM's, a quantized weight's mat-vec per 16 columns, the mat-vec's, or none (torch's matmul); ``products``
     weights of that shape in one launch (the pair's 2: the mat-vec's or the GEMM's)."""
-    N = mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
-    if runs_as_gemm(w.type, w.ne[2] * w.ne[3], N):
+    path, N = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne), mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+    if path == "gemm":
         t = gemm_tile(w.ne[1], N, w.ne[0], w.type.label)
         return [("gemm", products * triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n),
                  triton.cdiv(w.ne[0], t.block_k))]
-    if chunks := mat_vec_chunks(w.type, w.ne[2] * w.ne[3], x.ne):  # a quantized weight's, 16 columns a launch
-        return [p for c in range(chunks) for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]
+    if path == "chunks":  # a quantized weight's, 16 columns a launch
+        return [p for c in range(mat_vec_chunks(N))
+                for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]
     return mat_vec_programs(w, x, products)
