@@ -35,12 +35,13 @@ SAMPLED_ROWS = 4096  # rows checked against float64 (an lm head's f64 copy would
 
 
 def candidates(N: int):
-    """Row blocks x column tiles x K steps x warps x pipeline depth, under ~200 KB of shared memory for the
-    pipeline's stages (the bf16 weight tile and the f32 activation tile): ~40 a width, each compiled once (M, N and
-    K are no compile-time constants), ~1-2 s each."""
-    for bm, bn, bk, w, st in itertools.product((64, 128, 256), (32, 64, 128), (64, 128), (4, 8), (3, 4)):
-        if bn <= max(32, N) and st * (bm * bk * 2 + bk * bn * 4) <= 200_000 and bm * bn <= 128 * 128:
-            yield mv.GemmTile(bm, bn, bk, w, st)
+    """Row blocks x K steps x warps x pipeline depth (five shapes around the sweep of 2026-12-06's best), x column
+    tiles x K slices: under ~200 KB of shared memory for the pipeline's stages (the bf16 weight tile and x's three
+    bf16 term tiles); ~40 a width, each compiled once (M, N and K are no compile-time constants), ~1-2 s each."""
+    shapes = ((64, 128, 4, 4), (64, 64, 4, 3), (32, 128, 4, 4), (128, 64, 8, 3), (128, 128, 8, 3))
+    for (bm, bk, w, st), bn, split in itertools.product(shapes, (32, 64), (1, 2, 4, 8)):
+        if bn <= max(32, N) and st * (bm * bk * 2 + 3 * bk * bn * 2) <= 200_000:
+            yield mv.GemmTile(bm, bn, bk, w, st, split)
 
 
 def wide_columns(text: str) -> list[int]:
@@ -124,7 +125,7 @@ def main() -> int:
         gbps = lambda us: (M * K * 2 + N * K * 4 + N * M * 4) / (us * 1e3)  # noqa: E731 - bytes a launch must move
         rows.append(f"{M:6d}x{K:<5d} {N:4d} | {before:9.1f} | {cublas:7.1f} | {prod_us:7.1f} | {best_us:7.1f} "
                     f"({100 * gbps(best_us) / bw:3.0f}%) | {best.block_m}x{best.block_n}x{best.block_k} "
-                    f"w{best.warps} s{best.stages}")
+                    f"w{best.warps} s{best.stages} k/{best.split_k}")
         print(rows[-1], flush=True)
         out.append(dict(M=M, K=K, N=N, torch_ref_us=before, cublas_bf16_us=cublas, production=prod._asdict(),
                         production_us=prod_us, tiles=[dict(t._asdict(), us=us) for us, t in timed]))

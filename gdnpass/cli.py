@@ -261,8 +261,9 @@ INTERPRETER_S = {"silu": (0.026, 0.0), "scale": (0.026, 0.0), "l2_norm": (0.032,
                  "get_rows_q": (0.04, 0.0), "quantize_x": (0.026, 0.0), "div": (0.026, 0.0), "clamp": (0.026, 0.0),
                  "sum_rows": (0.026, 0.001), "argsort": (0.04, 0.008),
                  # the GEMM (over 16 columns; steps: K blocks): 14 ms at 1 step, 37 at 4, 106 at 16 (1024 rows x 32
-                 # columns of bf16, 2026-12-06, this 2-core machine)
-                 "gemm": (0.010, 0.008)}
+                 # columns of bf16, 2026-12-06, this 2-core machine; before its terms pre-pass: a program per column
+                 # and 1024 of K, estimated as add's)
+                 "gemm": (0.010, 0.008), "gemm_terms": (0.026, 0.0)}
 # (1.3x the single-launch figures: whole runs of tiny-dc4-h64 --layers 1 --fuse took 26-29 s, against 21 s summed)
 SLOW_LIMIT_S = 60.0
 # the graph the refusal suggests: ~18 s on the interpreter, under the limit checked too (unfused, then fused: twice

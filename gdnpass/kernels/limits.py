@@ -95,10 +95,16 @@ def mat_vec_chunks(cols: int) -> int:
     return -(-cols // MAT_VEC_COLS)
 
 
-def mat_vec_launches(w) -> int:
-    """Kernel launches of one mat-vec (single, pair or MUL_MAT_ADD) of weight ``w`` (a graph tensor): two for a
-    quantized weight, its activations' pre-pass and then the mat-vec (triton_matvec), one otherwise."""
-    return 2 if w.type.is_quantized else 1
+def mul_mat_launches(w, x) -> int:
+    """Kernel launches of one MUL_MAT of weight ``w`` over ``x`` (graph tensors; a pair's or a MUL_MAT_ADD's alike)
+    on :func:`mul_mat_path`'s kernel: the mat-vec or the GEMM, each after a pre-pass of the activations where it
+    takes one (a quantized weight's q8 activations; a bf16 weight's three bf16 terms for the GEMM: triton_matvec),
+    a "chunks" product's per 16 columns; torch's matmul one."""
+    path = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne)
+    if path == "torch":
+        return 1
+    launches = 2 if w.type.is_quantized or path == "gemm" and w.type.label == "bf16" else 1
+    return launches * mat_vec_chunks(mat_vec_columns(1, x.ne)) if path == "chunks" else launches
 
 
 def mat_vec_columns(w_batches: int, x_ne: Sequence[int]) -> int:

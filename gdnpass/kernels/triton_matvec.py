@@ -67,15 +67,21 @@ def _bf16_terms(x, term):
 def _dot_bf16_terms(w, x, acc):
     """acc + w·x for bf16 ``w`` and f32 ``x`` as three dots, tail, middle, head (16 columns: see ONE_DOT_COLS)."""
     hi, mid, lo = _split_bf16(x)
+    return _dot_terms(w, hi, mid, lo, acc)
+
+
+@triton.jit
+def _dot_terms(w, hi, mid, lo, acc):
+    """acc + w·(hi + mid + lo) for bf16 ``w`` and x's three bf16 terms (as f32 or bf16): three dots, tail first."""
     if NATIVE_BF16:
         acc = tl.dot(w, lo.to(tl.bfloat16), acc)
         acc = tl.dot(w, mid.to(tl.bfloat16), acc)
         acc = tl.dot(w, hi.to(tl.bfloat16), acc)
     else:  # (the interpreter's bf16 arithmetic is broken: the same products in f32)
         wf = w.to(tl.float32)
-        acc = tl.dot(wf, lo, acc, input_precision="ieee")
-        acc = tl.dot(wf, mid, acc, input_precision="ieee")
-        acc = tl.dot(wf, hi, acc, input_precision="ieee")
+        acc = tl.dot(wf, lo.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(wf, mid.to(tl.float32), acc, input_precision="ieee")
+        acc = tl.dot(wf, hi.to(tl.float32), acc, input_precision="ieee")
     return acc
 
 
@@ -412,6 +418,33 @@ def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y
 
 
 @triton.jit
+def store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K: tl.constexpr):
+    """Split-K, first half: store K slice ``s``'s partial ``acc`` [R, C] of ``tile`` into the split workspace (the
+    tile's SPLIT_K partials side by side, each packed [R, C]; masked rows and columns are 0) and draw a ticket: True
+    for the program that stores the last (:func:`~gdnpass.kernels.triton_core.last_to_arrive`)."""
+    R: tl.constexpr = acc.shape[0]
+    C: tl.constexpr = acc.shape[1]
+    part = ws_ptr + tile * (SPLIT_K * R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    tl.store(part + s * (R * C), acc)
+    return last_to_arrive(cnt_ptr, tile, SPLIT_K)
+
+
+@triton.jit
+def sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K: tl.constexpr):
+    """Split-K, second half, in the program :func:`store_slice` chose: ``tile``'s partials (``acc``'s shape) added in
+    the fixed order 0..SPLIT_K-1, whichever program finished last, so the bytes do not depend on the schedule; the
+    tile's counter zeroed for the next launch (and the next CUDA-graph replay)."""
+    R: tl.constexpr = acc.shape[0]
+    C: tl.constexpr = acc.shape[1]
+    part = ws_ptr + tile * (SPLIT_K * R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    total = tl.load(part, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT_K):
+        total += tl.load(part + j * (R * C), cache_modifier=".cg")
+    tl.store(cnt_ptr + tile, 0)
+    return total
+
+
+@triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
@@ -440,18 +473,9 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         else:
             acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
                               BLOCK_K, DOT, EVICT, terms)
-        PART: tl.constexpr = rows.shape[0] * COLS
-        # the tile's SPLIT_K partials lie side by side, each a packed [BLOCK_M, COLS] (masked rows and columns are 0)
-        part = ws_ptr + tile * (SPLIT_K * PART) + tl.arange(0, rows.shape[0])[:, None] * COLS + cols[None, :]
-        tl.store(part + s * PART, acc)
-        if last_to_arrive(cnt_ptr, tile, SPLIT_K):
-            # the slices in their order, whichever program finishes last: the bytes do not depend on the schedule
-            total = tl.load(part, cache_modifier=".cg")
-            for j in tl.static_range(1, SPLIT_K):
-                total += tl.load(part + j * PART, cache_modifier=".cg")
-            _store_y(y_ptr, total, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
-                     RESIDUAL)
-            tl.store(cnt_ptr + tile, 0)  # zero for the next launch (and the next CUDA-graph replay)
+        if store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
+            _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols - col0, col_mask,
+                     ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
 
 
 @triton.jit
@@ -788,72 +812,168 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
 
 # ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------
 
+GEMM_TERMS_BLOCK = 1024  # K elements a program of the bf16 terms pre-pass splits
+
 
 @triton.jit
-def _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, pid, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr):
-    """Program ``pid`` of one product: row block pid // tiles, column tile pid % tiles (the column tiles of a row
-    block side by side, so its weight rows come from HBM once and from the L2 after)."""
-    tiles = tl.cdiv(N, BLOCK_N)
-    rows = pid // tiles * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid % tiles * BLOCK_N + tl.arange(0, BLOCK_N)
+def _gemm_terms_kernel(x_ptr, t_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, BLOCK: tl.constexpr):
+    """A bf16 GEMM's pre-pass, program (column c, K block): the column's three bf16 terms (:func:`_split_bf16`) into
+    the terms workspace, bf16 [3, N, K] (head, middle, tail planes; a column's K contiguous), so the GEMM's dot
+    operands come straight from memory (pipelined into shared memory) instead of being split in registers by every
+    row block at every K step. The reference: :func:`gemm_terms_reference`."""
+    wait_for_previous_kernels()  # (the workspace may still be read by the launch before)
+    c = tl.program_id(0)
+    k = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = k < K
+    hi, mid, lo = _split_bf16(tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + k, mask=mask))
+    at = t_ptr + c.to(tl.int64) * K + k
+    plane = N.to(tl.int64) * K
+    tl.store(at, hi.to(tl.bfloat16), mask=mask)
+    tl.store(at + plane, mid.to(tl.bfloat16), mask=mask)
+    tl.store(at + 2 * plane, lo.to(tl.bfloat16), mask=mask)
+
+
+def gemm_terms(x: torch.Tensor, terms: torch.Tensor) -> torch.Tensor:
+    """The bf16 GEMM's pre-pass: x f32 ne [K, N1, N2, N3] (contiguous rows, any strides above) -> ``terms``, bf16
+    with room for [3, N, K] (N = N1·N2·N3; the activation workspace, for the GEMM), returned as that [3, N, K]."""
+    K, N = x.shape[3], x.shape[0] * x.shape[1] * x.shape[2]
+    _require(x.dtype == torch.float32 and x.stride(-1) == 1 and terms.dtype == torch.bfloat16
+             and terms.is_contiguous() and terms.numel() >= 3 * N * K,
+             "gemm_terms: f32 columns with contiguous rows, into contiguous bf16 room for three terms of each")
+    out = terms.reshape(-1)[:3 * N * K].view(3, N, K)
+    xs = _strides(x)
+    _gemm_terms_kernel[(N, triton.cdiv(K, GEMM_TERMS_BLOCK))](
+        x, out, K, N, x.shape[2], x.shape[1], xs[1], xs[2], xs[3], BLOCK=GEMM_TERMS_BLOCK, **LAUNCH)
+    return out
+
+
+def gemm_terms_reference(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_gemm_terms_kernel`'s bytes in torch: x f32 [..., K] (N columns) -> bf16 [3, N, K], x's head, middle
+    and tail bf16 terms (each rounded to nearest even; head + middle + tail == x exactly for finite x)."""
+    x = x.reshape(-1, x.shape[-1]).float()
+    hi = x.bfloat16()
+    mid = (x - hi.float()).bfloat16()
+    lo = (x - hi.float() - mid.float()).bfloat16()
+    return torch.stack([hi, mid, lo])
+
+
+@triton.jit
+def _gemm_terms_sum(w_ptr, w_s1, rows, row_mask, t_ptr, t_plane, cols, col_mask, K, k0, k_len,
+                    BLOCK_K: tl.constexpr):
+    """Σ_k w[row, k]·x[col, k] over k in [k0, k0 + k_len) for bf16 weights, x as the pre-pass's terms: per K step
+    the three bf16 x bf16 dots of :func:`_dot_terms` (tail, middle, head into one f32 accumulator), the mat-vec's
+    tensor-core sum with its operands loaded rather than split. Returns [BLOCK_M, BLOCK_N]."""
+    ks = tl.arange(0, BLOCK_K)
+    w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_s1
+    t_cols = t_ptr + cols.to(tl.int64)[None, :] * K
+    k_end = tl.minimum(k0 + k_len, K)
+    acc = tl.zeros([rows.shape[0], cols.shape[0]], tl.float32)
+    for k in range(k0, k_end, BLOCK_K):
+        kk = k + ks
+        kmask = kk < k_end
+        w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0)
+        t_at, t_mask = t_cols + kk[:, None], kmask[:, None] & col_mask[None, :]
+        hi = tl.load(t_at, mask=t_mask, other=0.0)
+        mid = tl.load(t_at + t_plane, mask=t_mask, other=0.0)
+        lo = tl.load(t_at + 2 * t_plane, mask=t_mask, other=0.0)
+        acc = _dot_terms(w, hi, mid, lo, acc)
+    return acc
+
+
+@triton.jit
+def _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, rb, ct, s, tile, M, K, N, ne1, ne2, w_s1, x_s1, x_s2,
+                x_s3, y_s0, y_s1, y_s2, y_s3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Row block ``rb`` x column tile ``ct`` of one product, K slice ``s`` of SPLIT_K (workspace slot ``tile``).
+    bf16 weights: ``x_ptr`` is the pre-pass's terms (:func:`_gemm_terms_sum`); f16: x itself, f32 (the mat-vec's
+    f32 dot, :func:`matvec_cols` with IEEE)."""
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = ct * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask, col_mask = rows < M, cols < N
-    x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
-    acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, True, IEEE=True)
-    _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+    k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K  # equal slices of whole K steps (the last short or empty)
+    k0 = s * k_len
+    if w_ptr.dtype.element_ty == tl.bfloat16:
+        acc = _gemm_terms_sum(w_ptr, w_s1, rows, row_mask, x_ptr, N.to(tl.int64) * K, cols, col_mask, K, k0, k_len,
+                              BLOCK_K)
+    else:
+        x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
+        acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, col_mask,
+                          tl.minimum(k_len, K - k0), BLOCK_K, True, IEEE=True)
+    if SPLIT_K == 1:
+        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+    elif store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
+        _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols, col_mask, ne1, ne2,
+                 y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
 
 
 @triton.jit
-def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, r_ptr, M, K, N, ne1, ne2,
+def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, M, K, N, ne1, ne2,
                  w_s1,                  # w [K, M], one matrix, contiguous rows (w2 alike)
-                 x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
+                 x_s1, x_s2, x_s3,      # f16: x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                  y_s0, y_s1, y_s2, y_s3,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr,
-                 PAIR: tl.constexpr):
-    """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile): the mat-vec's tensor-core sum
-    (:func:`matvec_cols`: bf16 weights times x's three bf16 terms, f16 weights in f32) over all of K in order, on a
-    grid of row blocks x column tiles (:func:`_gemm_block`). RESIDUAL (MUL_MAT_ADD): y = that sum + r, r laid out
-    as y (the mat-vec's store, :func:`_store_y`). PAIR (MUL_MAT_VEC_PAIR): a second product, w2 -> y2 (same shape
-    and layouts), on a second grid of the same size after the first, each program the single GEMM's code."""
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                 RESIDUAL: tl.constexpr, PAIR: tl.constexpr):
+    """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile, K slice) (:func:`_gemm_block`). The grid:
+    product-major (PAIR, MUL_MAT_VEC_PAIR: a second product w2 -> y2 of the same shape and layouts, each program the
+    single GEMM's code), then K slice, row block, column tile (the column tiles of a row block side by side, so its
+    weight rows come from HBM once and from the L2 after). RESIDUAL (MUL_MAT_ADD): y = the sum + r, r laid out as y
+    (the mat-vec's store, :func:`_store_y`). SPLIT_K > 1: the mat-vec's split protocol (:func:`store_slice`)."""
     wait_for_previous_kernels()
     pid = tl.program_id(0)
-    half = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
-    if PAIR and pid >= half:  # the pair's second product
-        _gemm_block(w2_ptr, y2_ptr, x_ptr, r_ptr, pid - half, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                    y_s0, y_s1, y_s2, y_s3, BLOCK_M, BLOCK_N, BLOCK_K, False)
-    else:
-        _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, pid, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                    y_s0, y_s1, y_s2, y_s3, BLOCK_M, BLOCK_N, BLOCK_K, RESIDUAL)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles = tl.cdiv(M, BLOCK_M) * tiles_n
+    product, r = pid // (tiles * SPLIT_K), pid % (tiles * SPLIT_K)
+    s, t = r // tiles, r % tiles
+    if PAIR and product == 1:  # the pair's second product: its pointers into the one call (two calls would each
+        w_ptr = w2_ptr         # get shared memory for their pipeline: twice sm_90's at 64 x 32 x 128, 4 stages)
+        y_ptr = y2_ptr
+    _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, t // tiles_n, t % tiles_n, s, product * tiles + t, M, K,
+                N, ne1, ne2, w_s1, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
+                RESIDUAL)  # (a pair has no residual)
 
 
 class GemmTile(NamedTuple):
     """One GEMM launch shape: BLOCK_M weight rows x BLOCK_N columns per program, BLOCK_K per step, warps, Triton's
-    pipeline depth. Bytes depend on it (the K steps and the dot's tiles), on nothing else: no split, no atomics."""
+    pipeline depth, and ``split_k``: the K slices per (row block, column tile), summed as the mat-vec sums its
+    slices (:class:`MatVecTile`: a workspace, a ticket, the slices added in a fixed order; no atomics on the
+    values). Bytes depend on block_k and split_k (the K steps and slices), on nothing else."""
 
     block_m: int
     block_n: int
     block_k: int
     warps: int
     stages: int = 3
+    split_k: int = 1
 
 
-GEMM_PROGRAMS = 264  # the least programs a launch is given by halving its row blocks (two per SM of an H100's 132)
+GEMM_PROGRAMS = 256  # the programs a launch should reach by splitting K (about two per SM of an H100's 132)
+GEMM_MIN_STEPS = 4   # ... while each K slice keeps at least this many K steps
+GEMM_MAX_SPLIT = 8   # ... and in at most this many slices
 
 
-def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:  # noqa: ARG001 - every K, for now
-    """The GEMM's tile for an M-row, N-column (N > 16) product over K of ``wtype`` ("bf16" or "f16") weights.
-    UNTIMED: chosen for an H100 / H200 from the kernel's shape alone, to be swept in the next GPU session.
-    bf16: K steps of 64 (the mat-vec's 9-16 column tiles'), 32 columns up to 32, 64 beyond, three bf16 dots per
-    step; 128-row blocks, halved down to 32 while the launch has fewer than :data:`GEMM_PROGRAMS` programs (no
-    split-K: at 32 columns the 9B's 4096-row down projection would otherwise run 32 programs on 132 SMs); 8 warps
-    for a 128 x 64 tile, 4 below. f16 (an f32 dot on the CUDA cores): 64-row blocks, K steps of 32."""
+def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:
+    """The GEMM's tile for an M-row, N-column (N > 16) product over K of ``wtype`` ("bf16" or "f16") weights, from
+    the H100 sweep of 2026-12-06 (``benchmarks/tune_gemm.py``, docs/performance.md: within 6% of the best tile
+    swept at 14 of the 18 qwen3.5-9b shapes x 32, 64, 128 columns, at most 1.2x). bf16: 64-row blocks, 4 warps; up to
+    32 columns 32 a program in K steps of 128, 4 stages (K steps of 64, 3 stages, where the row blocks fill the GPU
+    many times over: the lm head's 691 against 850 us); beyond, 64 columns in K steps of 64, 3 stages. K split in
+    two until the launch has :data:`GEMM_PROGRAMS` programs, up to :data:`GEMM_MAX_SPLIT` slices of at least
+    :data:`GEMM_MIN_STEPS` steps each (the 9B's 4096-row down projection at 32 columns: 64 row blocks on 132 SMs
+    otherwise: 57 us split in 4, 91 unsplit). f16 (an f32 dot on the CUDA cores; untimed): K
+    steps of 32, two stages, split alike."""
     block_n = 64 if N > 32 else 32
+    programs = triton.cdiv(M, 64) * triton.cdiv(N, block_n)
     if wtype != "bf16":
-        return GemmTile(64, block_n, 32, 4, 2)
-    block_m = 128
-    while block_m > 32 and triton.cdiv(M, block_m) * triton.cdiv(N, block_n) < GEMM_PROGRAMS:
-        block_m //= 2
-    return GemmTile(block_m, block_n, 64, 8 if block_m * block_n >= 128 * 64 else 4)
+        t = GemmTile(64, block_n, 32, 4, 2)
+    elif N > 32 or programs >= 8 * GEMM_PROGRAMS:
+        t = GemmTile(64, block_n, 64, 4, 3)
+    else:
+        t = GemmTile(64, 32, 128, 4, 4)
+    split = 1
+    while (programs * split < GEMM_PROGRAMS and split < GEMM_MAX_SPLIT
+           and K // (t.block_k * split * 2) >= GEMM_MIN_STEPS):
+        split *= 2
+    return t._replace(split_k=split)
 
 
 def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None,
@@ -861,11 +981,13 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
     """MUL_MAT of many columns (:func:`gdnpass.kernels.limits.runs_as_gemm`): w ne [K, M] one f16 / bf16 matrix
     (torch (1, 1, M, K), contiguous rows), x f32 ne [K, N1, N2, N3] of any N1·N2·N3 columns (contiguous rows, any
     strides above), out f32 ne [M, N1, N2, N3] (any strides). The weight is read as it is (no f32 copy, as torch's
-    matmul needs); the sum is the mat-vec's tensor-core form at f32-level accuracy, K in order within one program:
-    the same bytes every run. ``tile``: a test's or benchmark's override of :func:`gemm_tile`. ``residual``
-    (MUL_MAT_ADD's addend, f32, laid out as out, which may be it): out = w·x + residual, the product's bytes then
-    the unfused ADD's one rounding. ``second`` (MUL_MAT_VEC_PAIR's): ``(w2, out2)`` of w's shape, type and strides
-    and out's layout, computed in the same launch with w's tile, so each is the single GEMM's bytes."""
+    matmul needs); the sum is the mat-vec's tensor-core form at f32-level accuracy, K in order within a program and
+    K slices added in a fixed order: the same bytes every run. bf16 weights: two launches, x's bf16 terms first
+    (:func:`_gemm_terms_kernel`, into the activation workspace), then the GEMM. ``tile``: a test's or benchmark's
+    override of :func:`gemm_tile`. ``residual`` (MUL_MAT_ADD's addend, f32, laid out as out, which may be it): out =
+    w·x + residual, the product's bytes then the unfused ADD's one rounding. ``second`` (MUL_MAT_VEC_PAIR's):
+    ``(w2, out2)`` of w's shape, type and strides and out's layout, computed in the same launch with w's tile (and
+    the same terms), so each is the single GEMM's bytes."""
     wtype = weight_type(w)
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
@@ -891,11 +1013,18 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
     if residual is not None:  # (each element read, then written, by one program: out may be the residual itself)
         _alias_ok("mul_mat_gemm", out, residual)
     t = tile or gemm_tile(M, N, K, wtype.label)
-    xs, ys = _strides(x), _strides(out)
+    xs, ys, ne1, ne2 = _strides(x), _strides(out), x.shape[2], x.shape[1]
     products = 1 if second is None else 2
-    _gemm_kernel[(products * triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n),)](
-        w, out, w2, out2, x, out if residual is None else residual, M, K, N, x.shape[2], x.shape[1], w.stride(-2),
-        xs[1], xs[2], xs[3], *ys, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+    tiles = triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n)
+    ws = cnt = None
+    if t.split_k > 1:
+        ws, cnt = split_workspace(w.device, products * tiles * t.split_k * t.block_m * t.block_n, products * tiles,
+                                  "mul_mat_gemm")
+    if wtype.label == "bf16":  # x's terms: the operand the GEMM reads in x's place
+        x = gemm_terms(x, activation_workspace(w.device, 6 * N * K, "mul_mat_gemm")[:6 * N * K].view(torch.bfloat16))
+    _gemm_kernel[(products * t.split_k * tiles,)](
+        w, out, w2, out2, x, out if residual is None else residual, ws, cnt, M, K, N, ne1, ne2, w.stride(-2),
+        xs[1], xs[2], xs[3], *ys, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT_K=t.split_k,
         RESIDUAL=residual is not None, PAIR=second is not None,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
@@ -946,9 +1075,10 @@ def product_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     weights of that shape in one launch (the pair's 2: the mat-vec's or the GEMM's)."""
     path, N = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne), mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if path == "gemm":
-        t = gemm_tile(w.ne[1], N, w.ne[0], w.type.label)
-        return [("gemm", products * triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n),
-                 triton.cdiv(w.ne[0], t.block_k))]
+        t, K = gemm_tile(w.ne[1], N, w.ne[0], w.type.label), w.ne[0]
+        pre = [("gemm_terms", N * triton.cdiv(K, GEMM_TERMS_BLOCK), 1)] if w.type.label == "bf16" else []
+        return pre + [("gemm", products * t.split_k * triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n),
+                       triton.cdiv(K, t.block_k * t.split_k))]
     if path == "chunks":  # a quantized weight's, 16 columns a launch
         return [p for c in range(mat_vec_chunks(N))
                 for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]

@@ -127,8 +127,11 @@ def variants():
             itertools.product(shapes, (17, 32, 33, 128, 1024), mv.GEMM_WEIGHTS)}
     for (t, wt), (residual, pair) in itertools.product(sorted(gemm), ((False, False), (True, False), (False, True))):
         ptr = {"bf16": "*bf16", "f16": "*fp16"}[wt]  # (residual: MUL_MAT_ADD's; pair: MUL_MAT_VEC_PAIR's)
-        yield (mv._gemm_kernel, dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, RESIDUAL=residual,
-                                     PAIR=pair), t.warps, dict(w_ptr=ptr, w2_ptr=ptr), dict(num_stages=t.stages))
+        c = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT_K=t.split_k, RESIDUAL=residual,
+                 PAIR=pair)  # (bf16 reads x's bf16 terms; an unsplit launch passes None for the workspace)
+        yield (mv._gemm_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
+               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr="*bf16" if wt == "bf16" else "*fp32"), dict(num_stages=t.stages))
+    yield mv._gemm_terms_kernel, dict(BLOCK=mv.GEMM_TERMS_BLOCK), core.NUM_WARPS, dict(t_ptr="*bf16")
     # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes, plain
     # and quantized (a quantized one reads its column of the pre-pass's chunks)
     for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32", *core.QTYPES.values())):

@@ -41,13 +41,17 @@ def f64(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 # (M, K, columns as (n3, n2, n1), tile): rows not a multiple of BLOCK_M, K not of BLOCK_K; 17, 33 and 100 columns,
-# the last over x's ne2 / ne3 with gaps between rows; None: the model tile of the shape (gemm_tile)
+# the last over x's ne2 / ne3 with gaps between rows; None: the model tile of the shape (gemm_tile); K split in 2 and
+# in 4 (200 = 64 + 64 + 64 + 8: the last slice short)
 CASES = [(100, 200, (1, 1, 17), None), (300, 130, (1, 1, 33), None), (70, 72, (2, 5, 10), None),
-         (100, 200, (1, 3, 23), mv.GemmTile(32, 32, 32, 4))]  # several row blocks and column tiles
+         (100, 200, (1, 3, 23), mv.GemmTile(32, 32, 32, 4)),  # several row blocks and column tiles
+         (100, 200, (1, 3, 23), mv.GemmTile(32, 32, 32, 4, split_k=2)),
+         (40, 200, (1, 1, 20), mv.GemmTile(16, 16, 32, 4, 1, split_k=4))]
 
 
 @pytest.mark.parametrize("wtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
-@pytest.mark.parametrize("M,K,cols,tile", CASES, ids=["17cols", "33cols", "100cols-strided", "small-tile"])
+@pytest.mark.parametrize("M,K,cols,tile", CASES,
+                         ids=["17cols", "33cols", "100cols-strided", "small-tile", "split-2", "split-4"])
 def test_gemm_matches_the_reference_and_f64(wtype, M, K, cols, tile):
     """Against the reference and f64 (f32-level, see the module's docstring), every output element written and no
     byte outside, the same bytes on a second run; x's columns with gaps (rows K + 24 apart), over ne1..ne3, and an
@@ -102,13 +106,31 @@ def test_the_triton_backend_runs_wide_products_on_the_gemm(monkeypatch, wtype, w
     assert_close(y, ref.mul_mat(w, x), rtol=RTOL)
     assert len(calls) == int(gemm)
     progs = backends.programs(n)
-    assert node_launches(n) == 1
+    terms = gemm and wtype is DType.BF16  # (a bf16 weight's GEMM first splits x into its bf16 terms)
+    assert node_launches(n) == 1 + terms
     if gemm:
         N = x.shape[0] * x.shape[1] * x.shape[2]
         t = mv.gemm_tile(40, N, 64, wtype.label)
-        assert progs == [("gemm", -(-40 // t.block_m) * -(-N // t.block_n), -(-64 // t.block_k))]
+        assert progs == [("gemm_terms", N, 1)] * terms + [
+            ("gemm", t.split_k * -(-40 // t.block_m) * -(-N // t.block_n), -(-64 // (t.block_k * t.split_k)))]
     else:
         assert all(k != "gemm" for k, *_ in progs)
+
+
+def test_the_terms_pre_pass_is_its_reference_byte_for_byte():
+    """The bf16 GEMM's operand: x's three bf16 terms, exactly as torch rounds them (head + middle + tail == x), over
+    columns with gaps between rows and across ne2, at magnitudes from 1e-30 to 1e30 and K past a program's block.
+    (Not subnormals: the interpreter converts subnormal f32 to bf16 wrongly; a term that small is below every
+    tolerance of the product.)"""
+    a = Arena(1 << 24)
+    x = rnd(1, 3, 7, mv.GEMM_TERMS_BLOCK + 40)
+    x[0, 0, 0, :64] = torch.logspace(-30, 30, 64)
+    x = a.put(x, row_stride=x.shape[-1] + 24)
+    terms = a.view((1, 3, 21, x.shape[-1]), dtype=torch.bfloat16)
+    a.run(lambda: mv.gemm_terms(x, terms), terms)
+    want = mv.gemm_terms_reference(x)
+    assert_same_bytes(terms[0], want, "terms")
+    assert torch.equal(want.float().sum(0), x.reshape(21, -1))  # (exact: each addition is)
 
 
 @pytest.mark.parametrize("wtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
@@ -123,7 +145,7 @@ def test_a_pair_and_a_residual_beyond_16_columns_are_the_single_gemms_bytes(wtyp
     x = a.put(rnd(1, 1, 20, 64))
     r = a.put(rnd(1, 1, 20, 40))
     y, y2, p, p2, s = (a.view((1, 1, 20, 40)) for _ in range(5))
-    tile = mv.GemmTile(16, 16, 32, 4, 1)  # (several row blocks and column tiles on a small product)
+    tile = mv.GemmTile(16, 16, 32, 4, 1, split_k=2)  # (row blocks, column tiles and K slices on a small product)
     a.run(lambda: (mv.mul_mat_gemm(w, x, y, tile), mv.mul_mat_gemm(w2, x, y2, tile),
                    mv.mul_mat_gemm(w, x, p, tile, second=(w2, p2)), mv.mul_mat_gemm(w, x, s, tile, residual=r)),
           y, y2, p, p2, s)
