@@ -1,0 +1,111 @@
+"""The MOE_ROUTER kernel against the six unfused Triton kernels (byte for byte) and its torch reference (byte for
+byte: in the interpreter the reference's exp is the kernels', conftest's kernel_exp; SOFT_MAX's f64 sum order is
+far below the f32 rounding of 1/Σ), at the routers' shapes on small grids; and what the launcher refuses. Logits of
+std 0.1 + a per-expert ramp: no ties (docs/moe.md: the reference leaves their order to a stable sort)."""
+
+import pytest
+import torch
+
+from gdnpass.errors import KernelError
+from gdnpass.kernels import triton_attention as att
+from gdnpass.kernels import triton_elementwise as elt
+from gdnpass.kernels import triton_norms as norms
+from gdnpass.kernels import triton_sort as sort
+from gdnpass.kernels.limits import ARGSORT_MAX_ROW
+from gdnpass.patterns.moe_router import kernel
+from support.arena import DEVICE, Arena
+from support.compare import assert_bits, assert_same_bytes
+
+LO, HI = 6.103515625e-5, float("inf")  # build_moe_ffn's clamp of the weights' sum
+
+
+def logits(n_exp: int, n_t: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ramp = torch.randperm(n_exp, generator=g).float() * 1e-3  # distinct per expert: no ties
+    return (0.1 * torch.randn(n_t, n_exp, generator=g) + ramp).view(1, 1, n_t, n_exp).to(DEVICE)
+
+
+def unfused(a: Arena, x, n_used, lo=LO, hi=HI):
+    """SOFT_MAX, ARGSORT (DESC), GET_ROWS of its top-k view, SUM_ROWS, CLAMP, DIV: six launches, as the graph's."""
+    n_t, n_exp = x.shape[2], x.shape[3]
+    probs = a.view(tuple(x.shape))
+    att.soft_max(x, None, None, 1.0, 0.0, probs)
+    order = a.view(tuple(x.shape), torch.int32)
+    sort.argsort(probs, 1, order)
+    w = a.view((1, n_t, n_used, 1))
+    elt.get_rows(probs.reshape(1, n_t, n_exp, 1), order[..., :n_used], w)
+    w = w.view(1, 1, n_t, n_used)
+    total = a.view((1, 1, n_t, 1))
+    norms.sum_rows(w, total)
+    elt.clamp(total, lo, hi, total)  # (in place, as gallocr plans it)
+    y = a.view((1, 1, n_t, n_used))
+    elt.div(w, total, y)
+    return order, y
+
+
+def fused(a: Arena, x, n_used, lo=LO, hi=HI, order_stride=None):
+    order = a.view(tuple(x.shape), torch.int32, row_stride=order_stride)
+    y = a.view((1, 1, x.shape[2], n_used))
+    a.run(lambda: kernel.moe_router(x, n_used, lo, hi, order, y), order, y)
+    return order, y
+
+
+# (experts, used, tokens, the logits' row stride)
+CASES = [(8, 2, 4, None), (8, 8, 1, None), (16, 4, 3, 20), (64, 8, 2, None), (100, 3, 2, None), (256, 8, 4, None),
+         (256, 2, 1, 260)]
+
+
+@pytest.mark.parametrize("n_exp,n_used,n_t,stride", CASES)
+def test_fused_equals_unfused_and_reference(n_exp, n_used, n_t, stride, kernel_exp):
+    a = Arena()
+    x = a.put(logits(n_exp, n_t, n_exp + n_t), row_stride=stride)
+    order, y = fused(a, x, n_used, order_stride=stride and stride + 4)
+    u_order, u_y = unfused(a, x, n_used)
+    assert_same_bytes(order, u_order, "argsort vs unfused")
+    assert_same_bytes(y, u_y, "weights vs unfused")
+    r_order, r_y = kernel.reference(x, n_used, LO, HI)
+    assert_same_bytes(order, r_order, "argsort vs reference")
+    assert_same_bytes(y, r_y, "weights vs reference")
+    assert torch.allclose(y.sum(-1).double().cpu(), torch.ones(n_t, dtype=torch.float64), atol=1e-6)  # (normalised)
+
+
+def test_the_clamp_and_edge_values_pass_through_as_unfused(kernel_exp):
+    """A clamp that bites (hi below the sum), a NaN logit in one row (the row NaN throughout, its order by torch's
+    NaN placement), -inf logits (zero probabilities) and signed zeros."""
+    a = Arena()
+    x = logits(16, 4, 3)
+    x[0, 0, 1, 5] = float("nan")
+    x[0, 0, 2, :3] = float("-inf")
+    x[0, 0, 3, 7] = -0.0
+    x = a.put(x)
+    for lo, hi in ((LO, HI), (0.0, 0.5), (0.9, 2.0)):
+        order, y = fused(a, x, 4, lo, hi)
+        u_order, u_y = unfused(a, x, 4, lo, hi)
+        assert_same_bytes(order, u_order, f"argsort, clamp [{lo}, {hi}]")
+        assert_bits(y, u_y, f"weights, clamp [{lo}, {hi}]")  # (row 1's NaNs: a.run saw no stray byte)
+    assert y[0, 0, 1].isnan().all() and not y[0, 0, 0].isnan().any()
+
+
+def test_the_launcher_refuses_what_the_kernel_cannot_run():
+    a = Arena()
+    x = a.put(logits(8, 2, 0))
+    order, y = a.view((1, 1, 2, 8), torch.int32), a.view((1, 1, 2, 2))
+    with pytest.raises(KernelError, match="9 of 8 experts"):
+        kernel.moe_router(x, 9, LO, HI, order, a.view((1, 1, 2, 9)))
+    wide = a.put(logits(ARGSORT_MAX_ROW + 1, 1, 0))
+    with pytest.raises(KernelError, match=f"2..{ARGSORT_MAX_ROW} experts"):
+        kernel.moe_router(wide, 2, LO, HI, a.view(tuple(wide.shape), torch.int32), a.view((1, 1, 1, 2)))
+    with pytest.raises(KernelError, match="overlaps"):
+        kernel.moe_router(x, 2, LO, HI, order, x[..., :2])
+    with pytest.raises(KernelError, match="NaN bound"):
+        kernel.moe_router(x, 2, float("nan"), HI, order, y)
+    with pytest.raises(KernelError, match="into"):
+        kernel.moe_router(x, 2, LO, HI, order.float(), y)
+
+
+def test_programs_and_variants():
+    from types import SimpleNamespace
+
+    node = SimpleNamespace(src=[SimpleNamespace(ne=(256, 8, 1, 1))])
+    assert kernel.programs(node) == [("moe_router", 2, 1)]  # SOFT_MAX's tile: 4 rows of 256 a program
+    assert {c["BLOCK_C"] for _, c, _ in kernel.variants()} == {8, 128, 256, 512, 1024}
