@@ -32,6 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gdnpass.kernels import reference as ref
+from gdnpass.kernels.limits import SM_TILE  # SOFT_MAX elements per program and pass: [SM_TILE // BLOCK_C, BLOCK_C]
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32,
                                          last_to_arrive, soft_max_sum, soft_max_w, split_workspace,
@@ -46,7 +47,6 @@ FA_PROGRAMS = 128   # programs a launch aims for by splitting the KV (fa_split):
 # f32-level products, ~2^-21 relative. "ieee" (CUDA-core FMAs) measured 15x slower on an H200 at the verify shape
 # (340 us against 23 us) for no better agreement with the reference (both ~1.5e-6 from an f64 truth)
 FA_DOT = tl.constexpr("tf32x3")
-SM_TILE = 1024      # SOFT_MAX elements per program and pass: [SM_TILE // BLOCK_C, BLOCK_C] rows x columns
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 if INTERPRETED:  # the interpreter has no libdevice: tanh from exp (its absolute error is exp's, ~1e-7)

@@ -103,9 +103,33 @@ def test_the_launcher_refuses_what_the_kernel_cannot_run():
         kernel.moe_router(x, 2, LO, HI, order.float(), y)
 
 
+@pytest.mark.parametrize("n_exp,n_t,div_at", [(256, 8, 128), (16, 130, 640)])
+def test_serial_stores_over_the_logits_as_gallocr_plans_them(n_exp, n_t, div_at, kernel_exp):
+    """The DIV inside the logits (gallocr's plan from 8 tokens: the probabilities are dead by then), ``div_at`` bytes
+    on: one program walking the tiles in order writes the unfused bytes (the unfused kernels run on a copy of the
+    logits); the serial guard accepts it, and refuses the DIV on the second tile's logits."""
+    a = Arena()
+    x0 = logits(n_exp, n_t, 7)
+    want_order, want_y = unfused(a, a.put(x0), 4)
+    block_r, _ = kernel.soft_max_tile(n_exp)
+    assert n_t > block_r  # (several tiles)
+    x = a.put(x0)
+    y = x.reshape(-1)[div_at // 4: div_at // 4 + 4 * n_t].view(1, 1, n_t, 4)
+    order = a.view(tuple(x.shape), torch.int32)
+    kernel.moe_router(x, 4, LO, HI, order, y, serial=True)
+    assert_same_bytes(order, want_order, "argsort")
+    assert_same_bytes(y, want_y, "weights")
+    later = x.reshape(-1)[block_r * n_exp:][: 4 * n_t].view(1, 1, n_t, 4)  # on tile 1's logits
+    with pytest.raises(KernelError, match="overlaps"):
+        kernel.moe_router(x, 4, LO, HI, order, later, serial=True)
+    with pytest.raises(KernelError, match="overlaps"):
+        kernel.moe_router(x, 4, LO, HI, order, y)  # (a program a tile: no overlap at all)
+
+
 def test_programs_and_variants():
     from types import SimpleNamespace
 
-    node = SimpleNamespace(src=[SimpleNamespace(ne=(256, 8, 1, 1))])
-    assert kernel.programs(node) == [("moe_router", 2, 1)]  # SOFT_MAX's tile: 4 rows of 256 a program
+    for serial, want in ((False, [("moe_router", 2, 1)]), (True, [("moe_router", 1, 2)])):
+        node = SimpleNamespace(src=[SimpleNamespace(ne=(256, 8, 1, 1))], op_params={"serial": serial})
+        assert kernel.programs(node) == want  # SOFT_MAX's tile: 4 rows of 256; serial: one program, 2 tiles
     assert {c["BLOCK_C"] for _, c, _ in kernel.variants()} == {8, 128, 256, 512, 1024}
