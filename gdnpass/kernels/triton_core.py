@@ -17,6 +17,8 @@ windows into one uint8 buffer viewed as float32. Strides are passed in elements,
 The ``@triton.jit`` helpers here are the arithmetic more than one kernel does: :func:`silu_f32` (UNARY SILU, SWIGLU)
 and :func:`silu_f32_unrolled` (the fused chain; the same bits), :func:`sum_sq_rows` under :func:`l2_scale_rows` and
 :func:`rms_scale_rows` (L2_NORM, RMS_NORM and the fused chain's q/k), :func:`conv_dot` (SSM_CONV and the fused chain),
+SOFT_MAX's :func:`soft_max_w` and :func:`soft_max_sum`, ARGSORT's :func:`argsort_rows` and CLAMP's :func:`clamp_f32`
+(their kernels and the fused router, MOE_ROUTER),
 exp, log, cos and sin as torch computes them (:func:`exp_f32`, :func:`log_f32`, :func:`cos_sin_f64`), the row
 addressing :func:`_row_offset`; and the launch conventions every launcher follows (:data:`LAUNCH`, :func:`_require`,
 :func:`_strides`, :func:`_repeats`, :func:`_alias_ok`). A fused kernel calls the same helpers so its results are

@@ -3,12 +3,10 @@ first k): a tile of whole rows per program, each row sorted in registers by a bi
 64-bit keys that make the reference's stable order a plain total order. Conventions:
 :mod:`gdnpass.kernels.triton_core`.
 
-The key of element i of a row is (value, i) as one int64, the value's f32 bits above, mapped to a signed integer in
-the order of the values (negative floats' magnitude bits flipped); ``-0.0`` is made ``+0.0`` (they compare equal)
-and every NaN the largest value (torch's sort puts NaNs after +inf, in index order); a descending sort flips the
-value half. Keys are distinct (the index), so any correct sorting network gives the one order of
-:func:`gdnpass.kernels.reference.argsort`: ascending or descending values, equal ones in index order. The sorted
-keys' low halves are the indices: the bytes are the reference's everywhere.
+The keys and the network are the exactness core's :func:`~gdnpass.kernels.triton_core.argsort_rows` (the fused
+router, MOE_ROUTER, sorts with it too): (value, i) as one int64, so the keys are distinct and any correct sorting
+network gives the one order of :func:`gdnpass.kernels.reference.argsort`: ascending or descending values, equal ones
+in index order. The sorted keys' low halves are the indices: the bytes are the reference's everywhere.
 """
 
 from __future__ import annotations
