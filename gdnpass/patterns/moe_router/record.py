@@ -9,15 +9,13 @@ torch and Triton when called.
 
 from __future__ import annotations
 
-import math
-
 from gdnpass.ir import DType, Op, Tensor, fused_op
 from gdnpass.patterns.moe_router.scope import router_fits
-from gdnpass.patterns.record import BOOL, INT, REPLACED, FusedOp, Param, need
+from gdnpass.opspec.vocab import BOUND  # (CLAMP's: ±inf written by name in a graph file)
+from gdnpass.patterns.record import BOOL, INT, REPLACED, FusedOp, need
 
 OP = fused_op("MOE_ROUTER")
 KERNEL = "gdnpass.patterns.moe_router.kernel.moe_router"
-BOUND = Param(lambda v: isinstance(v, (int, float)) and not math.isnan(v), "a number or ±inf, not NaN")
 
 
 def _check(n: Tensor) -> None:
