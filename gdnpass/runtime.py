@@ -16,7 +16,7 @@ import torch
 
 from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
-from gdnpass.kernels.limits import mat_vec_chunks, mat_vec_columns, mat_vec_launches, runs_as_mat_vec
+from gdnpass.kernels.limits import mat_vec_chunks, mat_vec_columns, mat_vec_launches, mul_mat_path
 from gdnpass.patterns import RECORDS
 
 # a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
@@ -34,10 +34,11 @@ def node_launches(n: Tensor) -> int:
         return RECORDS[n.op].launches(n)
     if n.op is Op.MUL_MAT:  # the mat-vec (after a quantized weight's pre-pass), else one launch: the GEMM, torch's
         w, x = n.src[0], n.src[1]
-        if runs_as_mat_vec(w.ne[1], mat_vec_columns(w.ne[2] * w.ne[3], x.ne)):
+        path = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne)
+        if path == "mat_vec":
             return mat_vec_launches(w)
-        if chunks := mat_vec_chunks(w.type, w.ne[2] * w.ne[3], x.ne):  # a quantized weight's, 16 columns a time
-            return chunks * mat_vec_launches(w)
+        if path == "chunks":  # a quantized weight's, 16 columns a time
+            return mat_vec_chunks(mat_vec_columns(1, x.ne)) * mat_vec_launches(w)
     if n.op is Op.MUL_MAT_ID:  # the mat-vec kernel (a quantized expert stack's: after its activations' pre-pass)
         return mat_vec_launches(n.src[0])
     return 1

@@ -123,7 +123,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # its time next to the torch reference it replaced), a whole 9B layer of 128 sequences through it
             # fused vs unfused, then the tile sweep (tune_gemm.py; gemm_tile's tiles are untimed). Part 9 after it
             # measures what it changes end to end.
-            ("gemm-tests", [PY, "-m", "pytest", "-q", "-s", "-m", "gpu", "tests/kernels/test_gemm.py"], 90),
+            # (the whole file: its CPU tests run compiled there too, the pair's and the residual's among them)
+            ("gemm-tests", [PY, "-m", "pytest", "-q", "-s", "tests/kernels/test_gemm.py"], 90),
             ("tune-gemm", [PY, "benchmarks/tune_gemm.py", "--budget-s", "300", "--json", str(out / "tune-gemm.json")],
              420),
         ]

@@ -75,13 +75,24 @@ def runs_in_one_launch(dtype, w_batches: int, rows: int, cols: int) -> bool:
     return w_batches == 1 and (runs_as_mat_vec(rows, cols) or runs_as_gemm(dtype, w_batches, cols))
 
 
-def mat_vec_chunks(dtype, w_batches: int, x_ne: Sequence[int]) -> int:
-    """How many mat-vecs of up to MAT_VEC_COLS columns a MUL_MAT of more columns runs one after another: a quantized
-    weight's (torch would first dequantize the whole weight: 4 GB of f32 for a 9B's lm head), of x ne [K, N1, 1, 1]
-    (its columns in ne1 alone), against one matrix; 0 for every other MUL_MAT (the mat-vec once, the GEMM, torch)."""
+def mul_mat_path(dtype, w_batches: int, rows: int, x_ne: Sequence[int]) -> str:
+    """How the Triton backend runs a MUL_MAT of ``w_batches`` weight matrices of ``dtype`` and ``rows`` rows, x ne
+    [K, N1, N2, N3] (what its adapter launches, its launch count and its programs all read this): "mat_vec" (1..16
+    columns, :func:`runs_as_mat_vec`), "gemm" (:func:`runs_as_gemm`), "chunks" (a quantized weight's columns, all in
+    ne1, by the mat-vec 16 at a time, :func:`mat_vec_chunks`: torch would first dequantize the whole weight, 4 GB of
+    f32 for a 9B's lm head) or "torch" (its matmul: f32 and batched weights beyond 16 columns)."""
     cols = mat_vec_columns(w_batches, x_ne)
-    if not dtype.is_quantized or w_batches != 1 or x_ne[2] * x_ne[3] != 1 or cols <= MAT_VEC_COLS:
-        return 0
+    if runs_as_mat_vec(rows, cols):
+        return "mat_vec"
+    if runs_as_gemm(dtype, w_batches, cols):
+        return "gemm"
+    if dtype.is_quantized and w_batches == 1 and x_ne[2] * x_ne[3] == 1:
+        return "chunks"
+    return "torch"
+
+
+def mat_vec_chunks(cols: int) -> int:
+    """The mat-vec launches of a "chunks" product (:func:`mul_mat_path`) of ``cols`` columns: one per 16."""
     return -(-cols // MAT_VEC_COLS)
 
 

@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, runs_as_gemm,
-                                    runs_as_mat_vec)
+from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, mul_mat_path,
+                                    runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
@@ -728,7 +728,11 @@ def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torc
 def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor,
                      out_b: torch.Tensor, dtype: DType | None = None) -> None:
     """MUL_MAT_VEC_PAIR: out_a = w_a·x and out_b = w_b·x (same weight shape, type and strides; outputs of one layout)
-    in one launch of the mul_mat_vec kernel, so each product is byte-identical to mul_mat_vec of its weight alone."""
+    in one launch of the mul_mat_vec kernel (beyond 16 columns, of the GEMM, as MUL_MAT runs them), so each product
+    is byte-identical to the single product of its weight alone."""
+    if runs_as_gemm(weight_type(w_a, dtype), 1, x.shape[0] * x.shape[1] * x.shape[2]):
+        mul_mat_gemm(w_a, x, out_a, second=(w_b, out_b))
+        return
     _mat_vecs([(w_a, out_a), (w_b, out_b)], x, dtype=dtype)
 
 
@@ -786,24 +790,40 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
 
 
 @triton.jit
-def _gemm_kernel(w_ptr, y_ptr, x_ptr, r_ptr, M, K, N, ne1, ne2,
-                 w_s1,                  # w [K, M], one matrix, contiguous rows
-                 x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
-                 y_s0, y_s1, y_s2, y_s3,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr):
-    """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile): the mat-vec's tensor-core sum
-    (:func:`matvec_cols`: bf16 weights times x's three bf16 terms, f16 weights in f32) over all of K in order, on a
-    grid of row blocks x column tiles. Program p is row block p // tiles, column tile p % tiles: the column tiles of
-    a row block run side by side, so its weight rows come from HBM once and from the L2 after. RESIDUAL
-    (MUL_MAT_ADD): y = that sum + r, r laid out as y (the mat-vec's store, :func:`_store_y`)."""
-    wait_for_previous_kernels()
+def _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, pid, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr):
+    """Program ``pid`` of one product: row block pid // tiles, column tile pid % tiles (the column tiles of a row
+    block side by side, so its weight rows come from HBM once and from the L2 after)."""
     tiles = tl.cdiv(N, BLOCK_N)
-    rows = tl.program_id(0) // tiles * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(0) % tiles * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = pid // tiles * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = pid % tiles * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask, col_mask = rows < M, cols < N
     x_cols = _row_offset(cols, ne1, ne2, x_s1, x_s2, x_s3)
     acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K, True, IEEE=True)
     _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+
+
+@triton.jit
+def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, r_ptr, M, K, N, ne1, ne2,
+                 w_s1,                  # w [K, M], one matrix, contiguous rows (w2 alike)
+                 x_s1, x_s2, x_s3,      # x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
+                 y_s0, y_s1, y_s2, y_s3,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDUAL: tl.constexpr,
+                 PAIR: tl.constexpr):
+    """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile): the mat-vec's tensor-core sum
+    (:func:`matvec_cols`: bf16 weights times x's three bf16 terms, f16 weights in f32) over all of K in order, on a
+    grid of row blocks x column tiles (:func:`_gemm_block`). RESIDUAL (MUL_MAT_ADD): y = that sum + r, r laid out
+    as y (the mat-vec's store, :func:`_store_y`). PAIR (MUL_MAT_VEC_PAIR): a second product, w2 -> y2 (same shape
+    and layouts), on a second grid of the same size after the first, each program the single GEMM's code."""
+    wait_for_previous_kernels()
+    pid = tl.program_id(0)
+    half = tl.cdiv(M, BLOCK_M) * tl.cdiv(N, BLOCK_N)
+    if PAIR and pid >= half:  # the pair's second product
+        _gemm_block(w2_ptr, y2_ptr, x_ptr, r_ptr, pid - half, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                    y_s0, y_s1, y_s2, y_s3, BLOCK_M, BLOCK_N, BLOCK_K, False)
+    else:
+        _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, pid, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+                    y_s0, y_s1, y_s2, y_s3, BLOCK_M, BLOCK_N, BLOCK_K, RESIDUAL)
 
 
 class GemmTile(NamedTuple):
@@ -837,14 +857,15 @@ def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:  # noqa: ARG001 -
 
 
 def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None,
-                 residual: torch.Tensor | None = None) -> None:
+                 residual: torch.Tensor | None = None, second: tuple | None = None) -> None:
     """MUL_MAT of many columns (:func:`gdnpass.kernels.limits.runs_as_gemm`): w ne [K, M] one f16 / bf16 matrix
     (torch (1, 1, M, K), contiguous rows), x f32 ne [K, N1, N2, N3] of any N1·N2·N3 columns (contiguous rows, any
     strides above), out f32 ne [M, N1, N2, N3] (any strides). The weight is read as it is (no f32 copy, as torch's
     matmul needs); the sum is the mat-vec's tensor-core form at f32-level accuracy, K in order within one program:
     the same bytes every run. ``tile``: a test's or benchmark's override of :func:`gemm_tile`. ``residual``
     (MUL_MAT_ADD's addend, f32, laid out as out, which may be it): out = w·x + residual, the product's bytes then
-    the unfused ADD's one rounding."""
+    the unfused ADD's one rounding. ``second`` (MUL_MAT_VEC_PAIR's): ``(w2, out2)`` of w's shape, type and strides
+    and out's layout, computed in the same launch with w's tile, so each is the single GEMM's bytes."""
     wtype = weight_type(w)
     M, K = w.shape[-2], w.shape[-1]
     N = x.shape[0] * x.shape[1] * x.shape[2]
@@ -854,19 +875,28 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
              f"mul_mat_gemm takes f32 columns with contiguous rows into f32, not {x.dtype} into {out.dtype}")
     _require(x.shape[3] == K and out.shape[3] == M and out.shape[:3] == x.shape[:3],
              f"mul_mat_gemm: columns {tuple(x.shape)} for K {K}, output {tuple(out.shape)} for M {M}")
+    w2, out2 = second if second is not None else (w, out)
+    _require(second is None or residual is None and w2.dtype == w.dtype and w2.shape == w.shape
+             and w2.stride() == w.stride() and out2.dtype == out.dtype and out2.shape == out.shape
+             and out2.stride() == out.stride(),
+             "mul_mat_gemm: a pair's second weight and output must be laid out as the first (and no residual)")
     _require(residual is None or residual.dtype == torch.float32 and residual.shape == out.shape
              and residual.stride() == out.stride(), "mul_mat_gemm: the residual must be f32 and laid out as the output")
     if out.numel() == 0:
         return
     _alias_ok("mul_mat_gemm", out, x, w, same_ok=False)  # (a program writes rows other programs' sums still read)
+    if second is not None:
+        _alias_ok("mul_mat_gemm", out2, x, w, w2, out, same_ok=False)
+        _alias_ok("mul_mat_gemm", out, w2, same_ok=False)
     if residual is not None:  # (each element read, then written, by one program: out may be the residual itself)
         _alias_ok("mul_mat_gemm", out, residual)
     t = tile or gemm_tile(M, N, K, wtype.label)
     xs, ys = _strides(x), _strides(out)
-    _gemm_kernel[(triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n),)](
-        w, out, x, out if residual is None else residual, M, K, N, x.shape[2], x.shape[1], w.stride(-2),
+    products = 1 if second is None else 2
+    _gemm_kernel[(products * triton.cdiv(M, t.block_m) * triton.cdiv(N, t.block_n),)](
+        w, out, w2, out2, x, out if residual is None else residual, M, K, N, x.shape[2], x.shape[1], w.stride(-2),
         xs[1], xs[2], xs[3], *ys, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        RESIDUAL=residual is not None,
+        RESIDUAL=residual is not None, PAIR=second is not None,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
@@ -894,7 +924,7 @@ def _launch_programs(w, N: int, batches: int = 1, products: int = 1) -> list[tup
 def programs(node) -> list[tuple[str, int, int]]:
     """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program; the mat-vec's, or the
     GEMM's beyond 16 columns) and MUL_MAT_ID (a column a slot and token, after a quantized weight's pre-pass of every
-    column; a quantized weight's over 16 columns: the mat-vec's of each 16, limits.mat_vec_chunks); empty for other
+    column; a quantized weight's over 16 columns: the mat-vec's of each 16, limits.mul_mat_path); empty for other
     ops and for the MUL_MATs of over 16 columns that run on torch (the pair's are its record's:
     gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
     from gdnpass.ir import Op
@@ -910,13 +940,16 @@ def programs(node) -> list[tuple[str, int, int]]:
     return product_programs(*node.src) if node.op is Op.MUL_MAT else []
 
 
-def product_programs(w, x) -> list[tuple[str, int, int]]:
+def product_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     """A MUL_MAT's programs for weight ``w`` and activation ``x`` (graph tensors), as :func:`programs` counts them:
-    the GEMM's, a quantized weight's mat-vec per 16 columns, the mat-vec's, or none (torch's matmul)."""
-    N = mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
-    if runs_as_gemm(w.type, w.ne[2] * w.ne[3], N):
+    the GEMM's, a quantized weight's mat-vec per 16 columns, the mat-vec's, or none (torch's matmul); ``products``
+    weights of that shape in one launch (the pair's 2: the mat-vec's or the GEMM's)."""
+    path, N = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne), mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+    if path == "gemm":
         t = gemm_tile(w.ne[1], N, w.ne[0], w.type.label)
-        return [("gemm", triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n), triton.cdiv(w.ne[0], t.block_k))]
-    if chunks := mat_vec_chunks(w.type, w.ne[2] * w.ne[3], x.ne):  # a quantized weight's, 16 columns a launch
-        return [p for c in range(chunks) for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]
-    return mat_vec_programs(w, x)
+        return [("gemm", products * triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n),
+                 triton.cdiv(w.ne[0], t.block_k))]
+    if path == "chunks":  # a quantized weight's, 16 columns a launch
+        return [p for c in range(mat_vec_chunks(N))
+                for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]
+    return mat_vec_programs(w, x, products)

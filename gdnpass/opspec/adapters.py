@@ -16,7 +16,7 @@ from typing import Callable
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels.limits import MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, runs_as_gemm, runs_as_mat_vec
+from gdnpass.kernels.limits import MAT_VEC_COLS, mul_mat_path
 from gdnpass.opspec.vocab import Adapter, Programs
 
 
@@ -132,12 +132,12 @@ def _tri_mul_mat(node, views, out):
     weight: 4 GB of f32 for a 9B's lm head), torch's matmul for the rest (f32 weights, batched products)."""
     w, x = views
     wtype = node.src[0].type
-    batches, cols = w.shape[0] * w.shape[1], mat_vec_columns(w.shape[0] * w.shape[1], x.shape[::-1])
-    if runs_as_mat_vec(w.shape[2], cols):
+    path = mul_mat_path(wtype, w.shape[0] * w.shape[1], w.shape[2], x.shape[::-1])
+    if path == "mat_vec":
         _family("matvec").mul_mat_vec(w, x, out, wtype)
-    elif runs_as_gemm(wtype, batches, cols):
+    elif path == "gemm":
         _family("matvec").mul_mat_gemm(w, x, out)
-    elif mat_vec_chunks(wtype, batches, x.shape[::-1]):
+    elif path == "chunks":
         for c in range(0, x.shape[2], MAT_VEC_COLS):
             _family("matvec").mul_mat_vec(w, x[:, :, c:c + MAT_VEC_COLS], out[:, :, c:c + MAT_VEC_COLS], wtype)
     else:

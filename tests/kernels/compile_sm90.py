@@ -125,9 +125,10 @@ def variants():
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
             itertools.product(shapes, (17, 32, 33, 128, 1024), mv.GEMM_WEIGHTS)}
-    for (t, wt), residual in itertools.product(sorted(gemm), (False, True)):  # (True: MUL_MAT_ADD's)
-        yield (mv._gemm_kernel, dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, RESIDUAL=residual),
-               t.warps, dict(w_ptr={"bf16": "*bf16", "f16": "*fp16"}[wt], r_ptr="*fp32"), dict(num_stages=t.stages))
+    for (t, wt), (residual, pair) in itertools.product(sorted(gemm), ((False, False), (True, False), (False, True))):
+        ptr = {"bf16": "*bf16", "f16": "*fp16"}[wt]  # (residual: MUL_MAT_ADD's; pair: MUL_MAT_VEC_PAIR's)
+        yield (mv._gemm_kernel, dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, RESIDUAL=residual,
+                                     PAIR=pair), t.warps, dict(w_ptr=ptr, w2_ptr=ptr), dict(num_stages=t.stages))
     # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes, plain
     # and quantized (a quantized one reads its column of the pre-pass's chunks)
     for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32", *core.QTYPES.values())):

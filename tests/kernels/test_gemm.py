@@ -111,6 +111,40 @@ def test_the_triton_backend_runs_wide_products_on_the_gemm(monkeypatch, wtype, w
         assert all(k != "gemm" for k, *_ in progs)
 
 
+@pytest.mark.parametrize("wtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+def test_a_pair_and_a_residual_beyond_16_columns_are_the_single_gemms_bytes(wtype):
+    """MUL_MAT_VEC_PAIR and MUL_MAT_ADD over 16 columns run the GEMM with a second product on its grid / with the
+    residual added at its store: each pair product byte-identical to its single GEMM, the sum to the single GEMM's
+    product then the ADD's one rounding, in place on the addend too."""
+    from gdnpass.kernels import reference as ref
+
+    a = Arena()
+    w, w2 = (a.put(rnd(1, 1, 40, 64).to(wtype)) for _ in range(2))
+    x = a.put(rnd(1, 1, 20, 64))
+    r = a.put(rnd(1, 1, 20, 40))
+    y, y2, p, p2, s = (a.view((1, 1, 20, 40)) for _ in range(5))
+    tile = mv.GemmTile(16, 16, 32, 4, 1)  # (several row blocks and column tiles on a small product)
+    a.run(lambda: (mv.mul_mat_gemm(w, x, y, tile), mv.mul_mat_gemm(w2, x, y2, tile),
+                   mv.mul_mat_gemm(w, x, p, tile, second=(w2, p2)), mv.mul_mat_gemm(w, x, s, tile, residual=r)),
+          y, y2, p, p2, s)
+    assert_same_bytes(p, y, "pair, first product")
+    assert_same_bytes(p2, y2, "pair, second product")
+    assert_same_bytes(s, ref.add(y, r), "product + residual")
+    in_place = r.clone()
+    mv.mul_mat_gemm(w, x, r, tile, residual=r)
+    assert_same_bytes(r, ref.add(y, in_place), "product + residual, in place")
+    with pytest.raises(KernelError, match="second weight and output must be laid out as the first"):
+        mv.mul_mat_gemm(w, x, p, tile, second=(w2[..., :32], p2))
+    # the pair's and MUL_MAT_ADD's launchers take this route beyond 16 columns (their production tile)
+    mv.mul_mat_gemm(w, x, y)
+    mv.mul_mat_gemm(w2, x, y2)
+    mv.mul_mat_vec_pair(w, w2, x, p, p2)
+    mv.mul_mat_vec_add(w, x, in_place, s)
+    assert_same_bytes(p, y, "mul_mat_vec_pair, first product")
+    assert_same_bytes(p2, y2, "mul_mat_vec_pair, second product")
+    assert_same_bytes(s, ref.add(y, in_place), "mul_mat_vec_add")
+
+
 # ---- compiled, at qwen3.5-9b's shapes -------------------------------------------------------------------------------
 
 NINE_B = {"ffn up/gate 4096 -> 12288": (12288, 4096), "ffn down 12288 -> 4096": (4096, 12288),

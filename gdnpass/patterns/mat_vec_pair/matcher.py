@@ -1,4 +1,4 @@
-"""Two thin MUL_MATs sharing their input (Qwen3.5's alpha/beta projections), fused into one MUL_MAT_VEC_PAIR node.
+"""Two MUL_MATs sharing their input (Qwen3.5's alpha/beta projections), fused into one MUL_MAT_VEC_PAIR node.
 
     A = MUL_MAT(w_a, x)  ...  B = MUL_MAT(w_b, x)      ->      PAIR(w_a, x, w_b) writes A and B at A's position
 
@@ -9,9 +9,9 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  1. [pair.different-src1] both read the same src1 tensor.
  2. [pair.type] both weights have the same type (one the mat-vec reads: f32, f16, bf16 or a block type) and x is
     f32.
- 3. [pair.n-cols] each weight is one matrix and the product runs the Triton mat-vec unfused
-    (``kernels.limits.runs_as_mat_vec``: 1..MAT_VEC_COLS columns), so the pair is byte-identical to the two
-    products.
+ 3. [pair.n-cols] each weight is one matrix and the product runs as one launch of the Triton mat-vec or GEMM
+    unfused (``kernels.limits.runs_in_one_launch``: 1..MAT_VEC_COLS columns, or more of f16 / bf16 weights), so the
+    pair, that kernel with a second product on its grid, is byte-identical to the two products.
  4. [pair.flags] B is not an INPUT/OUTPUT tensor (OUTPUT may be read by the host at any point).
  5. [pair.alias] B's product overlaps nothing the pair reads (x, the weights) nor A's product.
  6. Nodes in between (``patterns.common.between``: every kernel node after A and before B), on byte ranges of the
@@ -35,13 +35,13 @@ from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
 from gdnpass.kernels import limits
-from gdnpass.kernels.limits import MAT_VEC_COLS
+from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, first_collision,
                                      rule)
 from gdnpass.patterns.mat_vec_pair.record import RECORD
 
 NAME = "mul_mat_vec_pair"
-runs_as_mat_vec = RECORD.scope  # the kernel's limits
+runs_in_one_launch = RECORD.scope  # the kernels' limits
 
 
 @dataclass
@@ -99,9 +99,10 @@ def _types(c: PairCapture, ctx):
 @rule("pair.n-cols")
 def _n_cols(c: PairCapture, ctx):
     wa = c.w_a
-    if not runs_as_mat_vec(wa.ne[1], c.cols) or wa.ne[2] * wa.ne[3] != 1:
-        return Why(c.b, f"{c.cols} columns of {wa.ne[1]} rows: outside the mat-vec's scope "
-                        f"(1..{MAT_VEC_COLS} columns)")
+    if not runs_in_one_launch(wa.type, wa.ne[2] * wa.ne[3], wa.ne[1], c.cols):
+        return Why(c.b, f"{c.cols} columns of a {wa.type.label} weight of {wa.ne[1]} rows: not one launch of a "
+                        f"single matrix (the mat-vec: 1..{MAT_VEC_COLS} columns; the GEMM: more, "
+                        f"{'/'.join(GEMM_WEIGHTS)})")
 
 
 @rule("pair.flags")

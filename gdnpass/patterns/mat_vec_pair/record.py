@@ -1,8 +1,8 @@
 """MUL_MAT_VEC_PAIR's record: what the fused node carries and writes, its launches, adapters, scope and cost.
 
-The kernel is :func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair`, the single mat-vec's own kernel with a second
-product on the grid (so each product is byte-identical to its single mat-vec): it stays in the mat-vec family. Pure
-Python: the adapters and :func:`programs` import torch and Triton when called.
+The kernel is :func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair`, the single mat-vec's (or, beyond 16
+columns, the GEMM's) own kernel with a second product on the grid (each product byte-identical to its single one):
+it stays in the mat-vec family. Pure Python: the adapters and :func:`programs` import torch and Triton when called.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ def _check(n: Tensor) -> None:
     need(w_a.ne[0] == x.ne[0] and n.ne == want and b.ne == want and b.nb == n.nb, n,
          f"products {n.ne} / {b.ne} are not [{want}] of one layout")
     cols = x.ne[1] * x.ne[2] * x.ne[3]
-    need(w_a.ne[2] * w_a.ne[3] == 1 and limits.runs_as_mat_vec(w_a.ne[1], cols), n,
-         f"{cols} columns of a {w_a.ne[:2]} weight: not a single-matrix mat-vec")
+    need(limits.runs_in_one_launch(w_a.type, w_a.ne[2] * w_a.ne[3], w_a.ne[1], cols), n,
+         f"{cols} columns of a {w_a.type.label} {w_a.ne[:2]} weight: not one launch of a single matrix")
 
 
 def _torch(node: Tensor, views: list, out) -> None:
@@ -46,15 +46,19 @@ def _triton(node: Tensor, views: list, out) -> None:
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
-    """The mat-vec's programs for two products of the weights' shape (steps: K blocks per program)."""
+    """The single product's kernel's programs for two products of the weights' shape (steps: K blocks)."""
     from gdnpass.kernels import triton_matvec
 
-    return triton_matvec.mat_vec_programs(node.src[0], node.src[1], products=2)
+    return triton_matvec.product_programs(node.src[0], node.src[1], products=2)
 
 
 def watch(n: Tensor) -> bool:
-    """What ``run --check`` compares for the pair: every MUL_MAT the mat-vec runs (a pair's product is one)."""
-    return n.op is Op.MUL_MAT and limits.runs_as_mat_vec(n.ne[0], n.ne[1] * n.ne[2] * n.ne[3])
+    """What ``run --check`` compares for the pair: every MUL_MAT the mat-vec or the GEMM runs (a pair's product is
+    one)."""
+    if n.op is not Op.MUL_MAT:
+        return False
+    w, cols = n.src[0], n.ne[1] * n.ne[2] * n.ne[3]
+    return limits.runs_as_mat_vec(n.ne[0], cols) or limits.runs_as_gemm(w.type, w.ne[2] * w.ne[3], cols)
 
 
 RECORD = FusedOp(
@@ -66,8 +70,8 @@ RECORD = FusedOp(
     launches=lambda n: limits.mat_vec_launches(n.src[0]),
     torch=_torch,
     triton=_triton,
-    scope=limits.runs_as_mat_vec,
-    doc="two thin MUL_MATs sharing their input, in one mat-vec launch",
+    scope=limits.runs_in_one_launch,
+    doc="two MUL_MATs sharing their input, in one mat-vec or GEMM launch",
     programs=programs,
     interpreter_s={},  # the mat-vec's own ("mat_vec": gdnpass.cli.INTERPRETER_S)
     watch=watch,

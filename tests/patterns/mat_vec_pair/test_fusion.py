@@ -32,11 +32,12 @@ def alpha_beta(g):
 @pytest.mark.parametrize("wtype", ["f32", "f16", "bf16"])
 @pytest.mark.parametrize("n_t", [1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17])
 def test_pair_is_byte_identical_in_scope(n_t, wtype):
-    """alpha/beta (32 rows) pair at 1..16 columns; 17 is out of scope. (FFN up/gate pair only up to 8.)"""
+    """alpha/beta (32 rows) pair at 1..16 columns (the mat-vec); at 17 the GEMM's for f16 / bf16 weights, out of
+    scope for f32 ones (torch's matmul). (FFN up/gate pair only up to 8.)"""
     cfg, g = planned(n_t, wtype)
     res = check_fusion(g, ids=default_ids(cfg), patterns=PAIR, seed=n_t)
     ab = [a for a in res.report.applied if "ssm_alpha" in a.replaced[0]]
-    if n_t <= 16:
+    if n_t <= 16 or wtype != "f32":
         assert len(ab) == 1
         assert res.identical, [c.to_json() for c in res.compared if not c.identical]
         assert {"blk.0.ssm_alpha.weight * attn_norm-0", "blk.0.ssm_beta.weight * attn_norm-0"} <= {
