@@ -1,7 +1,8 @@
 """The MOE_ROUTER kernel against the six unfused Triton kernels (byte for byte) and its torch reference (byte for
 byte: in the interpreter the reference's exp is the kernels', conftest's kernel_exp; SOFT_MAX's f64 sum order is
 far below the f32 rounding of 1/Σ), at the routers' shapes on small grids; and what the launcher refuses. Logits of
-std 0.1 + a per-expert ramp: no ties (docs/moe.md: the reference leaves their order to a stable sort)."""
+std 0.1 + a per-expert ramp: no ties (docs/moe.md: the reference leaves their order to a stable sort). On a GPU,
+every test here runs compiled, and one more at the 35B-A3B router (256 experts, 8 used)."""
 
 import pytest
 import torch
@@ -133,3 +134,22 @@ def test_programs_and_variants():
         node = SimpleNamespace(src=[SimpleNamespace(ne=(256, 8, 1, 1))], op_params={"serial": serial})
         assert kernel.programs(node) == want  # SOFT_MAX's tile: 4 rows of 256; serial: one program, 2 tiles
     assert {c["BLOCK_C"] for _, c, _ in kernel.variants()} == {8, 128, 256, 512, 1024}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n_t", [4, 8])
+@pytest.mark.parametrize("serial", [False, True])
+def test_gpu_35b_router_compiled_matches_unfused(n_t, serial):
+    """The 35B-A3B router (256 experts, 8 used), compiled: the fused kernel's bytes are the six unfused kernels',
+    one program a tile and serial (with the DIV inside the logits, as gallocr plans it from 8 tokens)."""
+    a = Arena()
+    for seed in range(20):
+        x0 = logits(256, n_t, seed)
+        want_order, want_y = unfused(a, a.put(x0), 8)
+        x = a.put(x0)
+        order = a.view(tuple(x.shape), torch.int32)
+        y = x.reshape(-1)[64: 64 + 8 * n_t].view(1, 1, n_t, 8) if serial else a.view((1, 1, n_t, 8))
+        kernel.moe_router(x, 8, LO, HI, order, y, serial=serial)
+        torch.cuda.synchronize()
+        assert_same_bytes(order, want_order, f"argsort, seed {seed}")
+        assert_same_bytes(y, want_y, f"weights, seed {seed}")
