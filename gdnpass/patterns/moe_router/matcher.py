@@ -7,7 +7,8 @@ into one MOE_ROUTER node (upstream ggml-cuda's topk_moe fusion).
 build_moe_ffn's softmax gating with norm_w (qwen35moe): six launches a MoE layer, each reading back what the one
 before wrote. The node runs at the DIV's position and writes the DIV's memory and the ARGSORT's (all of it: the
 top-k view and the MUL_MAT_IDs read its head); the probabilities, the gathered weights and their sum are never
-written.
+written. The top-k VIEW, which stood before the DIV, follows the fused node (``Graph.replace``: a view touches no
+byte).
 
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-7, hazards 8-10):
  1. [moe-router.soft-max] the SOFT_MAX is no view, has no mask and no sinks, scale 1 and max_bias 0 (the kernel's
@@ -234,6 +235,6 @@ class MoeRouter:
         c = m.capture
         primary, order = c.written()
         return Tensor(name=f"moe_router({primary.name})", type=DType.F32, ne=primary.ne, nb=primary.nb, op=RECORD.op,
-                      op_params={"n_used": c.n_used, "serial": m.plan, "min": c.clamp.op_params["min"], "max": c.clamp.op_params["max"],
-                                 "replaced": [t.name for t in c.removed()]},
+                      op_params={"n_used": c.n_used, "serial": m.plan, "min": c.clamp.op_params["min"],
+                                 "max": c.clamp.op_params["max"], "replaced": [t.name for t in c.removed()]},
                       src=[c.logits], outs=[order], view_src=primary, view_offs=0, layer=m.layer)
