@@ -27,7 +27,8 @@ Part 7 (issue 35): the MTP loop, gdnpass (fusion off and on) next to llama.cpp's
 file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draft mtp``; carry ``.llama-src``).
 Part 8 (issue 36): the expert FFN's kernels compiled (``tests/kernels/test_moe_ops.py``, its GPU test at the 35B-A3B
 and 512-expert shapes among them), then the whole tiny-qwen35moe forward on the Triton backend (``tests/
-test_moe_triton.py``: run --check fused vs unfused, logits against the torch backend's; the gguf wheel needed).
+test_moe_triton.py``: run --check fused vs unfused, logits against the torch backend's; the gguf wheel needed),
+then the fused router, MOE_ROUTER, compiled (``tests/patterns/moe_router``).
 Part 9 (issue 37 item 4): several sequences at once, tokens/s over all sequences at S = 1, 8, 32, gdnpass (fusion
 off and on) next to llama.cpp's library decoding the same batches, the 9B shape as a cycle model
 (``seqs_bench.py``; carry ``.llama-src`` and ``.whl``).

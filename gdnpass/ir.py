@@ -516,15 +516,41 @@ class Graph:
 
     def replace(self, rewrites: list[tuple[list[Tensor], Tensor, Tensor]]) -> None:
         """Apply rewrites ``(removed, new, at)`` in one pass: each ``new`` takes the position of its ``at`` node and
-        the ``removed`` nodes (which may include ``at``) leave the node list."""
+        the ``removed`` nodes (which may include ``at``) leave the node list.
+
+        A removed node that ``new`` writes (its primary output or one of its ``outs``) is computed at ``new`` from
+        now on, so a kept node that reads it, directly or through views, must come after ``new``. A view node that
+        stood before (the router's top-k VIEW of the ARGSORT it writes at the DIV) moves to just after ``new``, in
+        its order: a view reads and writes no byte, and the plan is made (its only trace there, a read of its base
+        in ``alloc.check_plan``'s lifetimes, moves to ``new`` + 1, where ``new`` has just written that base). Any
+        other such node would read the bytes before ``new`` writes them: a matcher's bug, GraphError."""
         gone = {t.uid for removed, _, _ in rewrites for t in removed}
         placed = {at.uid: new for _, new, at in rewrites}
+        writer = {t.uid: new for _, new, _ in rewrites for t in written(new) if t.uid in gone}  # until placed
+        waiting: dict[int, list[Tensor]] = {}  # a new node's uid -> the views that follow it
         out: list[Tensor] = []
+
+        def emit(n: Tensor) -> None:
+            out.append(n)
+            for t in written(n):
+                writer.pop(t.uid, None)
+            for v in waiting.pop(n.uid, ()):
+                emit(v)
+
         for n in self.nodes:
             if n.uid in placed:
-                out.append(placed.pop(n.uid))
-            if n.uid not in gone:
-                out.append(n)
+                emit(placed.pop(n.uid))
+            if n.uid in gone:
+                continue
+            pending = [(s, writer[s.uid]) for s in inputs(n) if s.uid in writer]
+            if not pending:
+                emit(n)
+            elif n.op in VIEW_OPS and n.view_src is not None:
+                waiting.setdefault(pending[0][1].uid, []).append(n)
+                writer[n.uid] = pending[0][1]  # a view of it waits too
+            else:
+                s, new = pending[0]
+                raise GraphError(f"node {n.name!r} reads {s.name!r} before {new.name!r}, which now writes it")
         if placed:
             raise GraphError(f"cannot place {next(iter(placed.values())).name!r}: its anchor is not a node")
         for _, new, _ in rewrites:

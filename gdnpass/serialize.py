@@ -234,6 +234,10 @@ def _param_types(op: Op) -> dict:
     """The op_params keys whose type the shape rules rely on (a wrong type would crash int()/float() inside ops): a
     base op's spec's. Keys not listed are free-form; a fused node's record checks its own (ops.validate_node)."""
     spec = SPECS.get(op)
+    if spec is None and op.is_fused:  # a fused node's: its record's (MOE_ROUTER's CLAMP bounds may be ±inf)
+        from gdnpass.patterns import record_of
+
+        return record_of(op).params
     return {} if spec is None else spec.types
 
 

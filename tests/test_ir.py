@@ -1,9 +1,10 @@
-"""IR rules: ggml's view/stride/contiguity semantics, DFS expand order, use counts, validation errors."""
+"""IR rules: ggml's view/stride/contiguity semantics, DFS expand order, use counts, validation errors, the pass's
+node replacement."""
 
 import pytest
 
 from gdnpass import ops
-from gdnpass.ir import DType, Graph, GraphError, Op, byte_range, is_contiguous_n
+from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, byte_range, is_contiguous_n
 
 
 def leaf(name, ne, type_=DType.F32, buffer="weights"):
@@ -126,3 +127,42 @@ def test_byte_range_needs_a_plan_and_resolves_views():
         byte_range(v)
     a.offset = 256
     assert byte_range(v) == ("weights", 272, 288)
+
+
+def _router_like(reader_between: bool):
+    """p = EXP(a); k = VIEW(p); kk = VIEW(k); [q = SCALE(k)]; y = SILU(p); z = SCALE(kk), and a new node at y that
+    writes y's memory and p (as MOE_ROUTER writes its DIV's and its ARGSORT's, the top-k view kept between)."""
+    a = leaf("a", (8, 2), buffer="input")
+    p = ops.exp(a)
+    k = ops.view_2d(p, 4, 2, p.nb[1], 0, "k")
+    kk = ops.view_1d(k, 4, 0, "kk")
+    y = ops.silu(p)
+    z = ops.scale(kk, 2.0)
+    p.name, y.name, z.name = "p", "y", "z"
+    g = Graph()
+    g.expand(kk)
+    if reader_between:
+        g.expand(ops.scale(k, 3.0))
+    g.expand(y)
+    g.expand(z)
+    new = Tensor(name="fused", type=DType.F32, ne=y.ne, nb=y.nb, op=Op.UNARY, op_params={"kind": "EXP"}, src=[a],
+                 outs=[p])
+    return g, new, (p, y)
+
+
+def test_replace_moves_views_of_what_the_new_node_writes_after_it():
+    """The finding of the moe_router branch: the top-k VIEW of the ARGSORT stood before the fused node that now
+    writes the ARGSORT, so the saved graph did not load. The views (and a view of a view) follow the new node, in
+    their order, and the order is valid."""
+    g, new, (p, y) = _router_like(reader_between=False)
+    assert [n.name for n in g.nodes] == ["p", "k", "kk", "y", "z"]
+    g.replace([([p, y], new, y)])
+    assert [n.name for n in g.nodes] == ["fused", "k", "kk", "z"]
+    g.check_order()
+
+
+def test_replace_refuses_a_kernel_that_reads_what_the_new_node_writes_before_it():
+    """A kernel node there would read the bytes before the new node writes them: a matcher's bug, named."""
+    g, new, (p, y) = _router_like(reader_between=True)
+    with pytest.raises(GraphError, match=r"node 'k \(scaled\)' reads 'k' before 'fused', which now writes it"):
+        g.replace([([p, y], new, y)])

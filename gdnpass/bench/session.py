@@ -78,6 +78,10 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # tiny-qwen35moe forward on the Triton backend, f32 / bf16 / Q8_0 (run --check, logits against torch's)
             ("moe-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_moe_ops.py", "tests/test_moe_triton.py",
                            "-k", "not capture and not llama"], 420),
+            # the fused router compiled (tests/patterns/moe_router: against the six unfused kernels, the fused graph
+            # on the Triton backend, its GPU test at the 35B-A3B router; not llama.cpp's capture). SOFT_MAX's new sum
+            # order is checked compiled by test_triton_attention.py, part 2's kernel-tests.
+            ("router-tests", [PY, "-m", "pytest", "-q", "-x", "tests/patterns/moe_router", "-k", "not llama"], 110),
         ]
     if part == 9:
         return [

@@ -47,6 +47,7 @@ GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM
 
 ARGSORT_MAX_ROW = 1024  # ARGSORT sorts a row in registers (a bitonic network of 64-bit keys): up to 1024 elements, as
                        # a router's n_expert (256 for qwen3.5-35b-a3b, 512 for -397b-a17b); the torch reference beyond
+SM_TILE = 1024  # SOFT_MAX's elements per program and pass (triton_attention.soft_max_tile; the fused router's tile)
 
 
 def mat_vec_weight(dtype) -> bool:

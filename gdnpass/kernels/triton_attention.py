@@ -19,7 +19,8 @@ kernels share): 4-D torch views (ne3, ne2, ne1, ne0), strides in elements passed
   (:func:`~gdnpass.kernels.triton_core.last_to_arrive`): the same inputs give the same bytes, run to run.
 - SOFT_MAX: one program per SM_TILE elements' worth of rows, three passes over each row (maximum, Σ, write: a long
   row never has to fit in registers), the reference's arithmetic operation for operation: its Σ in f64, its
-  multiply by the rounded reciprocal, CUDA's expf compiled (torch's). Only the order of the f64 sum differs, far
+  multiply by the rounded reciprocal, CUDA's expf compiled (torch's). Only the order of the f64 sum differs (a fixed
+  tree per column block, :func:`~gdnpass.kernels.triton_core.soft_max_sum`, which the fused router shares), far
   below the f32 rounding of 1/Σ.
 """
 
@@ -31,9 +32,11 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gdnpass.kernels import reference as ref
+from gdnpass.kernels.limits import SM_TILE  # SOFT_MAX elements per program and pass: [SM_TILE // BLOCK_C, BLOCK_C]
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32,
-                                         last_to_arrive, split_workspace, wait_for_previous_kernels)
+                                         last_to_arrive, soft_max_sum, soft_max_w, split_workspace,
+                                         wait_for_previous_kernels)
 
 FA_BLOCK_M = 16     # query rows per program: the smallest tl.dot tile, and a whole verify (n_q <= 16) in one block
 FA_MAX_D = 512      # head sizes up to this have a kernel (next power of two): wider tiles overflow shared memory
@@ -44,7 +47,6 @@ FA_PROGRAMS = 128   # programs a launch aims for by splitting the KV (fa_split):
 # f32-level products, ~2^-21 relative. "ieee" (CUDA-core FMAs) measured 15x slower on an H200 at the verify shape
 # (340 us against 23 us) for no better agreement with the reference (both ~1.5e-6 from an f64 truth)
 FA_DOT = tl.constexpr("tf32x3")
-SM_TILE = 1024      # SOFT_MAX elements per program and pass: [SM_TILE // BLOCK_C, BLOCK_C] rows x columns
 FLOAT_TYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 if INTERPRETED:  # the interpreter has no libdevice: tanh from exp (its absolute error is exp's, ~1e-7)
@@ -292,20 +294,6 @@ def fa_tile(DK: int, DV: int, kv_bytes: int = 2) -> tuple[int, int, int]:
 
 
 @triton.jit
-def _soft_max_w(x_ptr, x_row, m_row, slope, cols, ok, x_s0, m_s0, scale, HAS_MASK: tl.constexpr,
-                ALIBI: tl.constexpr):
-    """w = x·scale + slope·mask of a [BLOCK_R, BLOCK_C] tile, -inf outside the rows."""
-    c64 = cols.to(tl.int64)[None, :]
-    w = tl.load(x_ptr + x_row[:, None] + c64 * x_s0, mask=ok, other=0.0).to(tl.float32) * scale
-    if HAS_MASK:
-        mk = tl.load(m_row[:, None] + c64 * m_s0, mask=ok, other=0.0).to(tl.float32)
-        if ALIBI:
-            mk = slope[:, None] * mk
-        w = w + mk
-    return tl.where(ok, w, float("-inf"))
-
-
-@triton.jit
 def _soft_max_kernel(x_ptr, mask_ptr, sinks_ptr, slopes_ptr, y_ptr, n_rows, ne0, ne1, ne2, m_ne2, m_ne3, scale,
                      x_s0, x_s1, x_s2, x_s3,    # x    [ne0, ne1, ne2, ne3]
                      m_s0, m_s1, m_s2, m_s3,    # mask [ne0, >= ne1, ne12, ne13], planes broadcast by modulo
@@ -326,7 +314,7 @@ def _soft_max_kernel(x_ptr, mask_ptr, sinks_ptr, slopes_ptr, y_ptr, n_rows, ne0,
     mx = tl.full([BLOCK_R], float("-inf"), tl.float32)
     for c0 in range(0, ne0, BLOCK_C):
         ok = rmask[:, None] & (c0 + c < ne0)[None, :]
-        w = _soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
+        w = soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
         mx = tl.maximum(mx, tl.max(w, 1))
     if HAS_SINKS:
         sk = tl.load(sinks_ptr + i2 * sinks_s0, mask=rmask, other=0.0)
@@ -334,15 +322,14 @@ def _soft_max_kernel(x_ptr, mask_ptr, sinks_ptr, slopes_ptr, y_ptr, n_rows, ne0,
     total = tl.zeros([BLOCK_R], tl.float64)
     for c0 in range(0, ne0, BLOCK_C):
         ok = rmask[:, None] & (c0 + c < ne0)[None, :]
-        w = _soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
-        # (an all -inf row is NaN, as the reference's; lanes past the row add nothing)
-        total += tl.sum(tl.where(ok, exp_f32(w - mx[:, None]), 0.0).to(tl.float64), 1)
+        w = soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
+        total += soft_max_sum(w, mx, ok)
     if HAS_SINKS:
         total += exp_f32(sk - mx).to(tl.float64)
     inv = (1.0 / total).to(tl.float32)  # f64 division (IEEE), rounded once to f32: the reference's reciprocal
     for c0 in range(0, ne0, BLOCK_C):  # recomputed, not kept: the same bits, and a row of any length fits
         ok = rmask[:, None] & (c0 + c < ne0)[None, :]
-        w = _soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
+        w = soft_max_w(x_ptr, x_row, m_row, slope, c0 + c, ok, x_s0, m_s0, scale, HAS_MASK, ALIBI)
         y = exp_f32(w - mx[:, None]) * inv[:, None]
         tl.store(y_ptr + y_row[:, None] + (c0 + c).to(tl.int64)[None, :] * y_s0, y.to(y_ptr.dtype.element_ty),
                  mask=ok)

@@ -17,6 +17,8 @@ windows into one uint8 buffer viewed as float32. Strides are passed in elements,
 The ``@triton.jit`` helpers here are the arithmetic more than one kernel does: :func:`silu_f32` (UNARY SILU, SWIGLU)
 and :func:`silu_f32_unrolled` (the fused chain; the same bits), :func:`sum_sq_rows` under :func:`l2_scale_rows` and
 :func:`rms_scale_rows` (L2_NORM, RMS_NORM and the fused chain's q/k), :func:`conv_dot` (SSM_CONV and the fused chain),
+SOFT_MAX's :func:`soft_max_w` and :func:`soft_max_sum`, ARGSORT's :func:`argsort_rows` and CLAMP's :func:`clamp_f32`
+(their kernels and the fused router, MOE_ROUTER),
 exp, log, cos and sin as torch computes them (:func:`exp_f32`, :func:`log_f32`, :func:`cos_sin_f64`), the row
 addressing :func:`_row_offset`; and the launch conventions every launcher follows (:data:`LAUNCH`, :func:`_require`,
 :func:`_strides`, :func:`_repeats`, :func:`_alias_ok`). A fused kernel calls the same helpers so its results are
@@ -287,14 +289,66 @@ def log2(n):
 
 
 @triton.jit
-def sum_sq_rows(x):
-    """Σx² of each row of x [BLOCK_R, BLOCK_D] (BLOCK_D a power of two) as a fixed tree: adjacent pairs, level by
+def tree_sum_rows(s):
+    """Σ of each row of s [BLOCK_R, BLOCK_D] (BLOCK_D a power of two) as a fixed tree: adjacent pairs, level by
     level. Each level adds given element pairs, so the bits do not depend on the layout (unlike tl.sum's order)."""
-    s = x * x
     for _ in tl.static_range(log2(s.shape[1])):
         a, b = tl.split(tl.reshape(s, [s.shape[0], s.shape[1] // 2, 2]))
         s = a + b
     return tl.reshape(s, [s.shape[0]])
+
+
+@triton.jit
+def sum_sq_rows(x):
+    """Σx² of each row of x [BLOCK_R, BLOCK_D] as :func:`tree_sum_rows`' fixed tree."""
+    return tree_sum_rows(x * x)
+
+
+# ---- the expert router's arithmetic (SOFT_MAX, ARGSORT, CLAMP; the fused MOE_ROUTER calls the same) ----------------
+
+
+@triton.jit
+def soft_max_w(x_ptr, x_row, m_row, slope, cols, ok, x_s0, m_s0, scale, HAS_MASK: tl.constexpr,
+               ALIBI: tl.constexpr):
+    """SOFT_MAX's w = x·scale + slope·mask of a [BLOCK_R, BLOCK_C] tile, -inf outside the rows."""
+    c64 = cols.to(tl.int64)[None, :]
+    w = tl.load(x_ptr + x_row[:, None] + c64 * x_s0, mask=ok, other=0.0).to(tl.float32) * scale
+    if HAS_MASK:
+        mk = tl.load(m_row[:, None] + c64 * m_s0, mask=ok, other=0.0).to(tl.float32)
+        if ALIBI:
+            mk = slope[:, None] * mk
+        w = w + mk
+    return tl.where(ok, w, float("-inf"))
+
+
+@triton.jit
+def soft_max_sum(w, mx, ok):
+    """SOFT_MAX's Σ exp(w - max) of each row of one column block, in f64, as a fixed tree (lanes past the row add
+    nothing; an all -inf row is NaN, as the reference's)."""
+    return tree_sum_rows(tl.where(ok, exp_f32(w - mx[:, None]), 0.0).to(tl.float64))
+
+
+@triton.jit
+def argsort_rows(x, mask, cols, DESC: tl.constexpr):
+    """ARGSORT of each row of x [BLOCK_R, BLOCK_N] (f32, lanes outside ``mask`` last): i32 indices, ascending or
+    descending, equal values in index order. The key of element i is (value, i) as one int64, the value's f32 bits
+    above, mapped to a signed integer in the order of the values (negative floats' magnitude bits flipped); -0.0 is
+    +0.0 (they compare equal) and every NaN the largest value (torch's sort puts NaNs after +inf); a descending sort
+    flips the value half. Keys are distinct, so any sorting network gives the one stable order."""
+    bits = tl.where(x != x, 0x7FFFFFFF, tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True)))
+    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed order = the values' order
+    if DESC:
+        key = ~key
+    k = (key.to(tl.int64) << 32) | cols[None, :].to(tl.int64)
+    k = tl.sort(tl.where(mask, k, 0x7FFFFFFFFFFFFFFF))  # (the padding after every real key)
+    return k.to(tl.int32)  # (the low half)
+
+
+@triton.jit
+def clamp_f32(x, lo, hi):
+    """CLAMP: MAX(MIN(x, hi), lo) with C's macros (``a < b ? a : b``): a NaN fails MIN's comparison, comes out hi."""
+    m = tl.where(x < hi, x, hi)
+    return tl.where(m > lo, m, lo)
 
 
 @triton.jit

@@ -17,7 +17,7 @@ from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
-                                         _scale_min_k4, _strides, exp_f32, log_f32, silu_f32,
+                                         _scale_min_k4, _strides, clamp_f32, exp_f32, log_f32, silu_f32,
                                          wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
@@ -640,8 +640,7 @@ def _clamp_kernel(x_ptr, y_ptr, n, ne0, ne1, ne2, lo, hi, x_s0, x_s1, x_s2, x_s3
     mask = idx < n
     i0, r = idx % ne0, idx // ne0
     x = tl.load(x_ptr + i0 * x_s0 + _row_offset(r, ne1, ne2, x_s1, x_s2, x_s3), mask=mask)
-    m = tl.where(x < hi, x, hi)
-    tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), tl.where(m > lo, m, lo), mask=mask)
+    tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), clamp_f32(x, lo, hi), mask=mask)
 
 
 def clamp(x: torch.Tensor, lo: float, hi: float, out: torch.Tensor) -> None:

@@ -3,12 +3,10 @@ first k): a tile of whole rows per program, each row sorted in registers by a bi
 64-bit keys that make the reference's stable order a plain total order. Conventions:
 :mod:`gdnpass.kernels.triton_core`.
 
-The key of element i of a row is (value, i) as one int64, the value's f32 bits above, mapped to a signed integer in
-the order of the values (negative floats' magnitude bits flipped); ``-0.0`` is made ``+0.0`` (they compare equal)
-and every NaN the largest value (torch's sort puts NaNs after +inf, in index order); a descending sort flips the
-value half. Keys are distinct (the index), so any correct sorting network gives the one order of
-:func:`gdnpass.kernels.reference.argsort`: ascending or descending values, equal ones in index order. The sorted
-keys' low halves are the indices: the bytes are the reference's everywhere.
+The keys and the network are the exactness core's :func:`~gdnpass.kernels.triton_core.argsort_rows` (the fused
+router, MOE_ROUTER, sorts with it too): (value, i) as one int64, so the keys are distinct and any correct sorting
+network gives the one order of :func:`gdnpass.kernels.reference.argsort`: ascending or descending values, equal ones
+in index order. The sorted keys' low halves are the indices: the bytes are the reference's everywhere.
 """
 
 from __future__ import annotations
@@ -18,7 +16,8 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels.limits import ARGSORT_MAX_ROW
-from gdnpass.kernels.triton_core import LAUNCH, _alias_ok, _require, _row_offset, _strides, wait_for_previous_kernels
+from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _row_offset, _strides, argsort_rows,
+                                         wait_for_previous_kernels)
 
 SORT_TILE = 2048    # keys per program at most: up to SORT_TILE // BLOCK_N rows (a row of ARGSORT_MAX_ROW: one)
 
@@ -44,13 +43,7 @@ def _argsort_kernel(x_ptr, y_ptr, n_rows, ne0, ne1, ne2, x_s1, x_s2, x_s3, y_s0,
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
     x = tl.load(x_ptr + _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None] + cols[None, :], mask=mask, other=0.0)
-    bits = tl.where(x != x, 0x7FFFFFFF, tl.where(x == 0.0, 0, x.to(tl.int32, bitcast=True)))
-    key = tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed order = the values' order
-    if DESC:
-        key = ~key
-    k = (key.to(tl.int64) << 32) | cols[None, :].to(tl.int64)
-    k = tl.sort(tl.where(mask, k, 0x7FFFFFFFFFFFFFFF))  # (the padding after every real key)
-    idx = k.to(tl.int32)  # (the low half)
+    idx = argsort_rows(x, mask, cols, DESC)
     tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, idx, mask=mask)
 
 

@@ -9,6 +9,7 @@
       rms_norm_mul/    RMS_NORM -> MUL (-> ADD)                                     => RMS_NORM_MUL
       gdn_state_cache/ GATED_DELTA_NET -> CPY of its snapshots into the cache       => GATED_DELTA_NET_CACHE
       mul_mat_add/     MUL_MAT -> ADD of its product (the residual)                 => MUL_MAT_ADD
+      moe_router/      SOFT_MAX -> ARGSORT -> GET_ROWS -> SUM_ROWS -> CLAMP -> DIV  => MOE_ROUTER
       elementwise_chain/ ADD / MUL / UNARY nodes, each reading the one before       => ELEMENTWISE_CHAIN
 
 :data:`REGISTRY` lists the patterns in pass order. Who reads it: the pass (:mod:`gdnpass.fusion`: ``PATTERNS``, the
@@ -27,13 +28,14 @@ from __future__ import annotations
 
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op, Tensor
-from gdnpass.patterns import conv_chain, elementwise_chain, gdn_state_cache, mat_vec_pair, mul_mat_add, rms_norm_mul
+from gdnpass.patterns import (conv_chain, elementwise_chain, gdn_state_cache, mat_vec_pair, moe_router, mul_mat_add,
+                              rms_norm_mul)
 from gdnpass.patterns.pattern import Pattern
 from gdnpass.patterns.record import FusedOp
 
 REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN, rms_norm_mul.PATTERN,
-                                  gdn_state_cache.PATTERN, mul_mat_add.PATTERN,
-                                  elementwise_chain.PATTERN)  # the pass order
+                                  gdn_state_cache.PATTERN, mul_mat_add.PATTERN, moe_router.PATTERN,
+                                  elementwise_chain.PATTERN)  # the pass order (the router before the chain: its CLAMP)
 
 RECORDS: dict[Op, FusedOp] = {p.record.op: p.record for p in REGISTRY}
 

@@ -11,6 +11,7 @@ import importlib
 import pytest
 
 from gdnpass import cli, fusion, ir, ops, serialize
+from gdnpass.alloc import check_plan
 from gdnpass.check import check_fusion, watched
 from gdnpass.fusion import fuse
 from gdnpass.ir import FUSED_OPS, Graph, GraphError, Op, Uses, buffer_role
@@ -109,6 +110,26 @@ def test_every_part_answers_on_the_example(name):
     assert callable(getattr(importlib.import_module(module), attr))
     g2 = serialize.loads(serialize.dumps(g))  # a saved fused graph loads (its record checks every fused node)
     assert [n.op for n in g2.nodes] == [n.op for n in g.nodes]
+
+
+_SHARED: dict[str, tuple[list[str], dict]] = {}  # each distinct example graph once, with the patterns it is for
+for _p in REGISTRY:
+    _SHARED.setdefault(repr(sorted(_p.example.items())), ([], _p.example))[0].append(_p.name)
+_EXAMPLES = {"+".join(names): example for names, example in _SHARED.values()}
+_EXAMPLES["moe_router-8-tokens"] = {**by_name("moe_router").example, "n_tokens": 8}  # gallocr's DIV in the logits
+
+
+@pytest.mark.parametrize("example", list(_EXAMPLES.values()), ids=list(_EXAMPLES))
+def test_the_whole_pass_leaves_an_order_and_a_plan_a_graph_file_keeps(example):
+    """Every pattern in pass order on each example graph: every source computed before its reader (a view of what a
+    fused node writes follows it: ``Graph.replace``), no two live tensors on the same bytes, and the saved graph
+    loads (the loader checks both) with the same nodes."""
+    g = run(VerifyConfig(**example), PassOptions(fusion=True)).graph
+    assert any(n.op.is_fused for n in g.nodes)
+    g.check_order()
+    check_plan(g)
+    g2 = serialize.loads(serialize.dumps(g))
+    assert [(n.op, n.name) for n in g2.nodes] == [(n.op, n.name) for n in g.nodes]
 
 
 def test_check_refuses_to_pass_without_comparing_what_fusion_wrote(monkeypatch):

@@ -135,8 +135,10 @@ def test_run_check_and_dump_on_the_moe_file(files, capsys):
     out = capsys.readouterr().out
     assert "fusion gdn_conv_chain: applied 3\n" in out and "fusion gdn_state_cache: applied 3\n" in out, out
     assert cli.main(["dump", "--gguf", str(files["f32"]), "--fuse"]) == 0
-    out = capsys.readouterr().out
-    assert out.count(" MUL_MAT_ID ") == 3 * MOE.n_layer and "max=inf" in out
+    out = capsys.readouterr().out  # (each layer's router is one MOE_ROUTER: its CLAMP is inside)
+    assert out.count(" MUL_MAT_ID ") == 3 * MOE.n_layer and out.count(" MOE_ROUTER ") == MOE.n_layer
+    assert cli.main(["dump", "--gguf", str(files["f32"])]) == 0
+    assert "max=inf" in capsys.readouterr().out  # (the unfused CLAMP's bound)
 
 
 # ---- the MTP block of a qwen35moe file: its FFN is the expert FFN too --------------------------------------------
