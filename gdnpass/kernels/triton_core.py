@@ -169,9 +169,9 @@ def split_workspace(device: torch.device, partials: int, tickets: int, who: str)
     return ws
 
 
-# The activation workspace of each device: a quantized product's activations as int8 groups with their scales and sums
-# (the mat-vec's pre-pass writes it, the product reads it), under the split workspace's rules: one stream, grown
-# before capture, outgrown buffers kept alive.
+# The activation workspace of each device: a product's activations as its pre-pass writes them and the product reads
+# them (a quantized weight's: int8 groups with their scales and sums; a bf16 GEMM's: x's three bf16 terms), under the
+# split workspace's rules: one stream, grown before capture, outgrown buffers kept alive.
 _ACTIVATION_WORKSPACE: dict[torch.device, torch.Tensor] = {}
 
 
