@@ -16,7 +16,7 @@ import torch
 
 from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
-from gdnpass.kernels.limits import mul_mat_launches
+from gdnpass.kernels.limits import mul_mat_launches, pre_pass
 from gdnpass.patterns import RECORDS
 
 # a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
@@ -35,7 +35,7 @@ def node_launches(n: Tensor) -> int:
     if n.op is Op.MUL_MAT:
         return mul_mat_launches(n.src[0], n.src[1])
     if n.op is Op.MUL_MAT_ID:  # the mat-vec kernel (a quantized expert stack's: after its activations' pre-pass)
-        return 2 if n.src[0].type.is_quantized else 1
+        return 1 + pre_pass(n.src[0].type, "mat_vec")
     return 1
 
 

@@ -47,7 +47,14 @@ GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM
 
 ARGSORT_MAX_ROW = 1024  # ARGSORT sorts a row in registers (a bitonic network of 64-bit keys): up to 1024 elements, as
                        # a router's n_expert (256 for qwen3.5-35b-a3b, 512 for -397b-a17b); the torch reference beyond
-SM_TILE = 1024  # SOFT_MAX's elements per program and pass (triton_attention.soft_max_tile; the fused router's tile)
+SM_TILE = 1024  # SOFT_MAX's elements per program and pass (soft_max_tile; the fused router's tile)
+
+
+def soft_max_tile(ne0: int) -> tuple[int, int]:
+    """(BLOCK_R, BLOCK_C) of SOFT_MAX for rows of ne0 elements (and of the fused router, MOE_ROUTER): a row in one
+    tile up to SM_TILE, longer ones in SM_TILE steps."""
+    block_c = min(SM_TILE, 1 << (max(1, ne0) - 1).bit_length())  # (the next power of two)
+    return SM_TILE // block_c, block_c
 
 
 def mat_vec_weight(dtype) -> bool:
@@ -96,6 +103,13 @@ def mat_vec_chunks(cols: int) -> int:
     return -(-cols // MAT_VEC_COLS)
 
 
+def pre_pass(dtype, path: str) -> bool:
+    """Whether a product of ``dtype`` weights on ``path`` (:func:`mul_mat_path`'s "mat_vec", "chunks" or "gemm")
+    launches a pre-pass of its activations first (triton_matvec): a quantized weight's q8 groups for the mat-vec, a
+    bf16 weight's three bf16 terms for the GEMM."""
+    return dtype.is_quantized or path == "gemm" and dtype.label == "bf16"
+
+
 def mul_mat_launches(w, x) -> int:
     """Kernel launches of one MUL_MAT of weight ``w`` over ``x`` (graph tensors; a pair's or a MUL_MAT_ADD's alike)
     on :func:`mul_mat_path`'s kernel: the mat-vec or the GEMM, each after a pre-pass of the activations where it
@@ -104,7 +118,7 @@ def mul_mat_launches(w, x) -> int:
     path = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne)
     if path == "torch":
         return 1
-    launches = 2 if w.type.is_quantized or path == "gemm" and w.type.label == "bf16" else 1
+    launches = 1 + pre_pass(w.type, path)
     return launches * mat_vec_chunks(mat_vec_columns(1, x.ne)) if path == "chunks" else launches
 
 

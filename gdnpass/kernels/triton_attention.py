@@ -32,7 +32,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from gdnpass.kernels import reference as ref
-from gdnpass.kernels.limits import SM_TILE  # SOFT_MAX elements per program and pass: [SM_TILE // BLOCK_C, BLOCK_C]
+from gdnpass.kernels.limits import SM_TILE, soft_max_tile  # SOFT_MAX's elements and [BLOCK_R, BLOCK_C] a pass
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (INTERPRETED, LAUNCH, _extent, _require, _strides, exp_f32,
                                          last_to_arrive, soft_max_sum, soft_max_w, split_workspace,
@@ -333,13 +333,6 @@ def _soft_max_kernel(x_ptr, mask_ptr, sinks_ptr, slopes_ptr, y_ptr, n_rows, ne0,
         y = exp_f32(w - mx[:, None]) * inv[:, None]
         tl.store(y_ptr + y_row[:, None] + (c0 + c).to(tl.int64)[None, :] * y_s0, y.to(y_ptr.dtype.element_ty),
                  mask=ok)
-
-
-def soft_max_tile(ne0: int) -> tuple[int, int]:
-    """(BLOCK_R, BLOCK_C) of SOFT_MAX for rows of ne0 elements: a row in one tile up to SM_TILE, longer ones in
-    SM_TILE steps."""
-    block_c = min(SM_TILE, triton.next_power_of_2(max(1, ne0)))
-    return SM_TILE // block_c, block_c
 
 
 def soft_max_refusal(x, mask, sinks, out) -> str | None:

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, mul_mat_path,
-                                    runs_as_gemm, runs_as_mat_vec)
+                                    pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
@@ -1020,7 +1020,7 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
     if t.split_k > 1:
         ws, cnt = split_workspace(w.device, products * tiles * t.split_k * t.block_m * t.block_n, products * tiles,
                                   "mul_mat_gemm")
-    if wtype.label == "bf16":  # x's terms: the operand the GEMM reads in x's place
+    if pre_pass(wtype, "gemm"):  # x's bf16 terms: the operand the GEMM reads in x's place
         x = gemm_terms(x, activation_workspace(w.device, 6 * N * K, "mul_mat_gemm")[:6 * N * K].view(torch.bfloat16))
     _gemm_kernel[(products * t.split_k * tiles,)](
         w, out, w2, out2, x, out if residual is None else residual, ws, cnt, M, K, N, ne1, ne2, w.stride(-2),
@@ -1076,7 +1076,7 @@ def product_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     path, N = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne), mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if path == "gemm":
         t, K = gemm_tile(w.ne[1], N, w.ne[0], w.type.label), w.ne[0]
-        pre = [("gemm_terms", N * triton.cdiv(K, GEMM_TERMS_BLOCK), 1)] if w.type.label == "bf16" else []
+        pre = [("gemm_terms", N * triton.cdiv(K, GEMM_TERMS_BLOCK), 1)] if pre_pass(w.type, path) else []
         return pre + [("gemm", products * t.split_k * triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n),
                        triton.cdiv(K, t.block_k * t.split_k))]
     if path == "chunks":  # a quantized weight's, 16 columns a launch

@@ -3,7 +3,7 @@
     probs = SOFT_MAX(logits); order = ARGSORT(probs, DESC); w = GET_ROWS(probs, order[:n_used])
     y = w / CLAMP(SUM_ROWS(w), lo, hi)                      ->  writes order (all of it) and y
 
-A program holds SOFT_MAX's own tile of rows (:func:`gdnpass.kernels.triton_attention.soft_max_tile`: a row of up
+A program holds SOFT_MAX's own tile of rows (:func:`gdnpass.kernels.limits.soft_max_tile`: a row of up
 to ARGSORT_MAX_ROW = SM_TILE experts in one column block) and computes each op with the exactness core's helper the
 unfused kernel calls: SOFT_MAX's w, Σ (a fixed tree, in f64) and reciprocal (:func:`~triton_core.soft_max_w`,
 :func:`~triton_core.soft_max_sum`, :func:`~triton_core.exp_f32`), ARGSORT's keys and network
@@ -26,11 +26,10 @@ import triton
 import triton.language as tl
 
 from gdnpass.kernels import reference as ref
-from gdnpass.kernels.limits import ARGSORT_MAX_ROW
+from gdnpass.kernels.limits import ARGSORT_MAX_ROW, soft_max_tile
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _extent, _require, _strides, argsort_rows, clamp_f32, exp_f32,
                                          soft_max_sum, soft_max_w, wait_for_previous_kernels)
-from gdnpass.kernels.triton_attention import soft_max_tile  # (a plain function: the tile is SOFT_MAX's own)
 from gdnpass.patterns.moe_router.scope import router_fits, serial_safe
 
 def reference(logits: torch.Tensor, n_used: int, lo: float, hi: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -41,11 +41,11 @@ import math
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Op, Tensor
-from gdnpass.kernels.limits import ARGSORT_MAX_ROW
+from gdnpass.kernels.limits import ARGSORT_MAX_ROW, soft_max_tile
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule)
 from gdnpass.patterns.moe_router.record import RECORD
-from gdnpass.patterns.moe_router.scope import serial_safe, tile_rows
+from gdnpass.patterns.moe_router.scope import serial_safe
 
 NAME = "moe_router"
 fits = RECORD.scope  # the kernel's scope
@@ -180,7 +180,7 @@ def _serial_safe(c: RouterCapture, ctx: Context) -> bool:
     (logits, _), = ctx.ranges([c.logits])
     outs = [r for r, _ in ctx.ranges([c.argsort, c.div])]
     return serial_safe(logits[1:], [r[1:] for r in outs], c.logits.nb[1], (c.argsort.nb[1], c.div.nb[1]),
-                       tile_rows(c.n_expert), c.n_t)
+                       soft_max_tile(c.n_expert)[0], c.n_t)
 
 
 @rule("moe-router.output-overlaps-input", HAZARD)

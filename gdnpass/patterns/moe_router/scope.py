@@ -1,7 +1,7 @@
 """What the MOE_ROUTER kernel can run, declared once: the matcher's ``scope.router-size`` rule, the record's check
 and the launcher all ask it. Pure Python."""
 
-from gdnpass.kernels.limits import ARGSORT_MAX_ROW, SM_TILE
+from gdnpass.kernels.limits import ARGSORT_MAX_ROW
 
 
 def router_fits(n_expert: int, n_used: int) -> bool:
@@ -21,8 +21,3 @@ def serial_safe(logits: tuple[int, int], outs, logits_row: int, out_rows, block_
             if w[0] < later[1] and later[0] < w[1]:
                 return False
     return True
-
-
-def tile_rows(n_expert: int) -> int:
-    """Rows of a tile: SOFT_MAX's (triton_attention.soft_max_tile, pure here: the matcher needs no Triton)."""
-    return SM_TILE // min(SM_TILE, 1 << max(0, n_expert - 1).bit_length())
