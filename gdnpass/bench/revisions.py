@@ -21,7 +21,8 @@ from types import SimpleNamespace
 # since issue 31), then the single kernels module of older revisions
 LAUNCHERS = {"gdn_conv_chain": ("kernels.triton_ssm", "kernels.triton_ops"),
              "unary": ("kernels.triton_elementwise", "kernels.triton_ops"),
-             "glu": ("kernels.triton_elementwise", "kernels.triton_ops")}
+             "glu": ("kernels.triton_elementwise", "kernels.triton_ops"),
+             "mul_mat_vec": ("kernels.triton_matvec", "kernels.triton_ops")}
 
 
 def launchers(package: str, folder: Path | None, base: str) -> SimpleNamespace:

@@ -326,8 +326,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
     the high ones the next) with its activation quants is one int8 ``tl.dot`` on the tensor cores (exact; the
     columns padded to 16, the smallest dot). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times
     both scales, in f32. The K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group
-    dots times their integer scales add up exactly in int32 (Q6_K's groups of 32 take two: each half's dot against
-    the activations with the other half zeroed), as do the mins times the activations' group sums, then one f32
+    dots times their integer scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: one dot of 32
+    columns, each half's against the activations with the other half zeroed), as do the mins times the activations' group sums, then one f32
     step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, 16] f32; the torch reference is
     :func:`gdnpass.kernels.quants.mul_mat_q`."""
     x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
@@ -383,21 +383,29 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
                 tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
                 # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + k (half n, quarter k) takes the low
                 # (k < 2) or high nibbles of ql[64n + 32(k & 1) + l] and bits 2k, 2k + 1 of qh[32n + l]
+                # Each group of 32 has two scales, one a half: its dot is one of 32 columns, the activations' 16
+                # with the second half zeroed interleaved with the 16 with the first half zeroed (column 2c + half),
+                # each scaled by its half's scale; the halves' sums are added once a block (all exact, in int32).
                 w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
                 blk = w_row + sb * Q6_K_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
-                first = e[:, None] < 16                                   # the half group of the even scale
+                j2 = tl.arange(0, 2 * XCOLS)                              # column 2c + half of the dots
+                in_half = (e[:, None] < 16) == (j2[None, :] % 2 == 0)     # [32, 2 * 16]: element k of half j2 % 2
+                halves = tl.zeros([rows.shape[0], 2 * XCOLS], tl.int32)
                 for n in tl.static_range(2):
                     qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
                         ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * i + e[None, :], mask=rm, other=0)
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
-                            xq = _group_x(x8, sb * GROUPS_K + 4 * n + 2 * h + i)
+                            g = sb * GROUPS_K + 4 * n + 2 * h + i
+                            xq = tl.load(x8 + (g * XCOLS + j2 // 2)[None, :].to(tl.int64) * SUB + e[:, None],
+                                         mask=in_half, other=0)
                             sc = tl.load(w16 + blk // 2 + 96 + 4 * n + 2 * h + i, mask=row_mask, other=0)
                             sc = sc.to(tl.int32)                           # scales[8n + 2k], [8n + 2k + 1]
-                            isum += ((sc << 24) >> 24)[:, None] * _group_dot(q, tl.where(first, xq, 0)) \
-                                + (sc >> 8)[:, None] * _group_dot(q, tl.where(first, 0, xq))
+                            sc = tl.where(j2[None, :] % 2 == 0, ((sc << 24) >> 24)[:, None], (sc >> 8)[:, None])
+                            halves += sc * _group_dot(q, xq)
+                isum = tl.sum(tl.reshape(halves, (rows.shape[0], XCOLS, 2)), axis=2)
                 acc += (d[:, None] * dx[None, :]) * isum.to(tl.float32)
     return acc
 
