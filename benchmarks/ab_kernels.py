@@ -13,13 +13,13 @@ git history, as the device host's: ``mkdir -p .ab/REV && git archive REV gdnpass
 
 ``--only quant``: the quantized mat-vec (``mul_mat_vec`` with its activations' pre-pass, per launch over rotated
 weight copies, as bench.py times products) of each ``--qtypes`` block type at qwen3.5-9b's shapes (the lm head's
-included) and 1, 4, 16 columns.
+included) and 1, 4, 16, 32 columns (a revision that takes at most 16 a launch: two launches, as its MUL_MAT ran
+them).
 
 The working tree is the last column. The launchers compared (``gdn_conv_chain``, ``unary``, ``glu``,
-``mul_mat_vec``) are looked up
-where a revision's layout keeps them (``gdnpass.bench.revisions.LAUNCHERS``: the kernel family modules, or an older
-revision's single ``kernels/triton_ops.py``) and must take the working tree's arguments; a revision without them is
-refused in one line.
+``mul_mat_vec``) are looked up where a revision's layout keeps them (``gdnpass.bench.revisions.LAUNCHERS``: the
+kernel family modules, or an older revision's single ``kernels/triton_ops.py``) and must take the working tree's
+arguments; a revision without them is refused in one line.
 """
 
 from __future__ import annotations
@@ -68,18 +68,32 @@ def seeded(shape, seed: int, n: int = 1) -> list[torch.Tensor]:
     return [torch.randn(*shape, device="cuda", generator=g) for _ in range(n)]
 
 
+def launch_columns(module, w, x, y, dtype) -> int:
+    """The columns one launch of ``module``'s quantized mat-vec takes of ``x``: all, or 16 for a revision whose
+    mat-vec refuses more (before 32-column launches: its MUL_MAT ran it per 16 columns)."""
+    try:
+        module.mul_mat_vec(w, x, y, dtype)
+    except Exception as e:  # noqa: BLE001 (the revision's own KernelError class)
+        if "contiguous columns" not in str(e):
+            raise
+        return 16
+    return x.shape[2]
+
+
 def quant_rows(variants: dict, qtypes: list[str]) -> None:
     """The quantized mat-vec rows: each block type, shape and column count, over rotated copies of one weight."""
     for wt, (M, K) in ((wt, mk) for wt in qtypes for mk in QUANT_SHAPES):
         dtype = QUANTIZED[wt]
         w = quantized_weight(dtype, M, K)
         ws = [w] + [w.clone() for _ in range(rotation(w.numel()) - 1)]
-        for n in (1, 4, 16):
+        for n in (1, 4, 16, 32):
             (x,) = seeded((1, 1, n, K), n)
             y = torch.empty(1, 1, n, M, device="cuda")
 
-            def product(module, ws=ws, x=x, y=y, dtype=dtype):
-                return (lambda: [module.mul_mat_vec(v, x, y, dtype) for v in ws]), [y]
+            def product(module, ws=ws, x=x, y=y, dtype=dtype, n=n):
+                step = launch_columns(module, ws[0], x, y, dtype)
+                return (lambda: [module.mul_mat_vec(v, x[:, :, c:c + step], y[:, :, c:c + step], dtype)
+                                 for v in ws for c in range(0, n, step)]), [y]
             print(f"{f'{wt} {M}x{K} n={n}':18s} |    - | {compare(variants, product, len(ws))}", flush=True)
         del w, ws
 

@@ -42,7 +42,9 @@ CHAIN = ChainScope()
 
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM (triton_matvec.mul_mat_gemm); f32
-                                # weights need no conversion (torch's matmul), block types run the mat-vec per 16
+                                # weights need no conversion (torch's matmul), block types run the mat-vec per 32
+QUANT_MAT_VEC_COLS = 32  # columns of one quantized mat-vec launch (two chunks of its activation workspace): the
+                         # weight read and decoded once for all of them
 
 
 ARGSORT_MAX_ROW = 1024  # ARGSORT sorts a row in registers (a bitonic network of 64-bit keys): up to 1024 elements, as
@@ -86,7 +88,7 @@ def mul_mat_path(dtype, w_batches: int, rows: int, x_ne: Sequence[int]) -> str:
     """How the Triton backend runs a MUL_MAT of ``w_batches`` weight matrices of ``dtype`` and ``rows`` rows, x ne
     [K, N1, N2, N3] (what its adapter launches, its launch count and its programs all read this): "mat_vec" (1..16
     columns, :func:`runs_as_mat_vec`), "gemm" (:func:`runs_as_gemm`), "chunks" (a quantized weight's columns, all in
-    ne1, by the mat-vec 16 at a time, :func:`mat_vec_chunks`: torch would first dequantize the whole weight, 4 GB of
+    ne1, by the mat-vec 32 at a time, :func:`mat_vec_chunks`: torch would first dequantize the whole weight, 4 GB of
     f32 for a 9B's lm head) or "torch" (its matmul: f32 and batched weights beyond 16 columns)."""
     cols = mat_vec_columns(w_batches, x_ne)
     if runs_as_mat_vec(rows, cols):
@@ -99,8 +101,9 @@ def mul_mat_path(dtype, w_batches: int, rows: int, x_ne: Sequence[int]) -> str:
 
 
 def mat_vec_chunks(cols: int) -> int:
-    """The mat-vec launches of a "chunks" product (:func:`mul_mat_path`) of ``cols`` columns: one per 16."""
-    return -(-cols // MAT_VEC_COLS)
+    """The mat-vec launches of a "chunks" product (:func:`mul_mat_path`) of ``cols`` columns: one per
+    :data:`QUANT_MAT_VEC_COLS`."""
+    return -(-cols // QUANT_MAT_VEC_COLS)
 
 
 def pre_pass(dtype, path: str) -> bool:
@@ -114,7 +117,7 @@ def mul_mat_launches(w, x) -> int:
     """Kernel launches of one MUL_MAT of weight ``w`` over ``x`` (graph tensors; a pair's or a MUL_MAT_ADD's alike)
     on :func:`mul_mat_path`'s kernel: the mat-vec or the GEMM, each after a pre-pass of the activations where it
     takes one (a quantized weight's q8 activations; a bf16 weight's three bf16 terms for the GEMM: triton_matvec),
-    a "chunks" product's per 16 columns; torch's matmul one."""
+    a "chunks" product's per :data:`QUANT_MAT_VEC_COLS` columns; torch's matmul one."""
     path = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne)
     if path == "torch":
         return 1

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, mul_mat_path,
+from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, mul_mat_path,
                                     pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
@@ -200,6 +200,22 @@ def activation_bytes(K: int) -> int:
 
 
 @triton.jit
+def _x_words(j, chunk):
+    """Column ``j``'s place in the activation workspace, in its 4-byte words: its chunk's first word (``chunk``
+    bytes a chunk, a multiple of 4) and its slot there (0..15)."""
+    return (j // XCOLS).to(tl.int64) * (chunk // 4), j % XCOLS
+
+
+@triton.jit
+def _group_x(ws_ptr, chunk, g, j, on=True):
+    """The activations' int8 quants of group ``g`` of columns ``j`` (``j`` a [C] tensor of workspace columns): a dot's
+    right operand [32, C] (zeros where not ``on``)."""
+    word, slot = _x_words(j, chunk)
+    x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
+    return tl.load(x8 + (4 * word + (g * XCOLS + slot) * SUB)[None, :] + tl.arange(0, SUB)[:, None], mask=on, other=0)
+
+
+@triton.jit
 def _column_chunk(ws_ptr, c, chunk):
     """Column ``c``'s chunk of the activation workspace (``chunk`` bytes each), and its place there (0..15)."""
     return ws_ptr + (c // XCOLS).to(tl.int64) * chunk, c % XCOLS
@@ -257,17 +273,9 @@ def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk)
 
 
 @triton.jit
-def _group_x(x8, g, on=True):
-    """The activations' quants of group ``g`` of every column (the workspace's int8 quants), as a dot's right
-    operand [32, 16] (zeros where not ``on``)."""
-    e = tl.arange(0, SUB)
-    return tl.load(x8 + (g * XCOLS + tl.arange(0, XCOLS))[None, :].to(tl.int64) * SUB + e[:, None], mask=on, other=0)
-
-
-@triton.jit
 def _group_dot(a, xq):
     """The integer dots of the weight quants ``a`` [BLOCK_M, 32] (int8) with a group's activation quants ``xq``
-    [32, 16] (:func:`_group_x`): [BLOCK_M, 16] int32, exact, on the tensor cores."""
+    [32, C] (:func:`_group_x`): [BLOCK_M, C] int32, exact, on the tensor cores."""
     return tl.dot(a, xq, out_dtype=tl.int32)
 
 
@@ -318,26 +326,29 @@ def _q6_quants(ql, qh, k: tl.constexpr):
 
 
 @triton.jit
-def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE: tl.constexpr):
+def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, QTYPE: tl.constexpr,
+                  COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
-    workspace ``ws_ptr`` (:func:`activation_bytes`). Each group's integer dot of the weight's quants (decoded to int8
+    workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 16 or 32: that many chunks of 16 from
+    ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer dot of the weight's quants (decoded to int8
     in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's nibbles as they lie, the low ones one group and
     the high ones the next) with its activation quants is one int8 ``tl.dot`` on the tensor cores (exact; the
-    columns padded to 16, the smallest dot). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times
+    columns padded to 16, the smallest dot: each column's sums are the same whatever COLS). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times
     both scales, in f32. The K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group
     dots times their integer scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: one dot of 32
-    columns, each half's against the activations with the other half zeroed), as do the mins times the activations' group sums, then one f32
-    step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, 16] f32; the torch reference is
+    columns a column, each half's against the activations with the other half zeroed), as do the mins times the
+    activations' group sums, then one f32 step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is
     :func:`gdnpass.kernels.quants.mul_mat_q`."""
-    x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
-    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    xb = (xd + XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
-    c16 = tl.arange(0, XCOLS)
+    # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
+    cols = tl.arange(0, COLS)
+    word, slot = _x_words(cols, chunk)
+    xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
+    xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
     e = tl.arange(0, SUB)
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
     rm = row_mask[:, None]
-    acc = tl.zeros([rows.shape[0], XCOLS], tl.float32)
+    acc = tl.zeros([rows.shape[0], COLS], tl.float32)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
@@ -348,12 +359,12 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
                 blk = w_row + g * Q8_0_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
                 q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
-                t = _group_dot(q, _group_x(x8, g, on)).to(tl.float32)
-                dx = tl.load(xd + g * XCOLS + c16, mask=on, other=0.0)
+                t = _group_dot(q, _group_x(ws_ptr, chunk, g, cols, on)).to(tl.float32)
+                dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
         else:
-            dx = tl.load(xd + sb * XCOLS + c16)
-            isum = tl.zeros([rows.shape[0], XCOLS], tl.int32)
+            dx = tl.load(xd + sb * XCOLS)
+            isum = tl.zeros([rows.shape[0], COLS], tl.int32)
             if QTYPE == "q4_k" or QTYPE == "q5_k":
                 SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
                 w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
@@ -364,7 +375,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
                 s2 = tl.load(w32 + blk // 4 + 3, mask=row_mask, other=0)
                 if QTYPE == "q5_k":
                     qh = tl.load(w_ptr + blk[:, None] + 16 + e[None, :], mask=rm, other=0)
-                msum = tl.zeros([rows.shape[0], XCOLS], tl.int32)
+                msum = tl.zeros([rows.shape[0], COLS], tl.int32)
                 for j in tl.static_range(GROUPS_K):
                     if j % 2 == 0:  # bytes 16j..16j+31 of qs: low nibbles group j, high nibbles group j + 1
                         qb = tl.load(w_ptr + blk[:, None] + (SIZE - QK_K // 2) + 16 * j + e[None, :], mask=rm,
@@ -375,8 +386,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
                         q = _nibbles(qb, j % 2)
                     g = sb * GROUPS_K + j
                     sc, m = _scale_min_k4(s0, s1, s2, j)
-                    isum += sc[:, None] * _group_dot(q, _group_x(x8, g))
-                    msum += m[:, None] * tl.load(xb + g * XCOLS + c16)[None, :]
+                    isum += sc[:, None] * _group_dot(q, _group_x(ws_ptr, chunk, g, cols))
+                    msum += m[:, None] * tl.load(xb + g * XCOLS)[None, :]
                 acc += (f16_bits(dm)[:, None] * dx[None, :]) * isum.to(tl.float32) \
                     - (f16_bits(dm >> 16)[:, None] * dx[None, :]) * msum.to(tl.float32)
             else:
@@ -389,9 +400,9 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
                 w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
                 blk = w_row + sb * Q6_K_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
-                j2 = tl.arange(0, 2 * XCOLS)                              # column 2c + half of the dots
-                in_half = (e[:, None] < 16) == (j2[None, :] % 2 == 0)     # [32, 2 * 16]: element k of half j2 % 2
-                halves = tl.zeros([rows.shape[0], 2 * XCOLS], tl.int32)
+                j2 = tl.arange(0, 2 * COLS)                               # column 2c + half of the dots
+                in_half = (e[:, None] < 16) == (j2[None, :] % 2 == 0)     # [32, 2 COLS]: element k of half j2 % 2
+                halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
                     qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
@@ -399,13 +410,12 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, QTYPE:
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
                             g = sb * GROUPS_K + 4 * n + 2 * h + i
-                            xq = tl.load(x8 + (g * XCOLS + j2 // 2)[None, :].to(tl.int64) * SUB + e[:, None],
-                                         mask=in_half, other=0)
+                            xq = _group_x(ws_ptr, chunk, g, j2 // 2, in_half)
                             sc = tl.load(w16 + blk // 2 + 96 + 4 * n + 2 * h + i, mask=row_mask, other=0)
                             sc = sc.to(tl.int32)                           # scales[8n + 2k], [8n + 2k + 1]
                             sc = tl.where(j2[None, :] % 2 == 0, ((sc << 24) >> 24)[:, None], (sc >> 8)[:, None])
                             halves += sc * _group_dot(q, xq)
-                isum = tl.sum(tl.reshape(halves, (rows.shape[0], XCOLS, 2)), axis=2)
+                isum = tl.sum(tl.reshape(halves, (rows.shape[0], COLS, 2)), axis=2)
                 acc += (d[:, None] * dx[None, :]) * isum.to(tl.float32)
     return acc
 
@@ -454,7 +464,7 @@ def sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
              RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only, into the workspace slot of its
@@ -467,7 +477,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if SPLIT_K == 1:
         if QTYPE != "":
-            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, 0, K, QTYPE)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, 0, K, x_chunk, QTYPE, COLS)
         else:
             acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
         _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
@@ -477,7 +487,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         k_len = tl.cdiv(K, BLOCK_K * SPLIT_K) * BLOCK_K
         k0 = s * k_len
         if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k0, tl.minimum(k0 + k_len, K), QTYPE)
+            acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k0, tl.minimum(k0 + k_len, K), x_chunk,
+                                QTYPE, COLS)
         else:
             acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, x_mask, tl.minimum(k_len, K - k0),
                               BLOCK_K, DOT, EVICT, terms)
@@ -496,7 +507,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
                         r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
                         ids_ptr, ids_s0, ids_s1,  # MUL_MAT_ID's expert ids [n_used, n_t] (IDS; None otherwise)
-                        x_chunk,               # a quantized MUL_MAT_ID's activation chunk bytes (activation_bytes)
+                        x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
                         QTYPE: tl.constexpr, IDS: tl.constexpr):
@@ -522,12 +533,12 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     if product == 0:
         _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
-                 RESIDUAL, QTYPE)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
+                 EVICT, RESIDUAL, QTYPE)
     else:  # the pair's second product
         _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, COLS, BLOCK_K, DOT, SPLIT_K, EVICT,
-                 False, QTYPE)
+                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
+                 EVICT, False, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -625,7 +636,7 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
-    """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16): a K-quant block (8 groups of 32)
+    """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8 groups of 32)
     per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the launch has at
     least :data:`QUANTIZED_PROGRAMS` programs. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a
     probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10%
@@ -685,15 +696,17 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
     _require(x.dtype == torch.float32, f"mul_mat_vec of {x.dtype} columns")
-    _require(1 <= N <= MAT_VEC_COLS and x.stride(-1) == 1, f"mul_mat_vec takes 1..{MAT_VEC_COLS} contiguous columns")
+    most = QUANT_MAT_VEC_COLS if wtype.is_quantized else MAT_VEC_COLS
+    _require(1 <= N <= most and x.stride(-1) == 1, f"mul_mat_vec takes 1..{most} contiguous columns")
     _require(x.shape[3] == K and out.shape[3] == M and (out.shape[:3] == x.shape[:3] if batched else
                                                            out.numel() == M * N),
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols == XCOLS.value,
+    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16
+             and t.cols in (XCOLS.value, 2 * XCOLS.value) and t.cols >= N,
              f"mul_mat_vec: {wtype.label} weights need the tensor-core form (dot), K steps of {QK_K.value} and "
-             f"tiles of >= 16 rows and {XCOLS.value} columns")
+             f"tiles of >= 16 rows and {XCOLS.value} or {2 * XCOLS.value} columns, at least N")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -711,7 +724,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         x = quantize_activations(x, wtype, K, N, cols_x)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
-        out if residual is None else residual, None, 0, 0, 0,
+        out if residual is None else residual, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
         RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
@@ -1050,10 +1063,11 @@ def mat_vec_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
 
 
 def _launch_programs(w, N: int, batches: int = 1, products: int = 1) -> list[tuple[str, int, int]]:
-    """One mat-vec launch's programs (and a quantized weight's pre-pass) for N <= 16 columns of each batch."""
+    """One mat-vec launch's programs (and a quantized weight's pre-pass, a program per column of its chunks and 256
+    elements) for N columns of each batch (<= 16; a quantized weight's <= 32)."""
     K, M = w.ne[0], w.ne[1]
     t = mat_vec_tile(M, N, K, w.type.label)
-    pre = [("quantize_x", XCOLS.value * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
+    pre = [("quantize_x", t.cols * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
     return pre + [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
                    triton.cdiv(K, t.block_k * t.split_k))]
 
@@ -1061,7 +1075,7 @@ def _launch_programs(w, N: int, batches: int = 1, products: int = 1) -> list[tup
 def programs(node) -> list[tuple[str, int, int]]:
     """:func:`gdnpass.kernels.backends.programs` for MUL_MAT (steps: K blocks per program; the mat-vec's, or the
     GEMM's beyond 16 columns) and MUL_MAT_ID (a column a slot and token, after a quantized weight's pre-pass of every
-    column; a quantized weight's over 16 columns: the mat-vec's of each 16, limits.mul_mat_path); empty for other
+    column; a quantized weight's over 16 columns: the mat-vec's of each 32, limits.mul_mat_path); empty for other
     ops and for the MUL_MATs of over 16 columns that run on torch (the pair's are its record's:
     gdnpass.patterns.mat_vec_pair). Pure: reads shapes only."""
     from gdnpass.ir import Op
@@ -1079,7 +1093,7 @@ def programs(node) -> list[tuple[str, int, int]]:
 
 def product_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
     """A MUL_MAT's programs for weight ``w`` and activation ``x`` (graph tensors), as :func:`programs` counts them:
-    the GEMM's, a quantized weight's mat-vec per 16 columns, the mat-vec's, or none (torch's matmul); ``products``
+    the GEMM's, a quantized weight's mat-vec per 32 columns, the mat-vec's, or none (torch's matmul); ``products``
     weights of that shape in one launch (the pair's 2: the mat-vec's or the GEMM's)."""
     path, N = mul_mat_path(w.type, w.ne[2] * w.ne[3], w.ne[1], x.ne), mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if path == "gemm":
@@ -1087,7 +1101,7 @@ def product_programs(w, x, products: int = 1) -> list[tuple[str, int, int]]:
         pre = [("gemm_terms", N * triton.cdiv(K, GEMM_TERMS_BLOCK), 1)] if pre_pass(w.type, path) else []
         return pre + [("gemm", products * t.split_k * triton.cdiv(w.ne[1], t.block_m) * triton.cdiv(N, t.block_n),
                        triton.cdiv(K, t.block_k * t.split_k))]
-    if path == "chunks":  # a quantized weight's, 16 columns a launch
+    if path == "chunks":  # a quantized weight's, 32 columns a launch
         return [p for c in range(mat_vec_chunks(N))
-                for p in _launch_programs(w, min(MAT_VEC_COLS, N - c * MAT_VEC_COLS))]
+                for p in _launch_programs(w, min(QUANT_MAT_VEC_COLS, N - c * QUANT_MAT_VEC_COLS))]
     return mat_vec_programs(w, x, products)

@@ -16,7 +16,7 @@ from typing import Callable
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import Op, Unary
-from gdnpass.kernels.limits import MAT_VEC_COLS, mul_mat_path
+from gdnpass.kernels.limits import QUANT_MAT_VEC_COLS, mul_mat_path
 from gdnpass.opspec.vocab import Adapter, Programs
 
 
@@ -128,7 +128,7 @@ def _tri_scale(node, views, out):
 def _tri_mul_mat(node, views, out):
     """The mat-vec for 1-16 columns (of each batch, for attention's batched KQ / KQV); beyond (several sequences'
     verify, a prompt's ubatch) the GEMM for a single f16 / bf16 matrix (torch's matmul would convert the whole weight
-    to f32 on every call), the mat-vec per 16 columns for a quantized one (torch would first dequantize the whole
+    to f32 on every call), the mat-vec per 32 columns for a quantized one (torch would first dequantize the whole
     weight: 4 GB of f32 for a 9B's lm head), torch's matmul for the rest (f32 weights, batched products)."""
     w, x = views
     wtype = node.src[0].type
@@ -138,8 +138,9 @@ def _tri_mul_mat(node, views, out):
     elif path == "gemm":
         _family("matvec").mul_mat_gemm(w, x, out)
     elif path == "chunks":
-        for c in range(0, x.shape[2], MAT_VEC_COLS):
-            _family("matvec").mul_mat_vec(w, x[:, :, c:c + MAT_VEC_COLS], out[:, :, c:c + MAT_VEC_COLS], wtype)
+        for c in range(0, x.shape[2], QUANT_MAT_VEC_COLS):
+            _family("matvec").mul_mat_vec(w, x[:, :, c:c + QUANT_MAT_VEC_COLS], out[:, :, c:c + QUANT_MAT_VEC_COLS],
+                                          wtype)
     else:
         TORCH[Op.MUL_MAT](node, views, out)
 

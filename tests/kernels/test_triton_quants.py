@@ -96,6 +96,26 @@ def test_mul_mat_vec_add_on_quantized_blocks_is_the_product_plus_the_addend(dtyp
     assert_bits(s, y + r, "product + addend")
 
 
+@pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
+def test_a_32_column_launch_is_the_16_column_launches_bytes(dtype):
+    """One launch of 17-32 columns reads the weight once for two chunks of the activation workspace: each column's
+    bytes are those of the 16-column launch that holds it (every sum is the column's own), on a split tile; and
+    within f32 summation accuracy of the reference."""
+    M, K, n = 24, 512, 27
+    tile = mv.mat_vec_tile(4096, n, K, dtype.label)._replace(split_k=2)
+    assert tile.cols == 32
+    a = Arena(1 << 24)
+    w = _weights(a, dtype, M, K, 3)
+    x = a.put(rnd(1, 1, n, K))
+    y, lo, hi = a.view((1, 1, n, M)), a.view((1, 1, 16, M)), a.view((1, 1, n - 16, M))
+    a.run(lambda: (mv._mat_vecs([(w, y)], x, tile, dtype=dtype),
+                   mv._mat_vecs([(w, lo)], x[:, :, :16], tile._replace(cols=16), dtype=dtype),
+                   mv._mat_vecs([(w, hi)], x[:, :, 16:], tile._replace(cols=16), dtype=dtype)), y, lo, hi)
+    assert_same_bytes(y[:, :, :16], lo, "columns 0..15")
+    assert_same_bytes(y[:, :, 16:], hi, "columns 16..26")
+    assert_close(y, mul_mat_q(w, x, dtype), rtol=1e-5)
+
+
 def test_quantized_launch_refusals():
     a = Arena()
     w = _weights(a, DType.Q4_K, 8, 256)
@@ -139,11 +159,11 @@ def test_k_quant_activations_are_ggml_cpus_q8_K_blocks():
     assert q_ref[2, 256:260].tolist() == [-127, 2, 4, -2]
 
 
-@pytest.mark.parametrize("x_ne,chunks", [((256, 40), 3), ((256, 16), 0), ((256, 5, 4), 0)],
+@pytest.mark.parametrize("x_ne,chunks", [((256, 40), 2), ((256, 16), 0), ((256, 5, 4), 0)],
                          ids=["40-columns", "16-columns", "20-columns-over-ne2"])
-def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_16(monkeypatch, x_ne, chunks):
+def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_32(monkeypatch, x_ne, chunks):
     """TRITON_BACKEND's MUL_MAT of a quantized weight with more columns than the mat-vec takes, all in ne1, runs it
-    once per 16 columns (limits.mul_mat_path's "chunks": a spy on the launcher), each launch its pre-pass and the mat-vec:
+    once per 32 columns (limits.mul_mat_path's "chunks": a spy on the launcher), each launch its pre-pass and the mat-vec:
     the launch count and the programs follow, and the result is the reference's. Columns over ne2 (or 16 at most)
     are not chunked: torch's reference, or one mat-vec."""
     dtype, M, K = DType.Q8_0, 24, 256
@@ -160,7 +180,7 @@ def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_16(monkeypatch
     assert_close(y, mul_mat_q(w, x, dtype), rtol=1e-5)
     cols = x.shape[0] * x.shape[1] * x.shape[2]
     if chunks:
-        assert calls == [16, 16, 8] and node_launches(n) == 2 * chunks
+        assert calls == [32, 8] and node_launches(n) == 2 * chunks
         progs = backends.programs(n)
         assert [k for k, *_ in progs] == ["quantize_x", "mat_vec"] * chunks
     else:
