@@ -40,6 +40,7 @@ from gdnpass.bench.timing import kernel_us
 RMS = dict(norm="rms", qk_scale=128 ** -0.5)  # upstream's q/k form at S = 128
 
 
+LAUNCHED = {"chain": ("gdn_conv_chain", "unary", "glu"), "quant": ("mul_mat_vec",)}  # what each --only part times
 QUANT_SHAPES = ((4096, 4096), (12288, 4096), (4096, 12288), (248320, 4096))  # qwen3.5-9b's products, the lm head's
 
 
@@ -113,8 +114,9 @@ def main() -> int:
         raise SystemExit("ab_kernels: needs a CUDA device (it times kernels)")
     tokens = [int(t) for t in a.tokens.split(",")]
     with tempfile.TemporaryDirectory() as folder:
-        variants = {rev: revision_module(rev, Path(folder)) for rev in a.base}
-        variants["tree"] = launchers("gdnpass", None, "tree")
+        names = [n for part, ns in LAUNCHED.items() if part in a.only for n in ns]
+        variants = {rev: revision_module(rev, Path(folder), names) for rev in a.base}
+        variants["tree"] = launchers("gdnpass", None, "tree", names)
         print(f"# {torch.cuda.get_device_name()}; profiler kernel us, medians of 3 rounds; bytes vs {a.base[0]}")
         print("what               | copy | " + " | ".join(variants) + " | bytes")
         if "quant" in a.only:
