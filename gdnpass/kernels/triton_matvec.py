@@ -334,12 +334,12 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer dot of the weight's quants (decoded to int8
     in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's nibbles as they lie, the low ones one group and
     the high ones the next) with its activation quants is one int8 ``tl.dot`` on the tensor cores (exact; the
-    columns padded to 16, the smallest dot: each column's sums are the same whatever COLS). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times
-    both scales, in f32. The K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group
-    dots times their integer scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: one dot of 32
-    columns a column, each half's against the activations with the other half zeroed), as do the mins times the
-    activations' group sums, then one f32 step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is
-    :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    columns padded to 16, the smallest dot: a column's sums are the same whatever COLS). Q8_0 (q8_1 activations,
+    llama.cpp's mmvq): each group's dot times both scales, in f32. The K-quants (q8_K activations, ggml-cpu's: one
+    scale per block of 256): the block's group dots times their integer scales add up exactly in int32 (Q6_K's
+    groups of 32 have a scale a half: two dot columns a column, each half's against the activations with the other
+    half zeroed), as do the mins times the activations' group sums, then one f32 step per block: d·dx·Σ -
+    dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
     word, slot = _x_words(cols, chunk)
