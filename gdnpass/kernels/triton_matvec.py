@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns, mul_mat_path,
-                                    pre_pass, runs_as_gemm, runs_as_mat_vec)
+from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns,
+                                    mul_mat_path, pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
@@ -331,15 +331,15 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
     workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 16 or 32: that many chunks of 16 from
-    ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer dot of the weight's quants (decoded to int8
-    in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's nibbles as they lie, the low ones one group and
-    the high ones the next) with its activation quants is one int8 ``tl.dot`` on the tensor cores (exact; the
-    columns padded to 16, the smallest dot: a column's sums are the same whatever COLS). Q8_0 (q8_1 activations,
-    llama.cpp's mmvq): each group's dot times both scales, in f32. The K-quants (q8_K activations, ggml-cpu's: one
-    scale per block of 256): the block's group dots times their integer scales add up exactly in int32 (Q6_K's
-    groups of 32 have a scale a half: two dot columns a column, each half's against the activations with the other
-    half zeroed), as do the mins times the activations' group sums, then one f32 step per block: d·dx·Σ -
-    dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer
+    dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
+    nibbles as they lie, the low ones one group and the high ones the next) with its activation quants is one int8
+    ``tl.dot`` on the tensor cores (exact; the columns padded to 16, the smallest dot: a column's sums are the same
+    whatever COLS). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times both scales, in f32. The
+    K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group dots times their integer
+    scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
+    against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
+    f32 step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
     word, slot = _x_words(cols, chunk)
@@ -636,8 +636,8 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
-    """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8 groups of 32)
-    per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the launch has at
+    """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
+    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the launch has at
     least :data:`QUANTIZED_PROGRAMS` programs. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a
     probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10%
     of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``)."""
