@@ -76,8 +76,8 @@ def _snapshot(rev: str, into: Path) -> Path:
 
 def revision_module(rev: str, folder: Path, names=tuple(LAUNCHERS)) -> SimpleNamespace:
     """The launchers ``names`` of revision ``rev`` (a git revision, or a folder holding its ``gdnpass`` package): its
-    package copied into ``folder`` under a name of its own, every ``import gdnpass...`` / ``from gdnpass... import`` of it
-    renamed to that name (Triton keys its compiles by source, so the revisions' kernels stay apart)."""
+    package copied into ``folder`` under a name of its own, every ``import gdnpass...`` / ``from gdnpass... import``
+    of it renamed to that name (Triton keys its compiles by source, so the revisions' kernels stay apart)."""
     name = "ab_" + "".join(c if c.isalnum() else "_" for c in rev)
     while name in sys.modules:
         name += "_"

@@ -339,7 +339,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group dots times their integer
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
-    f32 step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    f32 step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is
+    :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
     word, slot = _x_words(cols, chunk)
@@ -637,8 +638,8 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
-    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the launch has at
-    least :data:`QUANTIZED_PROGRAMS` programs. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a
+    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
+    launch has at least :data:`QUANTIZED_PROGRAMS` programs. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a
     probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10%
     of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``)."""
     block_m = 128 if wtype == "q8_0" else 64

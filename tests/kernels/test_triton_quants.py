@@ -164,8 +164,8 @@ def test_k_quant_activations_are_ggml_cpus_q8_K_blocks():
 def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_32(monkeypatch, x_ne, chunks):
     """TRITON_BACKEND's MUL_MAT of a quantized weight with more columns than the mat-vec takes, all in ne1, runs it
     once per 32 columns (limits.mul_mat_path's "chunks": a spy on the launcher), each launch its pre-pass and the
-    mat-vec: the launch count and the programs follow, and the result is the reference's. Columns over ne2 (or 16 at most)
-    are not chunked: torch's reference, or one mat-vec."""
+    mat-vec: the launch count and the programs follow, and the result is the reference's. Columns over ne2 (or 16 at
+    most) are not chunked: torch's reference, or one mat-vec."""
     dtype, M, K = DType.Q8_0, 24, 256
     n = ops.mul_mat(ops.new_tensor("w", dtype, (K, M), buffer="weights"),
                     ops.new_tensor("x", DType.F32, x_ne, buffer="input"))
