@@ -192,8 +192,8 @@ XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every pro
 # (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
 # bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
 # (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
-# (group, column) at 16 K / 256 + 16 g + c. More than 16 columns (MUL_MAT_ID's, one a slot and token) lie in chunks of
-# 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
+# (group, column) at 16 K / 256 + 16 g + c. More than 16 columns (a product's of 17-32, MUL_MAT_ID's, one a slot and
+# token) lie in chunks of 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
 def activation_bytes(K: int) -> int:
     """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type."""
     return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
@@ -706,9 +706,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
     _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16
-             and t.cols in (XCOLS.value, 2 * XCOLS.value) and t.cols >= N,
+             and t.cols == max(XCOLS.value, triton.next_power_of_2(N)),
              f"mul_mat_vec: {wtype.label} weights need the tensor-core form (dot), K steps of {QK_K.value} and "
-             f"tiles of >= 16 rows and {XCOLS.value} or {2 * XCOLS.value} columns, at least N")
+             f"tiles of >= 16 rows and the pre-pass's {max(XCOLS.value, triton.next_power_of_2(N))} columns")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -751,8 +751,8 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DType | None = None) -> None:
     """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows;
-    or quantized, ``dtype``, its bytes (..., M, row bytes)), x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns,
-    out f32 ne [M, N1, N2, N3]; or batched (plain types), as attention's KQ and KQV: w ne [K, M, W2, W3] (any batch
+    or quantized, ``dtype``, its bytes (..., M, row bytes)), x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns
+    (a quantized weight's: <= 32, limits.QUANT_MAT_VEC_COLS), out f32 ne [M, N1, N2, N3]; or batched (plain types), as attention's KQ and KQV: w ne [K, M, W2, W3] (any batch
     strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
     _mat_vecs([(w, out)], x, dtype=dtype)
 

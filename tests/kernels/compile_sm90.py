@@ -117,8 +117,8 @@ def variants():
              itertools.product(shapes, range(1, 17), ("bf16", "f16", "f32", "q4_k"))}
     # the other block types: each form once (the tiles are the same for every block type; the decoders differ)
     tiles |= {(mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
-              itertools.product(((32, 1), (32, 8), (4096, 1), (4096, 4), (4096, 16), (4096, 32)),
-                                core.QTYPES.values())}
+              itertools.product(((32, 1), (32, 8), (4096, 1), (4096, 4), (4096, 16), (4096, 32), (12288, 32),
+                                 (248320, 32)), core.QTYPES.values())}
     # (MUL_MAT_ADD's residual store: on the split tiles, both forms)
     for (t, wt), residual in [(tw, False) for tw in sorted(tiles) + split] + [(tw, True) for tw in split]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)

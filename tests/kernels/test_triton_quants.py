@@ -124,6 +124,8 @@ def test_quantized_launch_refusals():
         mv.mul_mat_vec(w.view(torch.int8), x, y, DType.Q4_K)
     with pytest.raises(KernelError, match="q4_k weights need the tensor-core form"):
         mv._mat_vecs([(w, y)], x, mv.MatVecTile(16, 4, 32, True, 4), dtype=DType.Q4_K)
+    with pytest.raises(KernelError, match="the pre-pass's 16 columns"):  # (a second chunk the pre-pass never wrote)
+        mv._mat_vecs([(w, y)], x, mv.mat_vec_tile(4096, 1, 256, "q4_k")._replace(cols=32), dtype=DType.Q4_K)
     with pytest.raises(KernelError, match="mul_mat_vec of torch.uint8 weights"):
         mv.mul_mat_vec(w, x, y)  # bytes without their type
 
@@ -183,5 +185,6 @@ def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_32(monkeypatch
         assert calls == [32, 8] and node_launches(n) == 2 * chunks
         progs = backends.programs(n)
         assert [k for k, *_ in progs] == ["quantize_x", "mat_vec"] * chunks
+        assert [p for k, p, _ in progs if k == "quantize_x"] == [32 * (K // 256), 16 * (K // 256)]  # a column a program
     else:
         assert calls == ([cols] if cols <= 16 else []) and node_launches(n) == (2 if cols <= 16 else 1)
