@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -40,6 +40,10 @@ bf16 bytes (f32 at half the heads, C 5120) at its points.
 Part 11 (issue 36): the MoE table, qwen3.5-35b-a3b's first 8 layers at full width, ours off / on next to upstream
 on one file, the chosen experts' bytes over the MUL_MAT_IDs' time (``bench.py --only whole,upstream --model
 qwen3.5-35b-a3b --layers 8``; carry ``.llama-src``).
+Part 13 (issue 34): the quantized mat-vec of the working tree next to 4a8be37's, bytes compared first
+(``ab_kernels.py --only quant``; carry ``.ab``, made as its docstring says). With part 8's router-tests, part 4's
+quant-tests and part 12's gemm-tests it is the first call of the session after 2026-12-06's fourth
+(``--steps router-tests,quant-tests,ab-quant,gemm-tests``).
 Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and checked at the 9B's shapes
 (``tests/kernels/test_gemm.py -m gpu``), then its tile sweep next to the torch reference it replaced and cuBLAS
 (``tune_gemm.py``); then part 9 again, for tokens/s at 8 and 32 sequences.

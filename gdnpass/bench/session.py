@@ -132,6 +132,14 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("tune-gemm", [PY, "benchmarks/tune_gemm.py", "--budget-s", "300", "--json", str(out / "tune-gemm.json")],
              420),
         ]
+    if part == 13:
+        return [
+            # issue 34: the quantized mat-vec against 4a8be37 (Q6_K's one dot per group, 32-column launches; both
+            # untimed when written), its bytes compared first; the base's package is made here with
+            # `mkdir -p .ab/4a8be37 && git archive 4a8be37 gdnpass | tar -x -C .ab/4a8be37` and carried (.ab)
+            ("ab-quant", [PY, "benchmarks/ab_kernels.py", "--base", ".ab/4a8be37", "--only", "quant", "--qtypes",
+                          "q6_k,q4_k"], 150),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -155,7 +163,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
