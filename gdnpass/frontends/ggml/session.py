@@ -220,7 +220,8 @@ class GgmlSession:
 
 
 def compare(i: int, n: Tensor, want: torch.Tensor, got: torch.Tensor) -> NodeCheck:
-    """``want`` (gdnpass) vs ``got`` (ggml), elementwise in f32 (NaNs must coincide)."""
+    """``want`` (gdnpass) vs ``got`` (ggml), elementwise in f32 (NaNs must coincide; equal values, equal infinities
+    among them, differ by 0: a slot neither side writes keeps its old bytes, which may be an infinity in both)."""
     a, b = want.to(torch.float32), got.to(torch.float32)
     if a.shape != b.shape:
         raise GraphError(f"node {n.name!r}: shapes differ {tuple(a.shape)} vs {tuple(b.shape)}")
@@ -229,7 +230,7 @@ def compare(i: int, n: Tensor, want: torch.Tensor, got: torch.Tensor) -> NodeChe
         return NodeCheck(i, n.name, _label(n), False, float("inf"), float("inf"), a.numel())
     ok = ~nan_a
     exact = bool(torch.equal(a[ok], b[ok]))
-    d = (a[ok] - b[ok]).abs()
+    d = torch.where(a[ok] == b[ok], 0.0, (a[ok] - b[ok]).abs())  # (inf - inf would be NaN)
     max_abs = float(d.max()) if d.numel() else 0.0
     big = b[ok].abs() > 1e-6
     max_rel = float((d[big] / b[ok].abs()[big]).max()) if bool(big.any()) else 0.0

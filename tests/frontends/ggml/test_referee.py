@@ -671,3 +671,18 @@ def test_session_guards_instead_of_ggml_aborts():
         fuse_free.nodes = []
         with pytest.raises(GraphError, match="as imported"):
             s.referee(imp)
+
+
+def test_the_referee_compares_equal_infinities_as_equal():
+    """A slot neither side writes (GATED_DELTA_NET's past n_t, say) keeps its old bytes, which may be an infinity in
+    both: no difference (inf - inf would make the check NaN, as one fresh-clone run of the test above did); an
+    infinity against a finite value, or NaNs that do not coincide, still fail."""
+    from gdnpass.frontends.ggml.session import compare
+
+    n = ops.new_tensor("t", DType.F32, (4,), buffer="input")
+    inf = float("inf")
+    same = compare(0, n, torch.tensor([1.0, inf, -inf, 2.0]), torch.tensor([1.0, inf, -inf, 2.5]))
+    assert same.max_abs == 0.5 and not same.exact
+    assert compare(0, n, torch.tensor([inf, 0.0, 0, 0]), torch.tensor([-inf, 0.0, 0, 0])).max_abs == inf
+    assert compare(0, n, torch.tensor([inf, 0.0, 0, 0]), torch.tensor([1.0, 0.0, 0, 0])).max_abs == inf
+    assert compare(0, n, torch.tensor([float("nan"), 0.0, 0, 0]), torch.zeros(4)).max_abs == inf
