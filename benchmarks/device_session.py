@@ -40,10 +40,8 @@ bf16 bytes (f32 at half the heads, C 5120) at its points.
 Part 11 (issue 36): the MoE table, qwen3.5-35b-a3b's first 8 layers at full width, ours off / on next to upstream
 on one file, the chosen experts' bytes over the MUL_MAT_IDs' time (``bench.py --only whole,upstream --model
 qwen3.5-35b-a3b --layers 8``; carry ``.llama-src``).
-Part 13 (issue 34): the quantized mat-vec of the working tree next to 4a8be37's, bytes compared first
-(``ab_kernels.py --only quant``; carry ``.ab``, made as its docstring says). With part 8's router-tests, part 4's
-quant-tests and part 12's gemm-tests it is the first call of the session after 2026-12-06's fourth
-(``--steps router-tests,quant-tests,ab-quant,gemm-tests``).
+Part 13 (issue 34): the quantized mat-vec of 4a8be37 and of the working tree, each output's bytes hashed, then one
+32-column launch against two of 16 (``probe_quant.py``; carry ``.ab``, made as the step's comment says).
 Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and checked at the 9B's shapes
 (``tests/kernels/test_gemm.py -m gpu``), then its tile sweep next to the torch reference it replaced and cuBLAS
 (``tune_gemm.py``); then part 9 again, for tokens/s at 8 and 32 sequences.

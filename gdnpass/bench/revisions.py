@@ -21,15 +21,14 @@ from types import SimpleNamespace
 # since issue 31), then the single kernels module of older revisions
 LAUNCHERS = {"gdn_conv_chain": ("kernels.triton_ssm", "kernels.triton_ops"),
              "unary": ("kernels.triton_elementwise", "kernels.triton_ops"),
-             "glu": ("kernels.triton_elementwise", "kernels.triton_ops"),
-             "mul_mat_vec": ("kernels.triton_matvec", "kernels.triton_ops")}
+             "glu": ("kernels.triton_elementwise", "kernels.triton_ops")}
 
 
-def launchers(package: str, folder: Path | None, base: str, names=tuple(LAUNCHERS)) -> SimpleNamespace:
-    """The launchers ``names`` of ``package`` (an importable name; its source under ``folder``, None for the working
-    tree's), by :data:`LAUNCHERS`."""
+def launchers(package: str, folder: Path | None, base: str) -> SimpleNamespace:
+    """The launchers of ``package`` (an importable name; its source under ``folder``, None for the working tree's),
+    by :data:`LAUNCHERS`."""
     found = {}
-    for name, places in ((n, LAUNCHERS[n]) for n in names):
+    for name, places in LAUNCHERS.items():
         for place in places:
             if folder is not None and not (folder / (place.replace(".", "/") + ".py")).is_file():
                 continue
@@ -74,10 +73,10 @@ def _snapshot(rev: str, into: Path) -> Path:
     return into / "gdnpass"
 
 
-def revision_module(rev: str, folder: Path, names=tuple(LAUNCHERS)) -> SimpleNamespace:
-    """The launchers ``names`` of revision ``rev`` (a git revision, or a folder holding its ``gdnpass`` package): its
-    package copied into ``folder`` under a name of its own, every ``import gdnpass...`` / ``from gdnpass... import``
-    of it renamed to that name (Triton keys its compiles by source, so the revisions' kernels stay apart)."""
+def revision_module(rev: str, folder: Path) -> SimpleNamespace:
+    """The launchers of revision ``rev`` (a git revision, or a folder holding its ``gdnpass`` package): its package
+    copied into ``folder`` under a name of its own, every ``import gdnpass...`` / ``from gdnpass... import`` of it
+    renamed to that name (Triton keys its compiles by source, so the revisions' kernels stay apart)."""
     name = "ab_" + "".join(c if c.isalnum() else "_" for c in rev)
     while name in sys.modules:
         name += "_"
@@ -92,5 +91,5 @@ def revision_module(rev: str, folder: Path, names=tuple(LAUNCHERS)) -> SimpleNam
     package = importlib.util.module_from_spec(spec)
     sys.modules[name] = package
     spec.loader.exec_module(package)
-    return launchers(name, target, rev, names)
+    return launchers(name, target, rev)
 

@@ -134,11 +134,13 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 13:
         return [
-            # issue 34: the quantized mat-vec against 4a8be37 (Q6_K's one dot per group, 32-column launches; both
-            # untimed when written), its bytes compared first; the base's package is made here with
-            # `mkdir -p .ab/4a8be37 && git archive 4a8be37 gdnpass | tar -x -C .ab/4a8be37` and carried (.ab)
-            ("ab-quant", [PY, "benchmarks/ab_kernels.py", "--base", ".ab/4a8be37", "--only", "quant", "--qtypes",
-                          "q6_k,q4_k"], 150),
+            # issue 34: the quantized mat-vec, 4a8be37's package (made here with `mkdir -p .ab/4a8be37 && git
+            # archive 4a8be37 gdnpass | tar -x -C .ab/4a8be37`, carried) then the working tree's, each output's bytes
+            # hashed; then one 32-column launch against two of 16 (2026-12-06, H100: 75 s in all)
+            *((f"probe-quant-{tag}", ["env", f"PYTHONPATH={path}:{os.environ.get('PYTHONPATH', '')}", PY,
+                                      "benchmarks/probe_quant.py", "--qtypes", "q6_k,q4_k"], 90)
+              for tag, path in (("base", ".ab/4a8be37"), ("tree", "."))),
+            ("probe-quant-32", [PY, "benchmarks/probe_quant.py", "--qtypes", "q4_k,q6_k,q8_0", "--cols32"], 60),
         ]
     if part == 3:
         return [

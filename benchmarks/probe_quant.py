@@ -1,0 +1,66 @@
+"""The quantized mat-vec of whichever ``gdnpass`` is imported, timed at qwen3.5-9b's shapes (the lm head's included):
+per launch over rotated weight copies (gdnpass.bench.matvec), profiler kernel time of a CUDA-graph replay, median of
+three, with a hash of the output's bytes. Two revisions are compared by running it twice on one machine, once with a
+revision's package first on PYTHONPATH (``mkdir -p .ab/REV && git archive REV gdnpass | tar -x -C .ab/REV``): equal
+hashes mean equal bytes.
+
+    PYTHONPATH=.ab/4a8be37 python benchmarks/probe_quant.py --qtypes q6_k     # then the working tree's:
+    PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q6_k
+    PYTHONPATH=. python benchmarks/probe_quant.py --cols32      # one launch of 32 columns vs two of 16, bytes compared
+
+(2026-12-06, H100: Q6_K's one dot a group against 4a8be37's two; 32-column launches: docs/performance.md.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+
+import torch
+
+import gdnpass
+from gdnpass.bench.matvec import QUANTIZED, quantized_weight, rotation
+from gdnpass.bench.timing import kernel_us
+from gdnpass.kernels import triton_matvec as mv
+
+SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
+
+
+def per_launch_us(fn, launches: int) -> float:
+    return sorted(kernel_us(fn)[0] for _ in range(3))[1] / launches
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--qtypes", default="q6_k", help="block types, comma-separated (default q6_k)")
+    ap.add_argument("--cols32", action="store_true", help="one 32-column launch against two of 16 instead")
+    a = ap.parse_args()
+    unknown = set(a.qtypes.split(",")) - set(QUANTIZED)
+    if unknown:
+        raise SystemExit(f"probe_quant: --qtypes: {', '.join(sorted(unknown))} unknown")
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_quant: needs a CUDA device (it times kernels)")
+    print(f"# {torch.cuda.get_device_name()}; gdnpass from {gdnpass.__file__}")
+    for wt in (QUANTIZED[t] for t in a.qtypes.split(",")):
+        for M, K in SHAPES:
+            w = quantized_weight(wt, M, K)
+            ws = [w] + [w.clone() for _ in range(rotation(w.numel()) - 1)]
+            for n in (32,) if a.cols32 else (1, 4, 16):
+                x = torch.randn(1, 1, n, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
+                y, y2 = torch.empty(1, 1, n, M, device="cuda"), torch.empty(1, 1, n, M, device="cuda")
+                us = per_launch_us(lambda: [mv.mul_mat_vec(v, x, y, wt) for v in ws], len(ws))
+                if not a.cols32:
+                    digest = hashlib.sha1(y.cpu().numpy().tobytes()).hexdigest()[:10]
+                    print(f"{wt.label} {M}x{K} n={n}: {us:8.1f} us  {digest}", flush=True)
+                    continue
+                halves = per_launch_us(lambda: [mv.mul_mat_vec(v, x[:, :, c:c + 16], y2[:, :, c:c + 16], wt)
+                                                for v in ws for c in (0, 16)], len(ws))
+                same = torch.equal(y.view(torch.int32), y2.view(torch.int32))
+                print(f"{wt.label} {M}x{K} 32 columns: one launch {us:8.1f} us, two of 16 {halves:8.1f} us "
+                      f"({us / halves:.2f}x), bytes {'equal' if same else 'DIFFER'}", flush=True)
+            del w, ws
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
