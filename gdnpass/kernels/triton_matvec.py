@@ -705,10 +705,10 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16
-             and t.cols == max(XCOLS.value, triton.next_power_of_2(N)),
+    chunk_cols = XCOLS.value * triton.cdiv(N, XCOLS.value)  # the columns of the chunks the pre-pass writes
+    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols == chunk_cols,
              f"mul_mat_vec: {wtype.label} weights need the tensor-core form (dot), K steps of {QK_K.value} and "
-             f"tiles of >= 16 rows and the pre-pass's {max(XCOLS.value, triton.next_power_of_2(N))} columns")
+             f"tiles of >= 16 rows and the pre-pass's {chunk_cols} columns")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -752,8 +752,9 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DType | None = None) -> None:
     """MUL_MAT for few columns: w ne [K, M] (f32/f16/bf16, torch (..., M, K) with unit leading dims, contiguous rows;
     or quantized, ``dtype``, its bytes (..., M, row bytes)), x f32 ne [K, N1, N2, N3] with N1*N2*N3 <= 16 columns
-    (a quantized weight's: <= 32, limits.QUANT_MAT_VEC_COLS), out f32 ne [M, N1, N2, N3]; or batched (plain types), as attention's KQ and KQV: w ne [K, M, W2, W3] (any batch
-    strides, contiguous rows), x ne [K, N1, B2, B3] with N1 <= 16 and W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
+    (a quantized weight's: <= 32, limits.QUANT_MAT_VEC_COLS), out f32 ne [M, N1, N2, N3]; or batched (plain types),
+    as attention's KQ and KQV: w ne [K, M, W2, W3] (any batch strides, contiguous rows), x ne [K, N1, B2, B3] with
+    N1 <= 16 and W2 | B2, W3 | B3, out ne [M, N1, B2, B3]."""
     _mat_vecs([(w, out)], x, dtype=dtype)
 
 
