@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -45,6 +45,9 @@ Part 13 (issue 34): the quantized mat-vec of 4a8be37 and of the working tree, ea
 Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and checked at the 9B's shapes
 (``tests/kernels/test_gemm.py -m gpu``), then its tile sweep next to the torch reference it replaced and cuBLAS
 (``tune_gemm.py``); then part 9 again, for tokens/s at 8 and 32 sequences.
+Part 14 (issue 34): the whole 9B verify with all-Q4_K and all-Q6_K weights, fusion on with and without
+MUL_MAT_ADD (``bench.py --only whole --wtype W --without mul_mat_add``): whether its residual form pays on quantized
+weights.
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

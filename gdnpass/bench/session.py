@@ -142,6 +142,15 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
               for tag, path in (("base", ".ab/4a8be37"), ("tree", "."))),
             ("probe-quant-32", [PY, "benchmarks/probe_quant.py", "--qtypes", "q4_k,q6_k,q8_0", "--cols32"], 60),
         ]
+    if part == 14:
+        return [
+            # issue 34: does MUL_MAT_ADD pay on quantized weights? The whole 9B verify with all-Q4_K and all-Q6_K
+            # weights, fusion on with and without it in one run each (per op it measured ~3 us a layer slower than
+            # the product plus the unfused ADD; the residual variant compiles to the same loop and registers)
+            *((f"whole-{w}-mma", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w, "--without",
+                                  "mul_mat_add", "--json", str(out / f"whole-{w}-mma.json")], 150)
+              for w in ("q4_k", "q6_k")),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -165,7 +174,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
