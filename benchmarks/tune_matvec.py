@@ -10,7 +10,8 @@ Method: every candidate is compiled first by ``--procs`` worker processes (into 
 against cuBLAS's f32 product, captured as a CUDA graph of one launch per copy of the weights (enough copies that
 each launch reads its weights from memory, as in a forward: ``gdnpass.bench.matvec.rotation``), and then all
 candidates of a case are replayed under one torch.profiler session: medians of the profiler's kernel durations, as
-``gdnpass.bench.timing.kernel_us``.
+``gdnpass.bench.timing.kernel_us`` (captured with programmatic dependent launch off, since 2026-12-06's fifth
+session: under it each launch's duration counted its wait for the one before).
 ``--deep`` adds pipeline depths 2-5, evict-first weight loads and longer K steps to the candidates (thousands of
 tiles: keep ``--procs`` x the largest shape's operands under the GPU's memory; the lm head at 16 processes ran out).
 ``--pair`` times MUL_MAT_VEC_PAIR's launch (two weights of the shape, one x) instead: with fusion on, FFN gate/up
@@ -34,6 +35,7 @@ import triton
 from gdnpass.bench import ceilings
 from gdnpass.bench.matvec import DTYPES, QUANTIZED, column_counts, operands, product_shapes, rotation, shape_list
 from gdnpass.kernels import triton_matvec as mv
+from gdnpass.kernels.triton_core import programmatic_launch
 
 SHAPES = [(p.M, p.K) for p in product_shapes("qwen3.5-9b") if 256 < p.M < 100_000]  # but the thin and the lm head
 COLS = (2, 4, 8, 16)
@@ -145,7 +147,7 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
             print(f"  {t}: WRONG or NOT DETERMINISTIC (rel err {err:.2e})", flush=True)
             continue
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        with programmatic_launch(False), torch.cuda.graph(g):  # (durations without waits: timing.kernel_us)
             for ps in rotated:
                 mv._mat_vecs(ps, x, t, dtype=q)
         graphs.append(g)

@@ -63,7 +63,18 @@ def kernel_us(fn, reps: int = 20, only: str | None = None) -> tuple[float, list[
     """Profiler kernel durations of one ``fn()`` call, captured as a CUDA graph and replayed (so host-side checks,
     e.g. GET_ROWS's id check, which is skipped under capture, launch nothing): (median over ``reps`` replays of the
     summed kernel time, the median duration of each of its kernels in launch order), in µs; ``only``: of the kernels
-    whose name contains it (a quantized mat-vec without its pre-pass, say)."""
+    whose name contains it (a quantized mat-vec without its pre-pass, say).
+
+    Captured with programmatic dependent launch off: under it a kernel starts while its predecessor runs and waits
+    inside, and its duration counts that wait, so back-to-back launches (a product over rotated weight copies) summed
+    to more than their work."""
+    from gdnpass.kernels.triton_core import programmatic_launch
+
+    with programmatic_launch(False):
+        return _kernel_us(fn, reps, only)
+
+
+def _kernel_us(fn, reps: int, only: str | None) -> tuple[float, list[float]]:
     from torch.profiler import ProfilerActivity, profile
 
     s = torch.cuda.Stream()
