@@ -1,6 +1,7 @@
 """The quantized mat-vec of whichever ``gdnpass`` is imported, timed at qwen3.5-9b's shapes (the lm head's included):
-per launch over rotated weight copies (gdnpass.bench.matvec), profiler kernel time of a CUDA-graph replay, median of
-three, with a hash of the output's bytes. Two revisions are compared by running it twice on one machine, once with a
+per launch over rotated weight copies (gdnpass.bench.matvec), profiler kernel time of a CUDA-graph replay (the
+activations' pre-pass included; serial launches, as ``timing.kernel_us`` takes them), median of three, with a hash
+of the output's bytes. Two revisions are compared by running it twice on one machine, once with a
 revision's package first on PYTHONPATH (``mkdir -p .ab/REV && git archive REV gdnpass | tar -x -C .ab/REV``): equal
 hashes mean equal bytes.
 
