@@ -1,7 +1,7 @@
 """The quantized mat-vec of whichever ``gdnpass`` is imported, timed at qwen3.5-9b's shapes (the lm head's included):
 per launch over rotated weight copies (gdnpass.bench.matvec), profiler kernel time of a CUDA-graph replay (the
-activations' pre-pass included; serial launches, as ``timing.kernel_us`` takes them), median of three, with a hash
-of the output's bytes. Two revisions are compared by running it twice on one machine, once with a
+activations' pre-pass included; captured with programmatic dependent launch off, by the imported package's own
+switch, so an older revision is timed as the tree is), median of three, with a hash of the output's bytes. Two revisions are compared by running it twice on one machine, once with a
 revision's package first on PYTHONPATH (``mkdir -p .ab/REV && git archive REV gdnpass | tar -x -C .ab/REV``): equal
 hashes mean equal bytes.
 
@@ -23,12 +23,14 @@ import gdnpass
 from gdnpass.bench.matvec import QUANTIZED, quantized_weight, rotation
 from gdnpass.bench.timing import kernel_us
 from gdnpass.kernels import triton_matvec as mv
+from gdnpass.kernels.triton_core import programmatic_launch
 
 SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
 
 
 def per_launch_us(fn, launches: int) -> float:
-    return sorted(kernel_us(fn)[0] for _ in range(3))[1] / launches
+    with programmatic_launch(False):  # (a revision's own kernel_us may predate its switching it off)
+        return sorted(kernel_us(fn)[0] for _ in range(3))[1] / launches
 
 
 def main() -> int:

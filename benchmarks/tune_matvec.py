@@ -107,6 +107,11 @@ def products(wt: str, M: int, K: int, N: int, pair: bool):
 
 def compile_case(case) -> int:
     """Worker: launch every tile of a case once (its compile lands in Triton's disk cache); the count refused."""
+    with programmatic_launch(False):  # (the launch option is part of a kernel's compile key: time_case's launches)
+        return _compile_case(case)
+
+
+def _compile_case(case) -> int:
     wt, M, K, N, pair, tiles = case
     prods, x = products(wt, M, K, N, pair)
     refused = 0
@@ -120,7 +125,14 @@ def compile_case(case) -> int:
 
 
 def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10) -> list[tuple]:
-    """(tile, median us, rel err) of each tile that compiles, is within TOLERANCE and (split-K) deterministic."""
+    """(tile, median us, rel err) of each tile that compiles, is within TOLERANCE and (split-K) deterministic; every
+    launch, checks and captures alike, with programmatic dependent launch off (durations without waits, as
+    ``timing.kernel_us``; the option is part of the compile key, so the checks compile what the capture replays)."""
+    with programmatic_launch(False):
+        return _time_case(wt, M, K, N, pair, tiles, reps)
+
+
+def _time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int) -> list[tuple]:
     from torch.profiler import ProfilerActivity, profile
 
     from gdnpass.kernels.quants import mul_mat_q
@@ -147,7 +159,7 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
             print(f"  {t}: WRONG or NOT DETERMINISTIC (rel err {err:.2e})", flush=True)
             continue
         g = torch.cuda.CUDAGraph()
-        with programmatic_launch(False), torch.cuda.graph(g):  # (durations without waits: timing.kernel_us)
+        with torch.cuda.graph(g):
             for ps in rotated:
                 mv._mat_vecs(ps, x, t, dtype=q)
         graphs.append(g)

@@ -146,7 +146,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         return [
             # issue 34: does MUL_MAT_ADD pay on quantized weights? The whole 9B verify with all-Q4_K and all-Q6_K
             # weights, fusion on with and without it in one run each (per op it measured ~3 us a layer slower than
-            # the product plus the unfused ADD; the residual variant compiles to the same loop and registers)
+            # the product plus the unfused ADD; compiled with the launch's hints, the residual variant's SASS loop
+            # and registers are the product's, on the CPU)
             *((f"whole-{w}-mma", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w, "--without",
                                   "mul_mat_add", "--json", str(out / f"whole-{w}-mma.json")], 150)
               for w in ("q4_k", "q6_k")),

@@ -115,7 +115,7 @@ def variants():
     shapes = {(M, K) for model in ("qwen3.5-9b", "qwen3.5-27b") for M, K, *_ in product_shapes(model)}
     tiles = {(mv.mat_vec_tile(M, N, K, wt), wt) for (M, K), N, wt in
              itertools.product(shapes, range(1, 17), ("bf16", "f16", "f32", "q4_k"))}
-    # the other block types: each form once (the tiles are the same for every block type; the decoders differ)
+    # the other block types: each form once (their tiles differ in rows and K slices only; the decoders differ)
     tiles |= {(mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
               itertools.product(((32, 1), (32, 8), (4096, 1), (4096, 4), (4096, 16), (4096, 32), (12288, 32),
                                  (248320, 32)), core.QTYPES.values())}
