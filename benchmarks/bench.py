@@ -20,8 +20,9 @@
 8. the Python cost of the pass on the CPU
 
 Method: per-kernel durations from torch.profiler over CUDA-graph replays (the seed's and upstream's method: no launch
-gaps), medians over repeats, variants in the same process; the forward's wall time also as CUDA-graph replays timed
-with CUDA events; the ceilings with CUDA events alone.
+gaps), captured with programmatic dependent launch off (under it a kernel's duration counts its wait for the one
+before), medians over repeats, variants in the same process; the forward's wall time also as CUDA-graph replays
+timed with CUDA events, with the launch on as the loop runs it; the ceilings with CUDA events alone.
 The measurements are the harness's (gdnpass/bench/); this script runs the sections and prints their tables.
 """
 
