@@ -1,9 +1,9 @@
 """The quantized mat-vec of whichever ``gdnpass`` is imported, timed at qwen3.5-9b's shapes (the lm head's included):
 per launch over rotated weight copies (gdnpass.bench.matvec), profiler kernel time of a CUDA-graph replay (the
 activations' pre-pass included; captured with programmatic dependent launch off, by the imported package's own
-switch, so an older revision is timed as the tree is), median of three, with a hash of the output's bytes. Two revisions are compared by running it twice on one machine, once with a
-revision's package first on PYTHONPATH (``mkdir -p .ab/REV && git archive REV gdnpass | tar -x -C .ab/REV``): equal
-hashes mean equal bytes.
+switch, so an older revision is timed as the tree is), median of three, with a hash of the output's bytes. Two
+revisions are compared by running it twice on one machine, once with a revision's package first on PYTHONPATH
+(``mkdir -p .ab/REV && git archive REV gdnpass | tar -x -C .ab/REV``): equal hashes mean equal bytes.
 
     PYTHONPATH=.ab/4a8be37 python benchmarks/probe_quant.py --qtypes q6_k     # then the working tree's:
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q6_k

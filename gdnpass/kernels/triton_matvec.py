@@ -639,8 +639,8 @@ _QUANTIZED = frozenset(QTYPES.values())
 def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
     groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
-    launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K 4096, Q6_K in at most 4 K
-    slices and Q4_K in slices of at least 4 blocks. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form
+    launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q6_K in at most 4
+    K slices and Q4_K in slices of at least 4 blocks. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form
     (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within
     10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``);
     the 32-column tiles are the 16-column ones, untuned. The caps from the H100 sweep of 2026-12-06 (1, 4 and 8
