@@ -181,8 +181,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     variants += ([("serial", True, None, False)] if PDL_SUPPORTED else [])
     for name, fused, left_out, pdl in variants:
         g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"))
-        with programmatic_launch(False):  # kernel durations of serial launches: under PDL a kernel's would count
-            kernels = forward_kernels(g, ex)  # the time it waits for its predecessor
+        kernels = forward_kernels(g, ex)  # (serial launches' durations: timing.kernel_us)
         res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **kernels,
                          fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g, ex), pdl=pdl)
         if "experts" in res[name]:

@@ -640,20 +640,20 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
     groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q6_K in at most 4
-    K slices and Q4_K in slices of at least 4 blocks. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form
-    (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within
-    10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``);
-    the 32-column tiles are the 16-column ones, untuned. The caps from the H100 sweep of 2026-12-06 (1, 4 and 8
-    columns of 4096 x 4096 and 4096 x 12288, timed with programmatic dependent launch on, which favours more slices:
-    Q6_K 3-12% faster in 4 slices than in 8, Q4_K 4096 x 4096 7%), applied untimed to the other models' shapes."""
+    K slices and Q4_K in no more slices than K has steps of 4 blocks. The K-quants from the H200 sweep of 2026-12-04
+    of the q8_K form (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x
+    12288; within 10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it
+    (``tune_matvec.py``); the 32-column tiles are the 16-column ones, untuned. The caps from the H100 sweep of
+    2026-12-06 (1, 4 and 8 columns of 4096 x 4096 and 4096 x 12288, timed with programmatic dependent launch on,
+    which favours more slices: Q6_K 3-12% faster in 4 slices than in 8, Q4_K 4096 x 4096 7%), applied untimed to the
+    other models' shapes."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
     least = 256 if wtype == "q8_0" and M <= 4096 else QUANTIZED_PROGRAMS.get(wtype, 512)
     while blocks * want < least and want < 16:
         want *= 2
-    if blocks >= 64 and K >= 4096 and wtype in ("q4_k", "q6_k"):
-        most = 4 if wtype == "q6_k" else 1 << max((K // (4 * QK_K.value)).bit_length() - 1, 0)
-        want = min(want, most)
+    if blocks >= 64 and K >= 4096:  # the caps: Q6_K's 4 slices, Q4_K's no more slices than steps of 4 blocks
+        want = min(want, 4) if wtype == "q6_k" else _split(K, 4 * QK_K.value, want) if wtype == "q4_k" else want
     return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want))
 
 
