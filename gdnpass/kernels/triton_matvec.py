@@ -326,6 +326,20 @@ def _q6_quants(ql, qh, k: tl.constexpr):
 
 
 @triton.jit
+def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
+    """Q4_K / Q5_K block ``sb``'s scales (``SIZE`` bytes a block) for the rows ``w_row`` (byte offsets): its {d, dmin}
+    and 12 scale bytes as four words, and its activation scale; zeros where not ``on``. The quants feed the dots, so
+    Triton pipelines their loads through shared memory; these feed only the arithmetic after the dots, so
+    :func:`matvec_cols_q` loads them a step ahead itself, or each step would wait a memory round trip for them."""
+    w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+    at = (w_row + sb * SIZE) // 4
+    m = row_mask & on
+    return (tl.load(w32 + at, mask=m, other=0), tl.load(w32 + at + 1, mask=m, other=0),
+            tl.load(w32 + at + 2, mask=m, other=0), tl.load(w32 + at + 3, mask=m, other=0),
+            tl.load(xd + sb * XCOLS, mask=on, other=0.0))
+
+
+@triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, QTYPE: tl.constexpr,
                   COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
@@ -339,8 +353,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group dots times their integer
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
-    f32 step per block: d·dx·Σ - dmin·dx·Σ_min. Returns [BLOCK_M, COLS] f32; the torch reference is
-    :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
+    Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
     word, slot = _x_words(cols, chunk)
@@ -350,6 +364,9 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
     rm = row_mask[:, None]
     acc = tl.zeros([rows.shape[0], COLS], tl.float32)
+    SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
+    if QTYPE == "q4_k" or QTYPE == "q5_k":
+        ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
@@ -364,16 +381,11 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
         else:
-            dx = tl.load(xd + sb * XCOLS)
             isum = tl.zeros([rows.shape[0], COLS], tl.int32)
             if QTYPE == "q4_k" or QTYPE == "q5_k":
-                SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
-                w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+                dm, s0, s1, s2, dx = ahead                               # {d, dmin}, scales[0:4], [4:8], [8:12]
+                ahead = _block_scales(w_ptr, w_row, row_mask, xd, sb + 1, k0 + QK_K < k_hi, SIZE)
                 blk = w_row + sb * SIZE                                  # [BLOCK_M] the block's bytes
-                dm = tl.load(w32 + blk // 4, mask=row_mask, other=0)
-                s0 = tl.load(w32 + blk // 4 + 1, mask=row_mask, other=0)  # scales[0:4], [4:8], [8:12]
-                s1 = tl.load(w32 + blk // 4 + 2, mask=row_mask, other=0)
-                s2 = tl.load(w32 + blk // 4 + 3, mask=row_mask, other=0)
                 if QTYPE == "q5_k":
                     qh = tl.load(w_ptr + blk[:, None] + 16 + e[None, :], mask=rm, other=0)
                 msum = tl.zeros([rows.shape[0], COLS], tl.int32)
@@ -398,6 +410,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 # Each group of 32 has two scales, one a half: its dot is one of 32 columns, the activations' 16
                 # with the second half zeroed interleaved with the 16 with the first half zeroed (column 2c + half),
                 # each scaled by its half's scale; the halves' sums are added once a block (all exact, in int32).
+                dx = tl.load(xd + sb * XCOLS)
                 w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
                 blk = w_row + sb * Q6_K_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
