@@ -415,15 +415,28 @@ def _f16(p, mask):
 
 
 @triton.jit
+def _scales_mins_k4(s0, s1, s2):
+    """get_scale_min_k4 for all 8 sub-blocks of Q4_K / Q5_K blocks at once, their 12 packed scale bytes given as
+    three little-endian int32 words (bytes 0-3, 4-7, 8-11): the 6-bit scales of sub-blocks 0-3 and 4-7 and their
+    mins, each as the 4 bytes of a word (sub-block j in byte j % 4). Bytewise: no bit crosses a byte, so 10
+    operations a block instead of a dozen a sub-block."""
+    sc_lo = s0 & 0x3F3F3F3F                                          # scales[j] & 63
+    m_lo = s1 & 0x3F3F3F3F                                           # scales[j + 4] & 63
+    sc_hi = (s2 & 0x0F0F0F0F) | ((s0 >> 2) & 0x30303030)              # scales[j + 8] & 0xF | (scales[j] >> 6) << 4
+    m_hi = ((s2 >> 4) & 0x0F0F0F0F) | ((s1 >> 2) & 0x30303030)        # scales[j + 8] >> 4 | (scales[j + 4] >> 6) << 4
+    return sc_lo, sc_hi, m_lo, m_hi
+
+
+@triton.jit
+def _byte_of(word, i):
+    """Byte ``i`` (0..3) of the int32 ``word``, as int32 (0..255)."""
+    return (word >> (8 * i)) & 0xFF
+
+
+@triton.jit
 def _scale_min_k4(s0, s1, s2, j):
-    """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of Q4_K / Q5_K blocks, their 12 packed scale bytes
-    given as three little-endian int32 words (bytes 0-3, 4-7, 8-11), elementwise over the words and ``j`` (0..7: a
-    constant or a tensor), as int32."""
-    sh = 8 * (j % 4)
-    a = (s0 >> sh) & 0xFF                                        # scales[j % 4]
-    b = (s1 >> sh) & 0xFF                                        # scales[4 + j % 4]
-    c = (s2 >> sh) & 0xFF                                        # scales[8 + j % 4]
+    """get_scale_min_k4: sub-block ``j``'s 6-bit scale and min of Q4_K / Q5_K blocks (:func:`_scales_mins_k4`),
+    elementwise over the words and ``j`` (0..7: a constant or a tensor), as int32."""
+    sc_lo, sc_hi, m_lo, m_hi = _scales_mins_k4(s0, s1, s2)
     lo = j < 4
-    sc = tl.where(lo, a & 63, (c & 0xF) | ((a >> 6) << 4))
-    m = tl.where(lo, b & 63, (c >> 4) | ((b >> 6) << 4))
-    return sc, m
+    return _byte_of(tl.where(lo, sc_lo, sc_hi), j % 4), _byte_of(tl.where(lo, m_lo, m_hi), j % 4)

@@ -20,8 +20,8 @@ from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_CO
                                     mul_mat_path, pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-                                         QK_K, QTYPES, SUB, _alias_ok, _require, _row_offset, _scale_min_k4, _strides,
-                                         activation_workspace, f16_bits, last_to_arrive, split_workspace,
+                                         QK_K, QTYPES, SUB, _alias_ok, _byte_of, _require, _row_offset, _scales_mins_k4,
+                                         _strides, activation_workspace, f16_bits, last_to_arrive, split_workspace,
                                          wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
@@ -328,15 +328,16 @@ def _q6_quants(ql, qh, k: tl.constexpr):
 @triton.jit
 def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
     """Q4_K / Q5_K block ``sb``'s scales (``SIZE`` bytes a block) for the rows ``w_row`` (byte offsets): its {d, dmin}
-    and 12 scale bytes as four words, and its activation scale; zeros where not ``on``. The quants feed the dots, so
+    as a word, its 8 sub-blocks' scales and mins as bytes of four (:func:`_scales_mins_k4`), and its activation
+    scale; zeros where not ``on``. The quants feed the dots, so
     Triton pipelines their loads through shared memory; these feed only the arithmetic after the dots, so
     :func:`matvec_cols_q` loads them a step ahead itself, or each step would wait a memory round trip for them."""
     w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     at = (w_row + sb * SIZE) // 4
     m = row_mask & on
-    return (tl.load(w32 + at, mask=m, other=0), tl.load(w32 + at + 1, mask=m, other=0),
-            tl.load(w32 + at + 2, mask=m, other=0), tl.load(w32 + at + 3, mask=m, other=0),
-            tl.load(xd + sb * XCOLS, mask=on, other=0.0))
+    scales = _scales_mins_k4(tl.load(w32 + at + 1, mask=m, other=0), tl.load(w32 + at + 2, mask=m, other=0),
+                             tl.load(w32 + at + 3, mask=m, other=0))
+    return tl.load(w32 + at, mask=m, other=0), scales, tl.load(xd + sb * XCOLS, mask=on, other=0.0)
 
 
 @triton.jit
@@ -383,7 +384,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
         else:
             isum = tl.zeros([rows.shape[0], COLS], tl.int32)
             if QTYPE == "q4_k" or QTYPE == "q5_k":
-                dm, s0, s1, s2, dx = ahead                               # {d, dmin}, scales[0:4], [4:8], [8:12]
+                dm, packed, dx = ahead
+                sc_lo, sc_hi, m_lo, m_hi = packed                        # 8 scales, 8 mins: a byte each
                 ahead = _block_scales(w_ptr, w_row, row_mask, xd, sb + 1, k0 + QK_K < k_hi, SIZE)
                 blk = w_row + sb * SIZE                                  # [BLOCK_M] the block's bytes
                 if QTYPE == "q5_k":
@@ -398,7 +400,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                     else:
                         q = _nibbles(qb, j % 2)
                     g = sb * GROUPS_K + j
-                    sc, m = _scale_min_k4(s0, s1, s2, j)
+                    sc = _byte_of(sc_lo if j < 4 else sc_hi, j % 4)
+                    m = _byte_of(m_lo if j < 4 else m_hi, j % 4)
                     isum += sc[:, None] * _group_dot(q, _group_x(ws_ptr, chunk, g, cols))
                     msum += m[:, None] * tl.load(xb + g * XCOLS)[None, :]
                 acc += (f16_bits(dm)[:, None] * dx[None, :]) * isum.to(tl.float32) \
