@@ -562,9 +562,7 @@ class MatVecTile(NamedTuple):
     """One mat-vec launch shape: BLOCK_M weight rows per program, COLS (the padded column count, a constexpr: one
     compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps,
     ``split_k``, the K slices per row block, Triton's pipeline depth ``stages`` (its default, 3, unless tuned) and
-    ``evict``, the weight loads marked evict-first in the L2, and ``regs``, a cap on a thread's registers (ptxas's
-    .maxnreg; 0: ptxas's own count), which decides how many programs an SM holds. Only split_k changes the bytes:
-    the rest is speed.
+    ``evict``, the weight loads marked evict-first in the L2. Only split_k changes the bytes: the rest is speed.
 
     split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
     (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
@@ -583,11 +581,6 @@ class MatVecTile(NamedTuple):
     split_k: int = 1
     stages: int = 3
     evict: bool = False
-    regs: int = 0
-
-    def options(self) -> dict:
-        """The launch's compile options (with :data:`~gdnpass.kernels.triton_core.LAUNCH`'s)."""
-        return {"num_warps": self.warps, "num_stages": self.stages, **({"maxnreg": self.regs} if self.regs else {})}
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
@@ -677,14 +670,10 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
         want *= 2
     if blocks >= 64 and K >= 4096:  # the caps: Q6_K's 4 slices, Q4_K's no more slices than steps of 4 blocks
         want = min(want, 4) if wtype == "q6_k" else _split(K, 4 * QK_K.value, want) if wtype == "q4_k" else want
-    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want),
-                      regs=QUANTIZED_REGS.get(wtype, 0))
+    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want))
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384}  # the programs K is split to reach (the others: 512), but the caps
-# A thread's registers, capped where one more program an SM then fits: 4 of Q4_K's (56 KB of shared memory each;
-# ptxas's own count, 128-138 as the variants come, gave 3 or 4), 3 of Q6_K's (186 without: 2)
-QUANTIZED_REGS = {"q4_k": 128, "q6_k": 168}
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -761,7 +750,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False, **{**LAUNCH, **t.options()})
+        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False,
+        **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 
 def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: tuple) -> torch.Tensor:
@@ -862,7 +852,8 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
         n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, ids, i_s[0], i_s[1], x_chunk,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **{**LAUNCH, **t.options()})
+        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **{**LAUNCH, "num_warps": t.warps,
+                                                                  "num_stages": t.stages})
 
 
 # ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------
