@@ -562,7 +562,9 @@ class MatVecTile(NamedTuple):
     """One mat-vec launch shape: BLOCK_M weight rows per program, COLS (the padded column count, a constexpr: one
     compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps,
     ``split_k``, the K slices per row block, Triton's pipeline depth ``stages`` (its default, 3, unless tuned) and
-    ``evict``, the weight loads marked evict-first in the L2. Only split_k changes the bytes: the rest is speed.
+    ``evict``, the weight loads marked evict-first in the L2, and ``regs``, a cap on a thread's registers (ptxas's
+    .maxnreg; 0: ptxas's own count), which decides how many programs an SM holds. Only split_k changes the bytes:
+    the rest is speed.
 
     split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
     (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
@@ -581,6 +583,11 @@ class MatVecTile(NamedTuple):
     split_k: int = 1
     stages: int = 3
     evict: bool = False
+    regs: int = 0
+
+    def options(self) -> dict:
+        """The launch's compile options (with :data:`~gdnpass.kernels.triton_core.LAUNCH`'s)."""
+        return {"num_warps": self.warps, "num_stages": self.stages, **({"maxnreg": self.regs} if self.regs else {})}
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
@@ -656,13 +663,13 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
     groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q6_K in at most 4
-    K slices and Q4_K in no more slices than K has steps of 4 blocks. The K-quants from the H200 sweep of 2026-12-04
-    of the q8_K form (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x
-    12288; within 10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it
-    (``tune_matvec.py``); the 32-column tiles are the 16-column ones, untuned. The caps from the H100 sweep of
-    2026-12-06 (1, 4 and 8 columns of 4096 x 4096 and 4096 x 12288, timed with programmatic dependent launch on,
-    which favours more slices: Q6_K 3-12% faster in 4 slices than in 8, Q4_K 4096 x 4096 7%), applied untimed to the
-    other models' shapes."""
+    K slices and Q4_K in no more slices than K has steps of 4 blocks; Q4_K's registers capped up to 16 columns
+    (:data:`Q4_K_REGS`). The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a probe of this kernel
+    with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10% of each case's best;
+    docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``); the 32-column tiles are the
+    16-column ones, untuned. The caps from the H100 sweep of 2026-12-06 (1, 4 and 8 columns of 4096 x 4096 and 4096 x
+    12288, timed with programmatic dependent launch on, which favours more slices: Q6_K 3-12% faster in 4 slices
+    than in 8, Q4_K 4096 x 4096 7%), applied untimed to the other models' shapes."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
     least = 256 if wtype == "q8_0" and M <= 4096 else QUANTIZED_PROGRAMS.get(wtype, 512)
@@ -670,10 +677,17 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
         want *= 2
     if blocks >= 64 and K >= 4096:  # the caps: Q6_K's 4 slices, Q4_K's no more slices than steps of 4 blocks
         want = min(want, 4) if wtype == "q6_k" else _split(K, 4 * QK_K.value, want) if wtype == "q4_k" else want
-    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want))
+    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want),
+                      regs=Q4_K_REGS if wtype == "q4_k" and cols <= 16 else 0)
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384}  # the programs K is split to reach (the others: 512), but the caps
+# Q4_K's registers a thread up to 16 columns: 4 programs an SM (56 KB of shared memory each, so 4 at most). Uncapped,
+# ptxas gives the product 128 but MUL_MAT_ADD's residual form 134 and the one-slice lm head 136: 3 an SM, and the
+# down projection's 512 programs then run in 1.3 waves (a 130-register form ran 24% slower: docs/performance.md,
+# sixth session). At 128 the residual form spills 8 bytes; 32 columns (176) and Q6_K (186) would spill far more.
+# tests/kernels/test_occupancy.py holds it, compiled as the launches specialize it.
+Q4_K_REGS = 128
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -750,8 +764,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False,
-        **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
+        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False, **{**LAUNCH, **t.options()})
 
 
 def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: tuple) -> torch.Tensor:
@@ -852,8 +865,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
         n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, ids, i_s[0], i_s[1], x_chunk,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **{**LAUNCH, "num_warps": t.warps,
-                                                                  "num_stages": t.stages})
+        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **{**LAUNCH, **t.options()})
 
 
 # ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------

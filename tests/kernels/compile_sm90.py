@@ -126,7 +126,7 @@ def variants():
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), dict(num_stages=t.stages))
+               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), t.options())
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
@@ -146,8 +146,7 @@ def variants():
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"),
-               dict(num_stages=t.stages))
+               dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16

@@ -1,0 +1,99 @@
+"""Compile a call's Triton launches for sm_90 (the H100 / H200) on a machine without a GPU, each specialized exactly as
+its launch would be (the arguments' pointer alignment and integer divisibility, the launch's options, programmatic
+dependent launch on), and read each binary's registers, stack and shared memory: what decides how many programs an
+SM holds. compile_sm90.py compiles every kernel with uniform hints, so its register counts are not the launch's
+(130-138 there where the H100 ran 128); these are: on 2026-12-06 they matched the H100's counts of the four
+quantized variants timed there (128, 130, 138, 186).
+
+    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the Q4_K mat-vec's production variants, a line each
+
+Run by tests/kernels/test_occupancy.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds
+interpreter objects).
+"""
+
+import contextlib
+import math
+import os
+import re
+import subprocess
+import tempfile
+
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile as triton_compile, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+SM90 = GPUTarget("cuda", 90, 32)
+SM_REGISTERS, SM_SHARED, BLOCK_RESERVED = 65536, 233472, 1024  # an sm_90 SM's register file and shared memory
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def programs_per_sm(regs: int, shared: int, warps: int) -> int:
+    """How many programs of ``warps`` warps an sm_90 SM holds: registers (allocated 256 a warp at a time), shared
+    memory (with the 1 KB the hardware reserves a block), at most 64 warps."""
+    per_warp = math.ceil(regs * 32 / 256) * 256
+    return min(SM_REGISTERS // (per_warp * warps), SM_SHARED // (shared + BLOCK_RESERVED), 64 // warps)
+
+
+def _resources(cubin: bytes) -> tuple[int, int]:
+    """(registers a thread, stack bytes a thread: ptxas's spills) of a cubin, by cuobjdump."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([CUOBJDUMP, "-res-usage", f.name], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return int(m[1]), int(m[2])
+
+
+@contextlib.contextmanager
+def compiled_as_launched():
+    """Inside the block every Triton launch is compiled for sm_90 as it would be specialized, not run; yields the list
+    that collects a (kernel name, constexprs, registers, stack bytes, shared bytes, warps) per launch."""
+    backend, found, run = make_backend(SM90), [], JITFunction.run
+
+    def compile_launch(self, *args, grid, warmup, **kwargs):  # JITFunction.run's own steps, up to the compile
+        kwargs["debug"] = kwargs.get("debug", self.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        bound, spec, options = create_function_from_signature(self.signature, self.params, backend)(*args, **kwargs)
+        options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, spec, options)
+        k = triton_compile(ASTSource(self, signature, constexprs, attrs), target=SM90, options=options.__dict__)
+        names = [p.name for p in self.params]
+        found.append((self.__name__, {names[p[0]]: v for p, v in constexprs.items() if len(p) == 1},
+                      *_resources(k.asm["cubin"]), k.metadata.shared, k.metadata.num_warps))
+
+    JITFunction.run = compile_launch
+    try:
+        yield found
+    finally:
+        JITFunction.run = run
+
+
+def main() -> int:
+    # the GPU the launches are compiled for, as gdnpass sees it when imported (programmatic dependent launch on)
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    from gdnpass.ir import DType
+    from gdnpass.kernels import triton_matvec as mv
+
+    q4_k = DType.parse("q4_k")
+    with compiled_as_launched() as found:
+        # qwen3.5-9b's Q4_K tiles (K split 2, 8, 4, 1: gate/up, down, 4096 x 4096, the lm head), with the residual
+        # form where MUL_MAT_ADD takes them (down, ssm_out)
+        for M, K, residual in ((12288, 4096, False), (4096, 12288, True), (4096, 4096, True), (248320, 4096, False)):
+            w = torch.zeros(1, 1, M, q4_k.row_bytes(K), dtype=torch.uint8)
+            x, y = torch.zeros(1, 1, 4, K), torch.empty(1, 1, 4, M)
+            mv.mul_mat_vec(w, x, y, q4_k)
+            if residual:
+                mv.mul_mat_vec_add(w, x, torch.zeros_like(y), y, q4_k)
+    for name, c, regs, stack, shared, warps in found:
+        if name == "_mul_mat_vec_kernel":
+            print(f"{name} {c['QTYPE']} cols {c['COLS']} split {c['SPLIT_K']} residual {int(c['RESIDUAL'])}: regs "
+                  f"{regs} stack {stack} shared {shared} programs/SM {programs_per_sm(regs, shared, warps)}",
+                  flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
