@@ -46,12 +46,14 @@ def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: s
     cols = 1 << (N - 1).bit_length()
     if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 16), a K-quant block per step,
         # split to fill the GPU (on 2026-12-04 it beat the dp4a form it replaced at every shape and width)
+        # each uncapped and with the production tile's register cap (MatVecTile.regs), if it has one
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
-        for (bm, w), st in itertools.product(forms, (2, 3, 4) if deep else (3,)):
+        caps = sorted({0, mv.mat_vec_tile(M, N, K, wt).regs})
+        for (bm, w), st, regs in itertools.product(forms, (2, 3, 4) if deep else (3,), caps):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
                     if s * 256 <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
-                        yield mv.MatVecTile(bm, max(16, cols), 256, True, w, s, st)
+                        yield mv.MatVecTile(bm, max(16, cols), 256, True, w, s, st, regs=regs)
         return
     dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs

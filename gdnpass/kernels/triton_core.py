@@ -418,7 +418,7 @@ def _f16(p, mask):
 def _scales_mins_k4(s0, s1, s2):
     """get_scale_min_k4 for all 8 sub-blocks of Q4_K / Q5_K blocks at once, their 12 packed scale bytes given as
     three little-endian int32 words (bytes 0-3, 4-7, 8-11): the 6-bit scales of sub-blocks 0-3 and 4-7 and their
-    mins, each as the 4 bytes of a word (sub-block j in byte j % 4). Bytewise: no bit crosses a byte, so 10
+    mins, each as the 4 bytes of a word (sub-block j in byte j % 4). Bytewise: no bit crosses a byte, so 11
     operations a block instead of a dozen a sub-block."""
     sc_lo = s0 & 0x3F3F3F3F                                          # scales[j] & 63
     m_lo = s1 & 0x3F3F3F3F                                           # scales[j + 4] & 63

@@ -329,15 +329,16 @@ def _q6_quants(ql, qh, k: tl.constexpr):
 def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
     """Q4_K / Q5_K block ``sb``'s scales (``SIZE`` bytes a block) for the rows ``w_row`` (byte offsets): its {d, dmin}
     as a word, its 8 sub-blocks' scales and mins as bytes of four (:func:`_scales_mins_k4`), and its activation
-    scale; zeros where not ``on``. The quants feed the dots, so
-    Triton pipelines their loads through shared memory; these feed only the arithmetic after the dots, so
-    :func:`matvec_cols_q` loads them a step ahead itself, or each step would wait a memory round trip for them."""
+    scale; zeros where not ``on``. The quants feed the dots, so Triton pipelines their loads through shared memory.
+    These feed only the arithmetic after the dots, so :func:`matvec_cols_q` loads them a step ahead itself, or each
+    step would wait a memory round trip for them. (The activations' group sums stay in the step: carried too, they
+    took 32 more registers, and the down projection lost a program an SM: docs/performance.md, sixth session.)"""
     w32 = w_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
     at = (w_row + sb * SIZE) // 4
-    m = row_mask & on
-    scales = _scales_mins_k4(tl.load(w32 + at + 1, mask=m, other=0), tl.load(w32 + at + 2, mask=m, other=0),
-                             tl.load(w32 + at + 3, mask=m, other=0))
-    return tl.load(w32 + at, mask=m, other=0), scales, tl.load(xd + sb * XCOLS, mask=on, other=0.0)
+    mask = row_mask & on
+    scales = _scales_mins_k4(tl.load(w32 + at + 1, mask=mask, other=0), tl.load(w32 + at + 2, mask=mask, other=0),
+                             tl.load(w32 + at + 3, mask=mask, other=0))
+    return tl.load(w32 + at, mask=mask, other=0), scales, tl.load(xd + sb * XCOLS, mask=on, other=0.0)
 
 
 @triton.jit
@@ -365,7 +366,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
     rm = row_mask[:, None]
     acc = tl.zeros([rows.shape[0], COLS], tl.float32)
-    SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES
+    SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES  # (read by Q4_K and Q5_K only)
     if QTYPE == "q4_k" or QTYPE == "q5_k":
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     for k0 in range(k_lo, k_hi, QK_K):
@@ -682,6 +683,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384}  # the programs K is split to reach (the others: 512), but the caps
+
 # Q4_K's registers a thread up to 16 columns: 4 programs an SM (56 KB of shared memory each, so 4 at most). Uncapped,
 # ptxas gives the product 128 but MUL_MAT_ADD's residual form 134 and the one-slice lm head 136: 3 an SM, and the
 # down projection's 512 programs then run in 1.3 waves (a 130-register form ran 24% slower: docs/performance.md,

@@ -43,8 +43,8 @@ SM90_SHARED = 232448  # bytes of shared memory one program may have on sm_90 (22
 def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs: dict | None = None,
                  options: dict | None = None):
     """One variant: pointers f32 (i32 for indices; ``ptrs`` overrides by name), ``eps``/``scale`` f32, other scalars
-    i32; ``options`` adds launch options (num_stages) as the launcher passes them. Refuses a variant that needs more
-    shared memory than an sm_90 program may have."""
+    i32; ``options`` adds launch options (num_stages, maxnreg) as the launcher passes them. Refuses a variant that
+    needs more shared memory than an sm_90 program may have."""
     def kind(name):
         if name in constexprs:
             return "constexpr"

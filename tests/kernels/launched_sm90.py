@@ -5,13 +5,14 @@ SM holds. compile_sm90.py compiles every kernel with uniform hints, so its regis
 (130-138 there where the H100 ran 128); these are: on 2026-12-06 they matched the H100's counts of the four
 quantized variants timed there (128, 130, 138, 186).
 
-    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the Q4_K mat-vec's production variants, a line each
+    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the Q4_K mat-vec's production variants, a JSON line each
 
 Run by tests/kernels/test_occupancy.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds
 interpreter objects).
 """
 
 import contextlib
+import json
 import math
 import os
 import re
@@ -27,14 +28,16 @@ from triton.runtime.jit import JITFunction, create_function_from_signature
 
 SM90 = GPUTarget("cuda", 90, 32)
 SM_REGISTERS, SM_SHARED, BLOCK_RESERVED = 65536, 233472, 1024  # an sm_90 SM's register file and shared memory
+TRITON = "3.6"  # the version whose launch steps compile_launch repeats (JITFunction.run's, private API)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
 def programs_per_sm(regs: int, shared: int, warps: int) -> int:
     """How many programs of ``warps`` warps an sm_90 SM holds: registers (allocated 256 a warp at a time), shared
-    memory (with the 1 KB the hardware reserves a block), at most 64 warps."""
+    memory (with the 1 KB the hardware reserves a block), at most 64 warps and 32 programs. Exact for programs of 4
+    warps or a multiple (the mat-vec's); fewer may fit less, the register file being split in four quarters."""
     per_warp = math.ceil(regs * 32 / 256) * 256
-    return min(SM_REGISTERS // (per_warp * warps), SM_SHARED // (shared + BLOCK_RESERVED), 64 // warps)
+    return min(SM_REGISTERS // (per_warp * warps), SM_SHARED // (shared + BLOCK_RESERVED), 64 // warps, 32)
 
 
 def _resources(cubin: bytes) -> tuple[int, int]:
@@ -71,6 +74,8 @@ def compiled_as_launched():
 
 
 def main() -> int:
+    if not triton.__version__.startswith(TRITON):
+        raise SystemExit(f"launched_sm90.py: written against Triton {TRITON}'s launch steps, found {triton.__version__}")
     # the GPU the launches are compiled for, as gdnpass sees it when imported (programmatic dependent launch on)
     torch.cuda.is_available = lambda: True
     torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
@@ -80,18 +85,21 @@ def main() -> int:
     q4_k = DType.parse("q4_k")
     with compiled_as_launched() as found:
         # qwen3.5-9b's Q4_K tiles (K split 2, 8, 4, 1: gate/up, down, 4096 x 4096, the lm head), with the residual
-        # form where MUL_MAT_ADD takes them (down, ssm_out)
+        # form where MUL_MAT_ADD takes them (down, ssm_out); then MUL_MAT_ID at the 35B-A3B experts' down shape
         for M, K, residual in ((12288, 4096, False), (4096, 12288, True), (4096, 4096, True), (248320, 4096, False)):
-            w = torch.zeros(1, 1, M, q4_k.row_bytes(K), dtype=torch.uint8)
+            w = torch.empty(1, 1, M, q4_k.row_bytes(K), dtype=torch.uint8)  # (compiled, never read)
             x, y = torch.zeros(1, 1, 4, K), torch.empty(1, 1, 4, M)
             mv.mul_mat_vec(w, x, y, q4_k)
             if residual:
                 mv.mul_mat_vec_add(w, x, torch.zeros_like(y), y, q4_k)
+        experts, M, K = 8, 2048, 512
+        mv.mul_mat_id(torch.empty(1, experts, M, q4_k.row_bytes(K), dtype=torch.uint8), torch.zeros(1, 4, 2, K),
+                      torch.zeros(1, 1, 4, 2, dtype=torch.int32), torch.empty(1, 4, 2, M), q4_k)
     for name, c, regs, stack, shared, warps in found:
         if name == "_mul_mat_vec_kernel":
-            print(f"{name} {c['QTYPE']} cols {c['COLS']} split {c['SPLIT_K']} residual {int(c['RESIDUAL'])}: regs "
-                  f"{regs} stack {stack} shared {shared} programs/SM {programs_per_sm(regs, shared, warps)}",
-                  flush=True)
+            print(json.dumps(dict(qtype=c["QTYPE"], cols=c["COLS"], split=c["SPLIT_K"], residual=c["RESIDUAL"],
+                                  ids=c["IDS"], regs=regs, stack=stack, shared=shared,
+                                  programs=programs_per_sm(regs, shared, warps))), flush=True)
     return 0
 
 

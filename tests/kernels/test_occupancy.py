@@ -2,10 +2,10 @@
 the quantized mat-vec it decides the time: a Q4_K form with 130 registers held 3 programs an SM where 128 held 4, and
 its 512-program down projection ran 24% slower on the H100 (docs/performance.md, 2026-12-06, sixth session). Compiled
 on the CPU exactly as the launches specialize them (launched_sm90.py), the Q4_K production variants, MUL_MAT_ADD's
-residual form among them, must hold 4 (triton_matvec.Q4_K_REGS)."""
+residual form and MUL_MAT_ID's among them, must hold 4 (triton_matvec.Q4_K_REGS)."""
 
+import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,10 +23,7 @@ def _launched() -> list[dict]:
     r = subprocess.run([sys.executable, "tests/kernels/launched_sm90.py"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    pattern = (r"_mul_mat_vec_kernel (\w+) cols (\d+) split (\d+) residual (\d): regs (\d+) stack (\d+) shared (\d+) "
-               r"programs/SM (\d+)")
-    keys = ("qtype", "cols", "split", "residual", "regs", "stack", "shared", "programs")
-    return [dict(zip(keys, (m[1], *map(int, m.groups()[1:])))) for m in re.finditer(pattern, r.stdout)]
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 
 
 def test_programs_per_sm_counts_registers_by_the_warp_and_shared_memory_by_the_block():
@@ -40,8 +37,10 @@ def test_programs_per_sm_counts_registers_by_the_warp_and_shared_memory_by_the_b
 @pytest.mark.slow
 def test_q4_k_mat_vec_variants_hold_four_programs_an_sm():
     found = _launched()
-    # the 9B's Q4_K tiles (K split 1, 2, 4, 8) and the residual form of two of them
-    assert {(v["split"], v["residual"]) for v in found} == {(2, 0), (8, 0), (8, 1), (4, 0), (4, 1), (1, 0)}, found
+    # the 9B's Q4_K tiles (K split 1, 2, 4, 8), the residual form of two of them, MUL_MAT_ID's (split 2)
+    assert {(v["split"], v["residual"], v["ids"]) for v in found} == {
+        (2, False, False), (8, False, False), (8, True, False), (4, False, False), (4, True, False),
+        (1, False, False), (2, False, True)}, found
     for v in found:
         assert v["qtype"] == "q4_k" and v["cols"] == 16, v
         assert v["programs"] >= 4, f"{v}: fewer than 4 programs an SM (the cap, triton_matvec.Q4_K_REGS)"
