@@ -40,14 +40,15 @@ bf16 bytes (f32 at half the heads, C 5120) at its points.
 Part 11 (issue 36): the MoE table, qwen3.5-35b-a3b's first 8 layers at full width, ours off / on next to upstream
 on one file, the chosen experts' bytes over the MUL_MAT_IDs' time (``bench.py --only whole,upstream --model
 qwen3.5-35b-a3b --layers 8``; carry ``.llama-src``).
-Part 13 (issue 34): the quantized mat-vec of 4a8be37 and of the working tree, each output's bytes hashed, then one
-32-column launch against two of 16 (``probe_quant.py``; carry ``.ab``, made as the step's comment says).
+Part 13 (issue 34): the quantized mat-vec of e91a2a0 (before the Q4_K register cap) and of the working tree, each
+output's bytes hashed, then one 32-column launch against two of 16 (``probe_quant.py``; carry ``.ab``, made as the
+step's comment says).
 Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and checked at the 9B's shapes
 (``tests/kernels/test_gemm.py -m gpu``), then its tile sweep next to the torch reference it replaced and cuBLAS
 (``tune_gemm.py``); then part 9 again, for tokens/s at 8 and 32 sequences.
 Part 14 (issue 34): the whole 9B verify with all-Q4_K and all-Q6_K weights, fusion on with and without
 MUL_MAT_ADD (``bench.py --only whole --wtype W --without mul_mat_add``): whether its residual form pays on quantized
-weights.
+weights; Q4_K also at e91a2a0 (``.ab``, as part 13), before the register cap that gives it 4 programs an SM.
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

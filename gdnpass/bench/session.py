@@ -16,6 +16,12 @@ from pathlib import Path
 from gdnpass.patterns import REGISTRY
 
 PY = sys.executable
+BASE = ".ab/e91a2a0"  # parts 13 and 14's A/B: the package before the Q4_K register cap (3e590c0), carried
+
+
+def _at(package: str, script: str, *args: str) -> list[str]:
+    """A benchmark script run with ``package``'s gdnpass first on the path (``.``: the working tree's)."""
+    return ["env", f"PYTHONPATH={package}:{os.environ.get('PYTHONPATH', '')}", PY, script, *args]
 
 
 def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
@@ -134,23 +140,22 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 13:
         return [
-            # issue 34: the quantized mat-vec, 4a8be37's package (made here with `mkdir -p .ab/4a8be37 && git
-            # archive 4a8be37 gdnpass | tar -x -C .ab/4a8be37`, carried) then the working tree's, each output's bytes
-            # hashed; then one 32-column launch against two of 16 (2026-12-06, H100: 75 s in all)
-            *((f"probe-quant-{tag}", ["env", f"PYTHONPATH={path}:{os.environ.get('PYTHONPATH', '')}", PY,
-                                      "benchmarks/probe_quant.py", "--qtypes", "q6_k,q4_k"], 90)
-              for tag, path in (("base", ".ab/4a8be37"), ("tree", "."))),
+            # issue 34: the quantized mat-vec, e91a2a0's package (no register cap; made here with `mkdir -p
+            # .ab/e91a2a0 && git archive e91a2a0 gdnpass | tar -x -C .ab/e91a2a0`, carried) then the working tree's,
+            # each output's bytes hashed; then one 32-column launch against two of 16 (2026-12-06, H100: 75 s in all)
+            *((f"probe-quant-{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q4_k,q6_k"), 90)
+              for tag, path in (("base", BASE), ("tree", "."))),
             ("probe-quant-32", [PY, "benchmarks/probe_quant.py", "--qtypes", "q4_k,q6_k,q8_0", "--cols32"], 60),
         ]
     if part == 14:
         return [
             # issue 34: does MUL_MAT_ADD pay on quantized weights? The whole 9B verify with all-Q4_K and all-Q6_K
-            # weights, fusion on with and without it in one run each (per op it measured ~3 us a layer slower than
-            # the product plus the unfused ADD; compiled with the launch's hints, the residual variant's SASS loop
-            # and registers are the product's, on the CPU)
-            *((f"whole-{w}-mma", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w, "--without",
-                                  "mul_mat_add", "--json", str(out / f"whole-{w}-mma.json")], 150)
-              for w in ("q4_k", "q6_k")),
+            # weights, fusion on with and without it in one run each; Q4_K also at e91a2a0, before the register cap
+            # (as part 13 makes .ab/e91a2a0): the residual form there takes 134 registers, 3 programs an SM, and
+            # ran the down projection 21-26% slower than the product and its ADD (2026-12-06, sixth session)
+            *((f"whole-{w}-mma{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w,
+                                          "--without", "mul_mat_add", "--json", str(out / f"whole-{w}-mma{tag}.json")),
+               150) for w, tag, path in (("q4_k", "", "."), ("q4_k", "-base", BASE), ("q6_k", "", "."))),
         ]
     if part == 3:
         return [
