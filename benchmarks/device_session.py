@@ -40,9 +40,9 @@ bf16 bytes (f32 at half the heads, C 5120) at its points.
 Part 11 (issue 36): the MoE table, qwen3.5-35b-a3b's first 8 layers at full width, ours off / on next to upstream
 on one file, the chosen experts' bytes over the MUL_MAT_IDs' time (``bench.py --only whole,upstream --model
 qwen3.5-35b-a3b --layers 8``; carry ``.llama-src``).
-Part 13 (issue 34): the quantized mat-vec of e91a2a0 (before the Q4_K register cap) and of the working tree, each
-output's bytes hashed, then one 32-column launch against two of 16 (``probe_quant.py``; carry ``.ab``, made as the
-step's comment says).
+Part 13 (issues 34, 32): the quantized mat-vec of e91a2a0 (before the Q4_K register cap and the pair's one code
+path) and of the working tree, each output's bytes hashed, then one 32-column launch against two of 16
+(``probe_quant.py``; carry ``.ab``, made as the step's comment says); the whole bf16 9B verify of both.
 Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and checked at the 9B's shapes
 (``tests/kernels/test_gemm.py -m gpu``), then its tile sweep next to the torch reference it replaced and cuBLAS
 (``tune_gemm.py``); then part 9 again, for tokens/s at 8 and 32 sequences.

@@ -145,6 +145,11 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # each output's bytes hashed; then one 32-column launch against two of 16 (2026-12-06, H100: 75 s in all)
             *((f"probe-quant-{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q4_k,q6_k"), 90)
               for tag, path in (("base", BASE), ("tree", "."))),
+            # issue 32: the whole bf16 9B verify, the tree and e91a2a0 (before the pair's one code path, which halved
+            # every mat-vec's shared memory: the T = 4 products from 1 to 2 programs an SM, untimed)
+            *((f"whole-bf16{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
+                                       str(out / f"whole-bf16{tag}.json")), 110)
+              for tag, path in (("", "."), ("-base", BASE))),
             ("probe-quant-32", [PY, "benchmarks/probe_quant.py", "--qtypes", "q4_k,q6_k,q8_0", "--cols32"], 60),
         ]
     if part == 14:

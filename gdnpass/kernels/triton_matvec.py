@@ -549,14 +549,14 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
-    if product == 0:
-        _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
-                 EVICT, RESIDUAL, QTYPE)
-    else:  # the pair's second product
-        _mat_vec(w2_ptr + w_off, y2_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
-                 EVICT, False, QTYPE)
+    # one code path for both products of a pair, their pointers selected (two calls, one a branch, made two copies of
+    # the loop and of its pipeline buffers: twice the shared memory, which capped the programs an SM; a residual
+    # launch is a single product, so product is 0 there)
+    w_sel = tl.where(product == 0, w_ptr, w2_ptr)
+    y_sel = tl.where(product == 0, y_ptr, y2_ptr)
+    _mat_vec(w_sel + w_off, y_sel + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
+             EVICT, RESIDUAL, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -684,11 +684,11 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384}  # the programs K is split to reach (the others: 512), but the caps
 
-# Q4_K's registers a thread up to 16 columns: 4 programs an SM (56 KB of shared memory each, so 4 at most). Uncapped,
-# ptxas gives the product 128 but MUL_MAT_ADD's residual form 134 and the one-slice lm head 136: 3 an SM, and the
-# down projection's 512 programs then run in 1.3 waves (a 130-register form ran 24% slower: docs/performance.md,
-# sixth session). At 128 the residual form spills 8 bytes; 32 columns (176) and Q6_K (186) would spill far more.
-# tests/kernels/test_occupancy.py holds it, compiled as the launches specialize it.
+# Q4_K's registers a thread up to 16 columns: 4 programs an SM. Uncapped, ptxas gives the product and MUL_MAT_ADD's
+# residual form 128 but the one-slice lm head 129 and MUL_MAT_ID's 136: 3 an SM (a 130-register form ran its
+# 512-program down projection 24% slower, in 1.3 waves: docs/performance.md, sixth session). At 128 nothing spills;
+# 32 columns (176) and Q6_K (186) would spill. tests/kernels/test_occupancy.py holds it, compiled as the launches
+# specialize it.
 Q4_K_REGS = 128
 
 

@@ -14,7 +14,8 @@ import pytest
 from kernels.launched_sm90 import programs_per_sm  # (tests/ is on the path: pyproject's pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
-SPILL_BYTES = 8  # what the register cap costs the residual form's epilogue (ptxas's stack, 2026-12-06)
+SPILL_BYTES = 0  # the register cap spills nothing (ptxas's stack; 8 bytes in the residual form before the pair's
+# two products shared one code path, 2026-12-06)
 
 
 def _launched() -> list[dict]:
@@ -44,4 +45,4 @@ def test_q4_k_mat_vec_variants_hold_four_programs_an_sm():
     for v in found:
         assert v["qtype"] == "q4_k" and v["cols"] == 16, v
         assert v["programs"] >= 4, f"{v}: fewer than 4 programs an SM (the cap, triton_matvec.Q4_K_REGS)"
-        assert v["stack"] <= SPILL_BYTES, f"{v}: the register cap now spills more than {SPILL_BYTES} bytes"
+        assert v["stack"] <= SPILL_BYTES, f"{v}: the register cap now spills ({v['stack']} bytes)"
