@@ -549,12 +549,10 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
-    # one code path for both products of a pair, their pointers selected (two calls, one a branch, made two copies of
-    # the loop and of its pipeline buffers: twice the shared memory, which capped the programs an SM; a residual
-    # launch is a single product, so product is 0 there)
-    w_sel = tl.where(product == 0, w_ptr, w2_ptr)
-    y_sel = tl.where(product == 0, y_ptr, y2_ptr)
-    _mat_vec(w_sel + w_off, y_sel + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+    if product == 1:  # the pair's second product: its pointers into the one call (as the GEMM's: two calls, one in a
+        w_ptr = w2_ptr    # branch, inlined the loop twice with its own pipeline buffers, twice the shared memory,
+        y_ptr = y2_ptr    # which capped the programs an SM; a residual launch is a single product)
+    _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
              EVICT, RESIDUAL, QTYPE)
 
