@@ -661,33 +661,38 @@ _QUANTIZED = frozenset(QTYPES.values())
 def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
     groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
-    launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q6_K in at most 4
-    K slices and Q4_K in no more slices than K has steps of 4 blocks; Q4_K's registers capped up to 16 columns
-    (:data:`Q4_K_REGS`). The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a probe of this kernel
-    with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10% of each case's best;
-    docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``); the 32-column tiles are the
-    16-column ones, untuned. The caps from the H100 sweep of 2026-12-06 (1, 4 and 8 columns of 4096 x 4096 and 4096 x
-    12288, timed with programmatic dependent launch on, which favours more slices: Q6_K 3-12% faster in 4 slices
-    than in 8, Q4_K 4096 x 4096 7%), applied untimed to the other models' shapes."""
+    launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
+    slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
+    only where the launch has more programs than it splits K to reach. The K-quants from the H200 sweep of 2026-12-04
+    of the q8_K form (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x
+    12288; within 10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it
+    (``tune_matvec.py``); the 32-column tiles are the 16-column ones, untuned. Q4_K's K-split cap from the H100 sweep
+    of 2026-12-06 (sixth session); the register caps and Q6_K's split from the H100 sweep of the seventh (4 and 8
+    columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096 x 12288: each type at its best tile or within 3.5%
+    of it), applied untimed to the other models' shapes."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
     least = 256 if wtype == "q8_0" and M <= 4096 else QUANTIZED_PROGRAMS.get(wtype, 512)
     while blocks * want < least and want < 16:
         want *= 2
-    if blocks >= 64 and K >= 4096:  # the caps: Q6_K's 4 slices, Q4_K's no more slices than steps of 4 blocks
-        want = min(want, 4) if wtype == "q6_k" else _split(K, 4 * QK_K.value, want) if wtype == "q4_k" else want
-    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, _split(K, QK_K.value, want),
-                      regs=Q4_K_REGS if wtype == "q4_k" and cols <= 16 else 0)
+    if blocks >= 64 and K >= 4096 and wtype == "q4_k":  # no more slices than K has steps of 4 blocks
+        want = _split(K, 4 * QK_K.value, want)
+    split = _split(K, QK_K.value, want)
+    capped = cols <= 16 and (wtype != "q6_k" or blocks * split > QUANTIZED_PROGRAMS["q6_k"])
+    return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, split,
+                      regs=QUANT_REGS.get(wtype, 0) if capped else 0)
 
 
-QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384}  # the programs K is split to reach (the others: 512), but the caps
+QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach (the others: 512)
 
-# Q4_K's registers a thread up to 16 columns: 4 programs an SM. Uncapped, ptxas gives the product and MUL_MAT_ADD's
-# residual form 128 but the one-slice lm head 129 and MUL_MAT_ID's 136: 3 an SM (a 130-register form ran its
-# 512-program down projection 24% slower, in 1.3 waves: docs/performance.md, sixth session). At 128 nothing spills;
-# 32 columns (176) and Q6_K (186) would spill. tests/kernels/test_occupancy.py holds it, compiled as the launches
-# specialize it.
-Q4_K_REGS = 128
+# The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds: Q4_K and Q5_K 128 (4
+# programs; uncapped Q5_K takes 136 and Q4_K up to 136 in some forms: 3), Q6_K 168 (3, at 8-16 bytes of spill;
+# uncapped 200: 2). A 130-register Q4_K ran its 512-program down projection 24% slower, in 1.3 waves (sixth
+# session); Q5_K capped ran 5-20% faster, Q6_K 18-19% at 12288 rows and the lm head, but 2-4% slower in launches of
+# 256 programs or fewer, which fill no SM past 2 (so Q6_K's cap waits for more: _quantized_tile; docs/performance.md,
+# seventh session). 32 columns (176 registers) would spill. tests/kernels/test_occupancy.py holds the programs,
+# compiled as the launches specialize them.
+QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168}
 
 
 def _split(K: int, block_k: int, want: int) -> int:

@@ -5,7 +5,7 @@ SM holds. compile_sm90.py compiles every kernel with uniform hints, so its regis
 (130-138 there where the H100 ran 128); these are: on 2026-12-06 they matched the H100's counts of the four
 quantized variants timed there (128, 130, 138, 186).
 
-    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the Q4_K mat-vec's production variants, a JSON line each
+    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the K-quant mat-vecs' production variants, a JSON line each
 
 Run by tests/kernels/test_occupancy.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds
 interpreter objects).
@@ -82,24 +82,32 @@ def main() -> int:
     from gdnpass.ir import DType
     from gdnpass.kernels import triton_matvec as mv
 
-    q4_k = DType.parse("q4_k")
+    shapes = []  # (M, K) of each mat-vec launch, in order
     with compiled_as_launched() as found:
-        # qwen3.5-9b's Q4_K tiles (K split 2, 8, 4, 1: gate/up, down, 4096 x 4096, the lm head), with the residual
-        # form where MUL_MAT_ADD takes them (down, ssm_out); then MUL_MAT_ID at the 35B-A3B experts' down shape
-        for M, K, residual in ((12288, 4096, False), (4096, 12288, True), (4096, 4096, True), (248320, 4096, False)):
-            w = torch.empty(1, 1, M, q4_k.row_bytes(K), dtype=torch.uint8)  # (compiled, never read)
-            x, y = torch.zeros(1, 1, 4, K), torch.empty(1, 1, 4, M)
-            mv.mul_mat_vec(w, x, y, q4_k)
-            if residual:
-                mv.mul_mat_vec_add(w, x, torch.zeros_like(y), y, q4_k)
-        experts, M, K = 8, 2048, 512
+        for qtype in ("q4_k", "q5_k", "q6_k"):
+            wt = DType.parse(qtype)
+            # qwen3.5-9b's tiles (gate/up, down, 4096 x 4096, the lm head), with the residual form where MUL_MAT_ADD
+            # takes them (down, ssm_out)
+            for M, K, residual in ((12288, 4096, False), (4096, 12288, True), (4096, 4096, True),
+                                   (248320, 4096, False)):
+                w = torch.empty(1, 1, M, wt.row_bytes(K), dtype=torch.uint8)  # (compiled, never read)
+                x, y = torch.zeros(1, 1, 4, K), torch.empty(1, 1, 4, M)
+                mv.mul_mat_vec(w, x, y, wt)
+                shapes.append((M, K))
+                if residual:
+                    mv.mul_mat_vec_add(w, x, torch.zeros_like(y), y, wt)
+                    shapes.append((M, K))
+        # MUL_MAT_ID at the 35B-A3B experts' down shape
+        q4_k, experts, M, K = DType.parse("q4_k"), 8, 2048, 512
         mv.mul_mat_id(torch.empty(1, experts, M, q4_k.row_bytes(K), dtype=torch.uint8), torch.zeros(1, 4, 2, K),
                       torch.zeros(1, 1, 4, 2, dtype=torch.int32), torch.empty(1, 4, 2, M), q4_k)
-    for name, c, regs, stack, shared, warps in found:
-        if name == "_mul_mat_vec_kernel":
-            print(json.dumps(dict(qtype=c["QTYPE"], cols=c["COLS"], split=c["SPLIT_K"], residual=c["RESIDUAL"],
-                                  ids=c["IDS"], regs=regs, stack=stack, shared=shared,
-                                  programs=programs_per_sm(regs, shared, warps))), flush=True)
+        shapes.append((M, K))
+    launches = [f for f in found if f[0] == "_mul_mat_vec_kernel"]
+    assert len(launches) == len(shapes), (len(launches), len(shapes))
+    for (M, K), (name, c, regs, stack, shared, warps) in zip(shapes, launches):
+        print(json.dumps(dict(qtype=c["QTYPE"], M=M, K=K, cols=c["COLS"], split=c["SPLIT_K"], residual=c["RESIDUAL"],
+                              ids=c["IDS"], regs=regs, stack=stack, shared=shared,
+                              programs=programs_per_sm(regs, shared, warps))), flush=True)
     return 0
 
 
