@@ -301,6 +301,10 @@ def main() -> int:
                 if "by_op" in r[name]:
                     print(f"\nT={r['T']} fusion {name}: kernels by op (count, us): " +
                           "; ".join(f"{g['kernel']} {g['count']} {g['us']:.0f}" for g in r[name]["by_op"][:24]))
+                if "prepass" in r[name]:
+                    pp = r[name]["prepass"]
+                    print(f"T={r['T']} fusion {name}: the quantized products' activation pre-passes (in the lines "
+                          f"above): {pp['kernels']} kernels, {pp['kernel_us']:.0f} us", flush=True)
 
     if prepared is not None and want("upstream"):
         install, gguf = prepared.result()

@@ -76,7 +76,15 @@ def forward_kernels(g, ex: Executor) -> dict:
             res[kind] = dict(kernels=len(d), kernel_us=sum(d))
         res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
         res["by_op"] = upstream.kernel_totals(list(zip(nodes, ks)), group=kernel_group)
+    if any(w.type.is_quantized for n in g.nodes for w in product_weights(n)):
+        # the quantized products' activation pre-passes (counted in their ops' lines above), apart: the launches
+        # a pre-pass shared by the products of one activation, or made by its producer, would save
+        pre_us, pre = kernel_us(ex.run, reps=3, only=PREPASS_KERNEL)
+        res["prepass"] = dict(kernels=len(pre), kernel_us=pre_us)
     return res
+
+
+PREPASS_KERNEL = "_quantize_x"  # the pre-passes' kernel names start so (triton_matvec.quantize_activations)
 
 
 def kernel_group(n) -> str:
