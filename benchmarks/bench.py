@@ -303,8 +303,8 @@ def main() -> int:
                           "; ".join(f"{g['kernel']} {g['count']} {g['us']:.0f}" for g in r[name]["by_op"][:24]))
                 if "prepass" in r[name]:
                     pp = r[name]["prepass"]
-                    print(f"T={r['T']} fusion {name}: the quantized products' activation pre-passes (in the lines "
-                          f"above): {pp['kernels']} kernels, {pp['kernel_us']:.0f} us", flush=True)
+                    print(f"T={r['T']} fusion {name}: the quantized products' activation pre-passes (their ops' "
+                          f"time includes them): {pp['kernels']} kernels, {pp['kernel_us']:.0f} us", flush=True)
 
     if prepared is not None and want("upstream"):
         install, gguf = prepared.result()

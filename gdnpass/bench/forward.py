@@ -16,6 +16,7 @@ from gdnpass.bench.timing import kernel_us, node_runner
 from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
 from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch
+from gdnpass.kernels.triton_matvec import PRE_PASS_NAME
 from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.hparams import ModelShape
 from gdnpass.models.fill import fill
@@ -76,15 +77,13 @@ def forward_kernels(g, ex: Executor) -> dict:
             res[kind] = dict(kernels=len(d), kernel_us=sum(d))
         res["chain"] = upstream.chain_table([(node_class(n), t) for n, t in zip(nodes, ks)])
         res["by_op"] = upstream.kernel_totals(list(zip(nodes, ks)), group=kernel_group)
-    if any(w.type.is_quantized for n in g.nodes for w in product_weights(n)):
-        # the quantized products' activation pre-passes (counted in their ops' lines above), apart: the launches
-        # a pre-pass shared by the products of one activation, or made by its producer, would save
-        pre_us, pre = kernel_us(ex.run, reps=3, only=PREPASS_KERNEL)
+    if any(w.type.is_quantized for n in g.nodes for w in product_weights(n)) or \
+            any(n.op is Op.MUL_MAT_ID and n.src[0].type.is_quantized for n in g.nodes):
+        # the quantized products' activation pre-passes (counted in their ops' lines too), apart: at most what one
+        # pre-pass shared by the products of an activation, or made by its producer, could save
+        pre_us, pre = kernel_us(ex.run, reps=3, only=PRE_PASS_NAME)
         res["prepass"] = dict(kernels=len(pre), kernel_us=pre_us)
     return res
-
-
-PREPASS_KERNEL = "_quantize_x"  # the pre-passes' kernel names start so (triton_matvec.quantize_activations)
 
 
 def kernel_group(n) -> str:

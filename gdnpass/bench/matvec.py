@@ -164,7 +164,7 @@ def bench_mat_vec(models: list[str], cols: list[int], ceil: Ceilings) -> list[di
                     row = dict(model=model, wtype=WNAMES[wt], names=p.names, pair=p.pair, M=p.M, K=p.K, cols=n,
                                bytes=nbytes, us=us, cublas_us=cublas, read_us=pure, GBps=nbytes / (us * 1e3),
                                share=nbytes / (us * 1e3) / ceil.read_GBps, target=target_share(wbytes // n_w),
-                               tile=mv.mat_vec_tile(p.M, n, p.K, WNAMES[wt]))
+                               tile=mv.mat_vec_tile(p.M, n, p.K, WNAMES[wt], n_w))
                     try:
                         row["floor_us"] = ceil.floor_us(nbytes)
                         row["met"] = row["share"] >= row["target"]
@@ -213,7 +213,7 @@ def bench_quantized(model: str, cols: list[int], ceil: Ceilings) -> list[dict]:
                 nbytes = wbytes + n * p.K * 4 + n_w * n * p.M * 4
                 out.append(dict(model=model, wtype=dtype.label, names=p.names, M=p.M, K=p.K, cols=n, bytes=nbytes,
                                 us=us, bf16_us=bf16_us, share=nbytes / (us * 1e3) / ceil.read_GBps,
-                                tile=mv.mat_vec_tile(p.M, n, p.K, dtype.label)))
+                                tile=mv.mat_vec_tile(p.M, n, p.K, dtype.label, n_w)))
             del ws
         del bf16
     return out

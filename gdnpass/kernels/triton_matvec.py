@@ -589,10 +589,11 @@ class MatVecTile(NamedTuple):
         return {"num_warps": self.warps, "num_stages": self.stages, **({"maxnreg": self.regs} if self.regs else {})}
 
 
-def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
+def mat_vec_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16" or a block type's label)
-    weights: a function of the shape and type alone, so both products of a pair (one launch, one tile) are
-    byte-identical to their single mat-vecs. Block types: :func:`_quantized_tile`.
+    weights: its bytes a function of the shape and type alone, so both products of a pair (one launch, one tile) are
+    byte-identical to their single mat-vecs. ``products``: how many the launch runs (a pair's 2, MUL_MAT_ID's slots x
+    tokens), which only a block type's register cap reads (:func:`_quantized_tile`), never the bytes.
 
     Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
     outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
@@ -609,7 +610,7 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
     pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if wtype in _QUANTIZED:
-        return _quantized_tile(M, cols, K, wtype)
+        return _quantized_tile(M, cols, K, wtype, products)
     if M <= 256:
         if cols >= 8:
             return MatVecTile(2, cols, 512, False, 4, _split(K, 512, 8))
@@ -658,12 +659,13 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str) -> MatVecTile:
 _QUANTIZED = frozenset(QTYPES.values())
 
 
-def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
+def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 16, or 32 beyond): a K-quant block (8
     groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
     slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
-    only where the launch has more programs than it splits K to reach. The K-quants from the H200 sweep of 2026-12-04
+    only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the
+    cap changes no byte. The K-quants from the H200 sweep of 2026-12-04
     of the q8_K form (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x
     12288; within 10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it
     (``tune_matvec.py``); the 32-column tiles are the 16-column ones, untuned. Q4_K's K-split cap from the H100 sweep
@@ -678,21 +680,21 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str) -> MatVecTile:
     if blocks >= 64 and K >= 4096 and wtype == "q4_k":  # no more slices than K has steps of 4 blocks
         want = _split(K, 4 * QK_K.value, want)
     split = _split(K, QK_K.value, want)
-    capped = cols <= 16 and (wtype != "q6_k" or blocks * split > QUANTIZED_PROGRAMS["q6_k"])
+    capped = cols <= 16 and (wtype != "q6_k" or blocks * split * products > Q6_K_CAPPED_PAST)
     return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, split,
                       regs=QUANT_REGS.get(wtype, 0) if capped else 0)
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach (the others: 512)
 
-# The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds: Q4_K and Q5_K 128 (4
-# programs; uncapped Q5_K takes 136 and Q4_K up to 136 in some forms: 3), Q6_K 168 (3, at 8-16 bytes of spill;
-# uncapped 200: 2). A 130-register Q4_K ran its 512-program down projection 24% slower, in 1.3 waves (sixth
-# session); Q5_K capped ran 5-20% faster, Q6_K 18-19% at 12288 rows and the lm head, but 2-4% slower in launches of
-# 256 programs or fewer, which fill no SM past 2 (so Q6_K's cap waits for more: _quantized_tile; docs/performance.md,
-# seventh session). 32 columns (176 registers) would spill. tests/kernels/test_occupancy.py holds the programs,
-# compiled as the launches specialize them.
+# The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
+# 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
+# (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
+# was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
 QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168}
+# Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):
+# with 256 programs or fewer it ran 2-4% slower, the spill's cost without an SM's third program to win
+Q6_K_CAPPED_PAST = 256
 
 
 def _split(K: int, block_k: int, want: int) -> int:
@@ -744,7 +746,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     _require(x.shape[3] == K and out.shape[3] == M and (out.shape[:3] == x.shape[:3] if batched else
                                                            out.numel() == M * N),
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
-    t = tile or mat_vec_tile(M, N, K, wtype.label)
+    t = tile or mat_vec_tile(M, N, K, wtype.label, len(products))
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
     chunk_cols = XCOLS.value * triton.cdiv(N, XCOLS.value)  # the columns of the chunks the pre-pass writes
     _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols == chunk_cols,
@@ -787,6 +789,9 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     else:
         _quantize_x_k_kernel[(*grid, K // QK_K.value)](x, acts, K, N, *cols_x, chunk, **LAUNCH)
     return acts
+
+
+PRE_PASS_NAME = "_quantize_x"  # the pre-passes' kernel names begin so (a profiler's filter for them)
 
 
 def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DType | None = None) -> None:
@@ -854,7 +859,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
     if not on_gpu_capture:
         sel = ids[0, 0]
         _require(bool(((sel >= 0) & (sel < n_as)).all()), f"MUL_MAT_ID: an expert id outside the {n_as} experts")
-    t = mat_vec_tile(M, 1, K, wtype.label)
+    t = mat_vec_tile(M, 1, K, wtype.label, n_used * n_t)
     blocks, batches = triton.cdiv(M, t.block_m), n_used * n_t
     ws = cnt = None
     if t.split_k > 1:

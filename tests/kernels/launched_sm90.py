@@ -30,6 +30,11 @@ SM90 = GPUTarget("cuda", 90, 32)
 SM_REGISTERS, SM_SHARED, BLOCK_RESERVED = 65536, 233472, 1024  # an sm_90 SM's register file and shared memory
 TRITON = "3.6"  # the version whose launch steps compile_launch repeats (JITFunction.run's, private API)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+# qwen3.5-9b's product shapes (M, K) compiled for each K-quant: gate/up, down, 4096 x 4096, the lm head; the residual
+# form (MUL_MAT_ADD) of the two it takes (down, ssm_out)
+SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
+RESIDUAL = ((4096, 12288), (4096, 4096))
+MOE_DOWN = (8, 2048, 512)  # MUL_MAT_ID's Q4_K experts, rows, K: the 35B-A3B experts' down shape
 
 
 def programs_per_sm(regs: int, shared: int, warps: int) -> int:
@@ -86,19 +91,15 @@ def main() -> int:
     with compiled_as_launched() as found:
         for qtype in ("q4_k", "q5_k", "q6_k"):
             wt = DType.parse(qtype)
-            # qwen3.5-9b's tiles (gate/up, down, 4096 x 4096, the lm head), with the residual form where MUL_MAT_ADD
-            # takes them (down, ssm_out)
-            for M, K, residual in ((12288, 4096, False), (4096, 12288, True), (4096, 4096, True),
-                                   (248320, 4096, False)):
+            for M, K in SHAPES:
                 w = torch.empty(1, 1, M, wt.row_bytes(K), dtype=torch.uint8)  # (compiled, never read)
                 x, y = torch.zeros(1, 1, 4, K), torch.empty(1, 1, 4, M)
                 mv.mul_mat_vec(w, x, y, wt)
                 shapes.append((M, K))
-                if residual:
+                if (M, K) in RESIDUAL:
                     mv.mul_mat_vec_add(w, x, torch.zeros_like(y), y, wt)
                     shapes.append((M, K))
-        # MUL_MAT_ID at the 35B-A3B experts' down shape
-        q4_k, experts, M, K = DType.parse("q4_k"), 8, 2048, 512
+        q4_k, (experts, M, K) = DType.parse("q4_k"), MOE_DOWN
         mv.mul_mat_id(torch.empty(1, experts, M, q4_k.row_bytes(K), dtype=torch.uint8), torch.zeros(1, 4, 2, K),
                       torch.zeros(1, 1, 4, 2, dtype=torch.int32), torch.empty(1, 4, 2, M), q4_k)
         shapes.append((M, K))

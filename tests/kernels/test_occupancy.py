@@ -1,10 +1,10 @@
 """How many programs an SM holds is decided by registers and shared memory, which only the compiled binary knows; for
 the quantized mat-vec it decides the time: a Q4_K form with 130 registers held 3 programs an SM where 128 held 4, and
-its 512-program down projection ran 24% slower on the H100 (docs/performance.md, 2026-12-06, sixth session), and
-capped from 136 to 128 registers Q5_K ran 5-20% faster, from 200 to 168 Q6_K 18-19% (seventh session). Compiled on
-the CPU exactly as the launches specialize them (launched_sm90.py), the K-quants' production variants with a register
-cap (triton_matvec.QUANT_REGS), MUL_MAT_ADD's residual form and MUL_MAT_ID's among them, must hold as many programs an
-SM as the cap was chosen for, at no more spill than it was timed with."""
+its 512-program down projection ran 24% slower on the H100; the Q5_K and Q6_K caps paid too (docs/performance.md,
+2026-12-06, sixth and seventh sessions). Compiled on the CPU exactly as the launches specialize them
+(launched_sm90.py), the K-quants' production variants with a register cap (triton_matvec.QUANT_REGS), MUL_MAT_ADD's
+residual form and MUL_MAT_ID's among them, must hold as many programs an SM as the cap was chosen for, at no more
+spill than it was timed with."""
 
 import json
 import os
@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from kernels.launched_sm90 import programs_per_sm  # (tests/ is on the path: pyproject's pythonpath)
+from kernels.launched_sm90 import MOE_DOWN, RESIDUAL, SHAPES, programs_per_sm  # (tests/: pyproject's pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
 PROGRAMS = {"q4_k": 4, "q5_k": 4, "q6_k": 3}  # an SM's, at each type's cap
 SPILL_BYTES = {"q4_k": 0, "q5_k": 0, "q6_k": 16}  # ptxas's stack a thread at the cap (Q4_K's residual form spilled
 # 8 bytes before the pair's two products shared one code path, 2026-12-06)
+
 
 def _launched() -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -42,15 +43,17 @@ def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
     from gdnpass.kernels.triton_matvec import QUANT_REGS, mat_vec_tile
 
     found = _launched()
-    # the 9B's tiles of each K-quant (K split 1-8), the residual form of two of them, MUL_MAT_ID's (Q4_K, split 2)
+    # each K-quant's tiles of the 9B (K split 1-8), the residual form of two of them, MUL_MAT_ID's (Q4_K, split 2)
+    _, M_id, K_id = MOE_DOWN
     assert {(v["qtype"], v["M"], v["K"], v["residual"], v["ids"]) for v in found} == {
-        *((q, M, K, False, False) for q in PROGRAMS for M, K in ((12288, 4096), (4096, 12288), (4096, 4096),
-                                                                   (248320, 4096))),
-        *((q, 4096, K, True, False) for q in PROGRAMS for K in (12288, 4096)), ("q4_k", 2048, 512, False, True)}, found
+        *((q, M, K, False, False) for q in PROGRAMS for M, K in SHAPES),
+        *((q, M, K, True, False) for q in PROGRAMS for M, K in RESIDUAL), ("q4_k", M_id, K_id, False, True)}, found
     capped = [v for v in found if mat_vec_tile(v["M"], 4, v["K"], v["qtype"]).regs]
-    # every Q4_K and Q5_K variant; Q6_K's launches of more programs than it splits K to reach (the lm head, 12288 rows)
+    # every Q4_K and Q5_K variant; Q6_K's launches of more programs than Q6_K_CAPPED_PAST (the lm head, 12288 rows),
+    # not those of fewer (4096 rows: 256), where the cap's spill was all it added
     assert {(v["qtype"], v["M"]) for v in capped} >= {("q4_k", 4096), ("q5_k", 4096), ("q6_k", 12288),
                                                        ("q6_k", 248320)}, capped
+    assert ("q6_k", 4096) not in {(v["qtype"], v["M"]) for v in capped}, capped
     for v in capped:
         assert v["cols"] == 16 and v["regs"] <= QUANT_REGS[v["qtype"]], v
         assert v["programs"] >= PROGRAMS[v["qtype"]], f"{v}: fewer programs an SM than its cap was chosen for"
