@@ -1,6 +1,6 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
-    python benchmarks/device_session.py --part 1|6|7|9|11 [--source .llama-src] [--out DIR]
+    python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
     python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
@@ -23,6 +23,7 @@ shapes (``bench.py --quick --only quant``), the whole 9B verify with Q4_K and wi
 Part 5 (issue 34, after part 4): the quantized tiles re-swept (``tune_matvec.py --wtypes q4_k,q6_k,q8_0``).
 Part 6 (issue 34): ours and upstream llama.cpp on one real Q4_K_M file, the whole verify in one run (``bench.py
 --quick --only whole,upstream --quantize q4_k_m``; carry ``.llama-src`` as for part 1).
+Part 15 (issue 34): part 6 on the 9B quantized to Q8_0 (``--quantize q8_0``), the issue's other file.
 Part 7 (issue 35): the MTP loop, gdnpass (fusion off and on) next to llama.cpp's ``--spec-type draft-mtp`` on one
 file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draft mtp``; carry ``.llama-src``).
 Part 8 (issue 36): the expert FFN's kernels compiled (``tests/kernels/test_moe_ops.py``, its GPU test at the 35B-A3B
@@ -71,7 +72,7 @@ def main() -> int:
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--part", type=int, choices=PARTS)
     which.add_argument("--steps", help="named steps of any parts, comma-separated, in that order")
-    p.add_argument("--source", help="parts 1, 6, 7, 9 and 11: a folder `gdnpass llama-build --pack` wrote")
+    p.add_argument("--source", help="parts 1, 6, 7, 9, 11 and 15: a folder `gdnpass llama-build --pack` wrote")
     p.add_argument("--out", default=os.environ.get("OUT") or "device-session", help="logs and JSON (default: $OUT)")
     a = p.parse_args()
     out = Path(a.out)

@@ -68,6 +68,14 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                 "q4_k_m", *(["--source", source] if source else []),
                                 "--json", str(out / "quant-upstream.json")], 520),
         ]
+    if part == 15:
+        return [
+            # issue 34's other file: ours and upstream on the 9B quantized to Q8_0 by llama.cpp's quantizer, as part 6
+            # (never run against upstream in one run; all-Q8_0 weights of our own took 5.7x their floor, 2026-12-04)
+            ("quant-upstream-q8_0", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream", "--quantize",
+                                     "q8_0", *(["--source", source] if source else []),
+                                     "--json", str(out / "quant-upstream-q8_0.json")], 520),
+        ]
     if part == 7:
         return [
             # issue 35: the MTP loop on the GPU, next to llama.cpp's own MTP loop on the same file (the 9B shape as a
@@ -185,7 +193,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
