@@ -42,13 +42,13 @@ COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
 
 
-def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16"):
+def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16", products: int = 1):
     cols = 1 << (N - 1).bit_length()
     if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 16), a K-quant block per step,
         # split to fill the GPU (on 2026-12-04 it beat the dp4a form it replaced at every shape and width)
         # each uncapped and with the production tile's register cap (MatVecTile.regs), if it has one
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
-        caps = sorted({0, mv.mat_vec_tile(M, N, K, wt).regs})
+        caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs})
         for (bm, w), st, regs in itertools.product(forms, (2, 3, 4) if deep else (3,), caps):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
@@ -200,7 +200,9 @@ def main() -> int:
     t_end = time.time() + a.budget_s
     shapes, cols = a.shapes or SHAPES, a.cols or COLS
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt), *candidates(N, M, K, sms, a.deep, wt)])))
+    n_w = 2 if a.pair else 1  # the products a launch runs
+    cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt, n_w),
+                                               *candidates(N, M, K, sms, a.deep, wt, n_w)])))
              for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
     start = time.time()
     # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process
@@ -222,7 +224,6 @@ def main() -> int:
         if not timed:
             continue
         default = dict((t, us) for t, us, _ in timed).get(tiles[0], float("nan"))
-        n_w = 2 if a.pair else 1
         wbytes = M * QUANTIZED[wt].row_bytes(K) if wt in QUANTIZED else M * K * DTYPES[wt].itemsize
         nbytes = n_w * (wbytes + N * M * 4) + N * K * 4
         rows += [dict(wtype=wt, M=M, K=K, N=N, pair=a.pair, tile=list(t), us=us, GBps=nbytes / (us * 1e3),
