@@ -664,14 +664,13 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
     slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
-    only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the
-    cap changes no byte. The K-quants from the H200 sweep of 2026-12-04
-    of the q8_K form (a probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x
-    12288; within 10% of each case's best; docs/performance.md), Q8_0 from the sweep of the form before it
-    (``tune_matvec.py``); the 32-column tiles are the 16-column ones, untuned. Q4_K's K-split cap from the H100 sweep
-    of 2026-12-06 (sixth session); the register caps and Q6_K's split from the H100 sweep of the seventh (4 and 8
-    columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096 x 12288: each type at its best tile or within 3.5%
-    of it), applied untimed to the other models' shapes."""
+    only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the cap
+    changes no byte. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a probe of this kernel with 16
+    tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10% of each case's best;
+    docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``); the 32-column tiles are the
+    16-column ones, untuned. Q4_K's K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and
+    Q6_K's split from the H100 sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096
+    x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
     least = 256 if wtype == "q8_0" and M <= 4096 else QUANTIZED_PROGRAMS.get(wtype, 512)
