@@ -3,7 +3,7 @@ tile per (weight type, shape, columns) with its share of the read bandwidth meas
 (gdnpass.bench.ceilings).
 
     python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--pair]
-                                     [--budget-s 420] [--deep] [--procs 16]
+                                     [--budget-s 420] [--deep] [--procs 16] [--regs 128,152]
 
 This is how :func:`gdnpass.kernels.triton_matvec.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
 Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
@@ -42,13 +42,14 @@ COLS = (2, 4, 8, 16)
 TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tensor-core sums are not f32 rounding)
 
 
-def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16", products: int = 1):
+def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16", products: int = 1,
+               regs: tuple[int, ...] = ()):
     cols = 1 << (N - 1).bit_length()
     if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 16), a K-quant block per step,
         # split to fill the GPU (on 2026-12-04 it beat the dp4a form it replaced at every shape and width)
-        # each uncapped and with the production tile's register cap (MatVecTile.regs), if it has one
+        # each uncapped, with the production tile's register cap (MatVecTile.regs), if it has one, and with ``regs``'
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
-        caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs})
+        caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs, *regs})
         for (bm, w), st, regs in itertools.product(forms, (2, 3, 4) if deep else (3,), caps):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
@@ -193,6 +194,8 @@ def main() -> int:
     p.add_argument("--json", help="write every tile's time to this file (not only each case's best three)")
     p.add_argument("--deep", action="store_true", help="also the pipeline depths, evict-first weight loads and longer "
                                                        "K steps")
+    p.add_argument("--regs", type=lambda v: tuple(int(r) for r in v.split(",")), default=(),
+                   help="block types: register caps to try besides none and the production tile's, e.g. 128,152")
     a = p.parse_args()
     wtypes = a.wtypes.split(",")
     if not set(wtypes) <= {*DTYPES, *QUANTIZED}:
@@ -202,7 +205,7 @@ def main() -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     n_w = 2 if a.pair else 1  # the products a launch runs
     cases = [(wt, M, K, N, list(dict.fromkeys([mv.mat_vec_tile(M, N, K, wt, n_w),
-                                               *candidates(N, M, K, sms, a.deep, wt, n_w)])))
+                                               *candidates(N, M, K, sms, a.deep, wt, n_w, a.regs)])))
              for wt, (M, K), N in itertools.product(wtypes, shapes, cols)]
     start = time.time()
     # one case's tiles are spread over all workers (round robin), so a big case does not wait on one process
