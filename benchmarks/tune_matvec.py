@@ -50,11 +50,11 @@ def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: s
         # each uncapped, with the production tile's register cap (MatVecTile.regs), if it has one, and with ``regs``'
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
         caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs, *regs})
-        for (bm, w), st, regs in itertools.product(forms, (2, 3, 4) if deep else (3,), caps):
+        for (bm, w), st, cap in itertools.product(forms, (2, 3, 4) if deep else (3,), caps):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
                     if s * 256 <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
-                        yield mv.MatVecTile(bm, max(16, cols), 256, True, w, s, st, regs=regs)
+                        yield mv.MatVecTile(bm, max(16, cols), 256, True, w, s, st, regs=cap)
         return
     dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs

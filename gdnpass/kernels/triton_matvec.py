@@ -858,8 +858,9 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
     if not on_gpu_capture:
         sel = ids[0, 0]
         _require(bool(((sel >= 0) & (sel < n_as)).all()), f"MUL_MAT_ID: an expert id outside the {n_as} experts")
-    t = mat_vec_tile(M, 1, K, wtype.label, n_used * n_t)
-    blocks, batches = triton.cdiv(M, t.block_m), n_used * n_t
+    batches = n_used * n_t  # a column a slot and token
+    t = mat_vec_tile(M, 1, K, wtype.label, batches)
+    blocks = triton.cdiv(M, t.block_m)
     ws = cnt = None
     if t.split_k > 1:
         tiles = blocks * batches
