@@ -290,6 +290,12 @@ def main() -> int:
                 print(f"  {a.without}'s share at T={T}: on without it -> on: {w['kernels']} -> {on['kernels']} "
                       f"kernels, {w['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
                       f"{w['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+            if "unshared" in r:
+                u = r["unshared"]
+                print(f"  shared pre-passes at T={T}, fusion on: each product's own -> shared "
+                      f"({on['prepass']['shared']} skipped): {u['kernels']} -> {on['kernels']} kernels, "
+                      f"{u['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
+                      f"{u['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
             if "serial" in r:
                 sr = r["serial"]
                 print(f"  programmatic dependent launch at T={T}, fusion on: serial launches -> PDL: "
@@ -304,7 +310,8 @@ def main() -> int:
                 if "prepass" in r[name]:
                     pp = r[name]["prepass"]
                     print(f"T={r['T']} fusion {name}: the quantized products' activation pre-passes (their ops' "
-                          f"time includes them): {pp['kernels']} kernels, {pp['kernel_us']:.0f} us", flush=True)
+                          f"time includes them): {pp['kernels']} kernels, {pp['kernel_us']:.0f} us; "
+                          f"{pp['shared']} more shared", flush=True)
 
     if prepared is not None and want("upstream"):
         install, gguf = prepared.result()

@@ -8,12 +8,14 @@ or loaded from a model file.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from typing import Callable, Iterable
 
 import torch
 
+from gdnpass import prepasses
 from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
 from gdnpass.kernels.limits import mul_mat_launches, pre_pass
@@ -26,24 +28,34 @@ TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: 
 Kernel = Callable[[Tensor, list, torch.Tensor], None]
 
 
-def node_launches(n: Tensor) -> int:
-    """Kernel launches of one execution of node ``n`` (0 for views and empty nodes)."""
+def node_launches(n: Tensor, shared: bool = False) -> int:
+    """Kernel launches of one execution of node ``n`` (0 for views and empty nodes); ``shared``: a product that
+    skips its activations' pre-pass (:mod:`gdnpass.prepasses`)."""
     if not runs_kernel(n):
         return 0
     if n.op.is_fused:
-        return RECORDS[n.op].launches(n)
-    if n.op is Op.MUL_MAT:
-        return mul_mat_launches(n.src[0], n.src[1])
-    if n.op is Op.MUL_MAT_ID:  # the mat-vec kernel (a quantized expert stack's: after its activations' pre-pass)
-        return 1 + pre_pass(n.src[0].type, "mat_vec")
-    return 1
+        count = RECORDS[n.op].launches(n)
+    elif n.op is Op.MUL_MAT:
+        count = mul_mat_launches(n.src[0], n.src[1])
+    elif n.op is Op.MUL_MAT_ID:  # the mat-vec kernel (a quantized expert stack's: after its activations' pre-pass)
+        count = 1 + pre_pass(n.src[0].type, "mat_vec")
+    else:
+        count = 1
+    return count - shared
+
+
+def graph_launches(graph: Graph) -> list[tuple[Tensor, int]]:
+    """(node, its launches) for the nodes of ``graph`` in order, as the executor runs them (the shared pre-passes of
+    :func:`gdnpass.prepasses.plan` skipped)."""
+    shared = prepasses.plan(graph).shared
+    return [(n, node_launches(n, n.uid in shared)) for n in graph.nodes]
 
 
 def launches(graph: Graph) -> Counter:
     """Kernel launches per op label (UNARY split by kind) for one execution of ``graph``."""
     c: Counter = Counter()
-    for n in graph.nodes:
-        c[op_label(n)] += node_launches(n)
+    for n, k in graph_launches(graph):
+        c[op_label(n)] += k
     return +c
 
 
@@ -78,10 +90,13 @@ class Executor:
     graphs over one model (the generate loop's verify widths) share its weights, caches and, bound to one reserve
     plan, its arena, as llama.cpp's graphs share its model, memory and compute buffer. Each must hold at least the
     graph's size of that buffer; the others are allocated. ``extra`` (what -> bytes): memory the caller will need
-    besides the buffers, counted in the memory check (:func:`check_memory`)."""
+    besides the buffers, counted in the memory check (:func:`check_memory`). ``share_pre_passes``: a quantized
+    product whose activations an earlier product's pre-pass left in the workspace reads them there
+    (:mod:`gdnpass.prepasses`; the same bytes either way, one launch fewer)."""
 
     def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None,
-                 buffers: dict[str, torch.Tensor] | None = None, extra: dict[str, int] | None = None) -> None:
+                 buffers: dict[str, torch.Tensor] | None = None, extra: dict[str, int] | None = None,
+                 share_pre_passes: bool = True) -> None:
         self.arena = arena_buffer(graph)
         if self.arena is None:
             raise GraphError("graph has no memory plan: run gdnpass.alloc.plan(graph) first")
@@ -112,6 +127,14 @@ class Executor:
         self._typed: dict[tuple[str, DType], torch.Tensor] = {}
         self._views: dict[int, torch.Tensor] = {}
         self._cuda_graph = None
+        self.pre_passes = prepasses.plan(graph) if share_pre_passes and self._triton_products() else None
+
+    def _triton_products(self) -> bool:
+        """Whether the products run on the Triton kernels, whose pre-passes fill the activation workspace (a
+        table that runs some on torch could leave the workspace unfilled where the plan says it is)."""
+        from gdnpass.kernels.backends import TRITON_BACKEND
+
+        return all(self.kernels.get(Op[o]) is TRITON_BACKEND.get(Op[o]) for o in (*prepasses.PRODUCTS, "MUL_MAT_ID"))
 
     # ---- memory ---------------------------------------------------------------------------------------------------
     def view(self, t: Tensor) -> torch.Tensor:
@@ -191,6 +214,7 @@ class Executor:
             return []
         nodes = self.graph.nodes
         fns = [self._kernel(n) if runs_kernel(n) else None for n in nodes]  # refused before anything runs
+        shared = self.pre_passes.shared if self.pre_passes is not None else {}
         at = probe_points(self.graph, probes)
         captured: dict[int, torch.Tensor] = {}
         for i, (n, fn) in enumerate(zip(nodes, fns)):
@@ -198,7 +222,8 @@ class Executor:
                 captured[id(t)] = self.read(t)
             if fn is not None:
                 try:
-                    fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
+                    with prepasses.skipping() if n.uid in shared else contextlib.nullcontext():
+                        fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
                 except KernelError as e:  # (a row id outside the rows, say: name the node)
                     raise KernelError(f"node {n.name!r}: {e}") from None
             if progress is not None:

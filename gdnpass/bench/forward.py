@@ -21,15 +21,16 @@ from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.hparams import ModelShape
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor, launches, node_launches
+from gdnpass.runtime import Executor, node_launches
 
 
-def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None, weights_of=None):
+def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None, weights_of=None,
+                     share_pre_passes: bool = True):
     """The forward planned, fused (every registered pattern but ``without``) or not, on the GPU, filled (``model``:
     a GgufModel whose graph it is, its weight types; the weights are seeded, not the file's). ``weights_of``: an
     executor of the same forward whose weights buffer this one shares (one copy of a 9B's 17 GiB for all variants:
     four would not fit an 80 GB card), where the two graphs lay their weights out alike (fusion leaves the weights
-    where the builder put them)."""
+    where the builder put them). ``share_pre_passes``: the executor's (:mod:`gdnpass.prepasses`)."""
     res = pipeline.run(cfg if model is None else model.build(cfg), PassOptions(fusion=fused),
                        fuse_now=without is None)
     g, report = res.graph, res.report
@@ -38,7 +39,7 @@ def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None,
     shared = {}
     if weights_of is not None and _weight_layout(g) == _weight_layout(weights_of.graph):
         shared["weights"] = weights_of.buffers["weights"]
-    ex = Executor(g, device="cuda", buffers=shared)
+    ex = Executor(g, device="cuda", buffers=shared, share_pre_passes=share_pre_passes)
     fill(ex, seed=2, ids=default_ids(cfg), keep=shared)
     return g, ex, report
 
@@ -47,6 +48,12 @@ def _weight_layout(g) -> tuple:
     """The weights buffer's size and where each of its leaves lies: two graphs alike in this share the buffer."""
     return g.buffers.get("weights"), sorted((t.name, t.offset, t.nbytes) for t in g.leafs
                                             if t.buffer == "weights" and not t.is_view)
+
+
+def shared_pre_passes(ex: Executor) -> dict:
+    """The products of ``ex``'s graph that skip their pre-pass (:mod:`gdnpass.prepasses`), uid -> the product whose
+    pre-pass they read."""
+    return ex.pre_passes.shared if ex.pre_passes is not None else {}
 
 
 def product_kind(n) -> str | None:
@@ -67,7 +74,8 @@ def forward_kernels(g, ex: Executor) -> dict:
     per-GDN-layer chain table (upstream.chain_table, the classification upstream's kernels get): the profiled
     kernels are the nodes' launches in order (runtime.launches), so each duration has its node."""
     total, ks = kernel_us(ex.run, reps=3)
-    nodes = [n for n in g.nodes for _ in range(node_launches(n))]
+    shared = shared_pre_passes(ex)
+    nodes = [n for n in g.nodes for _ in range(node_launches(n, n.uid in shared))]
     if len(nodes) != len(ks):  # a node on a torch composite launches more than one kernel: count them
         nodes = measured_launches(g, ex)
     res = dict(kernels=len(ks), kernel_us=total)
@@ -79,10 +87,10 @@ def forward_kernels(g, ex: Executor) -> dict:
         res["by_op"] = upstream.kernel_totals(list(zip(nodes, ks)), group=kernel_group)
     if any(w.type.is_quantized for n in g.nodes for w in product_weights(n)) or \
             any(n.op is Op.MUL_MAT_ID and n.src[0].type.is_quantized for n in g.nodes):
-        # the quantized products' activation pre-passes (counted in their ops' lines too), apart: at most what one
-        # pre-pass shared by the products of an activation, or made by its producer, could save
+        # the quantized products' activation pre-passes that run (counted in their ops' lines too), apart: at most
+        # what their producers making them could save; and how many are shared (gdnpass.prepasses)
         pre_us, pre = kernel_us(ex.run, reps=3, only=PRE_PASS_NAME)
-        res["prepass"] = dict(kernels=len(pre), kernel_us=pre_us)
+        res["prepass"] = dict(kernels=len(pre), kernel_us=pre_us, shared=len(shared))
     return res
 
 
@@ -166,7 +174,9 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     with its own weights (token embedding, every layer, lm head; the projections and the embedding ``wtype``: bf16,
     or a block type's random blocks), after upstream's prompt (n_past upstream.N_PROMPT); ``gguf``: the whole
     forward of that model file, with its weight types (seeded values). The weights read count an expert stack's
-    experts the run's router chose (:func:`weight_bytes_read`). ``without``: a third variant, fused with every pattern but that one (what it saves). Where
+    experts the run's router chose (:func:`weight_bytes_read`). ``without``: a third variant, fused with every
+    pattern but that one (what it saves). Where products share pre-passes (:mod:`gdnpass.prepasses`), "unshared" is
+    fusion on with every product running its own (what sharing saves). Where
     programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
     with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
     model = None
@@ -181,15 +191,21 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
                            n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
     res = {}
     runs = {}
-    # (name, fused, the pattern left out, programmatic dependent launch); "serial": fusion on, each kernel launched
-    # only after the one before it has finished (what PDL saves)
-    variants = [("off", False, None, True), ("on", True, None, True)]
-    variants += ([("without", True, without, True)] if without else [])
-    variants += ([("serial", True, None, False)] if PDL_SUPPORTED else [])
-    for name, fused, left_out, pdl in variants:
-        g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"))
+    # (name, fused, the pattern left out, programmatic dependent launch, shared pre-passes); "serial": fusion on,
+    # each kernel launched only after the one before it has finished (what PDL saves)
+    variants = [("off", False, None, True, True), ("on", True, None, True, True)]
+    variants += ([("without", True, without, True, True)] if without else [])
+    variants += ([("serial", True, None, False, True)] if PDL_SUPPORTED else [])
+    variants += [("unshared", True, None, True, False)]
+    for name, fused, left_out, pdl, share in variants:
+        if not share and not shared_pre_passes(runs["on"]):
+            continue  # (nothing shared: "on" is this variant)
+        g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"),
+                                         share_pre_passes=share)
         kernels = forward_kernels(g, ex)  # (serial launches' durations: timing.kernel_us)
-        res[name] = dict(nodes=len(g.nodes), launches=sum(launches(g).values()), **kernels,
+        shared = shared_pre_passes(ex)
+        res[name] = dict(nodes=len(g.nodes), launches=sum(node_launches(n, n.uid in shared) for n in g.nodes),
+                         **kernels,
                          fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g, ex), pdl=pdl)
         if "experts" in res[name]:
             res[name]["experts"]["bytes"] = expert_bytes_read(g, chosen_experts(g, ex))

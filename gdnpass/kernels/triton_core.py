@@ -171,12 +171,17 @@ def split_workspace(device: torch.device, partials: int, tickets: int, who: str)
 
 # The activation workspace of each device: a product's activations as its pre-pass writes them and the product reads
 # them (a quantized weight's: int8 groups with their scales and sums; a bf16 GEMM's: x's three bf16 terms), under the
-# split workspace's rules: one stream, grown before capture, outgrown buffers kept alive.
+# split workspace's rules: one stream, grown before capture, outgrown buffers kept alive. With it, what it holds: the
+# key of the pre-pass that last filled it (None: unknown), which a product that skips its own pre-pass must find
+# (gdnpass.prepasses: the plan's rules checked again as the launches are made).
 _ACTIVATION_WORKSPACE: dict[torch.device, torch.Tensor] = {}
+_ACTIVATIONS_HELD: dict[torch.device, tuple | None] = {}
 
 
-def activation_workspace(device: torch.device, nbytes: int, who: str) -> torch.Tensor:
-    """At least ``nbytes`` bytes (uint8, 16-byte aligned) of ``device``'s activation workspace."""
+def activation_workspace(device: torch.device, nbytes: int, who: str, holds: tuple | None = None) -> torch.Tensor:
+    """At least ``nbytes`` bytes (uint8, 16-byte aligned) of ``device``'s activation workspace, which the caller
+    fills with what key ``holds`` names (None: nothing a later product may reuse)."""
+    _ACTIVATIONS_HELD[device] = holds
     ws = _ACTIVATION_WORKSPACE.get(device)
     if ws is not None and ws.numel() >= nbytes:
         return ws
@@ -188,6 +193,15 @@ def activation_workspace(device: torch.device, nbytes: int, who: str) -> torch.T
         nbytes = max(nbytes, 2 * ws.numel())
     ws = _ACTIVATION_WORKSPACE[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws
+
+
+def held_activations(device: torch.device, holds: tuple, who: str) -> torch.Tensor:
+    """``device``'s activation workspace as the pre-pass of key ``holds`` filled it, for a product that skips its own
+    pre-pass; a KernelError (one line) where the workspace last took anything else."""
+    _require(_ACTIVATIONS_HELD.get(device) == holds,
+             f"{who}: planned to read the activations an earlier pre-pass left, but the workspace holds others "
+             f"(the pre-pass plan is out of date with the nodes)")
+    return _ACTIVATION_WORKSPACE[device]
 
 
 @triton.jit

@@ -16,13 +16,14 @@ import torch
 import triton
 import triton.language as tl
 
+from gdnpass import prepasses
 from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns,
                                     mul_mat_path, pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _byte_of, _require, _row_offset, _scales_mins_k4,
-                                         _strides, activation_workspace, f16_bits, last_to_arrive, split_workspace,
-                                         wait_for_previous_kernels)
+                                         _strides, activation_workspace, f16_bits, held_activations, last_to_arrive,
+                                         split_workspace, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -777,10 +778,14 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     """A quantized product's pre-pass: x's N columns of K (``cols_x``: ne1, ne2 and the strides s1, s2, s3, as the
     mat-vec takes them) quantized for a ``wtype`` weight into the activation workspace (:func:`activation_bytes`
     a chunk of 16 columns, as many chunks as N needs: Q8_0's q8_1 groups, the K-quants' q8_K blocks), which it
-    returns (uint8)."""
+    returns (uint8). Within :func:`gdnpass.prepasses.skipping` it launches nothing and returns the workspace as an
+    earlier pre-pass of the same activations left it (a KernelError if it holds anything else)."""
     chunk = activation_bytes(K)
     chunks = triton.cdiv(N, XCOLS.value)
-    acts = activation_workspace(x.device, chunks * chunk, "mul_mat_vec")
+    key = (x.data_ptr(), tuple(x.shape), x.stride(), wtype is DType.Q8_0, K, N, tuple(cols_x))
+    if prepasses.skipped():  # an earlier product's pre-pass left these very activations (the executor's plan)
+        return held_activations(x.device, key, "mul_mat_vec")
+    acts = activation_workspace(x.device, chunks * chunk, "mul_mat_vec", holds=key)
     grid = (XCOLS.value * chunks,)
     if wtype is DType.Q8_0:
         _quantize_x_kernel[(*grid, triton.cdiv(K // SUB.value, X_GROUPS))](x, acts, K, N, *cols_x, chunk,
