@@ -1,30 +1,35 @@
-"""Shared pre-passes: a quantized product that reads the int8 activations an earlier product's pre-pass left.
+"""Shared pre-passes: quantized products that read int8 activations already in the workspace.
 
 A product of quantized weights first quantizes its activation columns (a launch of its own, the *pre-pass*) into
 its device's activation workspace, then the mat-vec reads them there (:mod:`gdnpass.kernels.triton_matvec`, as
 llama.cpp's ``quantize_q8_1`` before ``mul_mat_vec_q``). Several products often quantize one activation: a GDN
-layer's qkv, z and alpha/beta products all take the attention norm's output, an attention layer's q, k and v too.
-Every pre-pass after the first of such a run writes the bytes the workspace holds already. :func:`plan` finds
-those on the planned graph; the executor runs each such product with its pre-pass skipped (:func:`skipping`), and
-:func:`gdnpass.runtime.launches` does not count it. Exact by construction: the same f32 bytes quantized by the same
-rule are the same int8 bytes.
+layer's qkv and z products both take the attention norm's output, an attention layer's q, k and v too; and that
+activation is most often an RMS_NORM_MUL's output, a kernel that holds each row whole and can write the row's q8_K
+blocks itself. :func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass
+skipped (:func:`skipping`) and such a producer writing the blocks (:func:`producing`); :func:`gdnpass.runtime.
+launches` counts what runs. Exact by construction: the same f32 values quantized by the same code
+(``triton_matvec.store_q8_K`` for q8_K) are the same int8 bytes.
 
-A product P reads the workspace as the pre-pass of the product Q before it left it when:
+A product P reads the workspace as the node F before it filled it (F: an earlier product's pre-pass, or a
+producer's blocks) when:
 
-1. [one-pre-pass] P and Q each quantize their whole activation in one pre-pass, for the quantized mat-vec: a
-   MUL_MAT, MUL_MAT_VEC_PAIR or MUL_MAT_ADD of a quantized weight over 1..32 columns, or a quantized MUL_MAT_ID
-   on the kernel (its b one row a token, or one a slot).
-2. [same-activation] P's activation is Q's bytes in Q's layout: one buffer, offset, ne and nb (a reshape that
-   changes ne does not count: the columns' order could differ).
-3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups. (A
-   MUL_MAT_ID's columns, slot by token, are its b's ne1 x ne2, as a MUL_MAT's: one layout, one order.)
+1. [one-pre-pass] P quantizes its whole activation in one pre-pass, for the quantized mat-vec: a MUL_MAT,
+   MUL_MAT_VEC_PAIR or MUL_MAT_ADD of a quantized weight over 1..32 columns, or a quantized MUL_MAT_ID on the kernel
+   (its b one row a token, or one a slot); F is such a product, or an RMS_NORM_MUL whose rows the kernel quantizes
+   (rms_norm_mul.scope.quantizes_rows: whole q8_K blocks, a row a program).
+2. [same-activation] P's activation is F's bytes in F's layout: one buffer, offset, ne and nb (a reshape that
+   changes ne does not count: the columns' order could differ); a producer's are its output's.
+3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups; a producer
+   writes q8_K. (A MUL_MAT_ID's columns, slot by token, are its b's ne1 x ne2, as a MUL_MAT's: one order.)
 4. [last-pre-pass] no node between them fills the workspace (it is one buffer a device): no other pre-pass, no
-   GEMM's bf16 terms; a product that skips its own pre-pass fills nothing.
-5. [unwritten] no node from Q (its own store included) up to P writes a byte of the activation, on the memory plan.
+   GEMM's bf16 terms; a product that skips its own pre-pass fills nothing. A producer fills it only for P, the first
+   product after it that quantizes its output, and only when no product between them reads the workspace.
+5. [unwritten] no node from F (a product's own store included) up to P writes a byte of the activation, on the
+   memory plan (a producer's own store is the activation).
 
 The rules are checked on byte ranges of the plan, as the fusion matchers' are. The kernels check rules 2-4 again at
-run time (the workspace records what it holds: :func:`gdnpass.kernels.triton_core.activation_workspace`), so a plan
-that went wrong is a one-line error, never stale activations.
+run time (the workspace records what filled it last: :func:`gdnpass.kernels.triton_core.activation_workspace`), so
+a plan that went wrong is a one-line error, never stale activations.
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ import contextlib
 import contextvars
 from dataclasses import dataclass
 
-from gdnpass.ir import Graph, Op, Tensor, byte_range, ranges_overlap, runs_kernel, written
+from gdnpass.ir import DType, Graph, Op, Tensor, byte_range, ranges_overlap, runs_kernel, written
 from gdnpass.kernels import limits
+from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
 
 PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD")  # their sources: the weight, the activation, ...
+PRODUCER = "RMS_NORM_MUL"  # writes its output's q8_K blocks where the plan asks
 RULES = ("one-pre-pass", "same-activation", "same-form", "last-pre-pass", "unwritten")
 
 
@@ -65,21 +72,25 @@ class Refusal:
 
 @dataclass
 class Plan:
-    """``shared``: product uid -> the product whose pre-pass it reads; ``refused``: the products that quantize
-    again an activation an earlier pre-pass quantized (its bytes unwritten since: rule 5 makes a new activation of
-    them, not a refusal), and why; ``pre_passes``: the pre-passes that still run."""
+    """``shared``: product uid -> the node whose workspace fill it reads (a product, or a producer); ``producing``:
+    the uids of the producers that fill it; ``refused``: the products that quantize again an activation an earlier
+    pre-pass quantized (its bytes unwritten since: rule 5 makes a new activation of them, not a refusal), and why;
+    ``pre_passes``: the pre-passes that still run."""
 
     shared: dict[int, Tensor]
+    producing: set[int]
     refused: list[Refusal]
     pre_passes: int
 
     def summary(self) -> str:
-        return f"{len(self.shared)} of {len(self.shared) + self.pre_passes} activation pre-passes shared"
+        return (f"{len(self.shared)} of {len(self.shared) + self.pre_passes} activation pre-passes skipped "
+                f"({len(self.producing)} made by their producers)")
 
 
-def form(w: Tensor) -> str:
-    """The int8 form a product of quantized weight ``w`` quantizes its activations to (triton_matvec)."""
-    return "q8_1" if w.type.label == "q8_0" else "q8_K"
+def form(wtype: DType) -> str:
+    """The int8 form a product of ``wtype`` weights quantizes its activations to (triton_matvec): Q8_0's q8_1 groups
+    of 32, the K-quants' q8_K blocks of 256."""
+    return "q8_1" if wtype is DType.Q8_0 else "q8_K"
 
 
 def activation(n: Tensor) -> Activation | None:
@@ -100,7 +111,15 @@ def activation(n: Tensor) -> Activation | None:
             return None
     else:
         return None
-    return Activation(byte_range(x), (x.ne, x.nb), form(w))
+    return Activation(byte_range(x), (x.ne, x.nb), form(w.type))
+
+
+def produced(n: Tensor) -> Activation | None:
+    """Rule 1's producer: the q8_K blocks of RMS_NORM_MUL node ``n``'s output that its kernel can write (None: not
+    such a node)."""
+    if n.op.value != PRODUCER or not runs_kernel(n) or not quantizes_rows(n.ne[0]) or n.nb[0] != 4:
+        return None
+    return Activation(byte_range(n), (n.ne, n.nb), "q8_K")
 
 
 def fills_workspace(n: Tensor) -> bool:
@@ -117,12 +136,15 @@ def fills_workspace(n: Tensor) -> bool:
 
 
 def plan(graph: Graph) -> Plan:
-    """Which products of ``graph`` (planned) skip their pre-pass, walking the nodes in order with what the workspace
-    holds: rule 4 is that state, rule 5 clears it when a node writes the activation's bytes."""
+    """Which products of ``graph`` (planned) skip their pre-pass and which producers fill the workspace, walking the
+    nodes in order with what the workspace holds: rule 4 is that state, rule 5 clears it when a node writes the
+    activation's bytes."""
     shared: dict[int, Tensor] = {}
+    producing: set[int] = set()
     refused: list[Refusal] = []
     pre_passes = 0
-    holds: tuple[Activation, Tensor] | None = None  # the workspace's activation and the product that filled it
+    holds: tuple[Activation, Tensor] | None = None    # the workspace's activation and the node that filled it
+    offer: tuple[Activation, Tensor] | None = None    # a producer since the last fill, whose blocks nobody read yet
     live: dict[tuple, tuple[Activation, Tensor]] = {}  # activation bytes -> their last pre-pass, bytes unchanged
     for n in graph.nodes:
         if not runs_kernel(n):
@@ -130,19 +152,28 @@ def plan(graph: Graph) -> Plan:
         act = activation(n)
         if act is not None and holds is not None and holds[0] == act:
             shared[n.uid] = holds[1]
+            offer = None  # (the producer's fill would take the workspace from this product)
+        elif act is not None and offer is not None and offer[0] == act:
+            shared[n.uid], holds, offer = offer[1], offer, None
+            producing.add(holds[1].uid)
         elif act is not None and act.bytes in live:
             refused.append(Refusal(n, *_why_not(act, *live[act.bytes])))
         if n.uid not in shared and fills_workspace(n):
             pre_passes += 1
-            holds = (act, n) if act is not None else None
+            holds, offer = ((act, n) if act is not None else None), None
             if act is not None:
                 live[act.bytes] = (act, n)
         outs = [byte_range(t) for t in written(n) if t.base.buffer is not None and t.base.offset is not None]
-        if holds is not None and any(ranges_overlap(o, holds[0].bytes) for o in outs):
-            holds = None
         for key in [k for k in live if any(ranges_overlap(o, k) for o in outs)]:
             del live[key]  # (rule 5: what a product reads there from now on is another activation)
-    return Plan(shared, refused, pre_passes)
+        if holds is not None and any(ranges_overlap(o, holds[0].bytes) for o in outs):
+            holds = None
+        if offer is not None and any(ranges_overlap(o, offer[0].bytes) for o in outs):
+            offer = None
+        made = produced(n)  # (after its own store: the producer's output is the activation)
+        if made is not None:
+            offer = (made, n)
+    return Plan(shared, producing, refused, pre_passes)
 
 
 def _why_not(act: Activation, prev: Activation, q: Tensor) -> tuple[str, str]:
@@ -158,19 +189,35 @@ def _why_not(act: Activation, prev: Activation, q: Tensor) -> tuple[str, str]:
 # ---- what the executor tells the kernels -------------------------------------------------------------------------
 
 _SKIPPING: contextvars.ContextVar[bool] = contextvars.ContextVar("gdnpass_pre_pass_skipped", default=False)
+_PRODUCING: contextvars.ContextVar[bool] = contextvars.ContextVar("gdnpass_pre_pass_produced", default=False)
 
 
 @contextlib.contextmanager
-def skipping():
-    """Within: the product being launched reads the activations its pre-pass would write from the workspace, as an
-    earlier product's pre-pass left them (the executor's, for the products of :func:`plan`'s ``shared``)."""
-    token = _SKIPPING.set(True)
+def _set(var: contextvars.ContextVar):
+    token = var.set(True)
     try:
         yield
     finally:
-        _SKIPPING.reset(token)
+        var.reset(token)
+
+
+def skipping():
+    """Within: the product being launched reads the activations its pre-pass would write from the workspace, as an
+    earlier node filled it (the executor's, for :func:`plan`'s ``shared``)."""
+    return _set(_SKIPPING)
+
+
+def producing():
+    """Within: the producer being launched also writes its output's q8_K blocks into the workspace (the executor's,
+    for :func:`plan`'s ``producing``)."""
+    return _set(_PRODUCING)
 
 
 def skipped() -> bool:
     """Whether the product being launched skips its pre-pass (:func:`skipping`)."""
     return _SKIPPING.get()
+
+
+def produces() -> bool:
+    """Whether the producer being launched writes its output's q8_K blocks (:func:`producing`)."""
+    return _PRODUCING.get()

@@ -91,8 +91,8 @@ class Executor:
     plan, its arena, as llama.cpp's graphs share its model, memory and compute buffer. Each must hold at least the
     graph's size of that buffer; the others are allocated. ``extra`` (what -> bytes): memory the caller will need
     besides the buffers, counted in the memory check (:func:`check_memory`). ``share_pre_passes``: a quantized
-    product whose activations an earlier product's pre-pass left in the workspace reads them there
-    (:mod:`gdnpass.prepasses`; the same bytes either way, one launch fewer)."""
+    product whose activations an earlier product's pre-pass, or their producer, left in the workspace reads them
+    there (:mod:`gdnpass.prepasses`; the same bytes either way, one launch fewer)."""
 
     def __init__(self, graph: Graph, device: str = "cpu", backend: str | None = None,
                  buffers: dict[str, torch.Tensor] | None = None, extra: dict[str, int] | None = None,
@@ -130,11 +130,12 @@ class Executor:
         self.pre_passes = prepasses.plan(graph) if share_pre_passes and self._triton_products() else None
 
     def _triton_products(self) -> bool:
-        """Whether the products run on the Triton kernels, whose pre-passes fill the activation workspace (a
+        """Whether the products and the producer run on the Triton kernels, which fill the activation workspace (a
         table that runs some on torch could leave the workspace unfilled where the plan says it is)."""
         from gdnpass.kernels.backends import TRITON_BACKEND
 
-        return all(self.kernels.get(Op[o]) is TRITON_BACKEND.get(Op[o]) for o in (*prepasses.PRODUCTS, "MUL_MAT_ID"))
+        ops = (*prepasses.PRODUCTS, "MUL_MAT_ID", prepasses.PRODUCER)
+        return all(self.kernels.get(Op[o]) is TRITON_BACKEND.get(Op[o]) for o in ops)
 
     # ---- memory ---------------------------------------------------------------------------------------------------
     def view(self, t: Tensor) -> torch.Tensor:
@@ -215,6 +216,7 @@ class Executor:
         nodes = self.graph.nodes
         fns = [self._kernel(n) if runs_kernel(n) else None for n in nodes]  # refused before anything runs
         shared = self.pre_passes.shared if self.pre_passes is not None else {}
+        producing = self.pre_passes.producing if self.pre_passes is not None else set()
         at = probe_points(self.graph, probes)
         captured: dict[int, torch.Tensor] = {}
         for i, (n, fn) in enumerate(zip(nodes, fns)):
@@ -222,7 +224,8 @@ class Executor:
                 captured[id(t)] = self.read(t)
             if fn is not None:
                 try:
-                    with prepasses.skipping() if n.uid in shared else contextlib.nullcontext():
+                    with prepasses.skipping() if n.uid in shared else \
+                            prepasses.producing() if n.uid in producing else contextlib.nullcontext():
                         fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
                 except KernelError as e:  # (a row id outside the rows, say: name the node)
                     raise KernelError(f"node {n.name!r}: {e}") from None

@@ -6,6 +6,7 @@ product, and a plan that went stale refused at launch."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from gdnpass import ops, pipeline, prepasses
 from gdnpass.alloc import plan as plan_memory
@@ -41,15 +42,15 @@ def shared_names(g: Graph) -> dict[str, str]:
 
 
 def test_products_of_one_activation_share_the_first_pre_pass():
-    """Three products of x (Q4_K, Q6_K, and a pair's form: both q8_K blocks): the first quantizes, the others read
-    its workspace; the launch count drops by one each."""
+    """Three products of x (Q4_K, Q6_K, Q4_K: q8_K blocks all): the first quantizes, the others read its workspace;
+    the launch count drops by one each."""
     x = activation()
     a, b, c = (ops.mul_mat(weight(f"w{i}", t), x) for i, t in enumerate((DType.Q4_K, DType.Q6_K, DType.Q4_K)))
     g = planned(a, b, c)
     p = prepasses.plan(g)
     assert shared_names(g) == {b.name: a.name, c.name: a.name} and p.pre_passes == 1 and not p.refused
     assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - 2 == 4
-    assert p.summary() == "2 of 3 activation pre-passes shared"
+    assert p.summary() == "2 of 3 activation pre-passes skipped (0 made by their producers)"
 
 
 def test_each_rule_refuses_by_name():
@@ -79,16 +80,30 @@ def test_each_rule_refuses_by_name():
     assert not p.shared and not p.refused and p.pre_passes == 2
 
 
-def test_the_9b_verify_shares_qkv_with_z_and_q_with_k_v():
-    """The whole qwen3.5-9b verify with Q4_K weights, fused: every GDN layer's z reads the pre-pass of its qkv
-    product (the attention norm's output), every attention layer's k/v pair the one of its q: 32 of 161."""
+def test_the_9b_verify_quantizes_each_norm_output_once_in_its_norm():
+    """The whole qwen3.5-9b verify with Q4_K weights, fused: every RMS_NORM_MUL whose output products read writes
+    its q8_K blocks, and those products (a GDN layer's qkv and z, an attention layer's q and k/v pair, every FFN's
+    gate/up pair) launch no pre-pass: 96 of 161. The rest quantize the GDN / attention output, the FFN's SwiGLU and
+    the lm head's gathered rows (a GET_ROWS of the output norm: no producer)."""
     g = pipeline.run(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, share_weights=False, wtype="q4_k"),
                      PassOptions(fusion=True)).graph
     p = prepasses.plan(g)
-    pairs = {(n.name.split("-")[0], p.shared[n.uid].src[0].name.split(".")[2]) for n in g.nodes if n.uid in p.shared}
-    assert pairs == {("z", "attn_qkv"), ("mul_mat_vec_pair(attn_v+attn_k)", "attn_q")}
-    assert (len(p.shared), p.pre_passes, p.refused) == (32, 129, [])
-    assert all(n.src[1] is p.shared[n.uid].src[1] for n in g.nodes if n.uid in p.shared)
+    readers = {}
+    for n in g.nodes:
+        if n.uid in p.shared:
+            readers.setdefault(p.shared[n.uid].name.split("(")[1].split("-")[0], set()).add(product_name(n))
+    assert readers == {"attn_norm": {"attn_qkv", "z", "attn_q", "attn_v+attn_k"}, "attn_post_norm": {"ffn_gate+ffn_up"}}
+    assert (len(p.shared), len(p.producing), p.pre_passes, p.refused) == (96, 64, 65, [])
+    assert all(g.nodes[g.index(q)].op.value == prepasses.PRODUCER and n.src[1].base is q.base
+               for n in g.nodes if (q := p.shared.get(n.uid)) is not None)
+    assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - 96
+
+
+def product_name(n) -> str:
+    """A product's weights' names ("attn_qkv", "attn_v+attn_k"), or its own ("z": the z product's node)."""
+    ws = [n.src[0]] + ([n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [])
+    names = [w.base.name.split(".")[2] for w in ws]
+    return "z" if n.name.startswith("z-") else "+".join(names)
 
 
 def _run(g: Graph, share: bool, monkeypatch) -> tuple[list[bytes], int]:
@@ -113,6 +128,27 @@ def test_the_executor_skips_shared_pre_passes_byte_for_byte(monkeypatch):
     assert shared == own
 
 
+def test_a_norm_makes_its_products_activations_byte_for_byte(monkeypatch):
+    """RMS_NORM then MUL (fused: RMS_NORM_MUL) feeding a Q4_K and a Q6_K product, on the Triton kernels: the norm
+    writes the q8_K blocks, neither product launches a pre-pass, and every output's bytes are those of the run where
+    each product quantizes for itself."""
+    from gdnpass.fusion import fuse
+
+    Kn = 512  # (rms_norm_mul.scope.quantizes_rows: a row a program)
+    x = ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT)
+    y = ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor("norm", DType.F32, (Kn,), buffer="weights"))
+    products = [ops.mul_mat(ops.new_tensor(f"w{i}", t, (Kn, M), buffer="weights"), y)
+                for i, t in enumerate((DType.Q4_K, DType.Q6_K))]
+    g = planned(*products)
+    assert fuse(g, enabled=True).applied and any(n.op is Op.RMS_NORM_MUL for n in g.nodes)
+    p = prepasses.plan(g)
+    assert len(p.shared) == 2 and len(p.producing) == 1 and p.pre_passes == 0
+    own, own_passes = _run(g, False, monkeypatch)
+    made, made_passes = _run(g, True, monkeypatch)
+    assert (own_passes, made_passes) == (2, 0)
+    assert made == own
+
+
 def test_a_stale_plan_is_a_one_line_error(monkeypatch):
     """A product told to skip its pre-pass while the workspace holds another activation's is refused at launch
     (the workspace records what it holds), not run on stale quants."""
@@ -132,3 +168,27 @@ def test_the_torch_backend_plans_nothing():
     g = planned(ops.mul_mat(weight("w0"), x), ops.mul_mat(weight("w1"), x))
     assert Executor(g, device="cpu").pre_passes is None
     assert Executor(g, device="cpu", backend="triton", share_pre_passes=False).pre_passes is None
+
+
+@pytest.mark.parametrize("rows", [4, 20])
+def test_rms_norm_mul_writes_the_pre_passes_bytes(rows):
+    """RMS_NORM_MUL quantizing its output writes into the workspace the very bytes a K-quant product's pre-pass of
+    that output writes (every chunk, the padding columns' zeros included), and the output itself as without."""
+    from gdnpass.kernels import triton_core as core
+    from gdnpass.patterns.rms_norm_mul import kernel as rms
+    from support.arena import DEVICE, Arena, rnd
+
+    Kx = 512
+    a = Arena(1 << 22)
+    x, w = a.put(rnd(1, 1, rows, Kx)), a.put(rnd(1, 1, 1, Kx))
+    plain, out = a.view((1, 1, rows, Kx)), a.view((1, 1, rows, Kx))
+    rms.rms_norm_mul(x, w, 1e-6, plain)
+    core.activation_workspace(torch.device(DEVICE), 1 << 16, "test").fill_(0x5A)  # (stale bytes to overwrite)
+    rms.rms_norm_mul(x, w, 1e-6, out, quantize=True)
+    n, cols = mv.product_columns(out)
+    size = -(-n // 16) * mv.activation_bytes(Kx)
+    made = core.held_activations(out.device, mv.activations_key(out, "q8_K", n, cols), "test")[:size].clone()
+    assert torch.equal(out.view(torch.int32), plain.view(torch.int32))
+    core.activation_workspace(torch.device(DEVICE), 1 << 16, "test").fill_(0xA5)
+    quantized = mv.quantize_activations(out, DType.Q4_K, Kx, n, cols)[:size]
+    assert torch.equal(made, quantized)

@@ -246,31 +246,41 @@ def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, G
 
 @triton.jit
 def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk):
-    """A K-quant product's pre-pass, program (column c, block b of 256): the block as ggml-cpu's q8_K
-    (quantize_row_q8_K_ref): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
-    rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); the
+    """A K-quant product's pre-pass, program (column c, block b of 256): :func:`store_q8_K` of the block; the
     columns past N are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x_ggml_cpu`."""
     wait_for_previous_kernels()
     c, b = tl.program_id(0), tl.program_id(1)
-    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
-    g = b * GROUPS_K + tl.arange(0, GROUPS_K)
-    e = tl.arange(0, SUB)
-    k = tl.reshape(tl.arange(0, QK_K), (GROUPS_K, SUB))  # the element's place in the block, [group, lane]
+    k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))  # the element's place in the block, [block, group, lane]
     xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + b * QK_K + k, mask=c < N, other=0.0)
+    store_q8_K(ws_ptr, c, chunk, K, b + tl.arange(0, 1), xt, True)
+
+
+@triton.jit
+def store_q8_K(ws_ptr, c, chunk, K, b, xt, ok):
+    """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as ggml-cpu's q8_K
+    (quantize_row_q8_K_ref) into the column's place of the activation workspace (``chunk`` bytes a chunk of 16
+    columns, K elements a column): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
+    rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); only
+    the blocks where ``ok`` ([B] or a scalar) holds. The pre-pass's, and a producer's that writes its output's
+    blocks itself (RMS_NORM_MUL: gdnpass.prepasses): one expression, so one set of bytes."""
+    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
+    k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))
     ax = tl.abs(xt)
-    amax = tl.max(tl.max(ax, axis=1), axis=0)
-    first = tl.min(tl.min(tl.where(ax == amax, k, QK_K), axis=1), axis=0)
-    mx = tl.sum(tl.sum(tl.where(k == first, xt, 0.0), axis=1), axis=0)
+    amax = tl.max(tl.max(ax, axis=2), axis=1)
+    first = tl.min(tl.min(tl.where(ax == amax[:, None, None], k, QK_K), axis=2), axis=1)
+    mx = tl.sum(tl.sum(tl.where(k == first[:, None, None], xt, 0.0), axis=2), axis=1)
     on = mx != 0
     iscale = tl.where(on, tl.math.div_rn(tl.full(mx.shape, -127.0, tl.float32), tl.where(on, mx, 1.0)), 0.0)
-    q = tl.minimum(_round_even(xt * iscale), 127.0).to(tl.int32)
-    at = g * XCOLS + cc
-    tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + e[None, :], q.to(tl.int8))
+    q = tl.minimum(_round_even(xt * iscale[:, None, None]), 127.0).to(tl.int32)
+    at = (b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]) * XCOLS + cc  # [B, group]
+    ok = ok & (b >= 0)  # ([B])
+    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
+             mask=ok[:, None, None])
     xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
     tl.store(xd + b * XCOLS + cc, tl.where(on, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32),
-                                                               tl.where(on, iscale, 1.0)), 0.0))
+                                                              tl.where(on, iscale, 1.0)), 0.0), mask=ok)
     xb = (ws_ptr + XCOLS * K + 4 * XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
-    tl.store(xb + at, tl.sum(q, axis=1))
+    tl.store(xb + at, tl.sum(q, axis=2), mask=ok[:, None])
 
 
 @triton.jit
@@ -763,7 +773,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         batch = (x.shape[1], x.shape[1] // w.shape[1], x.shape[0] // w.shape[0], w.stride(1), w.stride(0),
                  xs[2], xs[3], ys[2], ys[3])
     else:
-        cols_x, cols_y = (x.shape[2], x.shape[1], xs[1], xs[2], xs[3]), ys
+        cols_x, cols_y = product_columns(x)[1], ys
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
     if wtype.is_quantized:
         x = quantize_activations(x, wtype, K, N, cols_x)
@@ -782,7 +792,7 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     earlier pre-pass of the same activations left it (a KernelError if it holds anything else)."""
     chunk = activation_bytes(K)
     chunks = triton.cdiv(N, XCOLS.value)
-    key = (x.data_ptr(), tuple(x.shape), x.stride(), wtype is DType.Q8_0, K, N, tuple(cols_x))
+    key = activations_key(x, prepasses.form(wtype), N, cols_x)
     if prepasses.skipped():  # an earlier product's pre-pass left these very activations (the executor's plan)
         return held_activations(x.device, key, "mul_mat_vec")
     acts = activation_workspace(x.device, chunks * chunk, "mul_mat_vec", holds=key)
@@ -793,6 +803,20 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     else:
         _quantize_x_k_kernel[(*grid, K // QK_K.value)](x, acts, K, N, *cols_x, chunk, **LAUNCH)
     return acts
+
+
+def product_columns(x: torch.Tensor) -> tuple[int, tuple]:
+    """(N, cols_x): the columns of an unbatched product's activations ``x`` (torch (ne3, ne2, ne1, K)), all of them,
+    and as the mat-vec and its pre-pass address them: ne1, ne2 and the strides s1, s2, s3."""
+    xs = _strides(x)
+    return x.shape[0] * x.shape[1] * x.shape[2], (x.shape[2], x.shape[1], xs[1], xs[2], xs[3])
+
+
+def activations_key(x: torch.Tensor, form: str, N: int, cols_x: tuple) -> tuple:
+    """What the activation workspace holds once x's N columns (``cols_x``, as :func:`quantize_activations` takes
+    them) are quantized to ``form`` ("q8_K" / "q8_1": gdnpass.prepasses.form): the key of
+    :func:`~gdnpass.kernels.triton_core.activation_workspace`."""
+    return x.data_ptr(), tuple(x.shape), x.stride(), form, N, tuple(cols_x)
 
 
 PRE_PASS_NAME = "_quantize_x"  # the pre-passes' kernel names begin so (a profiler's filter for them)
@@ -872,7 +896,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         ws, cnt = split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles, "mul_mat_id")
     xs, ys, i_s = _strides(x), _strides(out), _strides(ids)
     if wtype.is_quantized:  # column e % n_b + n_b·t of the pre-pass's chunks
-        x = quantize_activations(x, wtype, K, n_b * n_t, (n_b, n_t, xs[1], xs[2], xs[3]))
+        x = quantize_activations(x, wtype, K, *product_columns(x))  # (n_b·n_t columns: ne1 = n_b, ne2 = n_t)
         x_b2, x_b3, x_chunk = int(n_b > 1), n_b, activation_bytes(K)
     else:  # slot e reads row e % n_b
         x_b2, x_b3, x_chunk = xs[1] if n_b > 1 else 0, xs[2], 0

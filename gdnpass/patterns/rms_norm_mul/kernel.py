@@ -10,6 +10,11 @@ the addend repeat into the rows as ggml broadcasts (each of their ``ne`` divides
 A program loads all rows it owns (x, w, the addend) before storing them, so the output may be x or the addend itself
 (element for element, as gallocr's in-place MUL/ADD over an in-place RMS_NORM leaves it); any other overlap is
 refused (the matcher's ``rms-mul.output-overlaps-input``; the launcher's :func:`_alias_ok`).
+
+Where the products after it read its output quantized (``quantize``: :mod:`gdnpass.prepasses` plans it), the kernel
+also writes the output's q8_K blocks into the activation workspace, as their pre-pass would
+(:func:`gdnpass.kernels.triton_matvec.store_q8_K`, the pre-pass's own code on the same f32 values: the same bytes,
+the padding columns' zeros included), and the products launch no pre-pass.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ import triton.language as tl
 
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _repeats, _require, _row_offset, _strides, rms_scale_rows,
-                                         wait_for_previous_kernels)
+from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, QK_K, SUB, _alias_ok, _repeats, _require, _row_offset,
+                                         _strides, activation_workspace, rms_scale_rows, wait_for_previous_kernels)
+from gdnpass.kernels.triton_matvec import XCOLS, activation_bytes, activations_key, product_columns, store_q8_K
 from gdnpass.kernels.triton_norms import l2_tile
-from gdnpass.patterns.rms_norm_mul.scope import row_fits
+from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows, row_fits
 
 
 def reference(x: torch.Tensor, w: torch.Tensor, eps: float, addend: torch.Tensor | None = None,
@@ -50,9 +56,9 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
                          x_s1, x_s2, x_s3,                      # x rows are contiguous (nb0 == 4)
                          w_ne0, w_ne1, w_ne2, w_ne3, w_s0, w_s1, w_s2, w_s3,
                          a_ne0, a_ne1, a_ne2, a_ne3, a_s0, a_s1, a_s2, a_s3,
-                         y_s0, y_s1, y_s2, y_s3,
+                         y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NORM_FIRST: tl.constexpr,
-                         HAS_ADD: tl.constexpr, ADD_FIRST: tl.constexpr):
+                         HAS_ADD: tl.constexpr, ADD_FIRST: tl.constexpr, QUANTIZE: tl.constexpr):
     wait_for_previous_kernels()
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.arange(0, BLOCK_D)
@@ -74,14 +80,20 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
         else:
             y = y + a
     tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
+    if QUANTIZE:  # (one row a program; the programs past the rows write the padding columns' zeros)
+        blocks = tl.arange(0, BLOCK_D // QK_K)
+        store_q8_K(ws_ptr, tl.program_id(0), chunk, ne0, blocks,
+                   tl.reshape(tl.where(mask, y, 0.0), (BLOCK_D // QK_K, GROUPS_K, SUB)), blocks * QK_K < ne0)
 
 
 def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, addend: torch.Tensor | None = None,
-                 norm_first: bool = True, add_first: bool = False) -> None:
+                 norm_first: bool = True, add_first: bool = False, quantize: bool = False) -> None:
     """``out = rms_norm(x, eps) * w (+ addend)`` in the operand order of the unfused MUL (``norm_first``: the norm is
     its src0) and ADD (``add_first``: the addend is its src0), all f32; x with contiguous rows (nb0 == 4, rows
     anywhere), w and the addend repeating into x, ``out`` x's shape with any strides (it may be x or the addend
-    itself). One launch, RMS_NORM's tile."""
+    itself). One launch, RMS_NORM's tile. ``quantize``: also ``out``'s q8_K blocks, its rows the columns, into the
+    activation workspace, as a K-quant product's pre-pass of ``out`` would write them (rows of
+    :func:`~gdnpass.patterns.rms_norm_mul.scope.quantizes_rows`, contiguous)."""
     if out.numel() == 0:
         return
     ops = [x, w, out] + ([addend] if addend is not None else [])
@@ -98,11 +110,20 @@ def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor
     n_rows = x.shape[0] * x.shape[1] * x.shape[2]
     block_r, block_d = l2_tile(x.shape[3])
     xs = _strides(x)
-    _rms_norm_mul_kernel[(triton.cdiv(n_rows, block_r),)](
+    programs, acts, chunk = triton.cdiv(n_rows, block_r), None, 0
+    if quantize:
+        K = x.shape[3]
+        _require(quantizes_rows(K) and block_r == 1 and out.stride(-1) == 1,
+                 f"RMS_NORM+MUL: rows of {K} elements (stride {out.stride(-1)}) are not quantized in the kernel")
+        N, cols = product_columns(out)
+        chunk, programs = activation_bytes(K), XCOLS.value * triton.cdiv(N, XCOLS.value)
+        acts = activation_workspace(out.device, programs // XCOLS.value * chunk, "RMS_NORM+MUL",
+                                    holds=activations_key(out, "q8_K", N, cols))
+    _rms_norm_mul_kernel[(programs,)](
         x, w, a, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3],
-        *w.shape[::-1], *_strides(w), *a.shape[::-1], *_strides(a), *_strides(out),
+        *w.shape[::-1], *_strides(w), *a.shape[::-1], *_strides(a), *_strides(out), acts, chunk,
         BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=addend is not None, ADD_FIRST=add_first,
-        **LAUNCH)
+        QUANTIZE=quantize, **LAUNCH)
 
 
 def programs(node) -> list[tuple[str, int, int]]:
@@ -115,8 +136,12 @@ def programs(node) -> list[tuple[str, int, int]]:
 def variants():
     """(kernel, constexprs, warps) to compile ahead of time (tests/kernels' sm_90 check): the model's rows (the
     hidden size and the attention heads) in both operand orders, with and without the ADD."""
-    for ne0, norm_first, has_add, add_first in ((4096, True, False, False), (256, True, False, False),
-                                                (128, False, True, True), (5120, True, True, False)):
+    for ne0, norm_first, has_add, add_first, quantize in ((4096, True, False, False, False),
+                                                          (4096, True, False, False, True),
+                                                          (256, True, False, False, False),
+                                                          (128, False, True, True, False),
+                                                          (5120, True, True, False, False),
+                                                          (5120, True, False, False, True)):
         block_r, block_d = l2_tile(ne0)
         yield _rms_norm_mul_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=has_add,
-                                         ADD_FIRST=add_first), LAUNCH["num_warps"]
+                                         ADD_FIRST=add_first, QUANTIZE=quantize), LAUNCH["num_warps"]

@@ -46,10 +46,13 @@ def _torch(node: Tensor, views: list, out) -> None:
 
 
 def _triton(node: Tensor, views: list, out) -> None:
+    """The kernel; writing the output's q8_K blocks too where the executor's pre-pass plan asks it to
+    (gdnpass.prepasses)."""
     import gdnpass.patterns.rms_norm_mul.kernel as kernel
+    from gdnpass import prepasses
 
     x, w, eps, addend, norm_first, add_first = _views(node, views)
-    kernel.rms_norm_mul(x, w, eps, out, addend, norm_first, add_first)
+    kernel.rms_norm_mul(x, w, eps, out, addend, norm_first, add_first, quantize=prepasses.produces())
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:

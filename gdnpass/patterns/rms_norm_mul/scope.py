@@ -7,3 +7,9 @@ ROW_MAX = 1 << 16  # elements of a row: one program holds whole rows in register
 def row_fits(ne0: int) -> bool:
     """Rows of 1..ROW_MAX elements."""
     return 1 <= ne0 <= ROW_MAX
+
+
+def quantizes_rows(ne0: int) -> bool:
+    """Rows whose q8_K blocks the kernel also writes for the products after it (gdnpass.prepasses): whole blocks of
+    256, one row a program (RMS_NORM's tile holds a row of >= 512 elements alone)."""
+    return ne0 % 256 == 0 and 512 <= ne0 <= ROW_MAX
