@@ -17,6 +17,7 @@ from gdnpass.models import VerifyConfig
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
 from gdnpass.runtime import Executor, launches, node_launches
+from support.arena import DEVICE, Arena, rnd
 
 K, M, T = 256, 16, 4
 
@@ -111,7 +112,7 @@ def _run(g: Graph, share: bool, monkeypatch) -> tuple[list[bytes], int]:
     filled = []
     real = mv.activation_workspace
     monkeypatch.setattr(mv, "activation_workspace", lambda *a, **k: (filled.append(1), real(*a, **k))[1])
-    ex = Executor(g, device="cpu", backend="triton", share_pre_passes=share)
+    ex = Executor(g, device=DEVICE, backend="triton", share_pre_passes=share)
     fill(ex, seed=3)
     ex.run()
     return [ex.bytes_of(n) for n in g.nodes if n.op is Op.MUL_MAT], len(filled)
@@ -149,13 +150,31 @@ def test_a_norm_makes_its_products_activations_byte_for_byte(monkeypatch):
     assert made == own
 
 
+def test_a_norm_in_place_of_its_x_makes_no_quants():
+    """An RMS_NORM_MUL that gallocr put in place of its x (an intermediate: a SCALE's output) is no producer (its
+    quantizing programs would read rows other programs overwrite): the first product quantizes, the second shares."""
+    from gdnpass.fusion import fuse
+    from gdnpass.ir import byte_range
+
+    Kn = 512
+    x = ops.scale(ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT), 2.0)
+    y = ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor("norm", DType.F32, (Kn,), buffer="weights"))
+    first, second = (ops.mul_mat(ops.new_tensor(f"w{i}", DType.Q4_K, (Kn, M), buffer="weights"), y) for i in (0, 1))
+    g = planned(first, second)
+    fuse(g, enabled=True)
+    norm = next(n for n in g.nodes if n.op is Op.RMS_NORM_MUL)
+    assert byte_range(norm) == byte_range(norm.src[0])
+    p = prepasses.plan(g)
+    assert not p.producing and shared_names(g) == {second.name: first.name}
+
+
 def test_a_stale_plan_is_a_one_line_error(monkeypatch):
     """A product told to skip its pre-pass while the workspace holds another activation's is refused at launch
     (the workspace records what it holds), not run on stale quants."""
     x, y = activation(), activation("y")
     a, b = ops.mul_mat(weight("w0"), x), ops.mul_mat(weight("w1"), y)
     g = planned(a, b)
-    ex = Executor(g, device="cpu", backend="triton")
+    ex = Executor(g, device=DEVICE, backend="triton")
     fill(ex, seed=3)
     ex.pre_passes.shared[b.uid] = a  # (what no legal plan says: b's activation is y)
     with pytest.raises(KernelError, match="the workspace holds others"):
@@ -176,7 +195,6 @@ def test_rms_norm_mul_writes_the_pre_passes_bytes(rows):
     that output writes (every chunk, the padding columns' zeros included), and the output itself as without."""
     from gdnpass.kernels import triton_core as core
     from gdnpass.patterns.rms_norm_mul import kernel as rms
-    from support.arena import DEVICE, Arena, rnd
 
     Kx = 512
     a = Arena(1 << 22)

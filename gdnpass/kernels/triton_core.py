@@ -375,8 +375,15 @@ def l2_scale_rows(x, eps):
 def rms_scale_rows(x, n, eps):
     """x: [BLOCK_R, BLOCK_D] rows of ``n`` elements (masked lanes 0) -> rsqrt(Σx² / n + eps) * x per row: ggml-cuda's
     rms_norm_f32 (mean = Σ / ncols in f32, rsqrtf(mean + eps), scale * x), Σ the same fixed tree as L2_NORM's."""
+    return rms_row_scales(x, n, eps)[:, None] * x
+
+
+@triton.jit
+def rms_row_scales(x, n, eps):
+    """The [BLOCK_R] scales of :func:`rms_scale_rows`, rsqrt(Σx² / n + eps), for a kernel that applies them to a
+    part of each row (x: the whole rows, as there)."""
     mean = tl.math.div_rn(sum_sq_rows(x), n * 1.0)  # IEEE, as the reference's (``/`` is approximate compiled)
-    return tl.math.rsqrt(mean + eps)[:, None] * x
+    return tl.math.rsqrt(mean + eps)
 
 
 @triton.jit

@@ -14,7 +14,12 @@ refused (the matcher's ``rms-mul.output-overlaps-input``; the launcher's :func:`
 Where the products after it read its output quantized (``quantize``: :mod:`gdnpass.prepasses` plans it), the kernel
 also writes the output's q8_K blocks into the activation workspace, as their pre-pass would
 (:func:`gdnpass.kernels.triton_matvec.store_q8_K`, the pre-pass's own code on the same f32 values: the same bytes,
-the padding columns' zeros included), and the products launch no pre-pass.
+the padding columns' zeros included), and the products launch no pre-pass. It then runs the pre-pass's grid, a
+program per row and block of 256: each takes its row's scale from the whole row (:func:`~gdnpass.kernels.
+triton_core.rms_row_scales`, the scale of :func:`~gdnpass.kernels.triton_core.rms_scale_rows`: one value), then its
+block alone. A row in one program would quantize its blocks one program a row (4 at a 4-token verify): on the H100
+that made the 105 norms of a Q4_K_M verify 183 us slower, more than the pre-passes it saved. The output may not
+overlap x then (another block's program reads the whole row).
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import triton.language as tl
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, QK_K, SUB, _alias_ok, _repeats, _require, _row_offset,
-                                         _strides, activation_workspace, rms_scale_rows, wait_for_previous_kernels)
+                                         _strides, activation_workspace, rms_row_scales, rms_scale_rows,
+                                         wait_for_previous_kernels)
 from gdnpass.kernels.triton_matvec import XCOLS, activation_bytes, activations_key, product_columns, store_q8_K
 from gdnpass.kernels.triton_norms import l2_tile
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows, row_fits
@@ -59,17 +65,25 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
                          y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NORM_FIRST: tl.constexpr,
                          HAS_ADD: tl.constexpr, ADD_FIRST: tl.constexpr, QUANTIZE: tl.constexpr):
+    """Rows [BLOCK_R] whole; or, QUANTIZE, one row and one q8_K block of it (program (row, block): the row's scale
+    from the whole row, as without, then the block's output and its quants, as the pre-pass's grid)."""
     wait_for_previous_kernels()
+    PART: tl.constexpr = QK_K if QUANTIZE else BLOCK_D
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    cols = tl.arange(0, BLOCK_D)
+    row_x = _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None]
+    whole = tl.arange(0, BLOCK_D)
+    x = tl.load(x_ptr + row_x + whole[None, :], mask=(rows < n_rows)[:, None] & (whole < ne0)[None, :], other=0.0)
+    cols = tl.program_id(1) * PART + tl.arange(0, PART)
     mask = (rows < n_rows)[:, None] & (cols < ne0)[None, :]
-    x = tl.load(x_ptr + _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None] + cols[None, :], mask=mask, other=0.0)
     w = tl.load(w_ptr + _repeat_offset(rows, cols, ne1, ne2, w_ne0, w_ne1, w_ne2, w_ne3, w_s0, w_s1, w_s2, w_s3),
                 mask=mask)
     if HAS_ADD:
         a = tl.load(a_ptr + _repeat_offset(rows, cols, ne1, ne2, a_ne0, a_ne1, a_ne2, a_ne3, a_s0, a_s1, a_s2, a_s3),
                     mask=mask)
-    norm = rms_scale_rows(x, ne0, eps)
+    if QUANTIZE:  # (the programs past the rows write the padding columns' zeros)
+        norm = rms_row_scales(x, ne0, eps)[:, None] * tl.load(x_ptr + row_x + cols[None, :], mask=mask, other=0.0)
+    else:
+        norm = rms_scale_rows(x, ne0, eps)
     if NORM_FIRST:
         y = norm * w
     else:
@@ -80,10 +94,10 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
         else:
             y = y + a
     tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
-    if QUANTIZE:  # (one row a program; the programs past the rows write the padding columns' zeros)
-        blocks = tl.arange(0, BLOCK_D // QK_K)
-        store_q8_K(ws_ptr, tl.program_id(0), chunk, ne0, blocks,
-                   tl.reshape(tl.where(mask, y, 0.0), (BLOCK_D // QK_K, GROUPS_K, SUB)), blocks * QK_K < ne0)
+    if QUANTIZE:
+        block = tl.program_id(1) + tl.arange(0, 1)
+        store_q8_K(ws_ptr, tl.program_id(0), chunk, ne0, block,
+                   tl.reshape(tl.where(mask, y, 0.0), (1, GROUPS_K, SUB)), block * QK_K < ne0)
 
 
 def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, addend: torch.Tensor | None = None,
@@ -110,16 +124,17 @@ def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor
     n_rows = x.shape[0] * x.shape[1] * x.shape[2]
     block_r, block_d = l2_tile(x.shape[3])
     xs = _strides(x)
-    programs, acts, chunk = triton.cdiv(n_rows, block_r), None, 0
+    grid, acts, chunk = (triton.cdiv(n_rows, block_r), 1), None, 0
     if quantize:
         K = x.shape[3]
         _require(quantizes_rows(K) and block_r == 1 and out.stride(-1) == 1,
                  f"RMS_NORM+MUL: rows of {K} elements (stride {out.stride(-1)}) are not quantized in the kernel")
+        _alias_ok("RMS_NORM+MUL quantizing", out, x, same_ok=False)  # (a block's program reads the whole row)
         N, cols = product_columns(out)
-        chunk, programs = activation_bytes(K), XCOLS.value * triton.cdiv(N, XCOLS.value)
-        acts = activation_workspace(out.device, programs // XCOLS.value * chunk, "RMS_NORM+MUL",
+        chunk, grid = activation_bytes(K), (XCOLS.value * triton.cdiv(N, XCOLS.value), K // QK_K.value)
+        acts = activation_workspace(out.device, grid[0] // XCOLS.value * chunk, "RMS_NORM+MUL",
                                     holds=activations_key(out, "q8_K", N, cols))
-    _rms_norm_mul_kernel[(programs,)](
+    _rms_norm_mul_kernel[grid](
         x, w, a, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3],
         *w.shape[::-1], *_strides(w), *a.shape[::-1], *_strides(a), *_strides(out), acts, chunk,
         BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=addend is not None, ADD_FIRST=add_first,
