@@ -342,6 +342,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     if interpreted:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' definition
     from gdnpass.models.fill import fill
+    from gdnpass import prepasses
     from gdnpass.runtime import Executor, launches
 
     t0 = time.perf_counter()
@@ -376,6 +377,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     t_exec = time.perf_counter() - t0
 
     counts = launches(graph)
+    pre = prepasses.plan(graph)
     summary = {
         "source": res.source, "device": str(ex.device), "backend": _backend_name(a),
         "layers": graph.meta.get("layers"), "dflash_taps": graph.meta.get("dflash_taps"),
@@ -383,6 +385,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         "leafs": len(graph.leafs),
         "buffers": graph.buffers, "launches": sum(counts.values()), "launches_unfused": before,
         "launches_per_op": dict(sorted(counts.items())), "fusion": report.to_json(),
+        "pre_passes": {"run": pre.pre_passes, "skipped": len(pre.shared), "made_by_norms": len(pre.producing),
+                       "refused": [r.describe() for r in pre.refused]},
         "seconds": {"build_and_plan": round(t_build - report.seconds, 4), "fuse": round(report.seconds, 4),
                     "fill": round(t_fill, 4), "execute": round(t_exec, 4)},
     }
@@ -397,6 +401,9 @@ def cmd_run(a: argparse.Namespace) -> int:
           f"leafs {len(graph.leafs)}")
     print("  buffers: " + ", ".join(f"{k} {v / mib:.2f} MiB" for k, v in graph.buffers.items()))
     print("  launches per op: " + ", ".join(f"{k} {v}" for k, v in summary["launches_per_op"].items()))
+    if pre.pre_passes or pre.shared:
+        print(f"  quantized products (Triton): {pre.summary()}" +
+              "".join(f"\n    {r.describe()}" for r in pre.refused))
     s = summary["seconds"]
     print(f"  time: build+plan {s['build_and_plan'] * 1e3:.1f} ms, fuse {s['fuse'] * 1e3:.1f} ms, "
           f"fill {s['fill']:.2f} s, execute {s['execute']:.2f} s")

@@ -4,8 +4,8 @@ A product of quantized weights first quantizes its activation columns (a launch 
 its device's activation workspace, then the mat-vec reads them there (:mod:`gdnpass.kernels.triton_matvec`, as
 llama.cpp's ``quantize_q8_1`` before ``mul_mat_vec_q``). Several products often quantize one activation: a GDN
 layer's qkv and z products both take the attention norm's output, an attention layer's q, k and v too; and that
-activation is most often an RMS_NORM_MUL's output, a kernel that holds each row whole and can write the row's q8_K
-blocks itself. :func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass
+activation is most often an RMS_NORM_MUL's or a SwiGLU's output, whose kernels can write its q8_K blocks
+themselves. :func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass
 skipped (:func:`skipping`) and such a producer writing the blocks (:func:`producing`); :func:`gdnpass.runtime.
 launches` counts what runs. Exact by construction: the same f32 values quantized by the same code
 (``triton_matvec.store_q8_K`` for q8_K) are the same int8 bytes.
@@ -15,9 +15,10 @@ producer's blocks) when:
 
 1. [one-pre-pass] P quantizes its whole activation in one pre-pass, for the quantized mat-vec: a MUL_MAT,
    MUL_MAT_VEC_PAIR or MUL_MAT_ADD of a quantized weight over 1..32 columns, or a quantized MUL_MAT_ID on the kernel
-   (its b one row a token, or one a slot); F is such a product, or an RMS_NORM_MUL whose rows the kernel quantizes
-   (rms_norm_mul.scope.quantizes_rows: whole q8_K blocks) and whose output overlaps no byte of its x (the
-   quantizing kernel's programs each read a whole row of x, and store one block).
+   (its b one row a token, or one a slot); F is such a product, or a producer: an RMS_NORM_MUL whose rows the kernel
+   quantizes (rms_norm_mul.scope.quantizes_rows: whole q8_K blocks) and whose output overlaps no byte of its x (the
+   quantizing kernel's programs each read a whole row of x, and store one block), or a SWIGLU GLU of rows of whole
+   q8_K blocks.
 2. [same-activation] P's activation is F's bytes in F's layout: one buffer, offset, ne and nb (a reshape that
    changes ne does not count: the columns' order could differ); a producer's are its output's.
 3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups; a producer
@@ -44,7 +45,7 @@ from gdnpass.kernels import limits
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
 
 PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD")  # their sources: the weight, the activation, ...
-PRODUCER = "RMS_NORM_MUL"  # writes its output's q8_K blocks where the plan asks
+PRODUCERS = ("RMS_NORM_MUL", "GLU")  # write their output's q8_K blocks where the plan asks
 RULES = ("one-pre-pass", "same-activation", "same-form", "last-pre-pass", "unwritten")
 
 
@@ -116,12 +117,15 @@ def activation(n: Tensor) -> Activation | None:
 
 
 def produced(n: Tensor) -> Activation | None:
-    """Rule 1's producer: the q8_K blocks of RMS_NORM_MUL node ``n``'s output that its kernel can write (None: not
-    such a node)."""
-    if n.op.value != PRODUCER or not runs_kernel(n) or not quantizes_rows(n.ne[0]) or n.nb[0] != 4:
+    """Rule 1's producer: the q8_K blocks of node ``n``'s output that its kernel can write (None: not such a node)."""
+    if n.op.value not in PRODUCERS or not runs_kernel(n) or n.nb[0] != 4 or n.type is not DType.F32:
         return None
     out = byte_range(n)
-    return None if ranges_overlap(out, byte_range(n.src[0])) else Activation(out, (n.ne, n.nb), "q8_K")
+    if n.op is Op.GLU:
+        ok = n.op_params.get("kind") == "SWIGLU" and n.ne[0] % DType.Q4_K.block == 0
+    else:
+        ok = quantizes_rows(n.ne[0]) and not ranges_overlap(out, byte_range(n.src[0]))
+    return Activation(out, (n.ne, n.nb), "q8_K") if ok else None
 
 
 def fills_workspace(n: Tensor) -> bool:

@@ -134,7 +134,7 @@ class Executor:
         table that runs some on torch could leave the workspace unfilled where the plan says it is)."""
         from gdnpass.kernels.backends import TRITON_BACKEND
 
-        ops = (*prepasses.PRODUCTS, "MUL_MAT_ID", prepasses.PRODUCER)
+        ops = (*prepasses.PRODUCTS, "MUL_MAT_ID", *prepasses.PRODUCERS)
         return all(self.kernels.get(Op[o]) is TRITON_BACKEND.get(Op[o]) for o in ops)
 
     # ---- memory ---------------------------------------------------------------------------------------------------

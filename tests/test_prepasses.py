@@ -81,23 +81,30 @@ def test_each_rule_refuses_by_name():
     assert not p.shared and not p.refused and p.pre_passes == 2
 
 
-def test_the_9b_verify_quantizes_each_norm_output_once_in_its_norm():
-    """The whole qwen3.5-9b verify with Q4_K weights, fused: every RMS_NORM_MUL whose output products read writes
-    its q8_K blocks, and those products (a GDN layer's qkv and z, an attention layer's q and k/v pair, every FFN's
-    gate/up pair) launch no pre-pass: 96 of 161. The rest quantize the GDN / attention output, the FFN's SwiGLU and
-    the lm head's gathered rows (a GET_ROWS of the output norm: no producer)."""
+def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel():
+    """The whole qwen3.5-9b verify with Q4_K weights, fused: every RMS_NORM_MUL and SwiGLU whose output products
+    read writes its q8_K blocks, and those products (a GDN layer's qkv and z, an attention layer's q and k/v pair,
+    every FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161. The rest quantize the GDN and
+    attention outputs (an RMS_NORM_MUL of head rows, 128 elements: not whole blocks) and the lm head's gathered rows
+    (a GET_ROWS of the output norm: no producer)."""
     g = pipeline.run(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, share_weights=False, wtype="q4_k"),
                      PassOptions(fusion=True)).graph
     p = prepasses.plan(g)
     readers = {}
     for n in g.nodes:
         if n.uid in p.shared:
-            readers.setdefault(p.shared[n.uid].name.split("(")[1].split("-")[0], set()).add(product_name(n))
-    assert readers == {"attn_norm": {"attn_qkv", "z", "attn_q", "attn_v+attn_k"}, "attn_post_norm": {"ffn_gate+ffn_up"}}
-    assert (len(p.shared), len(p.producing), p.pre_passes, p.refused) == (96, 64, 65, [])
-    assert all(g.nodes[g.index(q)].op.value == prepasses.PRODUCER and n.src[1].base is q.base
+            readers.setdefault(stem(p.shared[n.uid]), set()).add(product_name(n))
+    assert readers == {"attn_norm": {"attn_qkv", "z", "attn_q", "attn_v+attn_k"}, "attn_post_norm": {"ffn_gate+ffn_up"},
+                       "ffn_swiglu": {"ffn_down"}}
+    assert (len(p.shared), len(p.producing), p.pre_passes, p.refused) == (128, 96, 33, [])
+    assert all(g.nodes[g.index(q)].op.value in prepasses.PRODUCERS and n.src[1].base is q.base
                for n in g.nodes if (q := p.shared.get(n.uid)) is not None)
-    assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - 96
+    assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - 128
+
+
+def stem(n) -> str:
+    """A node's name without its layer and fused op: "rms_norm_mul(attn_norm-3)" -> "attn_norm"."""
+    return n.name.split("(")[-1].split("-")[0]
 
 
 def product_name(n) -> str:
@@ -129,24 +136,27 @@ def test_the_executor_skips_shared_pre_passes_byte_for_byte(monkeypatch):
     assert shared == own
 
 
-def test_a_norm_makes_its_products_activations_byte_for_byte(monkeypatch):
-    """RMS_NORM then MUL (fused: RMS_NORM_MUL) feeding a Q4_K and a Q6_K product, on the Triton kernels: the norm
-    writes the q8_K blocks, neither product launches a pre-pass, and every output's bytes are those of the run where
-    each product quantizes for itself."""
+def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monkeypatch):
+    """An FFN on the Triton kernels: RMS_NORM then MUL (fused: RMS_NORM_MUL) feeding a Q4_K gate and a Q6_K up
+    product, their SwiGLU feeding a Q4_K down product. The norm and the SwiGLU write the q8_K blocks, no product
+    launches a pre-pass, and every output's bytes are those of the run where each product quantizes for itself."""
     from gdnpass.fusion import fuse
+    from gdnpass.ir import Glu
 
-    Kn = 512  # (rms_norm_mul.scope.quantizes_rows: a row a program)
+    Kn = 512  # (rms_norm_mul.scope.quantizes_rows: a row in one program's tile)
     x = ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT)
     y = ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor("norm", DType.F32, (Kn,), buffer="weights"))
-    products = [ops.mul_mat(ops.new_tensor(f"w{i}", t, (Kn, M), buffer="weights"), y)
-                for i, t in enumerate((DType.Q4_K, DType.Q6_K))]
-    g = planned(*products)
+    gate, up = (ops.mul_mat(ops.new_tensor(f"w{i}", t, (Kn, Kn), buffer="weights"), y)
+                for i, t in enumerate((DType.Q4_K, DType.Q6_K)))
+    down = ops.mul_mat(ops.new_tensor("w_down", DType.Q4_K, (Kn, M), buffer="weights"), ops.glu_split(gate, up,
+                                                                                                    Glu.SWIGLU))
+    g = planned(down, gate, up)
     assert fuse(g, enabled=True).applied and any(n.op is Op.RMS_NORM_MUL for n in g.nodes)
     p = prepasses.plan(g)
-    assert len(p.shared) == 2 and len(p.producing) == 1 and p.pre_passes == 0
+    assert (len(p.shared), len(p.producing), p.pre_passes) == (3, 2, 0)
     own, own_passes = _run(g, False, monkeypatch)
     made, made_passes = _run(g, True, monkeypatch)
-    assert (own_passes, made_passes) == (2, 0)
+    assert (own_passes, made_passes) == (3, 0)
     assert made == own
 
 
@@ -187,6 +197,29 @@ def test_the_torch_backend_plans_nothing():
     g = planned(ops.mul_mat(weight("w0"), x), ops.mul_mat(weight("w1"), x))
     assert Executor(g, device="cpu").pre_passes is None
     assert Executor(g, device="cpu", backend="triton", share_pre_passes=False).pre_passes is None
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+def test_swiglu_writes_the_pre_passes_bytes(in_place):
+    """SWIGLU quantizing its output (the split form, in place of its gate or not) writes into the workspace the
+    bytes a K-quant product's pre-pass of that output writes, and the output itself as without."""
+    from gdnpass.kernels import triton_core as core
+    from gdnpass.kernels import triton_elementwise as elt
+
+    Kx, rows = 512, 5
+    a = Arena(1 << 22)
+    g, u = a.put(rnd(1, 1, rows, Kx)), a.put(rnd(1, 1, rows, Kx))
+    plain = a.view((1, 1, rows, Kx))
+    elt.glu("SWIGLU", g, u, False, plain)
+    out = g if in_place else a.view((1, 1, rows, Kx))
+    core.activation_workspace(g.device, 1 << 16, "test").fill_(0x5A)
+    elt.glu("SWIGLU", g, u, False, out, quantize=True)
+    n, cols = mv.product_columns(out)
+    size = -(-n // 16) * mv.activation_bytes(Kx)
+    made = core.held_activations(out.device, mv.activations_key(out, "q8_K", n, cols), "test")[:size].clone()
+    assert torch.equal(out.view(torch.int32), plain.view(torch.int32))
+    core.activation_workspace(g.device, 1 << 16, "test").fill_(0xA5)
+    assert torch.equal(made, mv.quantize_activations(out, DType.Q4_K, Kx, n, cols)[:size])
 
 
 @pytest.mark.parametrize("rows", [4, 20])

@@ -17,8 +17,9 @@ from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
-                                         _scale_min_k4, _strides, clamp_f32, exp_f32, log_f32, silu_f32,
-                                         wait_for_previous_kernels)
+                                         _scale_min_k4, _strides, activation_workspace, clamp_f32, exp_f32, log_f32,
+                                         silu_f32, wait_for_previous_kernels)
+from gdnpass.kernels.triton_matvec import XCOLS, activation_bytes, activations_key, product_columns, store_q8_K
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -496,11 +497,31 @@ def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, ne0, ne1, ne2, g_s0, g_s1, g_s2, g_s3
     tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), silu_f32(g) * u, mask=mask)
 
 
-def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: torch.Tensor) -> None:
+@triton.jit
+def _swiglu_q8_K_kernel(g_ptr, u_ptr, y_ptr, n_rows, ne0, ne1, ne2, g_s0, g_s1, g_s2, g_s3, u_s0, u_s1, u_s2, u_s3,
+                        y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk):
+    """SWIGLU writing its output's q8_K blocks too, for the K-quant products after it (gdnpass.prepasses): program
+    (row, block of 256), the pre-pass's grid; _swiglu_kernel's expression on the block, then the pre-pass's own
+    :func:`~gdnpass.kernels.triton_matvec.store_q8_K` of it (rows past n_rows: the padding columns' zeros)."""
+    wait_for_previous_kernels()
+    r, b = tl.program_id(0), tl.program_id(1)
+    i0 = b * QK_K + tl.arange(0, QK_K)
+    mask = (i0 < ne0) & (r < n_rows)
+    g = tl.load(g_ptr + i0 * g_s0 + _row_offset(r, ne1, ne2, g_s1, g_s2, g_s3), mask=mask, other=0.0)
+    u = tl.load(u_ptr + i0 * u_s0 + _row_offset(r, ne1, ne2, u_s1, u_s2, u_s3), mask=mask, other=0.0)
+    y = silu_f32(g) * u
+    tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), y, mask=mask)
+    store_q8_K(ws_ptr, r, chunk, ne0, b + tl.arange(0, 1), tl.reshape(tl.where(mask, y, 0.0), (1, GROUPS_K, SUB)),
+               True)
+
+
+def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: torch.Tensor,
+        quantize: bool = False) -> None:
     """GLU ``kind`` (SWIGLU: silu(gate) * up, SILU's expression then one multiply, as reference.swiglu) into
     ``out``, f32, any strides. Split form (``b`` given): gate a, up b, same shape. One source: each row of a holds
     the gate then the up half (exchanged when ``swapped``), ``out`` ne0 = a ne0 // 2. One program per ELT_BLOCK
-    output elements."""
+    output elements; or, ``quantize``, per row and block of 256, writing ``out``'s q8_K blocks into the activation
+    workspace too, as a K-quant product's pre-pass of ``out`` would (rows of whole blocks, contiguous)."""
     if out.numel() == 0:
         return
     _require(kind == "SWIGLU", f"GLU {kind} has no Triton kernel")
@@ -513,6 +534,17 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
                                                                    f"{tuple(b.shape)}, output {tuple(out.shape)}")
     _require(a.dtype == b.dtype == out.dtype == torch.float32, f"GLU of {a.dtype} into {out.dtype} (f32 only)")
     _elementwise(f"GLU({kind})", out, a, b)
+    if quantize:
+        K = out.shape[3]
+        _require(K % QK_K.value == 0 and out.stride(3) == 1, f"GLU: rows of {K} are not quantized in the kernel")
+        N, cols = product_columns(out)
+        chunks = triton.cdiv(N, XCOLS.value)
+        acts = activation_workspace(out.device, chunks * activation_bytes(K), "GLU",
+                                    holds=activations_key(out, "q8_K", N, cols))
+        _swiglu_q8_K_kernel[(XCOLS.value * chunks, K // QK_K.value)](
+            a, b, out, N, K, out.shape[2], out.shape[1], *_strides(a), *_strides(b), *_strides(out), acts,
+            activation_bytes(K), **LAUNCH)
+        return
     _swiglu_kernel[_grid(out.numel())](
         a, b, out, out.numel(), out.shape[3], out.shape[2], out.shape[1], *_strides(a), *_strides(b),
         *_strides(out), BLOCK=ELT_BLOCK, **LAUNCH)

@@ -117,8 +117,12 @@ def _tri_unary(node, views, out):
 
 
 def _tri_glu(node, views, out):
+    """GLU, writing its output's q8_K blocks too where the executor's pre-pass plan asks (gdnpass.prepasses)."""
+    from gdnpass import prepasses
+
     p = node.op_params
-    _family("elementwise").glu(p["kind"], views[0], views[1] if len(views) > 1 else None, bool(p.get("swapped")), out)
+    _family("elementwise").glu(p["kind"], views[0], views[1] if len(views) > 1 else None, bool(p.get("swapped")), out,
+                               quantize=prepasses.produces())
 
 
 def _tri_scale(node, views, out):

@@ -75,6 +75,7 @@ def variants():
     for kind in elt.UNARY_KINDS:
         yield elt._unary_kernel, dict(KIND=kind, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     yield elt._swiglu_kernel, dict(BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
+    yield elt._swiglu_q8_K_kernel, {}, core.NUM_WARPS, dict(ws_ptr="*u8")
     for op in elt.BINARY_OPS:
         yield elt._binary_kernel, dict(OP=op, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     # the expert FFN's router: CLAMP, SUM_ROWS, ARGSORT of the models' rows (8, 256 and 512 experts; 16 tokens)
