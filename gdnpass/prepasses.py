@@ -8,7 +8,7 @@ activation is most often an RMS_NORM_MUL's or a SwiGLU's output, whose kernels c
 themselves. :func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass
 skipped (:func:`skipping`) and such a producer writing the blocks (:func:`producing`); :func:`gdnpass.runtime.
 launches` counts what runs. Exact by construction: the same f32 values quantized by the same code
-(``triton_matvec.store_q8_K`` for q8_K) are the same int8 bytes.
+(``triton_core.store_q8_K`` for q8_K) are the same int8 bytes.
 
 A product P reads the workspace as the node F before it filled it (F: an earlier product's pre-pass, or a
 producer's blocks) when:

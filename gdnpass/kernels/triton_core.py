@@ -461,3 +461,79 @@ def _scale_min_k4(s0, s1, s2, j):
     sc_lo, sc_hi, m_lo, m_hi = _scales_mins_k4(s0, s1, s2)
     lo = j < 4
     return _byte_of(tl.where(lo, sc_lo, sc_hi), j % 4), _byte_of(tl.where(lo, m_lo, m_hi), j % 4)
+
+
+# ---- the activation workspace's layout: the quantized products' int8 activations ---------------------------------
+# (written by their pre-passes, triton_matvec, or by a producer of them, RMS_NORM_MUL / SwiGLU: gdnpass.prepasses)
+
+XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every product's, padded with zero columns
+
+
+# The quantized product's activations, as its pre-pass leaves them in the activation workspace: the quants of group g
+# (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
+# bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
+# (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
+# (group, column) at 16 K / 256 + 16 g + c. More than 16 columns (a product's of 17-32, MUL_MAT_ID's, one a slot and
+# token) lie in chunks of 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
+def activation_bytes(K: int) -> int:
+    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type."""
+    return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
+
+
+@triton.jit
+def _round_even(v):
+    """rint: to the nearest integer, halves to even (exact: the truncation and the fraction are; |v| < 2^31)."""
+    t = v.to(tl.int32)
+    f = v - t.to(tl.float32)
+    odd = (t & 1) != 0
+    up = (f > 0.5) | ((f == 0.5) & odd)
+    down = (f < -0.5) | ((f == -0.5) & odd)
+    return (t + up.to(tl.int32) - down.to(tl.int32)).to(tl.float32)
+
+
+@triton.jit
+def _column_chunk(ws_ptr, c, chunk):
+    """Column ``c``'s chunk of the activation workspace (``chunk`` bytes each), and its place there (0..15)."""
+    return ws_ptr + (c // XCOLS).to(tl.int64) * chunk, c % XCOLS
+
+
+@triton.jit
+def store_q8_K(ws_ptr, c, chunk, K, b, xt, ok):
+    """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as ggml-cpu's q8_K
+    (quantize_row_q8_K_ref) into the column's place of the activation workspace (``chunk`` bytes a chunk of 16
+    columns, K elements a column): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
+    rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); only
+    the blocks where ``ok`` ([B] or a scalar) holds. The pre-pass's, and a producer's that writes its output's
+    blocks itself (RMS_NORM_MUL: gdnpass.prepasses): one expression, so one set of bytes."""
+    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
+    k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))
+    ax = tl.abs(xt)
+    amax = tl.max(tl.max(ax, axis=2), axis=1)
+    first = tl.min(tl.min(tl.where(ax == amax[:, None, None], k, QK_K), axis=2), axis=1)
+    mx = tl.sum(tl.sum(tl.where(k == first[:, None, None], xt, 0.0), axis=2), axis=1)
+    on = mx != 0
+    iscale = tl.where(on, tl.math.div_rn(tl.full(mx.shape, -127.0, tl.float32), tl.where(on, mx, 1.0)), 0.0)
+    q = tl.minimum(_round_even(xt * iscale[:, None, None]), 127.0).to(tl.int32)
+    at = (b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]) * XCOLS + cc  # [B, group]
+    ok = ok & (b >= 0)  # ([B])
+    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
+             mask=ok[:, None, None])
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(xd + b * XCOLS + cc, tl.where(on, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32),
+                                                              tl.where(on, iscale, 1.0)), 0.0), mask=ok)
+    xb = (ws_ptr + XCOLS * K + 4 * XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
+    tl.store(xb + at, tl.sum(q, axis=2), mask=ok[:, None])
+
+
+def product_columns(x: torch.Tensor) -> tuple[int, tuple]:
+    """(N, cols_x): the columns of an unbatched product's activations ``x`` (torch (ne3, ne2, ne1, K)), all of them,
+    and as the mat-vec and its pre-pass address them: ne1, ne2 and the strides s1, s2, s3."""
+    xs = _strides(x)
+    return x.shape[0] * x.shape[1] * x.shape[2], (x.shape[2], x.shape[1], xs[1], xs[2], xs[3])
+
+
+def activations_key(x: torch.Tensor, form: str, N: int, cols_x: tuple) -> tuple:
+    """What the activation workspace holds once x's N columns (``cols_x``, as :func:`quantize_activations` takes
+    them) are quantized to ``form`` ("q8_K" / "q8_1": gdnpass.prepasses.form): the key of
+    :func:`~gdnpass.kernels.triton_core.activation_workspace`."""
+    return x.data_ptr(), tuple(x.shape), x.stride(), form, N, tuple(cols_x)

@@ -17,9 +17,9 @@ from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
-                                         _scale_min_k4, _strides, activation_workspace, clamp_f32, exp_f32, log_f32,
-                                         silu_f32, wait_for_previous_kernels)
-from gdnpass.kernels.triton_matvec import XCOLS, activation_bytes, activations_key, product_columns, store_q8_K
+                                         XCOLS, _scale_min_k4, _strides, activation_bytes, activation_workspace,
+                                         activations_key, clamp_f32, exp_f32, log_f32, product_columns, silu_f32,
+                                         store_q8_K, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -502,7 +502,7 @@ def _swiglu_q8_K_kernel(g_ptr, u_ptr, y_ptr, n_rows, ne0, ne1, ne2, g_s0, g_s1, 
                         y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk):
     """SWIGLU writing its output's q8_K blocks too, for the K-quant products after it (gdnpass.prepasses): program
     (row, block of 256), the pre-pass's grid; _swiglu_kernel's expression on the block, then the pre-pass's own
-    :func:`~gdnpass.kernels.triton_matvec.store_q8_K` of it (rows past n_rows: the padding columns' zeros)."""
+    :func:`~gdnpass.kernels.triton_core.store_q8_K` of it (rows past n_rows: the padding columns' zeros)."""
     wait_for_previous_kernels()
     r, b = tl.program_id(0), tl.program_id(1)
     i0 = b * QK_K + tl.arange(0, QK_K)

@@ -21,9 +21,11 @@ from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_CO
                                     mul_mat_path, pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
-                                         QK_K, QTYPES, SUB, _alias_ok, _byte_of, _require, _row_offset, _scales_mins_k4,
-                                         _strides, activation_workspace, f16_bits, held_activations, last_to_arrive,
-                                         split_workspace, wait_for_previous_kernels)
+                                         QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
+                                         _round_even, _row_offset, _scales_mins_k4, _strides, activation_bytes,
+                                         activation_workspace, activations_key, f16_bits, held_activations,
+                                         last_to_arrive, product_columns, split_workspace, store_q8_K,
+                                         wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -174,30 +176,7 @@ def _round_away(v):
     return t + tl.where(f >= 0.5, 1.0, tl.where(f <= -0.5, -1.0, 0.0))
 
 
-@triton.jit
-def _round_even(v):
-    """rint: to the nearest integer, halves to even (exact: the truncation and the fraction are; |v| < 2^31)."""
-    t = v.to(tl.int32)
-    f = v - t.to(tl.float32)
-    odd = (t & 1) != 0
-    up = (f > 0.5) | ((f == 0.5) & odd)
-    down = (f < -0.5) | ((f == -0.5) & odd)
-    return (t + up.to(tl.int32) - down.to(tl.int32)).to(tl.float32)
-
-
 X_GROUPS = 8  # groups of 32 per program of the activations' pre-pass (one K-quant block)
-XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every product's, padded with zero columns
-
-
-# The quantized product's activations, as its pre-pass leaves them in the activation workspace: the quants of group g
-# (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
-# bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
-# (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
-# (group, column) at 16 K / 256 + 16 g + c. More than 16 columns (a product's of 17-32, MUL_MAT_ID's, one a slot and
-# token) lie in chunks of 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
-def activation_bytes(K: int) -> int:
-    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type."""
-    return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
 
 
 @triton.jit
@@ -214,12 +193,6 @@ def _group_x(ws_ptr, chunk, g, j, on=True):
     word, slot = _x_words(j, chunk)
     x8 = ws_ptr.to(tl.pointer_type(tl.int8), bitcast=True)
     return tl.load(x8 + (4 * word + (g * XCOLS + slot) * SUB)[None, :] + tl.arange(0, SUB)[:, None], mask=on, other=0)
-
-
-@triton.jit
-def _column_chunk(ws_ptr, c, chunk):
-    """Column ``c``'s chunk of the activation workspace (``chunk`` bytes each), and its place there (0..15)."""
-    return ws_ptr + (c // XCOLS).to(tl.int64) * chunk, c % XCOLS
 
 
 @triton.jit
@@ -253,34 +226,6 @@ def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk)
     k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))  # the element's place in the block, [block, group, lane]
     xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + b * QK_K + k, mask=c < N, other=0.0)
     store_q8_K(ws_ptr, c, chunk, K, b + tl.arange(0, 1), xt, True)
-
-
-@triton.jit
-def store_q8_K(ws_ptr, c, chunk, K, b, xt, ok):
-    """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as ggml-cpu's q8_K
-    (quantize_row_q8_K_ref) into the column's place of the activation workspace (``chunk`` bytes a chunk of 16
-    columns, K elements a column): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
-    rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); only
-    the blocks where ``ok`` ([B] or a scalar) holds. The pre-pass's, and a producer's that writes its output's
-    blocks itself (RMS_NORM_MUL: gdnpass.prepasses): one expression, so one set of bytes."""
-    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
-    k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))
-    ax = tl.abs(xt)
-    amax = tl.max(tl.max(ax, axis=2), axis=1)
-    first = tl.min(tl.min(tl.where(ax == amax[:, None, None], k, QK_K), axis=2), axis=1)
-    mx = tl.sum(tl.sum(tl.where(k == first[:, None, None], xt, 0.0), axis=2), axis=1)
-    on = mx != 0
-    iscale = tl.where(on, tl.math.div_rn(tl.full(mx.shape, -127.0, tl.float32), tl.where(on, mx, 1.0)), 0.0)
-    q = tl.minimum(_round_even(xt * iscale[:, None, None]), 127.0).to(tl.int32)
-    at = (b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]) * XCOLS + cc  # [B, group]
-    ok = ok & (b >= 0)  # ([B])
-    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
-             mask=ok[:, None, None])
-    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + b * XCOLS + cc, tl.where(on, tl.math.div_rn(tl.full(mx.shape, 1.0, tl.float32),
-                                                              tl.where(on, iscale, 1.0)), 0.0), mask=ok)
-    xb = (ws_ptr + XCOLS * K + 4 * XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
-    tl.store(xb + at, tl.sum(q, axis=2), mask=ok[:, None])
 
 
 @triton.jit
@@ -803,20 +748,6 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     else:
         _quantize_x_k_kernel[(*grid, K // QK_K.value)](x, acts, K, N, *cols_x, chunk, **LAUNCH)
     return acts
-
-
-def product_columns(x: torch.Tensor) -> tuple[int, tuple]:
-    """(N, cols_x): the columns of an unbatched product's activations ``x`` (torch (ne3, ne2, ne1, K)), all of them,
-    and as the mat-vec and its pre-pass address them: ne1, ne2 and the strides s1, s2, s3."""
-    xs = _strides(x)
-    return x.shape[0] * x.shape[1] * x.shape[2], (x.shape[2], x.shape[1], xs[1], xs[2], xs[3])
-
-
-def activations_key(x: torch.Tensor, form: str, N: int, cols_x: tuple) -> tuple:
-    """What the activation workspace holds once x's N columns (``cols_x``, as :func:`quantize_activations` takes
-    them) are quantized to ``form`` ("q8_K" / "q8_1": gdnpass.prepasses.form): the key of
-    :func:`~gdnpass.kernels.triton_core.activation_workspace`."""
-    return x.data_ptr(), tuple(x.shape), x.stride(), form, N, tuple(cols_x)
 
 
 PRE_PASS_NAME = "_quantize_x"  # the pre-passes' kernel names begin so (a profiler's filter for them)

@@ -131,7 +131,7 @@ def test_quantized_launch_refusals():
 
 
 def _workspace_activations(acts: torch.Tensor, K: int):
-    """The pre-pass's workspace (triton_matvec.activation_bytes) as q [16 columns, K] int8 and its f32 / i32 words."""
+    """The pre-pass's workspace (triton_core.activation_bytes) as q [16 columns, K] int8 and its f32 / i32 words."""
     q = acts[:16 * K].view(K // 32, 16, 32).transpose(0, 1).reshape(16, K).view(torch.int8)
     return q, acts[16 * K:mv.activation_bytes(K)].view(torch.int32)
 

@@ -13,7 +13,7 @@ refused (the matcher's ``rms-mul.output-overlaps-input``; the launcher's :func:`
 
 Where the products after it read its output quantized (``quantize``: :mod:`gdnpass.prepasses` plans it), the kernel
 also writes the output's q8_K blocks into the activation workspace, as their pre-pass would
-(:func:`gdnpass.kernels.triton_matvec.store_q8_K`, the pre-pass's own code on the same f32 values: the same bytes,
+(:func:`gdnpass.kernels.triton_core.store_q8_K`, the pre-pass's own code on the same f32 values: the same bytes,
 the padding columns' zeros included), and the products launch no pre-pass. It then runs the pre-pass's grid, a
 program per row and block of 256: each takes its row's scale from the whole row (:func:`~gdnpass.kernels.
 triton_core.rms_row_scales`, the scale of :func:`~gdnpass.kernels.triton_core.rms_scale_rows`: one value), then its
@@ -30,10 +30,10 @@ import triton.language as tl
 
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, QK_K, SUB, _alias_ok, _repeats, _require, _row_offset,
-                                         _strides, activation_workspace, rms_row_scales, rms_scale_rows,
+from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, QK_K, SUB, XCOLS, _alias_ok, _repeats, _require,
+                                         _row_offset, _strides, activation_bytes, activation_workspace, activations_key,
+                                         product_columns, rms_row_scales, rms_scale_rows, store_q8_K,
                                          wait_for_previous_kernels)
-from gdnpass.kernels.triton_matvec import XCOLS, activation_bytes, activations_key, product_columns, store_q8_K
 from gdnpass.kernels.triton_norms import l2_tile
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows, row_fits
 
