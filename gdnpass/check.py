@@ -119,14 +119,19 @@ def check_fusion(graph: Graph, device: str = "cpu", backend: str | None = None, 
                  extra: dict[str, int] | None = None) -> CheckResult:
     """Run ``graph`` (planned, unfused) unfused then fused from identical inputs; the graph is left fused.
     ``weights(executor)``, if given, writes the weights after the seeded fill (a model file's, say); ``extra`` is
-    the memory that needs besides the buffers (counted with :func:`memory_needed` before anything is allocated)."""
+    the memory that needs besides the buffers (counted with :func:`memory_needed` before anything is allocated).
+    The unfused run is the plainest: every quantized product quantizes its own activations; the fused one runs as
+    the executor does, its pre-passes shared and made by their producers (gdnpass.prepasses), so the check
+    compares those too."""
     probes = watched(graph)
     ex = Executor(graph, device=device, backend=backend, extra={**(extra or {}), **memory_needed(graph, device)})
     fill(ex, seed=seed, ids=ids)
     if weights is not None:
         weights(ex)
     start = ex.snapshot()
+    sharing, ex.share_pre_passes = ex.share_pre_passes, False
     unfused = ex.run_probed(probes, progress=progress)
+    ex.share_pre_passes = sharing
     caches = [(t, ex.read(t)) for t in graph.leafs if t.buffer and buffer_role(graph, t.buffer) == "cache"]
     report = fuse(graph, enabled=True, between=between, force=force, patterns=patterns)
     missed = unwatched(graph, report, probes)

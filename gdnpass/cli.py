@@ -385,7 +385,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         "leafs": len(graph.leafs),
         "buffers": graph.buffers, "launches": sum(counts.values()), "launches_unfused": before,
         "launches_per_op": dict(sorted(counts.items())), "fusion": report.to_json(),
-        "pre_passes": {"run": pre.pre_passes, "skipped": len(pre.shared), "made_by_norms": len(pre.producing),
+        "pre_passes": {"run": pre.pre_passes, "skipped": len(pre.shared), "made_by_producers": len(pre.producing),
                        "refused": [r.describe() for r in pre.refused]},
         "seconds": {"build_and_plan": round(t_build - report.seconds, 4), "fuse": round(report.seconds, 4),
                     "fill": round(t_fill, 4), "execute": round(t_exec, 4)},

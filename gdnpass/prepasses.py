@@ -13,9 +13,9 @@ launches` counts what runs. Exact by construction: the same f32 values quantized
 A product P reads the workspace as the node F before it filled it (F: an earlier product's pre-pass, or a
 producer's blocks) when:
 
-1. [one-pre-pass] P quantizes its whole activation in one pre-pass, for the quantized mat-vec: a MUL_MAT,
-   MUL_MAT_VEC_PAIR or MUL_MAT_ADD of a quantized weight over 1..32 columns, or a quantized MUL_MAT_ID on the kernel
-   (its b one row a token, or one a slot); F is such a product, or a producer: an RMS_NORM_MUL whose rows the kernel
+1. [one-pre-pass] P quantizes its whole activation in one pre-pass, for the quantized mat-vec: a MUL_MAT of a
+   quantized weight over 1..32 columns (a MUL_MAT_VEC_PAIR or MUL_MAT_ADD: the mat-vec's 1..16), or a quantized
+   MUL_MAT_ID on the kernel (its b one row a token, or one a slot); F is such a product, or a producer: an RMS_NORM_MUL whose rows the kernel
    quantizes (rms_norm_mul.scope.quantizes_rows: whole q8_K blocks) and whose output overlaps no byte of its x (the
    quantizing kernel's programs each read a whole row of x, and store one block), or a SWIGLU GLU of rows of whole
    q8_K blocks.
@@ -29,9 +29,11 @@ producer's blocks) when:
 5. [unwritten] no node from F (a product's own store included) up to P writes a byte of the activation, on the
    memory plan (a producer's own store is the activation).
 
-The rules are checked on byte ranges of the plan, as the fusion matchers' are. The kernels check rules 2-4 again at
-run time (the workspace records what filled it last: :func:`gdnpass.kernels.triton_core.activation_workspace`), so
-a plan that went wrong is a one-line error, never stale activations.
+The rules are checked on byte ranges of the plan, as the fusion matchers' are. At run time the kernels check rules
+2-4 again: the workspace records the key of what filled it last (which view, quantized to which form:
+:func:`gdnpass.kernels.triton_core.activation_workspace`), and a product that skips its pre-pass finds that key or
+stops with a one-line error. Rule 5, the activation's bytes unwritten since, the plan alone checks: the key names a
+view, not its contents.
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ class Plan:
     """``shared``: product uid -> the node whose workspace fill it reads (a product, or a producer); ``producing``:
     the uids of the producers that fill it; ``refused``: the products that quantize again an activation an earlier
     pre-pass quantized (its bytes unwritten since: rule 5 makes a new activation of them, not a refusal), and why;
-    ``pre_passes``: the pre-passes that still run."""
+    ``pre_passes``: the quantized products' pre-passes that still run."""
 
     shared: dict[int, Tensor]
     producing: set[int]
@@ -100,7 +102,7 @@ def activation(n: Tensor) -> Activation | None:
     if not runs_kernel(n) or len(n.src) < 2:
         return None
     w, x = n.src[0], n.src[1]
-    if not w.type.is_quantized or x.base.buffer is None or x.base.offset is None:
+    if not w.type.is_quantized or not _planned(x):
         return None
     if n.op is Op.MUL_MAT_ID:
         ids = n.src[2]
@@ -116,9 +118,11 @@ def activation(n: Tensor) -> Activation | None:
     return Activation(byte_range(x), (x.ne, x.nb), form(w.type))
 
 
-def produced(n: Tensor) -> Activation | None:
-    """Rule 1's producer: the q8_K blocks of node ``n``'s output that its kernel can write (None: not such a node)."""
-    if n.op.value not in PRODUCERS or not runs_kernel(n) or n.nb[0] != 4 or n.type is not DType.F32:
+def producer_blocks(n: Tensor) -> Activation | None:
+    """Rule 1's producer: the q8_K blocks of node ``n``'s output that its kernel can write (None: not such a node,
+    or not planned in memory)."""
+    if n.op.value not in PRODUCERS or not runs_kernel(n) or n.nb[0] != 4 or n.type is not DType.F32 \
+            or not _planned(n) or not _planned(n.src[0]):
         return None
     out = byte_range(n)
     if n.op is Op.GLU:
@@ -126,6 +130,10 @@ def produced(n: Tensor) -> Activation | None:
     else:
         ok = quantizes_rows(n.ne[0]) and not ranges_overlap(out, byte_range(n.src[0]))
     return Activation(out, (n.ne, n.nb), "q8_K") if ok else None
+
+
+def _planned(t: Tensor) -> bool:
+    return t.base.buffer is not None and t.base.offset is not None
 
 
 def fills_workspace(n: Tensor) -> bool:
@@ -165,18 +173,18 @@ def plan(graph: Graph) -> Plan:
         elif act is not None and act.bytes in live:
             refused.append(Refusal(n, *_why_not(act, *live[act.bytes])))
         if n.uid not in shared and fills_workspace(n):
-            pre_passes += 1
+            pre_passes += n.src[0].type.is_quantized  # (a bf16 GEMM's terms fill it too: no pre-pass of int8)
             holds, offer = ((act, n) if act is not None else None), None
             if act is not None:
                 live[act.bytes] = (act, n)
-        outs = [byte_range(t) for t in written(n) if t.base.buffer is not None and t.base.offset is not None]
+        outs = [byte_range(t) for t in written(n) if _planned(t)]
         for key in [k for k in live if any(ranges_overlap(o, k) for o in outs)]:
             del live[key]  # (rule 5: what a product reads there from now on is another activation)
         if holds is not None and any(ranges_overlap(o, holds[0].bytes) for o in outs):
             holds = None
         if offer is not None and any(ranges_overlap(o, offer[0].bytes) for o in outs):
             offer = None
-        made = produced(n)  # (after its own store: the producer's output is the activation)
+        made = producer_blocks(n)  # (after its own store: the producer's output is the activation)
         if made is not None:
             offer = (made, n)
     return Plan(shared, producing, refused, pre_passes)
@@ -219,11 +227,11 @@ def producing():
     return _set(_PRODUCING)
 
 
-def skipped() -> bool:
+def skipping_now() -> bool:
     """Whether the product being launched skips its pre-pass (:func:`skipping`)."""
     return _SKIPPING.get()
 
 
-def produces() -> bool:
+def producing_now() -> bool:
     """Whether the producer being launched writes its output's q8_K blocks (:func:`producing`)."""
     return _PRODUCING.get()

@@ -52,7 +52,8 @@ def graph_launches(graph: Graph) -> list[tuple[Tensor, int]]:
 
 
 def launches(graph: Graph) -> Counter:
-    """Kernel launches per op label (UNARY split by kind) for one execution of ``graph``."""
+    """Kernel launches per op label (UNARY split by kind) for one execution of ``graph`` on the Triton kernels, as
+    the executor runs it by default (its pre-passes shared: :func:`graph_launches`)."""
     c: Counter = Counter()
     for n, k in graph_launches(graph):
         c[op_label(n)] += k
@@ -127,7 +128,29 @@ class Executor:
         self._typed: dict[tuple[str, DType], torch.Tensor] = {}
         self._views: dict[int, torch.Tensor] = {}
         self._cuda_graph = None
-        self.pre_passes = prepasses.plan(graph) if share_pre_passes and self._triton_products() else None
+        self.share_pre_passes = share_pre_passes and self._triton_products()
+        self._plan: tuple[tuple[int, ...], prepasses.Plan] | None = None
+
+    @property
+    def pre_passes(self) -> prepasses.Plan | None:
+        """The pre-pass plan of the graph's nodes as they are now (None: every product runs its own): planned again
+        whenever the nodes changed since (a rewrite after the executor was made, as check_fusion's)."""
+        if not self.share_pre_passes:
+            return None
+        nodes = tuple(n.uid for n in self.graph.nodes)
+        if self._plan is None or self._plan[0] != nodes:
+            self._plan = nodes, prepasses.plan(self.graph)
+        return self._plan[1]
+
+    def node_context(self, n: Tensor, plan: prepasses.Plan | None = None):
+        """What node ``n``'s kernel runs inside: skipping its pre-pass, or producing its output's q8_K blocks, as
+        ``plan`` (default: :attr:`pre_passes`) says; else nothing."""
+        plan = plan if plan is not None else self.pre_passes
+        if plan is not None and n.uid in plan.shared:
+            return prepasses.skipping()
+        if plan is not None and n.uid in plan.producing:
+            return prepasses.producing()
+        return contextlib.nullcontext()
 
     def _triton_products(self) -> bool:
         """Whether the products and the producer run on the Triton kernels, which fill the activation workspace (a
@@ -215,8 +238,7 @@ class Executor:
             return []
         nodes = self.graph.nodes
         fns = [self._kernel(n) if runs_kernel(n) else None for n in nodes]  # refused before anything runs
-        shared = self.pre_passes.shared if self.pre_passes is not None else {}
-        producing = self.pre_passes.producing if self.pre_passes is not None else set()
+        plan = self.pre_passes
         at = probe_points(self.graph, probes)
         captured: dict[int, torch.Tensor] = {}
         for i, (n, fn) in enumerate(zip(nodes, fns)):
@@ -224,8 +246,7 @@ class Executor:
                 captured[id(t)] = self.read(t)
             if fn is not None:
                 try:
-                    with prepasses.skipping() if n.uid in shared else \
-                            prepasses.producing() if n.uid in producing else contextlib.nullcontext():
+                    with self.node_context(n, plan):
                         fn(n, [self.view(s) if s is not None else None for s in [*n.src, *n.outs]], self.view(n))
                 except KernelError as e:  # (a row id outside the rows, say: name the node)
                     raise KernelError(f"node {n.name!r}: {e}") from None

@@ -57,7 +57,7 @@ def test_products_of_one_activation_share_the_first_pre_pass():
 def test_each_rule_refuses_by_name():
     """Rule 2: a reshape of x to other ne; rule 3: a Q8_0 weight (q8_1 groups); rule 4: another activation's
     pre-pass in between (each refused by name); rule 5: x written in between (a new activation: no refusal)."""
-    x, y = activation(), activation("y")
+    x = activation()
     first = ops.mul_mat(weight("w0"), x)
     other_ne = ops.mul_mat(weight("w1"), ops.reshape(x, K, 2, 2))
     q8_0 = ops.mul_mat(weight("w2", DType.Q8_0), x)
@@ -114,15 +114,15 @@ def product_name(n) -> str:
     return "z" if n.name.startswith("z-") else "+".join(names)
 
 
-def _run(g: Graph, share: bool, monkeypatch) -> tuple[list[bytes], int]:
+def _run(g: Graph, share: bool, monkeypatch, ids=None) -> tuple[list[bytes], int]:
     """The products' bytes after running ``g`` on the Triton kernels, and the pre-passes launched."""
     filled = []
     real = mv.activation_workspace
     monkeypatch.setattr(mv, "activation_workspace", lambda *a, **k: (filled.append(1), real(*a, **k))[1])
     ex = Executor(g, device=DEVICE, backend="triton", share_pre_passes=share)
-    fill(ex, seed=3)
+    fill(ex, seed=3, ids=ids)
     ex.run()
-    return [ex.bytes_of(n) for n in g.nodes if n.op is Op.MUL_MAT], len(filled)
+    return [ex.bytes_of(n) for n in g.nodes if n.op in (Op.MUL_MAT, Op.MUL_MAT_ID)], len(filled)
 
 
 def test_the_executor_skips_shared_pre_passes_byte_for_byte(monkeypatch):
@@ -158,6 +158,106 @@ def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monke
     made, made_passes = _run(g, True, monkeypatch)
     assert (own_passes, made_passes) == (3, 0)
     assert made == own
+
+
+def test_check_fusion_compares_every_product_quantizing_for_itself_with_the_fused_plan():
+    """run --check's comparison on the FFN of the test above, on the Triton kernels: the unfused run quantizes in
+    every product, the fused one runs its plan (the norm's and the SwiGLU's blocks; planned again after the rewrite,
+    on the executor made before it): every compared tensor byte-identical."""
+    from gdnpass.check import check_fusion
+    from gdnpass.ir import Glu
+
+    Kn = 512
+    y = _norm(ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT))
+    gate, up = (ops.mul_mat(ops.new_tensor(f"w{i}", t, (Kn, Kn), buffer="weights"), y)
+                for i, t in enumerate((DType.Q4_K, DType.Q6_K)))
+    down = ops.mul_mat(ops.new_tensor("w_down", DType.Q4_K, (Kn, M), buffer="weights"),
+                       ops.glu_split(gate, up, Glu.SWIGLU))
+    g = planned(down)
+    assert len(prepasses.plan(g).producing) == 1  # (unfused: the SwiGLU's; no RMS_NORM_MUL yet)
+    res = check_fusion(g, device=DEVICE, backend="triton")
+    assert res.report.applied and res.compared and all(c.identical for c in res.compared)
+    assert len(prepasses.plan(g).producing) == 2
+
+
+def test_the_executor_plans_again_after_a_rewrite():
+    """An executor made before fusion runs the fused graph on the fused graph's plan (check_fusion does so)."""
+    from gdnpass.fusion import fuse
+
+    Kn = 512
+    y = _norm(ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT))
+    g = planned(ops.mul_mat(ops.new_tensor("w", DType.Q4_K, (Kn, M), buffer="weights"), y))
+    ex = Executor(g, device=DEVICE, backend="triton")
+    assert not ex.pre_passes.producing
+    fuse(g, enabled=True)
+    assert len(ex.pre_passes.producing) == 1 and ex.pre_passes is ex.pre_passes
+
+
+def test_a_swiglu_makes_the_expert_products_activations(monkeypatch):
+    """The MoE down projection's form: a SwiGLU of [K, n_used, n_t] feeding a quantized MUL_MAT_ID (its columns slot
+    by token, the SwiGLU's rows in order): the SwiGLU writes the blocks, the expert product launches no pre-pass, its
+    bytes those of the run where it quantizes for itself."""
+    from gdnpass.ir import Glu
+
+    n_used, n_t = 2, 2
+    gate, up = (ops.new_tensor(n, DType.F32, (K, n_used, n_t), buffer="input", flags=Flag.INPUT) for n in "gu")
+    ids = ops.new_tensor("ids", DType.I32, (n_used, n_t), buffer="input", flags=Flag.INPUT)
+    experts = ops.mul_mat_id(ops.new_tensor("down_exps", DType.Q4_K, (K, M, 4), buffer="weights"),
+                             ops.glu_split(gate, up, Glu.SWIGLU), ids)
+    g = planned(experts)
+    p = prepasses.plan(g)
+    assert (len(p.shared), len(p.producing), p.pre_passes) == (1, 1, 0)
+    own, own_passes = _run(g, False, monkeypatch, ids=[0, 3, 2, 1])
+    made, made_passes = _run(g, True, monkeypatch, ids=[0, 3, 2, 1])
+    assert (own_passes, made_passes) == (1, 0) and made == own
+
+
+def _norm(x, name="norm"):
+    return ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor(name, DType.F32, (x.ne[0],), buffer="weights"))
+
+
+def test_a_producer_fills_only_for_the_next_fill_and_unread_by_others():
+    """Rule 4's offer: a producer writes its blocks only where its output's product is the next to fill the
+    workspace, no product before it reads what the workspace held, and its output is unwritten up to there. Each
+    case below breaks one of these (after fusion: RMS_NORM_MUL), and the product quantizes for itself; the first
+    case without its product in between is the control."""
+    from gdnpass.fusion import fuse
+
+    Kn = 512
+
+    def plan_of(*in_order):
+        """The plan of the graph of these nodes in this order (products marked outputs), planned and fused."""
+        g = Graph()
+        for t in in_order:
+            g.expand(ops.set_output(t) if t.op in (Op.MUL_MAT, Op.CPY) else t)
+        plan_memory(g)
+        fuse(g, enabled=True)
+        assert any(n.op is Op.RMS_NORM_MUL for n in g.nodes)
+        return prepasses.plan(g)
+
+    def inp(name):
+        return ops.new_tensor(name, DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT)
+
+    def product(name, x):
+        return ops.mul_mat(ops.new_tensor(name, DType.Q4_K, (Kn, M), buffer="weights"), x)
+
+    x = inp("x")
+    y = _norm(x)
+    p = plan_of(y, product("w_mine", y))
+    assert len(p.producing) == 1 and p.pre_passes == 0
+    x, z = inp("x"), inp("z")
+    y = _norm(x)
+    p = plan_of(y, product("w_other", z), product("w_mine", y))  # another activation's pre-pass in between
+    assert not p.producing and not p.shared and p.pre_passes == 2
+    x, z = inp("x"), inp("z")
+    first, y = product("w_first", z), _norm(x)
+    again = product("w_again", z)  # a product reading the workspace's old activation in between
+    p = plan_of(first, y, again, product("w_mine", y))
+    assert not p.producing and set(p.shared) == {again.uid} and p.pre_passes == 2
+    x, z = inp("x"), inp("z")
+    y = _norm(x)
+    p = plan_of(y, ops.cpy(ops.scale(z, 2.0), y), product("w_mine", y))  # its output rewritten in between
+    assert not p.producing and p.pre_passes == 1
 
 
 def test_a_norm_in_place_of_its_x_makes_no_quants():
@@ -222,20 +322,25 @@ def test_swiglu_writes_the_pre_passes_bytes(in_place):
     assert torch.equal(made, mv.quantize_activations(out, DType.Q4_K, Kx, n, cols)[:size])
 
 
-@pytest.mark.parametrize("rows", [4, 20])
-def test_rms_norm_mul_writes_the_pre_passes_bytes(rows):
+@pytest.mark.parametrize("rows,form", [(4, "norm*w"), (20, "norm*w"), (4, "w*norm+a"), (4, "a+norm*w, in place")])
+def test_rms_norm_mul_writes_the_pre_passes_bytes(rows, form):
     """RMS_NORM_MUL quantizing its output writes into the workspace the very bytes a K-quant product's pre-pass of
-    that output writes (every chunk, the padding columns' zeros included), and the output itself as without."""
+    that output writes (every chunk, the padding columns' zeros included), and the output itself as without: both
+    operand orders, with the ADD, the output in place of the addend."""
     from gdnpass.kernels import triton_core as core
     from gdnpass.patterns.rms_norm_mul import kernel as rms
 
     Kx = 512
     a = Arena(1 << 22)
-    x, w = a.put(rnd(1, 1, rows, Kx)), a.put(rnd(1, 1, 1, Kx))
-    plain, out = a.view((1, 1, rows, Kx)), a.view((1, 1, rows, Kx))
-    rms.rms_norm_mul(x, w, 1e-6, plain)
+    x, addend = a.put(rnd(1, 1, rows, Kx)), a.put(rnd(1, 1, rows, Kx))
+    w = a.put(rnd(1, 1, rows, Kx) if form.startswith("w*") else rnd(1, 1, 1, Kx))  # (src0 of the MUL: x's shape)
+    kw = dict(addend=addend if "a" in form.replace("norm", "") else None, norm_first=not form.startswith("w*"),
+              add_first=form.startswith("a+"))
+    plain = a.view((1, 1, rows, Kx))
+    rms.rms_norm_mul(x, w, 1e-6, plain, **kw)
+    out = addend if "in place" in form else a.view((1, 1, rows, Kx))
     core.activation_workspace(x.device, 1 << 16, "test").fill_(0x5A)  # (stale bytes to overwrite)
-    rms.rms_norm_mul(x, w, 1e-6, out, quantize=True)
+    rms.rms_norm_mul(x, w, 1e-6, out, quantize=True, **kw)
     n, cols = core.product_columns(out)
     size = -(-n // 16) * core.activation_bytes(Kx)
     made = core.held_activations(out.device, core.activations_key(out, "q8_K", n, cols), "test")[:size].clone()

@@ -504,7 +504,7 @@ def store_q8_K(ws_ptr, c, chunk, K, b, xt, ok):
     columns, K elements a column): mx the first element of the largest magnitude, iscale = -127 / mx, q = min(127,
     rint(iscale * x)) as int8, d = 1 / iscale (0 and 0 where mx is 0), and each group's sum of quants (int32); only
     the blocks where ``ok`` ([B] or a scalar) holds. The pre-pass's, and a producer's that writes its output's
-    blocks itself (RMS_NORM_MUL: gdnpass.prepasses): one expression, so one set of bytes."""
+    blocks itself (RMS_NORM_MUL, SwiGLU: gdnpass.prepasses): one expression, so one set of bytes."""
     ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))
     ax = tl.abs(xt)
@@ -533,7 +533,8 @@ def product_columns(x: torch.Tensor) -> tuple[int, tuple]:
 
 
 def activations_key(x: torch.Tensor, form: str, N: int, cols_x: tuple) -> tuple:
-    """What the activation workspace holds once x's N columns (``cols_x``, as :func:`quantize_activations` takes
-    them) are quantized to ``form`` ("q8_K" / "q8_1": gdnpass.prepasses.form): the key of
-    :func:`~gdnpass.kernels.triton_core.activation_workspace`."""
+    """Which activations fill the workspace once x's N columns (``cols_x``, as
+    :func:`~gdnpass.kernels.triton_matvec.quantize_activations` takes them) are quantized to ``form`` ("q8_K" /
+    "q8_1": gdnpass.prepasses.form): the key of :func:`activation_workspace`. It names the view, not its contents:
+    that they are unwritten since is the plan's rule 5."""
     return x.data_ptr(), tuple(x.shape), x.stride(), form, N, tuple(cols_x)

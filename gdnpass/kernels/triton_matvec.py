@@ -738,7 +738,7 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     chunk = activation_bytes(K)
     chunks = triton.cdiv(N, XCOLS.value)
     key = activations_key(x, prepasses.form(wtype), N, cols_x)
-    if prepasses.skipped():  # an earlier product's pre-pass left these very activations (the executor's plan)
+    if prepasses.skipping_now():  # an earlier product's pre-pass left these very activations (the executor's plan)
         return held_activations(x.device, key, "mul_mat_vec")
     acts = activation_workspace(x.device, chunks * chunk, "mul_mat_vec", holds=key)
     grid = (XCOLS.value * chunks,)

@@ -122,7 +122,7 @@ def _tri_glu(node, views, out):
 
     p = node.op_params
     _family("elementwise").glu(p["kind"], views[0], views[1] if len(views) > 1 else None, bool(p.get("swapped")), out,
-                               quantize=prepasses.produces())
+                               quantize=prepasses.producing_now())
 
 
 def _tri_scale(node, views, out):

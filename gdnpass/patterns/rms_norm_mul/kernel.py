@@ -158,5 +158,6 @@ def variants():
                                                           (5120, True, True, False, False),
                                                           (5120, True, False, False, True)):
         block_r, block_d = l2_tile(ne0)
-        yield _rms_norm_mul_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=has_add,
-                                         ADD_FIRST=add_first, QUANTIZE=quantize), LAUNCH["num_warps"]
+        yield (_rms_norm_mul_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=has_add,
+                                          ADD_FIRST=add_first, QUANTIZE=quantize), LAUNCH["num_warps"],
+               *([dict(ws_ptr="*u8")] if quantize else []))  # (the activation workspace's bytes, as launched)

@@ -52,7 +52,7 @@ def _triton(node: Tensor, views: list, out) -> None:
     from gdnpass import prepasses
 
     x, w, eps, addend, norm_first, add_first = _views(node, views)
-    kernel.rms_norm_mul(x, w, eps, out, addend, norm_first, add_first, quantize=prepasses.produces())
+    kernel.rms_norm_mul(x, w, eps, out, addend, norm_first, add_first, quantize=prepasses.producing_now())
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
