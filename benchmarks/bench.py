@@ -292,8 +292,9 @@ def main() -> int:
                       f"{w['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
             if "unshared" in r:
                 u = r["unshared"]
+                same = "identical" if u["outputs_identical"] else "DIFFERING"
                 print(f"  shared pre-passes at T={T}, fusion on: each product's own -> shared "
-                      f"({on['prepass']['shared']} skipped): {u['kernels']} -> {on['kernels']} kernels, "
+                      f"({on['prepass']['shared']} skipped; outputs {same}): {u['kernels']} -> {on['kernels']} kernels, "
                       f"{u['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
                       f"{u['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
             if "serial" in r:

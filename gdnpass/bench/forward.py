@@ -50,6 +50,15 @@ def _weight_layout(g) -> tuple:
                                             if t.buffer == "weights" and not t.is_view)
 
 
+def same_memory(a: Executor, b: Executor) -> bool:
+    """Whether two executors of one graph and memory plan hold the same bytes in every tensor (outputs, caches, the
+    arena's intermediates: what two runs that differ only in how their kernels launch must leave; the alignment gaps
+    between tensors hold whatever the allocator left)."""
+    spans = {(t.base.buffer, t.base.offset, t.base.nbytes) for t in a.graph.tensors()
+             if t.base.buffer in a.buffers and t.base.offset is not None}
+    return all(torch.equal(a.buffers[k][lo:lo + n], b.buffers[k][lo:lo + n]) for k, lo, n in spans)
+
+
 def shared_pre_passes(ex: Executor) -> dict:
     """The products of ``ex``'s graph that skip their pre-pass (:mod:`gdnpass.prepasses`), uid -> the product whose
     pre-pass they read."""
@@ -212,6 +221,8 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
         with programmatic_launch(pdl):
             ex.capture()
         runs[name] = ex
+    if "unshared" in runs:  # (both ran the same runs from the same fill: their outputs must be the same bytes)
+        res["unshared"]["outputs_identical"] = same_memory(runs["on"], runs["unshared"])
     times = {name: [] for name in runs}
 
     def replay_ms(ex):

@@ -22,3 +22,19 @@ def test_an_expert_stack_counts_the_experts_its_router_chose():
     assert len(stacks) == 3 * m.n_layer
     unread = sum((m.n_expert - m.n_expert_used) * w.nb[2] for w in stacks.values())
     assert weight_bytes_read(g, ex) == weight_bytes_read(g) - unread
+
+
+def test_same_memory_compares_every_byte():
+    """What the whole-forward bench says of "on" against "unshared": two executors of one graph filled and run
+    alike hold the same bytes in every buffer; one changed cache byte says otherwise."""
+    from gdnpass.bench.forward import same_memory
+
+    cfg = VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1)
+    g = pipeline.run(cfg, PassOptions(fusion=True)).graph
+    a, b = Executor(g), Executor(g)
+    for ex in (a, b):
+        fill(ex, seed=2)
+        ex.run()
+    assert same_memory(a, b)
+    b.buffers["cache"][7] ^= 1
+    assert not same_memory(a, b)
