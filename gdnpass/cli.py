@@ -343,7 +343,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernels' definition
     from gdnpass.models.fill import fill
     from gdnpass import prepasses
-    from gdnpass.runtime import Executor, launches
+    from gdnpass.launches import launches, nodes_launches
+    from gdnpass.runtime import Executor
 
     t0 = time.perf_counter()
     res = _planned(a, fuse_now=not a.check, fusion=True if a.check else None)
@@ -357,7 +358,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         _refuse_slow(a, interpreter_seconds(graph.nodes))
 
     report = res.report
-    before = launches_of(res.before)
+    before = nodes_launches(res.before)
     model = _model(a)
     ex = Executor(graph, device=a.device, backend=a.backend,
                   extra={"loading a weight": model.load_extra_bytes(graph)} if model else None)
@@ -410,13 +411,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-def launches_of(nodes) -> int:
-    from gdnpass.ir import Graph
-    from gdnpass.runtime import launches
-
-    g = Graph()
-    g.nodes = list(nodes)
-    return sum(launches(g).values())
 
 
 def _backend_name(a: argparse.Namespace) -> str:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gdnpass import ir
 from gdnpass.fusion import Applied, FusionReport
+from gdnpass.launches import nodes_launches
 from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
 from gdnpass.patterns import RECORDS
 from gdnpass.patterns.common import Refusal, fmt_range
@@ -149,13 +150,14 @@ def user_counts(nodes: list[Tensor]) -> dict[int, int]:
 def count_launches(nodes: list[Tensor]) -> tuple[int, int]:
     """(kernel launches, how many fused nodes run a multi-launch variant: a GDN_CONV_CHAIN with l2_separate).
 
-    A fused node's record counts its launches, and names the variant that costs more (``extra_launches``): an
+    Counted as ``gdnpass run`` counts them (:func:`gdnpass.launches.nodes_launches`: a quantized product's pre-pass
+    included where it is not shared). A fused node's record counts its launches, and names the variant that costs
+    more (``extra_launches``): an
     l2_separate chain writes its normalised q/k over the projection it reads, so it runs the fused kernel, then the
     unfused q/k norm kernels once every program has read the projection (3 launches in the L2 form, 5 in the RMS
     form)."""
-    launches = sum(RECORDS[n.op].launches(n) if n.op.is_fused else 1 for n in nodes if runs_kernel(n))
     separate = sum(1 for n in nodes if _extra(n))
-    return launches, separate
+    return nodes_launches(nodes), separate
 
 
 def _extra(t: Tensor | None) -> tuple[str, str] | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections import Counter
 from typing import Callable, Iterable
 
 import torch
@@ -18,46 +17,13 @@ import torch
 from gdnpass import prepasses
 from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
-from gdnpass.kernels.limits import mul_mat_launches, pre_pass
-from gdnpass.patterns import RECORDS
+from gdnpass.launches import graph_launches, launches, node_launches  # noqa: F401 (counted where runs are)
 
 # a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
                 DType.I64: torch.int64, **{t: torch.uint8 for t in DType if t.is_quantized}}
 
 Kernel = Callable[[Tensor, list, torch.Tensor], None]
-
-
-def node_launches(n: Tensor, shared: bool = False) -> int:
-    """Kernel launches of one execution of node ``n`` (0 for views and empty nodes); ``shared``: a product that
-    skips its activations' pre-pass (:mod:`gdnpass.prepasses`)."""
-    if not runs_kernel(n):
-        return 0
-    if n.op.is_fused:
-        count = RECORDS[n.op].launches(n)
-    elif n.op is Op.MUL_MAT:
-        count = mul_mat_launches(n.src[0], n.src[1])
-    elif n.op is Op.MUL_MAT_ID:  # the mat-vec kernel (a quantized expert stack's: after its activations' pre-pass)
-        count = 1 + pre_pass(n.src[0].type, "mat_vec")
-    else:
-        count = 1
-    return count - shared
-
-
-def graph_launches(graph: Graph) -> list[tuple[Tensor, int]]:
-    """(node, its launches) for the nodes of ``graph`` in order, as the executor runs them (the shared pre-passes of
-    :func:`gdnpass.prepasses.plan` skipped)."""
-    shared = prepasses.plan(graph).shared
-    return [(n, node_launches(n, n.uid in shared)) for n in graph.nodes]
-
-
-def launches(graph: Graph) -> Counter:
-    """Kernel launches per op label (UNARY split by kind) for one execution of ``graph`` on the Triton kernels, as
-    the executor runs it by default (its pre-passes shared: :func:`graph_launches`)."""
-    c: Counter = Counter()
-    for n, k in graph_launches(graph):
-        c[op_label(n)] += k
-    return +c
 
 
 def canonical_device(d: torch.device | str) -> torch.device:
