@@ -22,7 +22,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from gdnpass import ir
+from gdnpass import ir, prepasses
 from gdnpass.fusion import Applied, FusionReport
 from gdnpass.launches import nodes_launches
 from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
@@ -378,6 +378,9 @@ def format_summary(d: Dump) -> list[str]:
                    f"fused kernel then the {what} kernels)" for (op, flag, what), ks in multi.items())
     lines = [f"nodes {n_before} -> {n_after}, leafs {len(d.graph.leafs)}",
              f"launches {l_before} -> {l_after}{note}", format_buffers(d.graph)]
+    pre = prepasses.plan(d.graph)
+    if pre.pre_passes or pre.shared:  # (the quantized products' activations: gdnpass.prepasses)
+        lines += [f"quantized products: {pre.summary()}", *(f"  {r.describe()}" for r in pre.refused)]
     if not d.report.enabled:
         return lines + ["fusion off (--fuse, or GDN_FUSION=1, turns it on)"]
     counts = d.report.counts()

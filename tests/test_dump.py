@@ -397,3 +397,13 @@ def test_explain_names_the_q_k_form(capsys, form, says):
     rc, out, _ = run(capsys, *TINY, "--fuse", "--explain", "--qk-norm", form)
     chains = [line for line in out.splitlines() if "applied  gdn_conv_chain" in line]
     assert rc == 0 and len(chains) == 2 and all(says in line for line in chains)
+
+
+def test_the_summary_says_which_pre_passes_the_quantized_products_skip(capsys):
+    """With quantized weights the summary gives the pre-pass plan (gdnpass.prepasses); without, none. One GDN layer
+    and its FFN, fused: the two norms and the SwiGLU make the int8
+    activations of qkv, the gate/up pair and the down projection, z shares qkv's; ssm_out quantizes for itself."""
+    _, out, _ = run(capsys, "--model", "qwen3.5-9b", "--layers", "1", "--wtype", "q4_k", "--tokens", "4", "--fuse")
+    assert "quantized products: 4 of 5 activation pre-passes skipped (3 made by their producers)" in out, out[-800:]
+    _, plain, _ = run(capsys, "--model", "qwen3.5-9b", "--layers", "1", "--tokens", "4", "--fuse")
+    assert "quantized products" not in plain
