@@ -559,3 +559,18 @@ def test_rule_crash_becomes_one_line(d, monkeypatch):
     monkeypatch.setattr(serialize, "validate_node", boom)
     i = d["nodes"][0]
     _bad(d, rf"graph\.json: tensor {i}: node '.*' \(GET_ROWS\) cannot be checked: TypeError: float\(\) argument")
+
+
+def test_a_fused_graph_of_quantized_products_round_trips(tmp_path):
+    """A fused verify layer with Q4_K weights (its FFN down projection a quantized MUL_MAT_ADD, its gate/up a
+    quantized pair) saves and loads back: every fused node's record accepts the block types the mat-vec reads."""
+    from gdnpass import pipeline as pipe
+    from gdnpass.models import VerifyConfig
+
+    g = pipe.run(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, wtype="q4_k"), pipe.PassOptions(fusion=True)).graph
+    fused = {n.op for n in g.nodes if n.op.is_fused and n.src[0].type.is_quantized}
+    assert {Op.MUL_MAT_ADD, Op.MUL_MAT_VEC_PAIR} <= fused
+    path = tmp_path / "q4_k.json"
+    serialize.save(g, path)
+    back = serialize.load(path)
+    assert [(n.name, n.op) for n in back.nodes] == [(n.name, n.op) for n in g.nodes]

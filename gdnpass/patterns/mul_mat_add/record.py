@@ -30,8 +30,9 @@ def _check(n: Tensor) -> None:
     M, cols = w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
     need(w.ne[0] == x.ne[0] and limits.runs_in_one_launch(w.type, w.ne[2] * w.ne[3], M, cols), n,
          f"{cols} columns of a {w.type.label} {w.ne[:2]} weight: not one launch of a single matrix")
-    need(w.type in (DType.F32, DType.F16, DType.BF16) and x.type is DType.F32, n,
-         f"weight {w.type.label} and x {x.type.label}: the mat-vec takes f32/f16/bf16 weights and f32 columns")
+    need(limits.mat_vec_weight(w.type) and x.type is DType.F32, n,
+         f"weight {w.type.label} and x {x.type.label}: the mat-vec takes f32/f16/bf16 or ggml block weights and f32 "
+         "columns")
     for t in (n, r):
         need(t.type is DType.F32 and fits(t, M, cols), n,
              f"{t.name!r} must be f32, packed, {M} x {cols}; is {t.type.label} {t.ne}")
