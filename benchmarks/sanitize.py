@@ -23,7 +23,8 @@ from gdnpass.kernels import triton_matvec as mv
 from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor, launches
+from gdnpass.launches import launches
+from gdnpass.runtime import Executor
 
 
 def run(cfg: VerifyConfig, fusion: bool) -> str:

@@ -76,7 +76,7 @@ def replaced(t: Tensor) -> list[str]:
     return list(t.op_params.get("replaced", [])) if is_fused(t) else []
 
 
-op_label = ir.op_label  # as runtime.launches labels it: UNARY(SILU), GLU(SWIGLU)
+op_label = ir.op_label  # as launches.launches labels it: UNARY(SILU), GLU(SWIGLU)
 
 
 def _num(x: float) -> str:

@@ -7,7 +7,7 @@ torch nor Triton.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable
+from typing import Collection, Iterable
 
 from gdnpass import prepasses
 from gdnpass.ir import Graph, Op, Tensor, op_label, runs_kernel
@@ -31,10 +31,11 @@ def node_launches(n: Tensor, shared: bool = False) -> int:
     return count - shared
 
 
-def graph_launches(graph: Graph) -> list[tuple[Tensor, int]]:
-    """(node, its launches) for the nodes of ``graph`` in order, as the executor runs them (the shared pre-passes of
-    :func:`gdnpass.prepasses.plan` skipped)."""
-    shared = prepasses.plan(graph).shared
+def graph_launches(graph: Graph, shared: Collection[int] | None = None) -> list[tuple[Tensor, int]]:
+    """(node, its launches) for the nodes of ``graph`` in order, as the executor runs them: the products in ``shared``
+    (uids; default: those of :func:`gdnpass.prepasses.plan`, an executor's own with pre-passes shared) skip their
+    pre-pass."""
+    shared = prepasses.plan(graph).shared if shared is None else shared
     return [(n, node_launches(n, n.uid in shared)) for n in graph.nodes]
 
 

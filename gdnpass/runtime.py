@@ -17,7 +17,6 @@ import torch
 from gdnpass import prepasses
 from gdnpass.errors import KernelError, ResourceError
 from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
-from gdnpass.launches import graph_launches, launches, node_launches  # noqa: F401 (counted where runs are)
 
 # a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,

@@ -16,7 +16,8 @@ from gdnpass.kernels import triton_matvec as mv
 from gdnpass.models import VerifyConfig
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor, launches, node_launches
+from gdnpass.launches import launches, node_launches
+from gdnpass.runtime import Executor
 from support.arena import DEVICE, Arena, rnd
 
 K, M, T = 256, 16, 4
@@ -117,8 +118,8 @@ def product_name(n) -> str:
 def _run(g: Graph, share: bool, monkeypatch, ids=None) -> tuple[list[bytes], int]:
     """The products' bytes after running ``g`` on the Triton kernels, and the pre-passes launched."""
     filled = []
-    real = mv.activation_workspace
-    monkeypatch.setattr(mv, "activation_workspace", lambda *a, **k: (filled.append(1), real(*a, **k))[1])
+    real = mv.activations_to_fill  # (what a pre-pass claims the workspace with; the producers call their own import)
+    monkeypatch.setattr(mv, "activations_to_fill", lambda *a, **k: (filled.append(1), real(*a, **k))[1])
     ex = Executor(g, device=DEVICE, backend="triton", share_pre_passes=share)
     fill(ex, seed=3, ids=ids)
     ex.run()

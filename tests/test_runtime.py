@@ -8,7 +8,8 @@ from gdnpass.alloc import plan
 from gdnpass.ir import GraphError, arena_buffer
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
 from gdnpass.models.fill import fill
-from gdnpass.runtime import Executor, launches
+from gdnpass.launches import launches
+from gdnpass.runtime import Executor
 
 
 def run_layer(cfg, ids=None, seed=3, inputs=None, probes=()):
@@ -274,7 +275,7 @@ def test_a_quantized_product_counts_its_pre_pass_launch():
     fused into the pair or MUL_MAT_ADD; a plain weight's is one (the alpha/beta products stay f32)."""
     from gdnpass.fusion import fuse
     from gdnpass.ir import Op
-    from gdnpass.runtime import node_launches
+    from gdnpass.launches import node_launches
 
     g = build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, wtype="q4_k"))
     counts = {(n.src[0].type.label, node_launches(n)) for n in g.nodes if n.op is Op.MUL_MAT}

@@ -387,7 +387,7 @@ def test_damaged_pair_nodes_are_refused_on_load(fused_file, mutate, says):
 
 
 def test_launches_come_from_the_record():
-    from gdnpass.runtime import launches
+    from gdnpass.launches import launches
 
     res = run(VerifyConfig("tiny-dc4-h64", 4, 3, n_layers=1), PassOptions(fusion=True, hints=False))
     chain = next(n for n in res.graph.nodes if n.op is Op.GDN_CONV_CHAIN)

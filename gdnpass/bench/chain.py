@@ -25,7 +25,8 @@ from gdnpass.models.hparams import SNAPSHOT_LAYOUTS, ModelShape, get_model
 from gdnpass.models.fill import fill
 from gdnpass.patterns.conv_chain import ConvChain
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor, node_launches
+from gdnpass.launches import node_launches
+from gdnpass.runtime import Executor
 
 
 def chain_operands(T: int, rows: int, seed: int = 0) -> dict:

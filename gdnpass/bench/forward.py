@@ -17,11 +17,12 @@ from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
 from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch
 from gdnpass.kernels.triton_matvec import PRE_PASS_NAME
+from gdnpass.launches import graph_launches
 from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.hparams import ModelShape
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor, node_launches
+from gdnpass.runtime import Executor
 
 
 def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None, weights_of=None,
@@ -81,10 +82,10 @@ def product_kind(n) -> str | None:
 def forward_kernels(g, ex: Executor) -> dict:
     """Kernels per forward and their summed duration, the same for the alpha/beta and FFN products, and the
     per-GDN-layer chain table (upstream.chain_table, the classification upstream's kernels get): the profiled
-    kernels are the nodes' launches in order (runtime.launches), so each duration has its node."""
+    kernels are the nodes' launches in order (gdnpass.launches), so each duration has its node."""
     total, ks = kernel_us(ex.run, reps=3)
     shared = shared_pre_passes(ex)
-    nodes = [n for n in g.nodes for _ in range(node_launches(n, n.uid in shared))]
+    nodes = [n for n, k in graph_launches(g, shared) for _ in range(k)]
     if len(nodes) != len(ks):  # a node on a torch composite launches more than one kernel: count them
         nodes = measured_launches(g, ex)
     res = dict(kernels=len(ks), kernel_us=total)
@@ -115,7 +116,7 @@ def kernel_group(n) -> str:
 
 def measured_launches(g, ex: Executor) -> list:
     """The nodes' launches in order as the profiler counts them: each node run alone (as a CUDA graph), once per
-    distinct (op, shapes, types, parameters); for forwards where runtime.node_launches is not exact."""
+    distinct (op, shapes, types, parameters); for forwards where launches.node_launches is not exact."""
     counts: dict[str, int] = {}
     out = []
     for n in g.nodes:
@@ -212,8 +213,7 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
         g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"),
                                          share_pre_passes=share)
         kernels = forward_kernels(g, ex)  # (serial launches' durations: timing.kernel_us)
-        shared = shared_pre_passes(ex)
-        res[name] = dict(nodes=len(g.nodes), launches=sum(node_launches(n, n.uid in shared) for n in g.nodes),
+        res[name] = dict(nodes=len(g.nodes), launches=sum(k for _, k in graph_launches(g, shared_pre_passes(ex))),
                          **kernels,
                          fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g, ex), pdl=pdl)
         if "experts" in res[name]:

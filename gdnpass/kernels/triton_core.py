@@ -532,6 +532,14 @@ def product_columns(x: torch.Tensor) -> tuple[int, tuple]:
     return x.shape[0] * x.shape[1] * x.shape[2], (x.shape[2], x.shape[1], xs[1], xs[2], xs[3])
 
 
+def activations_to_fill(x: torch.Tensor, form: str, N: int, cols_x: tuple, who: str) -> tuple[torch.Tensor, int, int]:
+    """The activation workspace about to hold x's N columns (``cols_x``) quantized to ``form``, recorded as such
+    (:func:`activations_key`): (workspace, its bytes a chunk of 16 columns, the chunks). What every writer of them
+    claims: a product's pre-pass, a producer (gdnpass.prepasses)."""
+    chunk, chunks = activation_bytes(x.shape[3]), triton.cdiv(N, XCOLS.value)
+    return activation_workspace(x.device, chunks * chunk, who, holds=activations_key(x, form, N, cols_x)), chunk, chunks
+
+
 def activations_key(x: torch.Tensor, form: str, N: int, cols_x: tuple) -> tuple:
     """Which activations fill the workspace once x's N columns (``cols_x``, as
     :func:`~gdnpass.kernels.triton_matvec.quantize_activations` takes them) are quantized to ``form`` ("q8_K" /

@@ -17,9 +17,8 @@ from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
-                                         XCOLS, _scale_min_k4, _strides, activation_bytes, activation_workspace,
-                                         activations_key, clamp_f32, exp_f32, log_f32, product_columns, silu_f32,
-                                         store_q8_K, wait_for_previous_kernels)
+                                         XCOLS, _scale_min_k4, _strides, activations_to_fill, clamp_f32, exp_f32,
+                                         log_f32, product_columns, silu_f32, store_q8_K, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -538,12 +537,10 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
         K = out.shape[3]
         _require(K % QK_K.value == 0 and out.stride(3) == 1, f"GLU: rows of {K} are not quantized in the kernel")
         N, cols = product_columns(out)
-        chunks = triton.cdiv(N, XCOLS.value)
-        acts = activation_workspace(out.device, chunks * activation_bytes(K), "GLU",
-                                    holds=activations_key(out, "q8_K", N, cols))
+        acts, chunk, chunks = activations_to_fill(out, "q8_K", N, cols, "GLU")
         _swiglu_q8_K_kernel[(XCOLS.value * chunks, K // QK_K.value)](
-            a, b, out, N, K, out.shape[2], out.shape[1], *_strides(a), *_strides(b), *_strides(out), acts,
-            activation_bytes(K), **LAUNCH)
+            a, b, out, N, K, out.shape[2], out.shape[1], *_strides(a), *_strides(b), *_strides(out), acts, chunk,
+            **LAUNCH)
         return
     _swiglu_kernel[_grid(out.numel())](
         a, b, out, out.numel(), out.shape[3], out.shape[2], out.shape[1], *_strides(a), *_strides(b),

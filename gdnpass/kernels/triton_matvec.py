@@ -23,9 +23,9 @@ from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _round_even, _row_offset, _scales_mins_k4, _strides, activation_bytes,
-                                         activation_workspace, activations_key, f16_bits, held_activations,
-                                         last_to_arrive, product_columns, split_workspace, store_q8_K,
-                                         wait_for_previous_kernels)
+                                         activation_workspace, activations_key, activations_to_fill, f16_bits,
+                                         held_activations, last_to_arrive, product_columns, split_workspace,
+                                         store_q8_K, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -735,12 +735,10 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     a chunk of 16 columns, as many chunks as N needs: Q8_0's q8_1 groups, the K-quants' q8_K blocks), which it
     returns (uint8). Within :func:`gdnpass.prepasses.skipping` it launches nothing and returns the workspace as an
     earlier pre-pass of the same activations left it (a KernelError if it holds anything else)."""
-    chunk = activation_bytes(K)
-    chunks = triton.cdiv(N, XCOLS.value)
-    key = activations_key(x, prepasses.form(wtype), N, cols_x)
+    form = prepasses.form(wtype)
     if prepasses.skipping_now():  # an earlier product's pre-pass left these very activations (the executor's plan)
-        return held_activations(x.device, key, "mul_mat_vec")
-    acts = activation_workspace(x.device, chunks * chunk, "mul_mat_vec", holds=key)
+        return held_activations(x.device, activations_key(x, form, N, cols_x), "mul_mat_vec")
+    acts, chunk, chunks = activations_to_fill(x, form, N, cols_x, "mul_mat_vec")
     grid = (XCOLS.value * chunks,)
     if wtype is DType.Q8_0:
         _quantize_x_kernel[(*grid, triton.cdiv(K // SUB.value, X_GROUPS))](x, acts, K, N, *cols_x, chunk,

@@ -14,7 +14,7 @@ import torch
 from gdnpass.bench import chain
 from gdnpass.errors import GraphError
 from gdnpass.models.hparams import get_model
-from gdnpass.runtime import node_launches
+from gdnpass.launches import node_launches
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels.limits import MAT_VEC_COLS
-from gdnpass.runtime import node_launches
+from gdnpass.launches import node_launches
 from support.arena import Arena, assert_close, rnd
 from support.compare import assert_same_bytes
 

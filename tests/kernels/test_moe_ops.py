@@ -256,7 +256,7 @@ def test_a_quantized_mul_mat_id_launches_its_pre_pass_then_the_mat_vec():
     pre-pass, every column of the n_b·n_t in chunks of 16, then the mat-vec: a program a row block and slot), a bf16
     one one."""
     from gdnpass.kernels.backends import programs
-    from gdnpass.runtime import node_launches
+    from gdnpass.launches import node_launches
 
     ids = ops.argsort_top_k(_inp("probs", F32, (8, 9)), 2)
     gate = ops.mul_mat_id(_inp("wq", DType.Q4_K, (512, 64, 8)), _inp("x", F32, (512, 1, 9)), ids)

@@ -613,12 +613,12 @@ def test_gpu_swiglu_and_conversions_match_torch():
 def test_every_node_of_a_whole_verify_is_triton_launches(model, T, flash):
     """A whole verify forward (flash attention, or MUL_MAT + SOFT_MAX + MUL_MAT; fusion on and off) has no node on a
     torch composite under TRITON_BACKEND: every computing node has Triton programs, as many launches as
-    runtime.node_launches counts (so bench.py's per-kernel durations line up with the nodes)."""
+    launches.node_launches counts (so bench.py's per-kernel durations line up with the nodes)."""
     from gdnpass import pipeline
     from gdnpass.ir import runs_kernel
     from gdnpass.kernels.backends import programs
     from gdnpass.models import VerifyConfig
-    from gdnpass.runtime import node_launches
+    from gdnpass.launches import node_launches
 
     cfg = VerifyConfig(model, T, T - 1, whole=True, dflash=True, n_past=16, share_weights=True, flash_attn=flash)
     for fusion in (False, True):

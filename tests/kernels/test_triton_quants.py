@@ -18,7 +18,7 @@ from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels.quants import dequantize, mul_mat_q, quantize_x, quantize_x_ggml_cpu, random_blocks
-from gdnpass.runtime import node_launches
+from gdnpass.launches import node_launches
 from support.arena import DEVICE, Arena, assert_close, rnd
 from support.compare import assert_bits, assert_same_bytes
 

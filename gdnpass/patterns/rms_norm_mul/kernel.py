@@ -31,9 +31,8 @@ import triton.language as tl
 from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, QK_K, SUB, XCOLS, _alias_ok, _repeats, _require,
-                                         _row_offset, _strides, activation_bytes, activation_workspace, activations_key,
-                                         product_columns, rms_row_scales, rms_scale_rows, store_q8_K,
-                                         wait_for_previous_kernels)
+                                         _row_offset, _strides, activations_to_fill, product_columns, rms_row_scales,
+                                         rms_scale_rows, store_q8_K, wait_for_previous_kernels)
 from gdnpass.kernels.triton_norms import l2_tile
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows, row_fits
 
@@ -131,9 +130,8 @@ def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor
                  f"RMS_NORM+MUL: rows of {K} elements (stride {out.stride(-1)}) are not quantized in the kernel")
         _alias_ok("RMS_NORM+MUL quantizing", out, x, same_ok=False)  # (a block's program reads the whole row)
         N, cols = product_columns(out)
-        chunk, grid = activation_bytes(K), (XCOLS.value * triton.cdiv(N, XCOLS.value), K // QK_K.value)
-        acts = activation_workspace(out.device, grid[0] // XCOLS.value * chunk, "RMS_NORM+MUL",
-                                    holds=activations_key(out, "q8_K", N, cols))
+        acts, chunk, chunks = activations_to_fill(out, "q8_K", N, cols, "RMS_NORM+MUL")
+        grid = (XCOLS.value * chunks, K // QK_K.value)
     _rms_norm_mul_kernel[grid](
         x, w, a, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3],
         *w.shape[::-1], *_strides(w), *a.shape[::-1], *_strides(a), *_strides(out), acts, chunk,
