@@ -100,6 +100,20 @@ def print_versus(whole: list | None, up: dict, ceil: ceilings.Ceilings) -> None:
                     {"ours off": off.get("chain"), "ours on": on.get("chain"), "upstream": u.get("chain")})
 
 
+def print_advances(r: dict) -> None:
+    """Fusion on's variants op by op: each op's advance of the stream's end (us a forward, bench/forward.py's
+    forward_advances), the variants' spans first; the ops where they differ most first."""
+    names = [n for n in ("on", "serial", "no prefetch", "unshared") if r.get(n, {}).get("advance_by_op")]
+    if len(names) < 2:
+        return
+    adv = {n: {g["kernel"]: g["us"] for g in r[n]["advance_by_op"]} for n in names}
+    ops = sorted(set().union(*adv.values()), key=lambda k: -max(abs(adv[n].get(k, 0) - adv["on"].get(k, 0))
+                                                                 for n in names))
+    print(f"\nT={r['T']} fusion on, advance of the stream a forward by op (us; span "
+          + " / ".join(f"{n} {r[n]['span_us']:.0f}" for n in names) + "): "
+          + "; ".join(f"{k} " + " / ".join(f"{adv[n].get(k, 0):.0f}" for n in names) for k in ops[:16]), flush=True)
+
+
 def floor_cell(row: dict, fmt: str = "{:.2f}") -> str:
     """A row's floor, or why it was refused."""
     return fmt.format(row["floor_us"]) if "floor_us" in row else "refused"
@@ -301,9 +315,16 @@ def main() -> int:
                 sr = r["serial"]
                 print(f"  programmatic dependent launch at T={T}, fusion on: serial launches -> PDL: "
                       f"{sr['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+            if "no prefetch" in r:
+                npf = r["no prefetch"]
+                same = "identical" if npf["outputs_identical"] else "DIFFERING"
+                print(f"  the weights' L2 prefetch at T={T}, fusion on: without -> with (outputs {same}): "
+                      f"{npf['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us (serial), "
+                      f"{npf['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
         for r in out[section]:
             print_chain(f"{section}, T={r['T']} rows={r['rows']}", {"off": r["off"].get("chain"),
                                                                     "on": r["on"].get("chain")})
+            print_advances(r)
             for name in ("off", "on"):
                 if "by_op" in r[name]:
                     print(f"\nT={r['T']} fusion {name}: kernels by op (count, us): " +

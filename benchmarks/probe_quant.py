@@ -8,6 +8,8 @@ revisions are compared by running it twice on one machine, once with a revision'
     PYTHONPATH=.ab/4a8be37 python benchmarks/probe_quant.py --qtypes q6_k     # then the working tree's:
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q6_k
     PYTHONPATH=. python benchmarks/probe_quant.py --cols32      # one launch of 32 columns vs two of 16, bytes compared
+    PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q6_k,bf16 --ahead 0,2,4,8 --cols 4
+        # each production tile with its L2 prefetch that many K steps ahead (MatVecTile.ahead), bytes compared
 
 (2026-12-06, H100: Q6_K's one dot a group against 4a8be37's two; 32-column launches: docs/performance.md.)
 """
@@ -20,7 +22,7 @@ import hashlib
 import torch
 
 import gdnpass
-from gdnpass.bench.matvec import QUANTIZED, quantized_weight, rotation
+from gdnpass.bench.matvec import QUANTIZED, operands, quantized_weight, rotation
 from gdnpass.bench.timing import kernel_us
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels.triton_core import programmatic_launch
@@ -37,7 +39,13 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--qtypes", default="q6_k", help="block types, comma-separated (default q6_k)")
     ap.add_argument("--cols32", action="store_true", help="one 32-column launch against two of 16 instead")
+    ap.add_argument("--ahead", help="the production tiles with their L2 prefetch this many steps ahead instead, "
+                                    "comma-separated (bf16 allowed in --qtypes)")
+    ap.add_argument("--cols", default="1,4,16", help="column counts (default 1,4,16)")
     a = ap.parse_args()
+    if a.ahead:
+        return sweep_ahead(a.qtypes.split(","), [int(v) for v in a.ahead.split(",")],
+                           [int(v) for v in a.cols.split(",")])
     unknown = set(a.qtypes.split(",")) - set(QUANTIZED)
     if unknown:
         raise SystemExit(f"probe_quant: --qtypes: {', '.join(sorted(unknown))} unknown")
@@ -48,7 +56,7 @@ def main() -> int:
         for M, K in SHAPES:
             w = quantized_weight(wt, M, K)
             ws = [w] + [w.clone() for _ in range(rotation(w.numel()) - 1)]
-            for n in (32,) if a.cols32 else (1, 4, 16):
+            for n in (32,) if a.cols32 else [int(v) for v in a.cols.split(",")]:
                 x = torch.randn(1, 1, n, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
                 y, y2 = torch.empty(1, 1, n, M, device="cuda"), torch.empty(1, 1, n, M, device="cuda")
                 us = per_launch_us(lambda: [mv.mul_mat_vec(v, x, y, wt) for v in ws], len(ws))
@@ -61,6 +69,32 @@ def main() -> int:
                 same = torch.equal(y.view(torch.int32), y2.view(torch.int32))
                 print(f"{wt.label} {M}x{K} 32 columns: one launch {us:8.1f} us, two of 16 {halves:8.1f} us "
                       f"({us / halves:.2f}x), bytes {'equal' if same else 'DIFFER'}", flush=True)
+            del w, ws
+    return 0
+
+
+def sweep_ahead(wtypes: list[str], aheads: list[int], cols: list[int]) -> int:
+    """Each production tile timed with its L2 prefetch ``aheads`` steps ahead (0: none), output bytes compared."""
+    if not torch.cuda.is_available():
+        raise SystemExit("probe_quant: needs a CUDA device (it times kernels)")
+    print(f"# {torch.cuda.get_device_name()}; L2 prefetch steps ahead {aheads}; us per launch (bytes: same / DIFFER)")
+    for wt in wtypes:
+        for M, K in SHAPES:
+            w = operands(wt, M, K, 1)[0]
+            ws = [w] + [w.clone() for _ in range(rotation(w.numel() * w.element_size()) - 1)]
+            dtype = QUANTIZED.get(wt)
+            for n in cols:
+                x = torch.randn(1, 1, n, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
+                tile, ys, times = mv.mat_vec_tile(M, n, K, wt), [], []
+                for ahead in aheads:
+                    y = torch.empty(1, 1, n, M, device="cuda")
+                    t = tile._replace(ahead=ahead)
+                    times.append(per_launch_us(lambda: [mv._mat_vecs([(v, y)], x, t, dtype=dtype) for v in ws],
+                                               len(ws)))
+                    ys.append(y)
+                same = all(torch.equal(ys[0].view(torch.int32), y.view(torch.int32)) for y in ys)
+                print(f"{wt} {M}x{K} n={n} {tile}: " + " | ".join(f"{a} {t:.1f}" for a, t in zip(aheads, times))
+                      + f"  bytes {'same' if same else 'DIFFER'}", flush=True)
             del w, ws
     return 0
 

@@ -12,10 +12,10 @@ import torch
 from gdnpass import pipeline
 from gdnpass.bench import upstream
 from gdnpass.bench.matvec import product_weights
-from gdnpass.bench.timing import kernel_us, node_runner
+from gdnpass.bench.timing import kernel_advances, kernel_us, node_runner
 from gdnpass.fusion import PATTERNS, fuse
 from gdnpass.ir import Op, op_label, runs_kernel
-from gdnpass.kernels.triton_core import PDL_SUPPORTED, programmatic_launch
+from gdnpass.kernels.triton_core import PDL_SUPPORTED, PREFETCH_SUPPORTED, l2_prefetch, programmatic_launch
 from gdnpass.kernels.triton_matvec import PRE_PASS_NAME
 from gdnpass.launches import graph_launches
 from gdnpass.models import VerifyConfig, default_ids
@@ -104,6 +104,18 @@ def forward_kernels(g, ex: Executor) -> dict:
     return res
 
 
+def forward_advances(g, ex: Executor) -> dict:
+    """What each op costs the stream, launched as the options stand (programmatic dependent launch on or off): the
+    span of one forward's kernels and each kernel's advance of its end (:func:`timing.kernel_advances`) summed by
+    op as the by-op line groups them: two variants compare op by op where one loses time."""
+    span, adv = kernel_advances(ex.run)
+    nodes = [n for n, k in graph_launches(g, shared_pre_passes(ex)) for _ in range(k)]
+    if len(nodes) != len(adv):
+        nodes = measured_launches(g, ex)
+    by_op = upstream.kernel_totals(list(zip(nodes, adv)), group=kernel_group) if len(nodes) == len(adv) else []
+    return dict(span_us=span, advance_by_op=by_op)
+
+
 def kernel_group(n) -> str:
     """A kernel's group in the by-op line: its op as reports name it, a product with its weights' names, the layer
     cut ("MUL_MAT ffn_down", "MUL_MAT_VEC_PAIR ssm_alpha+ssm_beta")."""
@@ -188,7 +200,9 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     pattern but that one (what it saves). Where products share pre-passes (:mod:`gdnpass.prepasses`), "unshared" is
     fusion on with every product running its own (what sharing saves). Where
     programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
-    with it and "serial" is fusion on without it; kernel durations are always those of serial launches."""
+    with it and "serial" is fusion on without it; kernel durations are always those of serial launches, and each
+    variant's advances (:func:`forward_advances`) those of its own launches. Where the weights' L2 prefetch is
+    supported (triton_core.PREFETCH_SUPPORTED), "no prefetch" is fusion on without it."""
     model = None
     if gguf is not None:
         from gdnpass.models.gguf_model import open_model
@@ -201,28 +215,32 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
                            n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
     res = {}
     runs = {}
-    # (name, fused, the pattern left out, programmatic dependent launch, shared pre-passes); "serial": fusion on,
-    # each kernel launched only after the one before it has finished (what PDL saves)
-    variants = [("off", False, None, True, True), ("on", True, None, True, True)]
-    variants += ([("without", True, without, True, True)] if without else [])
-    variants += ([("serial", True, None, False, True)] if PDL_SUPPORTED else [])
-    variants += [("unshared", True, None, True, False)]
-    for name, fused, left_out, pdl, share in variants:
+    # (name, fused, the pattern left out, programmatic dependent launch, shared pre-passes, L2 prefetch); "serial":
+    # fusion on, each kernel launched only after the one before it has finished (what PDL saves)
+    variants = [("off", False, None, True, True, True), ("on", True, None, True, True, True)]
+    variants += ([("without", True, without, True, True, True)] if without else [])
+    variants += ([("serial", True, None, False, True, True)] if PDL_SUPPORTED else [])
+    variants += [("unshared", True, None, True, False, True)]
+    variants += ([("no prefetch", True, None, True, True, False)] if PREFETCH_SUPPORTED else [])
+    for name, fused, left_out, pdl, share, prefetch in variants:
         if not share and not shared_pre_passes(runs["on"]):
             continue  # (nothing shared: "on" is this variant)
         g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"),
                                          share_pre_passes=share)
-        kernels = forward_kernels(g, ex)  # (serial launches' durations: timing.kernel_us)
+        with l2_prefetch(prefetch):
+            kernels = forward_kernels(g, ex)  # (serial launches' durations: timing.kernel_us)
+            with programmatic_launch(pdl):
+                kernels.update(forward_advances(g, ex))
+                ex.capture()
         res[name] = dict(nodes=len(g.nodes), launches=sum(k for _, k in graph_launches(g, shared_pre_passes(ex))),
-                         **kernels,
-                         fusion=report.summary() if fused else "off", weight_bytes=weight_bytes_read(g, ex), pdl=pdl)
+                         **kernels, fusion=report.summary() if fused else "off",
+                         weight_bytes=weight_bytes_read(g, ex), pdl=pdl, prefetch=prefetch)
         if "experts" in res[name]:
             res[name]["experts"]["bytes"] = expert_bytes_read(g, chosen_experts(g, ex))
-        with programmatic_launch(pdl):
-            ex.capture()
         runs[name] = ex
-    if "unshared" in runs:  # (both ran the same runs from the same fill: their outputs must be the same bytes)
-        res["unshared"]["outputs_identical"] = same_memory(runs["on"], runs["unshared"])
+    for name in ("unshared", "no prefetch"):  # (each ran the same runs as "on" from the same fill: the same bytes)
+        if name in runs:
+            res[name]["outputs_identical"] = same_memory(runs["on"], runs[name])
     times = {name: [] for name in runs}
 
     def replay_ms(ex):

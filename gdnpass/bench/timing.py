@@ -75,6 +75,28 @@ def kernel_us(fn, reps: int = 20, only: str | None = None) -> tuple[float, list[
 
 
 def _kernel_us(fn, reps: int, only: str | None) -> tuple[float, list[float]]:
+    calls = [[e.device_time for e in c] for c in _profiled(fn, reps, only)]
+    return statistics.median(sum(c) for c in calls), [statistics.median(c[j] for c in calls) for j in range(len(calls[0]))]
+
+
+def kernel_advances(fn, reps: int = 10) -> tuple[float, list[float]]:
+    """How far each kernel of one ``fn()`` call moves the end of the work, captured as a CUDA graph as the launch
+    options stand (programmatic dependent launch on or off) and replayed under the profiler: (median of the first
+    kernel's start to the last one's end, the median of each kernel's end minus the end of the one before it, the
+    first's its duration), in µs. Their sum is the span; under programmatic dependent launch a kernel's advance is
+    what it costs the stream, its wait inside not counted, so two captures compare kernel by kernel where the time
+    goes (a kernel duration, :func:`kernel_us`, counts the wait)."""
+    spans, advances = [], []
+    for c in _profiled(fn, reps, None):
+        ends = [e.time_range.end for e in c]
+        spans.append(ends[-1] - c[0].time_range.start)
+        advances.append([ends[0] - c[0].time_range.start] + [b - a for a, b in zip(ends, ends[1:])])
+    return statistics.median(spans), [statistics.median(a[j] for a in advances) for j in range(len(advances[0]))]
+
+
+def _profiled(fn, reps: int, only: str | None) -> list[list]:
+    """The kernel events of ``reps`` replays of one ``fn()`` call captured as a CUDA graph, a list a replay, in order
+    (``only``: those whose name contains it)."""
     from torch.profiler import ProfilerActivity, profile
 
     s = torch.cuda.Stream()
@@ -93,13 +115,13 @@ def _kernel_us(fn, reps: int, only: str | None) -> tuple[float, list[float]]:
         for _ in range(reps):
             g.replay()
         torch.cuda.synchronize()
-    ks = [e.device_time for e in prof.events()
-          if e.device_type == torch.autograd.DeviceType.CUDA and (only is None or only in e.name)]
+    ks = sorted((e for e in prof.events()
+                 if e.device_type == torch.autograd.DeviceType.CUDA and (only is None or only in e.name)),
+                key=lambda e: e.time_range.start)
     per = len(ks) // reps
     if per == 0 or len(ks) % reps:
         raise RuntimeError(f"{len(ks)} kernels over {reps} replays: not one fixed launch sequence")
-    calls = [ks[i * per:(i + 1) * per] for i in range(reps)]
-    return statistics.median(sum(c) for c in calls), [statistics.median(c[j] for c in calls) for j in range(per)]
+    return [ks[i * per:(i + 1) * per] for i in range(reps)]
 
 
 def node_runner(ex: Executor, n):

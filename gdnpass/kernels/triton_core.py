@@ -100,6 +100,43 @@ else:
         pass  # launches are serialized by the stream
 
 
+# L2 prefetch (Hopper's bulk prefetch, ``cp.async.bulk.prefetch.L2``): a kernel asks the L2 to fetch bytes it will read
+# a few steps later, one instruction a range, no register or shared memory held; the mat-vec's weight streams
+# (:func:`gdnpass.kernels.triton_matvec.matvec_cols_q`, :class:`~gdnpass.kernels.triton_matvec.MatVecTile`'s
+# ``ahead``), whose loads otherwise wait a DRAM round trip at low occupancy, and whose first steps are never written by
+# a kernel, so they may be asked for before :func:`wait_for_previous_kernels`. A hint only: the bytes loaded are the
+# same. Off in the interpreter, below sm_90, and when GDN_PREFETCH=0; :func:`l2_prefetch` switches it per launch.
+PREFETCH_SUPPORTED = (not INTERPRETED and os.environ.get("GDN_PREFETCH", "1") != "0" and torch.cuda.is_available()
+                      and torch.cuda.get_device_capability() >= (9, 0))
+PREFETCH = {"on": PREFETCH_SUPPORTED}  # read by the launchers at each launch (and so at a capture)
+
+
+@contextlib.contextmanager
+def l2_prefetch(enabled: bool):
+    """Launch (and so capture) the kernels with their L2 prefetches on or off inside the block, where supported (the
+    benchmarks' A/B: the same bytes either way)."""
+    before = PREFETCH["on"]
+    PREFETCH["on"] = enabled and PREFETCH_SUPPORTED
+    try:
+        yield
+    finally:
+        PREFETCH["on"] = before
+
+
+@triton.jit
+def prefetch_l2(ptr, nbytes, mask):
+    """Ask the L2 for [ptr, ptr + nbytes) of each element where ``mask`` (a byte pointer tensor): the range shrunk to
+    whole 16-byte units, as the bulk prefetch takes them, so it never reaches past the bytes named (a partial unit at
+    either end is left to the load). Compiled only where :data:`PREFETCH_SUPPORTED` (no PTX in the interpreter)."""
+    a = ptr.to(tl.int64, bitcast=True)
+    lo = (a + 15) & -16
+    n = ((a + nbytes) & -16) - lo
+    tl.inline_asm_elementwise(
+        "{ .reg .pred q, p; setp.ne.b32 q, $3, 0; setp.gt.and.s32 p, $2, 0, q; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+        "=r,l,r,r", [lo, n.to(tl.int32), mask.to(tl.int32)], dtype=tl.int32, is_pure=False, pack=1)
+
+
 # ---- launch conventions ---------------------------------------------------------------------------------------------
 
 
