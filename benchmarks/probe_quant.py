@@ -8,8 +8,8 @@ revisions are compared by running it twice on one machine, once with a revision'
     PYTHONPATH=.ab/4a8be37 python benchmarks/probe_quant.py --qtypes q6_k     # then the working tree's:
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q6_k
     PYTHONPATH=. python benchmarks/probe_quant.py --cols32      # one launch of 32 columns vs two of 16, bytes compared
-    PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q6_k,bf16 --ahead 0,2,4,8 --cols 4
-        # each production tile with its L2 prefetch that many K steps ahead (MatVecTile.ahead), bytes compared
+    PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q6_k,bf16 --early 0,4,16 --cols 4
+        # each production tile asking the L2 for its first steps before its wait (MatVecTile.early), bytes compared
 
 (2026-12-06, H100: Q6_K's one dot a group against 4a8be37's two; 32-column launches: docs/performance.md.)
 """
@@ -39,12 +39,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--qtypes", default="q6_k", help="block types, comma-separated (default q6_k)")
     ap.add_argument("--cols32", action="store_true", help="one 32-column launch against two of 16 instead")
-    ap.add_argument("--ahead", help="the production tiles with their L2 prefetch this many steps ahead instead, "
-                                    "comma-separated (bf16 allowed in --qtypes)")
+    ap.add_argument("--early", help="the production tiles asking the L2 for this many K steps before their wait "
+                                    "instead, comma-separated (bf16 allowed in --qtypes)")
     ap.add_argument("--cols", default="1,4,16", help="column counts (default 1,4,16)")
     a = ap.parse_args()
-    if a.ahead:
-        return sweep_ahead(a.qtypes.split(","), [int(v) for v in a.ahead.split(",")],
+    if a.early:
+        return sweep_early(a.qtypes.split(","), [int(v) for v in a.early.split(",")],
                            [int(v) for v in a.cols.split(",")])
     unknown = set(a.qtypes.split(",")) - set(QUANTIZED)
     if unknown:
@@ -73,11 +73,13 @@ def main() -> int:
     return 0
 
 
-def sweep_ahead(wtypes: list[str], aheads: list[int], cols: list[int]) -> int:
-    """Each production tile timed with its L2 prefetch ``aheads`` steps ahead (0: none), output bytes compared."""
+def sweep_early(wtypes: list[str], earlies: list[int], cols: list[int]) -> int:
+    """Each production tile timed asking the L2 for ``earlies`` K steps before its wait (0: none), serial launches
+    (so what it costs or saves a launch alone), output bytes compared."""
     if not torch.cuda.is_available():
         raise SystemExit("probe_quant: needs a CUDA device (it times kernels)")
-    print(f"# {torch.cuda.get_device_name()}; L2 prefetch steps ahead {aheads}; us per launch (bytes: same / DIFFER)")
+    print(f"# {torch.cuda.get_device_name()}; K steps asked of the L2 early {earlies}; us per launch (bytes: same / "
+          "DIFFER)")
     for wt in wtypes:
         for M, K in SHAPES:
             w = operands(wt, M, K, 1)[0]
@@ -86,14 +88,14 @@ def sweep_ahead(wtypes: list[str], aheads: list[int], cols: list[int]) -> int:
             for n in cols:
                 x = torch.randn(1, 1, n, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
                 tile, ys, times = mv.mat_vec_tile(M, n, K, wt), [], []
-                for ahead in aheads:
+                for early in earlies:
                     y = torch.empty(1, 1, n, M, device="cuda")
-                    t = tile._replace(ahead=ahead)
+                    t = tile._replace(early=early)
                     times.append(per_launch_us(lambda: [mv._mat_vecs([(v, y)], x, t, dtype=dtype) for v in ws],
                                                len(ws)))
                     ys.append(y)
                 same = all(torch.equal(ys[0].view(torch.int32), y.view(torch.int32)) for y in ys)
-                print(f"{wt} {M}x{K} n={n} {tile}: " + " | ".join(f"{a} {t:.1f}" for a, t in zip(aheads, times))
+                print(f"{wt} {M}x{K} n={n} {tile}: " + " | ".join(f"{e} {t:.1f}" for e, t in zip(earlies, times))
                       + f"  bytes {'same' if same else 'DIFFER'}", flush=True)
             del w, ws
     return 0

@@ -101,11 +101,11 @@ else:
 
 
 # L2 prefetch (Hopper's bulk prefetch, ``cp.async.bulk.prefetch.L2``): a kernel asks the L2 to fetch bytes it will read
-# a few steps later, one instruction a range, no register or shared memory held; the mat-vec's weight streams
-# (:func:`gdnpass.kernels.triton_matvec.matvec_cols_q`, :class:`~gdnpass.kernels.triton_matvec.MatVecTile`'s
-# ``ahead``), whose loads otherwise wait a DRAM round trip at low occupancy, and whose first steps are never written by
-# a kernel, so they may be asked for before :func:`wait_for_previous_kernels`. A hint only: the bytes loaded are the
-# same. Off in the interpreter, below sm_90, and when GDN_PREFETCH=0; :func:`l2_prefetch` switches it per launch.
+# soon, one instruction a range, no register or shared memory held. A mat-vec program asks for its weight's first K
+# steps before :func:`wait_for_previous_kernels` (no kernel writes a weight), so under programmatic dependent launch
+# they come while the kernel before it still runs (:class:`~gdnpass.kernels.triton_matvec.MatVecTile`'s ``early``).
+# A hint only: the bytes loaded are the same. Off in the interpreter, below sm_90, and when GDN_PREFETCH=0;
+# :func:`l2_prefetch` switches it per capture (the benchmarks' A/B).
 PREFETCH_SUPPORTED = (not INTERPRETED and os.environ.get("GDN_PREFETCH", "1") != "0" and torch.cuda.is_available()
                       and torch.cuda.get_device_capability() >= (9, 0))
 PREFETCH = {"on": PREFETCH_SUPPORTED}  # read by the launchers at each launch (and so at a capture)

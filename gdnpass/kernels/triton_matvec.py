@@ -111,8 +111,8 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, QTYPE: tl.constexpr):
     """Ask the L2 for the weight's K range [k0, k1) of rows row0 .. row0 + nrows - 1 (``w_ptr``: a plain type's
     elements, or a block type's bytes with k0, k1 multiples of its 256; nothing where k0 >= k1): one bulk prefetch a
-    row (:func:`~gdnpass.kernels.triton_core.prefetch_l2`), a row a thread. (Its own row vector: the tile's rows lie in
-    the dot's layout, several a thread, which took the Q8_0 tile from 163 registers to 255.)"""
+    row (:func:`~gdnpass.kernels.triton_core.prefetch_l2`), a row a thread (its own row vector: the tile's rows lie in
+    the dot's layout, several a thread)."""
     i = tl.arange(0, ROWS)
     rows = row0 + i
     if QTYPE == "":
@@ -129,7 +129,7 @@ def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, Q
 @triton.jit
 def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLOCK_K: tl.constexpr,
                 DOT: tl.constexpr, EVICT: tl.constexpr = False, TERMS_: tl.constexpr = 1,
-                IEEE: tl.constexpr = False, AHEAD: tl.constexpr = 0):
+                IEEE: tl.constexpr = False):
     """Σ_k w[row, k]·x[col, k] for a block of weight rows and a tile of activation columns (``x_cols``: each column's
     element offset, :func:`x_columns`), in f32. Returns [BLOCK_M, COLS].
 
@@ -146,21 +146,14 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
 
     A split-K program (:class:`MatVecTile`) sums its K slice by calling this with ``w_ptr`` and ``x_ptr`` advanced to
     the slice's first element and ``K`` its length: the same code on fewer steps. ``EVICT``: the weight's lines are
-    the first the L2 evicts (each is read once; the activations are read by every program). ``AHEAD``: each step
-    asks the L2 for the weight's step that many steps on (:func:`prefetch_weights`; the caller asked for the first
-    ones). Quantized weights have their own form, :func:`matvec_cols_q`."""
+    the first the L2 evicts (each is read once; the activations are read by every program). Quantized weights have
+    their own form, :func:`matvec_cols_q`."""
     ks = tl.arange(0, BLOCK_K)
     w_policy: tl.constexpr = "evict_first" if EVICT else ""
-    ROWS: tl.constexpr = rows.shape[0]
-    if AHEAD > 0:  # (rows: a block of consecutive rows, the first nrows of them in the weight)
-        row0, nrows = tl.min(rows, axis=0), tl.sum(row_mask.to(tl.int32), axis=0)
     w_rows = w_ptr + rows.to(tl.int64)[:, None] * w_stride
     if DOT:
         acc = tl.zeros([rows.shape[0], x_cols.shape[0]], tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if AHEAD > 0:
-                far = k0 + AHEAD * BLOCK_K
-                prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS, far, tl.minimum(far + BLOCK_K, K), "")
             kk = k0 + ks
             kmask = kk < K
             w = tl.load(w_rows + kk[None, :], mask=row_mask[:, None] & kmask[None, :], other=0.0,
@@ -183,9 +176,6 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
     else:
         acc3 = tl.zeros([rows.shape[0], x_cols.shape[0], BLOCK_K], tl.float32)
         for k0 in range(0, K, BLOCK_K):
-            if AHEAD > 0:
-                far = k0 + AHEAD * BLOCK_K
-                prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS, far, tl.minimum(far + BLOCK_K, K), "")
             kk = k0 + ks
             kmask = kk < K
             # cast right after the load: f16/bf16 arithmetic is not f32 (and bf16 is broken in the interpreter)
@@ -328,7 +318,7 @@ def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
 
 @triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, QTYPE: tl.constexpr,
-                  COLS: tl.constexpr, AHEAD: tl.constexpr = 0):
+                  COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
     workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 16 or 32: that many chunks of 16 from
@@ -341,7 +331,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
     f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
-    ``AHEAD``: each step asks the L2 for the block that many steps on (:func:`prefetch_weights`). Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
     word, slot = _x_words(cols, chunk)
@@ -349,9 +339,6 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
     e = tl.arange(0, SUB)
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
-    ROWS: tl.constexpr = rows.shape[0]
-    if AHEAD > 0:  # (rows: a block of consecutive rows, the first nrows of them in the weight)
-        row0, nrows = tl.min(rows, axis=0), tl.sum(row_mask.to(tl.int32), axis=0)
     rm = row_mask[:, None]
     acc = tl.zeros([rows.shape[0], COLS], tl.float32)
     SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES  # (read by Q4_K and Q5_K only)
@@ -359,9 +346,6 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
-        if AHEAD > 0:
-            far = k0 + AHEAD * QK_K
-            prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS, far, tl.minimum(far + QK_K, k_hi), QTYPE)
         if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
             w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
             for j in tl.static_range(GROUPS_K):
@@ -483,25 +467,23 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr, AHEAD: tl.constexpr):
+             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
-    quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16). AHEAD: the L2 prefetch's steps ahead (the
-    caller has asked for the slice's first ones)."""
+    quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16)."""
     cols = tl.arange(0, COLS)
     col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     k_lo, k_hi = k_slice(K, s, BLOCK_K, SPLIT_K)
     if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, QTYPE, COLS, AHEAD)
+        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, QTYPE, COLS)
     elif SPLIT_K == 1:
-        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms,
-                          AHEAD=AHEAD)
+        acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
     else:
         acc = matvec_cols(w_ptr + k_lo, w_s1, rows, row_mask, x_ptr + k_lo, x_cols, x_mask, k_hi - k_lo, BLOCK_K,
-                          DOT, EVICT, terms, AHEAD=AHEAD)
+                          DOT, EVICT, terms)
     if SPLIT_K == 1:
         _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
                  RESIDUAL)
@@ -524,7 +506,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
-                        QTYPE: tl.constexpr, IDS: tl.constexpr, AHEAD: tl.constexpr):
+                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr):
     # (only index arithmetic and the L2 prefetch of weights, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -537,17 +519,15 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
         w_ptr = w2_ptr    # branch, inlined the loop twice with its own pipeline buffers, twice the shared memory,
         y_ptr = y2_ptr    # which capped the programs an SM; a residual launch is a single product)
     k_lo, k_hi = k_slice(K, s, BLOCK_K, SPLIT_K)
-    first = tl.minimum(k_lo + AHEAD * BLOCK_K, k_hi)  # the steps asked of the L2 before the loop does
-    row0 = tl.program_id(0) * BLOCK_M
     if IDS:  # MUL_MAT_ID: batch (slot i2, token i3) reads the matrix of expert ids[i2, i3] (known after the wait)
         wait_for_previous_kernels()
         w_off = tl.load(ids_ptr + i2 * ids_s0 + i3 * ids_s1).to(tl.int64) * w_b2
-        if AHEAD > 0:
-            prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo, first, QTYPE)
     else:
         w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
-        if AHEAD > 0:  # (the weights are never written: their first steps may come while the kernel before runs)
-            prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo, first, QTYPE)
+        if EARLY > 0:  # (no kernel writes a weight: its first steps may come while the kernel before still runs)
+            row0 = tl.program_id(0) * BLOCK_M
+            prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo,
+                             tl.minimum(k_lo + EARLY * BLOCK_K, k_hi), QTYPE)
         wait_for_previous_kernels()
     if IDS and QTYPE != "":  # x_b2, x_b3 in columns of the pre-pass's chunks: this batch's column is col0 of one
         x_ptr, col0 = _column_chunk(x_ptr, i2 * x_b2 + i3 * x_b3, x_chunk)
@@ -559,7 +539,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
-             EVICT, RESIDUAL, QTYPE, AHEAD)
+             EVICT, RESIDUAL, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -567,10 +547,9 @@ class MatVecTile(NamedTuple):
     compile per power of two, so a 1-column product does not pay for 16), BLOCK_K per step, the DOT form, warps,
     ``split_k``, the K slices per row block, Triton's pipeline depth ``stages`` (its default, 3, unless tuned) and
     ``evict``, the weight loads marked evict-first in the L2, ``regs``, a cap on a thread's registers (ptxas's
-    .maxnreg; 0: ptxas's own count), which decides how many programs an SM holds, and ``ahead``, how many K steps
-    ahead of its loads a program asks the L2 for its weight (0: none; the first ``ahead`` before it waits for the
-    kernel before it, :data:`~gdnpass.kernels.triton_core.PREFETCH`). Only split_k changes the bytes: the rest is
-    speed.
+    .maxnreg; 0: ptxas's own count), which decides how many programs an SM holds, and ``early``, how many of its
+    slice's first K steps a program asks the L2 for before it waits for the kernel before it (:data:`EARLY_BYTES`;
+    0: none; :data:`~gdnpass.kernels.triton_core.PREFETCH`). Only split_k changes the bytes: the rest is speed.
 
     split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
     (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
@@ -590,21 +569,35 @@ class MatVecTile(NamedTuple):
     stages: int = 3
     evict: bool = False
     regs: int = 0
-    ahead: int = 0
+    early: int = 0
 
     def options(self) -> dict:
         """The launch's compile options (with :data:`~gdnpass.kernels.triton_core.LAUNCH`'s)."""
         return {"num_warps": self.warps, "num_stages": self.stages, **({"maxnreg": self.regs} if self.regs else {})}
 
     def launch(self) -> dict:
-        """The launch's keyword arguments but the sum's: its options and LAUNCH's, and the L2 prefetch's steps ahead
-        where prefetching is on."""
-        return {**LAUNCH, **self.options(), "AHEAD": self.ahead if PREFETCH["on"] else 0}
+        """The launch's keyword arguments but the sum's: its options and LAUNCH's, and the steps it asks the L2 for
+        early where prefetching is on."""
+        return {**LAUNCH, **self.options(), "EARLY": self.early if PREFETCH["on"] else 0}
 
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16" or a block type's label)
-    weights: its bytes a function of the shape and type alone, so both products of a pair (one launch, one tile) are
+    weights (:func:`_sum_tile`), asking the L2 early for its first :data:`EARLY_BYTES`."""
+    t = _sum_tile(M, N, K, wtype, products)
+    step = t.block_m * DType.parse(wtype).row_bytes(t.block_k)  # a program's weight bytes a K step
+    return t._replace(early=max(1, EARLY_BYTES // step))
+
+
+# What a mat-vec program asks the L2 for before it waits for the kernel before it (MatVecTile.early): its slice's first
+# 32 KB, fetched while that kernel still runs where the program is resident by then (programmatic dependent launch);
+# 528 programs' (4 an SM) 17 MB stay well inside the H100's and H200's 50 MB of L2. (Asking for each step a few steps
+# ahead inside the loop, tried first, made every launch 4-45% slower: docs/performance.md, 2026-12-07.)
+EARLY_BYTES = 32 << 10
+
+
+def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
+    """:func:`mat_vec_tile`'s sum: its bytes a function of the shape and type alone, so both products of a pair (one launch, one tile) are
     byte-identical to their single mat-vecs. ``products``: how many the launch runs (a pair's 2, MUL_MAT_ID's slots x
     tokens), which only a block type's register cap reads (:func:`_quantized_tile`), never the bytes.
 
@@ -694,14 +687,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     split = _split(K, QK_K.value, want)
     capped = cols <= 16 and (wtype != "q6_k" or blocks * split * products > Q6_K_CAPPED_PAST)
     return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, split,
-                      regs=QUANT_REGS.get(wtype, 0) if capped else 0, ahead=QUANT_AHEAD.get(wtype, 0))
-
-
-# The K steps (blocks of 256) ahead of its loads a K-quant product's program asks the L2 for its weight: the loads
-# then wait on the L2, not on DRAM, at the occupancy the registers allow; the first steps are asked for before the
-# program waits for the kernel before it. At most 4 x 64 rows x 210 bytes (Q6_K) = 54 KB a program in flight. Not
-# Q8_0: its 128-row tile went from 163 registers to 255 and spilled (compiled for sm_90).
-QUANT_AHEAD = {"q4_k": 4, "q5_k": 4, "q6_k": 4}
+                      regs=QUANT_REGS.get(wtype, 0) if capped else 0)
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach (the others: 512)

@@ -119,10 +119,10 @@ def test_a_32_column_launch_is_the_16_column_launches_bytes(dtype):
 @pytest.mark.gpu
 @pytest.mark.parametrize("wtype", [t.label for t in QTYPES] + ["bf16"])
 def test_the_weights_l2_prefetch_changes_no_byte(wtype):
-    """The weights' L2 prefetch (MatVecTile.ahead: each step asks for the block that many steps on, the first ones
-    before the wait) is a hint: at every distance, 0 (none) to past the slice's end, on a split tile with a short
-    last row block, a pair, and MUL_MAT_ID (whose first steps wait for the ids), the bytes are those without it; and
-    no prefetch faults (an address past the weight would, under compute-sanitizer's memcheck in part 2)."""
+    """The weights' L2 prefetch (MatVecTile.early: a program's first K steps asked for before its wait) is a hint: at
+    every count, 0 (none) to past the slice's end, on a split tile with a short last row block, a pair, and
+    MUL_MAT_ID (which asks for none: its matrix is known after the wait), the bytes are those without it; and no
+    prefetch faults."""
     if not core.PREFETCH_SUPPORTED:
         pytest.skip("no L2 bulk prefetch here (below sm_90, or GDN_PREFETCH=0)")
     M, K, n, experts = 200, 4096, 4, 3  # (200 rows: a short last block of 64; 16 K steps, 4 slices of 4)
@@ -138,8 +138,8 @@ def test_the_weights_l2_prefetch_changes_no_byte(wtype):
     xid = torch.randn(1, 2, 2, K, generator=g).cuda()
     q = dtype if dtype.is_quantized else None
 
-    def run(ahead: int, on: bool) -> list[torch.Tensor]:
-        tile = mv.mat_vec_tile(4096, n, K, wtype)._replace(split_k=4, ahead=ahead)
+    def run(early: int, on: bool) -> list[torch.Tensor]:
+        tile = mv.mat_vec_tile(4096, n, K, wtype)._replace(split_k=4, early=early)
         y, p, p2, yid = (torch.full(s, float("nan"), device="cuda") for s in
                          ((1, 1, n, M), (1, 1, n, M), (1, 1, n, M), (1, 2, 2, M)))
         with core.l2_prefetch(on):
@@ -150,9 +150,9 @@ def test_the_weights_l2_prefetch_changes_no_byte(wtype):
         return [y, p, p2, yid]
 
     plain = run(0, False)
-    for ahead, on in ((1, True), (4, True), (16, True), (4, False)):
-        for got, want, what in zip(run(ahead, on), plain, ("mat-vec", "pair 1", "pair 2", "MUL_MAT_ID")):
-            assert_same_bytes(got, want, f"{wtype} {what}, prefetch {ahead} steps ahead, on={on}")
+    for early, on in ((1, True), (4, True), (16, True), (4, False)):
+        for got, want, what in zip(run(early, on), plain, ("mat-vec", "pair 1", "pair 2", "MUL_MAT_ID")):
+            assert_same_bytes(got, want, f"{wtype} {what}, {early} K steps asked of the L2 early, on={on}")
 
 
 def test_quantized_launch_refusals():
