@@ -317,7 +317,7 @@ def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
 
 
 @triton.jit
-def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, QTYPE: tl.constexpr,
+def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, col0, N, QTYPE: tl.constexpr,
                   COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
@@ -331,9 +331,12 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
     f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
+    Only the product's columns [col0, col0 + N) are read; the others' sums are of zeros (the padding's bytes, 12 of
+    16 columns' at 4 tokens, are not fetched; a column's sum is its own either way).
     Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
+    col_on = (cols >= col0) & (cols < col0 + N)
     word, slot = _x_words(cols, chunk)
     xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
@@ -354,7 +357,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 blk = w_row + g * Q8_0_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
                 q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
-                t = _group_dot(q, _group_x(ws_ptr, chunk, g, cols, on)).to(tl.float32)
+                t = _group_dot(q, _group_x(ws_ptr, chunk, g, cols, col_on[None, :] & on)).to(tl.float32)
                 dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
         else:
@@ -378,7 +381,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                     g = sb * GROUPS_K + j
                     sc = _byte_of(sc_lo if j < 4 else sc_hi, j % 4)
                     m = _byte_of(m_lo if j < 4 else m_hi, j % 4)
-                    isum += sc[:, None] * _group_dot(q, _group_x(ws_ptr, chunk, g, cols))
+                    isum += sc[:, None] * _group_dot(q, _group_x(ws_ptr, chunk, g, cols, col_on[None, :]))
                     msum += m[:, None] * tl.load(xb + g * XCOLS)[None, :]
                 acc += (f16_bits(dm)[:, None] * dx[None, :]) * isum.to(tl.float32) \
                     - (f16_bits(dm >> 16)[:, None] * dx[None, :]) * msum.to(tl.float32)
@@ -395,6 +398,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
                 j2 = tl.arange(0, 2 * COLS)                               # column 2c + half of the dots
                 in_half = (e[:, None] < 16) == (j2[None, :] % 2 == 0)     # [32, 2 COLS]: element k of half j2 % 2
+                half_on = ((j2 // 2 >= col0) & (j2 // 2 < col0 + N))[None, :]
                 halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
                     qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
@@ -403,7 +407,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
                             g = sb * GROUPS_K + 4 * n + 2 * h + i
-                            xq = _group_x(ws_ptr, chunk, g, j2 // 2, in_half)
+                            xq = _group_x(ws_ptr, chunk, g, j2 // 2, in_half & half_on)
                             sc = tl.load(w16 + blk // 2 + 96 + 4 * n + 2 * h + i, mask=row_mask, other=0)
                             sc = sc.to(tl.int32)                           # scales[8n + 2k], [8n + 2k + 1]
                             sc = tl.where(j2[None, :] % 2 == 0, ((sc << 24) >> 24)[:, None], (sc >> 8)[:, None])
@@ -478,7 +482,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     k_lo, k_hi = k_slice(K, s, BLOCK_K, SPLIT_K)
     if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, QTYPE, COLS)
+        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, col0, N, QTYPE, COLS)
     elif SPLIT_K == 1:
         acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
     else:
@@ -583,16 +587,19 @@ class MatVecTile(NamedTuple):
 
 def mat_vec_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """The tile for an M-row, N-column product over K of ``wtype`` ("f32", "f16", "bf16" or a block type's label)
-    weights (:func:`_sum_tile`), asking the L2 early for its first :data:`EARLY_BYTES`."""
+    weights (:func:`_sum_tile`), a plain type's asking the L2 early for its first :data:`EARLY_BYTES`."""
     t = _sum_tile(M, N, K, wtype, products)
-    step = t.block_m * DType.parse(wtype).row_bytes(t.block_k)  # a program's weight bytes a K step
-    return t._replace(early=max(1, EARLY_BYTES // step))
+    if wtype in _QUANTIZED:
+        return t
+    return t._replace(early=max(1, EARLY_BYTES // (t.block_m * DType.parse(wtype).row_bytes(t.block_k))))
 
 
-# What a mat-vec program asks the L2 for before it waits for the kernel before it (MatVecTile.early): its slice's first
-# 32 KB, fetched while that kernel still runs where the program is resident by then (programmatic dependent launch);
-# 528 programs' (4 an SM) 17 MB stay well inside the H100's and H200's 50 MB of L2. (Asking for each step a few steps
-# ahead inside the loop, tried first, made every launch 4-45% slower: docs/performance.md, 2026-12-07.)
+# What a plain-type mat-vec program asks the L2 for before it waits for the kernel before it (MatVecTile.early): its
+# slice's first 32 KB, fetched while that kernel still runs where the program is resident by then (programmatic
+# dependent launch); 528 programs' 17 MB stay well inside the H100's and H200's 50 MB of L2. H100, 2026-12-07: the bf16
+# 9B verify's CUDA graph 1.2% faster at T = 4, 2.4% at T = 8; the all-Q4_K verify's 2.0% / 0.6% slower (each Q4_K
+# launch alone 2-4 us slower, not understood), so the block types ask for none. Asking for each step a few steps ahead
+# inside the loop made every launch 4-45% slower (docs/performance.md).
 EARLY_BYTES = 32 << 10
 
 
