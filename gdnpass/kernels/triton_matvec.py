@@ -683,27 +683,39 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``); the 32-column tiles are the
     16-column ones, untuned. Q4_K's K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and
     Q6_K's split from the H100 sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096
-    x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes."""
+    x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K
+    split into the most slices whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does
+    not hold them (the H100 sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before)."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
-    least = 256 if wtype == "q8_0" and M <= 4096 else QUANTIZED_PROGRAMS.get(wtype, 512)
-    while blocks * want < least and want < 16:
-        want *= 2
+    if wtype == "q8_0":
+        while blocks * want * 2 <= Q8_0_WAVES[1] and want < 16:
+            want *= 2
+    else:
+        while blocks * want < QUANTIZED_PROGRAMS[wtype] and want < 16:
+            want *= 2
     if blocks >= 64 and K >= 4096 and wtype == "q4_k":  # no more slices than K has steps of 4 blocks
         want = _split(K, 4 * QK_K.value, want)
     split = _split(K, QK_K.value, want)
-    capped = cols <= 16 and (wtype != "q6_k" or blocks * split * products > Q6_K_CAPPED_PAST)
+    programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
+    capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k")
+                             or wtype == "q8_0" and Q8_0_WAVES[0] < programs <= Q8_0_WAVES[1])
     return MatVecTile(block_m, max(16, cols), QK_K.value, True, 4, split,
-                      regs=QUANT_REGS.get(wtype, 0) if capped else 0)
+                      regs=QUANT_REGS[wtype] if capped else 0)
 
 
-QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach (the others: 512)
+QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach
+# Q8_0's programs in one wave on the H100's and H200's 132 SMs: 3 an SM uncapped (163 registers), 4 capped at 128.
+# Its sweep (H100, 2026-12-07, 4 columns, us): 12288 x 4096 in 4 slices (384 programs) uncapped 42.7, in 8 (768)
+# 46.5; 4096 x 12288 in 16 (512) capped 45.0, in 8 (256) 51.5, in 16 uncapped (512 over 396) 57.7; 4096 x 4096 in 16
+# capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
+Q8_0_WAVES = (396, 528)
 
 # The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
 # 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
 # (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
 # was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
-QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168}
+QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168, "q8_0": 128}
 # Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):
 # with 256 programs or fewer it ran 2-4% slower, the spill's cost without an SM's third program to win
 Q6_K_CAPPED_PAST = 256
