@@ -103,14 +103,14 @@ def print_versus(whole: list | None, up: dict, ceil: ceilings.Ceilings) -> None:
 def print_advances(r: dict) -> None:
     """Fusion on's variants op by op: each op's advance of the stream's end (us a forward, bench/forward.py's
     forward_advances), the variants' spans first; the ops where they differ most first."""
-    names = [n for n in ("on", "serial", "no prefetch", "unshared") if r.get(n, {}).get("advance_by_op")]
+    names = [n for n in ("on", "other launch", "no prefetch", "unshared") if r.get(n, {}).get("advance_by_op")]
     if len(names) < 2:
         return
     adv = {n: {g["kernel"]: g["us"] for g in r[n]["advance_by_op"]} for n in names}
     ops = sorted(set().union(*adv.values()), key=lambda k: -max(abs(adv[n].get(k, 0) - adv["on"].get(k, 0))
                                                                  for n in names))
     print(f"\nT={r['T']} fusion on, advance of the stream a forward by op (us; span "
-          + " / ".join(f"{n} {r[n]['span_us']:.0f}" for n in names) + "): "
+          + " / ".join(f"{n} ({'PDL' if r[n].get('pdl') else 'serial'}) {r[n]['span_us']:.0f}" for n in names) + "): "
           + "; ".join(f"{k} " + " / ".join(f"{adv[n].get(k, 0):.0f}" for n in names) for k in ops[:16]), flush=True)
 
 
@@ -311,10 +311,11 @@ def main() -> int:
                       f"({on['prepass']['shared']} skipped; outputs {same}): {u['kernels']} -> {on['kernels']} kernels, "
                       f"{u['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
                       f"{u['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
-            if "serial" in r:
-                sr = r["serial"]
-                print(f"  programmatic dependent launch at T={T}, fusion on: serial launches -> PDL: "
-                      f"{sr['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+            if "other launch" in r:
+                serial, pdl = (r["other launch"], on) if on["pdl"] else (on, r["other launch"])
+                print(f"  programmatic dependent launch at T={T}, fusion on ({'PDL' if on['pdl'] else 'serial'} by "
+                      f"default): serial launches -> PDL: {serial['us_per_forward']:.1f} -> "
+                      f"{pdl['us_per_forward']:.1f} CUDA-graph us", flush=True)
             if "no prefetch" in r:
                 npf = r["no prefetch"]
                 same = "identical" if npf["outputs_identical"] else "DIFFERING"

@@ -663,13 +663,15 @@ class Engine:
 
     def _capture(self, slot: Slot) -> None:
         """Capture the ubatch's device work as one CUDA graph; the caches are kept as they were (the capture's
-        warm-up run, which compiles the kernels, writes them)."""
+        warm-up run, which compiles the kernels, writes them); with programmatic dependent launch or not as
+        :func:`~gdnpass.runtime.programmatic_launch_pays` says of its graph."""
+        from gdnpass.kernels.triton_core import programmatic_launch
+        from gdnpass.runtime import programmatic_launch_pays
+
         keep = self.shared["cache"].clone()
         rows = slot.n_t * slot.n_seqs
         self._write_inputs(slot, [0] * rows, 0, [0] * slot.n_seqs,
                            np.zeros((rows, self.model.shape.n_embd), np.float32) if self.s.mtp else None)
-        self._forward(slot)
-        torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
         # one memory pool for all of the engine's graphs: they replay one at a time on one stream, and what a capture
         # allocates is a temporary used within that replay (a product over 16 columns of an f32 or batched weight
@@ -677,8 +679,11 @@ class Engine:
         # would hold once per graph (every input, output and head buffer is allocated before the capture)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._forward(slot)
+        with programmatic_launch(programmatic_launch_pays(slot.executor.graph)):
+            self._forward(slot)  # (the warm-up, which compiles the kernels, launched as captured)
+            torch.cuda.synchronize()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._forward(slot)
         slot.cuda_graph = graph
         self.shared["cache"].copy_(keep)
 

@@ -230,15 +230,19 @@ class Executor:
                              f"saves, plans and dumps it, but has no kernel for it)")
         return fn
 
-    def capture(self) -> None:
-        """Capture one whole run as a CUDA graph; later ``run`` calls replay it."""
+    def capture(self, pdl: bool | None = None) -> None:
+        """Capture one whole run as a CUDA graph; later ``run`` calls replay it. ``pdl``: its kernels launched with
+        programmatic dependent launch or serially (where supported; None: as :func:`programmatic_launch_pays`)."""
+        from gdnpass.kernels.triton_core import programmatic_launch
+
         if self.device.type != "cuda":
             raise GraphError("CUDA-graph capture needs device cuda")
-        self.run()  # warm up: compiles the Triton kernels outside the capture
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self.run()
+        with programmatic_launch(programmatic_launch_pays(self.graph) if pdl is None else pdl):
+            self.run()  # warm up: compiles the Triton kernels outside the capture
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                self.run()
         self._cuda_graph = g
 
     def timed_run(self) -> float:
@@ -250,6 +254,15 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+
+def programmatic_launch_pays(graph: Graph) -> bool:
+    """Whether ``graph`` is captured with programmatic dependent launch (triton_core: where the GPU supports it): where
+    its products read plain types, not where one reads a block type (has an activation pre-pass). Measured, the 9B
+    verify, fusion on (docs/performance.md, 2026-12-06 and -07): bf16 6% faster with it (H100); the real Q4_K_M file
+    4-6% slower on the H100 and on the H200 (the RMS_NORM_MULs before the products end 3 us later each), its Q8_0 file
+    0.4-1% slower (H100)."""
+    return not any(prepasses.fills_workspace(n) for n in graph.nodes)
 
 
 def probe_points(graph: Graph, probes: list[Tensor]) -> dict[int, list[Tensor]]:

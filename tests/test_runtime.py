@@ -205,9 +205,8 @@ def test_gpu_programmatic_dependent_launch_writes_the_bytes_of_serial_launches()
     with programmatic_launch(False):
         ex.run()
     serial = ex.snapshot()
-    with programmatic_launch(True):
-        ex.restore(start)
-        ex.capture()
+    ex.restore(start)
+    ex.capture(pdl=True)
     for _ in range(5):
         ex.restore(start)
         ex.run()
@@ -285,3 +284,13 @@ def test_a_quantized_product_counts_its_pre_pass_launch():
     products = [n for n in g.nodes if n.op in (Op.MUL_MAT_VEC_PAIR, Op.MUL_MAT_ADD)]
     assert products and all(node_launches(n) == (2 if n.src[0].type.is_quantized else 1) for n in products)
     assert any(n.src[0].type.is_quantized for n in products)
+
+
+def test_graphs_of_quantized_products_are_captured_with_serial_launches():
+    """runtime.programmatic_launch_pays: programmatic dependent launch for a verify whose products read plain types,
+    serial launches where one reads a block type (what each measured faster, docs/performance.md)."""
+    from gdnpass.runtime import programmatic_launch_pays
+
+    assert programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1)))
+    assert not programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1,
+                                                                        wtype="q4_k")))

@@ -22,7 +22,7 @@ from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.hparams import ModelShape
 from gdnpass.models.fill import fill
 from gdnpass.pipeline import PassOptions
-from gdnpass.runtime import Executor
+from gdnpass.runtime import Executor, programmatic_launch_pays
 
 
 def forward_executor(cfg: VerifyConfig, fused: bool, without: str | None = None, model=None, weights_of=None,
@@ -200,8 +200,9 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
     pattern but that one (what it saves). Where products share pre-passes (:mod:`gdnpass.prepasses`), "unshared" is
     fusion on with every product running its own (what sharing saves). Where
     programmatic dependent launch is supported (triton_core.PDL_SUPPORTED), every variant's CUDA graph is captured
-    with it and "serial" is fusion on without it; kernel durations are always those of serial launches, and each
-    variant's advances (:func:`forward_advances`) those of its own launches. Where the weights' L2 prefetch is
+    with it or not as the executor captures it (runtime.programmatic_launch_pays) and "other launch" is fusion on
+    the other way; kernel durations are always those of serial launches, and each variant's advances
+    (:func:`forward_advances`) those of its own launches. Where the weights' L2 prefetch is
     supported (triton_core.PREFETCH_SUPPORTED), "no prefetch" is fusion on without it."""
     model = None
     if gguf is not None:
@@ -215,23 +216,25 @@ def bench_forward(T: int, rows: int, rounds: int, whole: bool = False, without: 
                            n_past=upstream.N_PROMPT if whole else 0, wtype=wtype)
     res = {}
     runs = {}
-    # (name, fused, the pattern left out, programmatic dependent launch, shared pre-passes, L2 prefetch); "serial":
-    # fusion on, each kernel launched only after the one before it has finished (what PDL saves)
-    variants = [("off", False, None, True, True, True), ("on", True, None, True, True, True)]
-    variants += ([("without", True, without, True, True, True)] if without else [])
-    variants += ([("serial", True, None, False, True, True)] if PDL_SUPPORTED else [])
-    variants += [("unshared", True, None, True, False, True)]
-    variants += ([("no prefetch", True, None, True, True, False)] if PREFETCH_SUPPORTED else [])
-    for name, fused, left_out, pdl, share, prefetch in variants:
+    # (name, fused, the pattern left out, flip: launched the other way than the executor captures by default, shared
+    # pre-passes, L2 prefetch); "other launch": fusion on, with programmatic dependent launch where the default is
+    # serial launches, or the reverse (what the default, runtime.programmatic_launch_pays, wins)
+    variants = [("off", False, None, False, True, True), ("on", True, None, False, True, True)]
+    variants += ([("without", True, without, False, True, True)] if without else [])
+    variants += ([("other launch", True, None, True, True, True)] if PDL_SUPPORTED else [])
+    variants += [("unshared", True, None, False, False, True)]
+    variants += ([("no prefetch", True, None, False, True, False)] if PREFETCH_SUPPORTED else [])
+    for name, fused, left_out, flip, share, prefetch in variants:
         if not share and not shared_pre_passes(runs["on"]):
             continue  # (nothing shared: "on" is this variant)
         g, ex, report = forward_executor(cfg, fused, left_out, model, weights_of=runs.get("off"),
                                          share_pre_passes=share)
+        pdl = PDL_SUPPORTED and programmatic_launch_pays(g) != flip
         with l2_prefetch(prefetch):
             kernels = forward_kernels(g, ex)  # (serial launches' durations: timing.kernel_us)
             with programmatic_launch(pdl):
                 kernels.update(forward_advances(g, ex))
-                ex.capture()
+            ex.capture(pdl=pdl)
         res[name] = dict(nodes=len(g.nodes), launches=sum(k for _, k in graph_launches(g, shared_pre_passes(ex))),
                          **kernels, fusion=report.summary() if fused else "off",
                          weight_bytes=weight_bytes_read(g, ex), pdl=pdl, prefetch=prefetch)
