@@ -100,11 +100,20 @@ def print_versus(whole: list | None, up: dict, ceil: ceilings.Ceilings) -> None:
                     {"ours off": off.get("chain"), "ours on": on.get("chain"), "upstream": u.get("chain")})
 
 
+def print_variant(what: str, before: dict, after: dict) -> None:
+    """A whole-verify variant against fusion on: kernels, kernel us (serial launches') and CUDA-graph us, and whether
+    their outputs are the same bytes where it was checked (bench/forward.py's same_memory)."""
+    same = {True: "; outputs identical", False: "; outputs DIFFERING"}.get(before.get("outputs_identical"), "")
+    print(f"  {what}{same}: {before['kernels']} -> {after['kernels']} kernels, {before['kernel_us']:.1f} -> "
+          f"{after['kernel_us']:.1f} kernel us, {before['us_per_forward']:.1f} -> {after['us_per_forward']:.1f} "
+          f"CUDA-graph us", flush=True)
+
+
 def print_advances(r: dict) -> None:
     """Fusion on's variants op by op: each op's advance of the stream's end (us a forward, bench/forward.py's
     forward_advances), the variants' spans first; the ops where they differ most first."""
     names = [n for n in ("on", "other launch", "no prefetch", "unshared") if r.get(n, {}).get("advance_by_op")]
-    if len(names) < 2:
+    if len(names) < 2 or names[0] != "on":
         return
     adv = {n: {g["kernel"]: g["us"] for g in r[n]["advance_by_op"]} for n in names}
     ops = sorted(set().union(*adv.values()), key=lambda k: -max(abs(adv[n].get(k, 0) - adv["on"].get(k, 0))
@@ -300,28 +309,17 @@ def main() -> int:
                       f"in {ex['kernel_us']:.1f} us ({ex['kernels']} kernels): "
                       f"{ex['bytes'] / (ex['kernel_us'] * 1e3) / ceil.read_GBps:.0%} of the read bandwidth", flush=True)
             if a.without:
-                w = r["without"]
-                print(f"  {a.without}'s share at T={T}: on without it -> on: {w['kernels']} -> {on['kernels']} "
-                      f"kernels, {w['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
-                      f"{w['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+                print_variant(f"{a.without}'s share at T={T}: on without it -> on", r["without"], on)
             if "unshared" in r:
-                u = r["unshared"]
-                same = "identical" if u["outputs_identical"] else "DIFFERING"
-                print(f"  shared pre-passes at T={T}, fusion on: each product's own -> shared "
-                      f"({on['prepass']['shared']} skipped; outputs {same}): {u['kernels']} -> {on['kernels']} kernels, "
-                      f"{u['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us, "
-                      f"{u['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+                print_variant(f"shared pre-passes at T={T}, fusion on: each product's own -> shared "
+                              f"({on['prepass']['shared']} skipped)", r["unshared"], on)
             if "other launch" in r:
                 serial, pdl = (r["other launch"], on) if on["pdl"] else (on, r["other launch"])
                 print(f"  programmatic dependent launch at T={T}, fusion on ({'PDL' if on['pdl'] else 'serial'} by "
                       f"default): serial launches -> PDL: {serial['us_per_forward']:.1f} -> "
                       f"{pdl['us_per_forward']:.1f} CUDA-graph us", flush=True)
             if "no prefetch" in r:
-                npf = r["no prefetch"]
-                same = "identical" if npf["outputs_identical"] else "DIFFERING"
-                print(f"  the weights' L2 prefetch at T={T}, fusion on: without -> with (outputs {same}): "
-                      f"{npf['kernel_us']:.1f} -> {on['kernel_us']:.1f} kernel us (serial), "
-                      f"{npf['us_per_forward']:.1f} -> {on['us_per_forward']:.1f} CUDA-graph us", flush=True)
+                print_variant(f"the weights' L2 prefetch at T={T}, fusion on: without -> with", r["no prefetch"], on)
         for r in out[section]:
             print_chain(f"{section}, T={r['T']} rows={r['rows']}", {"off": r["off"].get("chain"),
                                                                     "on": r["on"].get("chain")})

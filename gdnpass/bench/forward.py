@@ -85,9 +85,7 @@ def forward_kernels(g, ex: Executor) -> dict:
     kernels are the nodes' launches in order (gdnpass.launches), so each duration has its node."""
     total, ks = kernel_us(ex.run, reps=3)
     shared = shared_pre_passes(ex)
-    nodes = [n for n, k in graph_launches(g, shared) for _ in range(k)]
-    if len(nodes) != len(ks):  # a node on a torch composite launches more than one kernel: count them
-        nodes = measured_launches(g, ex)
+    nodes = launch_nodes(g, ex, len(ks))
     res = dict(kernels=len(ks), kernel_us=total)
     if len(nodes) == len(ks):
         for kind in ("alpha/beta", "ffn", "experts"):
@@ -109,11 +107,17 @@ def forward_advances(g, ex: Executor) -> dict:
     span of one forward's kernels and each kernel's advance of its end (:func:`timing.kernel_advances`) summed by
     op as the by-op line groups them: two variants compare op by op where one loses time."""
     span, adv = kernel_advances(ex.run)
-    nodes = [n for n, k in graph_launches(g, shared_pre_passes(ex)) for _ in range(k)]
-    if len(nodes) != len(adv):
-        nodes = measured_launches(g, ex)
+    nodes = launch_nodes(g, ex, len(adv))
     by_op = upstream.kernel_totals(list(zip(nodes, adv)), group=kernel_group) if len(nodes) == len(adv) else []
     return dict(span_us=span, advance_by_op=by_op)
+
+
+def launch_nodes(g, ex: Executor, kernels: int) -> list:
+    """The node of each of the ``kernels`` profiled kernels of one forward, in order (gdnpass.launches); where they do
+    not number ``kernels`` (a node on a torch composite launches more than one kernel), as each node launches alone
+    (:func:`measured_launches`)."""
+    nodes = [n for n, k in graph_launches(g, shared_pre_passes(ex)) for _ in range(k)]
+    return nodes if len(nodes) == kernels else measured_launches(g, ex)
 
 
 def kernel_group(n) -> str:

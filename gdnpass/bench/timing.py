@@ -76,7 +76,8 @@ def kernel_us(fn, reps: int = 20, only: str | None = None) -> tuple[float, list[
 
 def _kernel_us(fn, reps: int, only: str | None) -> tuple[float, list[float]]:
     calls = [[e.device_time for e in c] for c in _profiled(fn, reps, only)]
-    return statistics.median(sum(c) for c in calls), [statistics.median(c[j] for c in calls) for j in range(len(calls[0]))]
+    per_kernel = [statistics.median(c[j] for c in calls) for j in range(len(calls[0]))]
+    return statistics.median(sum(c) for c in calls), per_kernel
 
 
 def kernel_advances(fn, reps: int = 10) -> tuple[float, list[float]]:

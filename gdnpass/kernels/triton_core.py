@@ -60,9 +60,10 @@ NUM_WARPS = 4       # every launch but the mat-vec, the fused chain, GATED_DELTA
 INTERPRETED = bool(triton.knobs.runtime.interpret)
 
 # Programmatic dependent launch (Hopper and later): each kernel may be launched while the one before it in the stream
-# still runs, its programs made resident and its prologue run; :func:`wait_for_previous_kernels` (every kernel's first
-# statement) then waits until the previous kernel has finished and its writes are visible, so no load or store of a
-# kernel's body can overtake its predecessor, and it lets its own successor launch. What it saves is the gap and ramp
+# still runs, its programs made resident and its prologue run; :func:`wait_for_previous_kernels` (in every kernel
+# before any load or store; only index arithmetic and an L2 prefetch may come first) then waits until the previous
+# kernel has finished and its writes are visible, so no load or store of a kernel's body can overtake its
+# predecessor, and it lets its own successor launch. What it saves is the gap and ramp
 # between two kernels (docs/performance.md). Off in the interpreter and below sm_90 (no griddepcontrol there), and
 # when GDN_PDL=0; :func:`programmatic_launch` switches it per capture (the benchmarks' A/B).
 PDL_SUPPORTED = (not INTERPRETED and os.environ.get("GDN_PDL", "1") != "0" and torch.cuda.is_available()
@@ -89,9 +90,10 @@ def programmatic_launch(enabled: bool):
 if PDL_SUPPORTED:
     @triton.jit
     def wait_for_previous_kernels():
-        """Every kernel's first statement: wait for the kernel before it (all of its writes visible), then let the one
-        after it launch. A kernel launched with ``launch_pdl`` that did not call this first could read an input before
-        it is written, or overwrite what its predecessor still reads (tests/kernels: every kernel starts with it)."""
+        """Wait for the kernel before it (all of its writes visible), then let the one after it launch: in every
+        kernel before its first load or store. A kernel launched with ``launch_pdl`` that loaded or stored first could
+        read an input before it is written, or overwrite what its predecessor still reads (tests/kernels/
+        test_triton_ops.py: every kernel waits first, only index arithmetic and an L2 prefetch before it)."""
         gdc_wait()
         gdc_launch_dependents()
 else:
@@ -102,9 +104,10 @@ else:
 
 # L2 prefetch (Hopper's bulk prefetch, ``cp.async.bulk.prefetch.L2``): a kernel asks the L2 to fetch bytes it will read
 # soon, one instruction a range, no register or shared memory held. A mat-vec program asks for its weight's first K
-# steps before :func:`wait_for_previous_kernels` (no kernel writes a weight), so under programmatic dependent launch
-# they come while the kernel before it still runs (:class:`~gdnpass.kernels.triton_matvec.MatVecTile`'s ``early``).
-# A hint only: the bytes loaded are the same. Off in the interpreter, below sm_90, and when GDN_PREFETCH=0;
+# steps before :func:`wait_for_previous_kernels`, so under programmatic dependent launch they come while the kernel
+# before it still runs (:class:`~gdnpass.kernels.triton_matvec.MatVecTile`'s ``early``; only weights, which no kernel
+# writes). A hint only, safe even for bytes being written: the L2 is where every write lands, and the loads come after
+# the wait. Off in the interpreter, below sm_90, and when GDN_PREFETCH=0;
 # :func:`l2_prefetch` switches it per capture (the benchmarks' A/B).
 PREFETCH_SUPPORTED = (not INTERPRETED and os.environ.get("GDN_PREFETCH", "1") != "0" and torch.cuda.is_available()
                       and torch.cuda.get_device_capability() >= (9, 0))

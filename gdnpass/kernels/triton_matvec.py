@@ -111,8 +111,9 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, QTYPE: tl.constexpr):
     """Ask the L2 for the weight's K range [k0, k1) of rows row0 .. row0 + nrows - 1 (``w_ptr``: a plain type's
     elements, or a block type's bytes with k0, k1 multiples of its 256; nothing where k0 >= k1): one bulk prefetch a
-    row (:func:`~gdnpass.kernels.triton_core.prefetch_l2`), a row a thread (its own row vector: the tile's rows lie in
-    the dot's layout, several a thread)."""
+    row (:func:`~gdnpass.kernels.triton_core.prefetch_l2`) from its own row vector (the tile's rows lie in the dot's
+    layout, several a thread: their addresses took the Q8_0 tile from 163 registers to 255), issued by every thread
+    that holds the row: more than once where the program has more threads than rows (the same fetch asked again)."""
     i = tl.arange(0, ROWS)
     rows = row0 + i
     if QTYPE == "":
@@ -331,8 +332,9 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
     f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
-    Only the product's columns [col0, col0 + N) are read; the others' sums are of zeros (the padding's bytes, 12 of
-    16 columns' at 4 tokens, are not fetched; a column's sum is its own either way).
+    The quants of the product's columns [col0, col0 + N) only are read, the others' dot operand is the loads' zero
+    fill (12 of 16 columns' bytes not fetched at 4 tokens); a column's sum is its own either way, and only the
+    product's are stored. (Their scales and group sums are read for every column.)
     Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
@@ -469,10 +471,10 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
              RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
-    """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s`` only (:func:`k_slice`), into the
+    """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s``, [k_lo, k_hi) (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
     quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16)."""
@@ -480,7 +482,6 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
-    k_lo, k_hi = k_slice(K, s, BLOCK_K, SPLIT_K)
     if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
         acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, col0, N, QTYPE, COLS)
     elif SPLIT_K == 1:
@@ -511,7 +512,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
                         QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr):
-    # (only index arithmetic and the L2 prefetch of weights, which no kernel writes, before the wait)
+    # (only index arithmetic and the L2 prefetch of an unbatched weight, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
     # grid axis 1: product-major, then K slice (size 1, or 2 for a pair, when SPLIT_K == 1)
@@ -528,7 +529,8 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
         w_off = tl.load(ids_ptr + i2 * ids_s0 + i3 * ids_s1).to(tl.int64) * w_b2
     else:
         w_off = (i2 // r2).to(tl.int64) * w_b2 + (i3 // r3).to(tl.int64) * w_b3
-        if EARLY > 0:  # (no kernel writes a weight: its first steps may come while the kernel before still runs)
+        if EARLY > 0:  # (its first steps come while the kernel before still runs; 0 for a batched product, whose
+            # "weight" is attention's K / V, which kernels write: _mat_vecs)
             row0 = tl.program_id(0) * BLOCK_M
             prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo,
                              tl.minimum(k_lo + EARLY * BLOCK_K, k_hi), QTYPE)
@@ -542,7 +544,8 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT, SPLIT_K,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT,
+             SPLIT_K,
              EVICT, RESIDUAL, QTYPE)
 
 
@@ -594,33 +597,33 @@ def mat_vec_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVe
     return t._replace(early=max(1, EARLY_BYTES // (t.block_m * DType.parse(wtype).row_bytes(t.block_k))))
 
 
-# What a plain-type mat-vec program asks the L2 for before it waits for the kernel before it (MatVecTile.early): its
-# slice's first 32 KB, fetched while that kernel still runs where the program is resident by then (programmatic
-# dependent launch); 528 programs' 17 MB stay well inside the H100's and H200's 50 MB of L2. H100, 2026-12-07: the bf16
-# 9B verify's CUDA graph 1.2% faster at T = 4, 2.4% at T = 8; the all-Q4_K verify's 2.0% / 0.6% slower (each Q4_K
-# launch alone 2-4 us slower, not understood), so the block types ask for none. Asking for each step a few steps ahead
-# inside the loop made every launch 4-45% slower (docs/performance.md).
+# What a plain-type mat-vec program asks the L2 for before it waits for the kernel before it (MatVecTile.early): the
+# whole K steps of about its slice's first 32 KB (at least one), fetched while that kernel still runs where the
+# program is resident by then (programmatic dependent launch); 528 programs' 17 MB stay well inside the H100's and
+# H200's 50 MB of L2. It made the bf16 verify faster and the quantized ones slower, and asking inside the loop for a
+# step a few steps ahead made every launch slower (docs/performance.md, 2026-12-07).
 EARLY_BYTES = 32 << 10
 
 
 def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
-    """:func:`mat_vec_tile`'s sum: its bytes a function of the shape and type alone, so both products of a pair (one launch, one tile) are
-    byte-identical to their single mat-vecs. ``products``: how many the launch runs (a pair's 2, MUL_MAT_ID's slots x
-    tokens), which only a block type's register cap reads (:func:`_quantized_tile`), never the bytes.
+    """:func:`mat_vec_tile`'s sum: its bytes a function of the shape and type alone, so both products of a pair (one
+    launch, one tile) are byte-identical to their single mat-vecs. ``products``: how many the launch runs (a pair's
+    2, MUL_MAT_ID's slots x tokens), which only a block type's register cap reads (:func:`_quantized_tile`), never
+    the bytes.
 
     Chosen from H200 timings (``benchmarks/tune_matvec.py``; the sweeps and tables in docs/performance.md). Thin
     outputs (alpha/beta: 32 rows): one row per program with K in few steps up to 4 columns; from 8 columns two rows
-    per program and K split 8 ways (the column loads, not the weight, bound them). bf16 weights (the models'):
-    one column in the FMA form, 4-8 rows per program in long K steps, at K a multiple of 4096 the weight's lines
-    evicted first from the L2 (each is read once); from 2 columns the tensor-core form with its three
-    activation terms in one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9
-    columns three dots, :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`),
-    64-row blocks in K steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on
-    qwen3.5-9b, K 4096 and 12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns). f32 and f16
-    weights: up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the
-    thin products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows).
-    f16 weights take f32's tiles (not timed apart). With fusion on, FFN gate / up and attention k / v run only as
-    pairs (twice the programs of one product): their bf16 tiles were timed as pairs."""
+    per program and K split 8 ways (the column loads, not the weight, bound them). bf16 weights (the models'): one
+    column in the FMA form, 4-8 rows per program in long K steps, at K a multiple of 4096 the weight's lines evicted
+    first from the L2 (each is read once); from 2 columns the tensor-core form with its three activation terms in
+    one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9 columns three dots,
+    :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K
+    steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on qwen3.5-9b, K 4096 and
+    12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns). f32 and f16 weights: up to 4 columns the FMA form
+    (one column of up to 1024 rows with two rows and K steps of 2048, as the thin products), beyond it 3xTF32
+    tensor-core tiles (split up to 8192 rows). f16 weights take f32's tiles (not timed apart). With fusion on, FFN
+    gate / up and attention k / v run only as pairs (twice the programs of one product): their bf16 tiles were timed
+    as pairs."""
     cols = triton.next_power_of_2(N)
     if wtype in _QUANTIZED:
         return _quantized_tile(M, cols, K, wtype, products)
@@ -680,7 +683,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the cap
     changes no byte. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a probe of this kernel with 16
     tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10% of each case's best;
-    docs/performance.md), Q8_0 from the sweep of the form before it (``tune_matvec.py``); the 32-column tiles are the
+    docs/performance.md), Q8_0 as below; the 32-column tiles are the
     16-column ones, untuned. Q4_K's K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and
     Q6_K's split from the H100 sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096
     x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K
@@ -711,7 +714,8 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 # capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
 Q8_0_WAVES = (396, 528)
 
-# The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
+# Q8_0's cap where its wave needs it (Q8_0_WAVES; 72 bytes of spill at 128). The K-quants' registers a thread up to
+# 16 columns, which decide how many programs an SM holds (shared memory allows
 # 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
 # (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
 # was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
@@ -771,6 +775,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
                                                            out.numel() == M * N),
              f"mul_mat_vec: columns of {x.shape[3]} for K {K}, output rows of {out.shape[3]} for M {M}")
     t = tile or mat_vec_tile(M, N, K, wtype.label, len(products))
+    if batched:  # (attention's KQ / KQV: the "weight" is K / V, which kernels write; none asked for before the wait)
+        t = t._replace(early=0)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
     chunk_cols = XCOLS.value * triton.cdiv(N, XCOLS.value)  # the columns of the chunks the pre-pass writes
     _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols == chunk_cols,

@@ -5,7 +5,7 @@ SM holds. compile_sm90.py compiles every kernel with uniform hints, so its regis
 (130-138 there where the H100 ran 128); these are: on 2026-12-06 they matched the H100's counts of the four
 quantized variants timed there (128, 130, 138, 186).
 
-    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the K-quant mat-vecs' production variants, a JSON line each
+    PYTHONPATH=. python tests/kernels/launched_sm90.py     # the block types' mat-vec production variants, a JSON line each
 
 Run by tests/kernels/test_occupancy.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds
 interpreter objects).
@@ -89,7 +89,7 @@ def main() -> int:
 
     shapes = []  # (M, K) of each mat-vec launch, in order
     with compiled_as_launched() as found:
-        for qtype in ("q4_k", "q5_k", "q6_k"):
+        for qtype in ("q4_k", "q5_k", "q6_k", "q8_0"):
             wt = DType.parse(qtype)
             for M, K in SHAPES:
                 w = torch.empty(1, 1, M, wt.row_bytes(K), dtype=torch.uint8)  # (compiled, never read)

@@ -1,8 +1,8 @@
 """How many programs an SM holds is decided by registers and shared memory, which only the compiled binary knows; for
 the quantized mat-vec it decides the time: a Q4_K form with 130 registers held 3 programs an SM where 128 held 4, and
-its 512-program down projection ran 24% slower on the H100; the Q5_K and Q6_K caps paid too (docs/performance.md,
-2026-12-06, sixth and seventh sessions). Compiled on the CPU exactly as the launches specialize them
-(launched_sm90.py), the K-quants' production variants with a register cap (triton_matvec.QUANT_REGS), MUL_MAT_ADD's
+its 512-program down projection ran 24% slower on the H100; the Q5_K, Q6_K and Q8_0 caps paid too (docs/performance.md,
+2026-12-06 and -07). Compiled on the CPU exactly as the launches specialize them
+(launched_sm90.py), the block types' production variants with a register cap (triton_matvec.QUANT_REGS), MUL_MAT_ADD's
 residual form and MUL_MAT_ID's among them, must hold as many programs an SM as the cap was chosen for, at no more
 spill than it was timed with."""
 
@@ -16,10 +16,10 @@ import pytest
 from kernels.launched_sm90 import MOE_DOWN, RESIDUAL, SHAPES, programs_per_sm  # (tests/: pyproject's pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
-PROGRAMS = {"q4_k": 4, "q5_k": 4, "q6_k": 3}  # an SM's, at each type's cap
-SPILL_BYTES = {"q4_k": 0, "q5_k": 8, "q6_k": 16}  # ptxas's stack a thread at the cap (Q4_K's residual form spilled
-# 8 bytes before the pair's two products shared one code path, 2026-12-06; Q5_K's lm head 8 since the activations'
-# padding columns are not read, 2026-12-07)
+PROGRAMS = {"q4_k": 4, "q5_k": 4, "q6_k": 3, "q8_0": 4}  # an SM's, at each type's cap
+SPILL_BYTES = {"q4_k": 0, "q5_k": 8, "q6_k": 16, "q8_0": 72}  # ptxas's stack a thread at the cap (Q4_K's residual
+# form spilled 8 bytes before the pair's two products shared one code path, 2026-12-06; Q5_K's lm head 8 since the
+# activations' padding columns are not read, 2026-12-07; Q8_0's 72 as its sweep of 2026-12-07 ran it)
 
 
 def _launched() -> list[dict]:
@@ -44,7 +44,7 @@ def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
     from gdnpass.kernels.triton_matvec import QUANT_REGS, mat_vec_tile
 
     found = _launched()
-    # each K-quant's tiles of the 9B (K split 1-8), the residual form of two of them, MUL_MAT_ID's (Q4_K, split 2)
+    # each block type's tiles of the 9B (K split 1-16), the residual form of two of them, MUL_MAT_ID's (Q4_K, split 2)
     _, M_id, K_id = MOE_DOWN
     assert {(v["qtype"], v["M"], v["K"], v["residual"], v["ids"]) for v in found} == {
         *((q, M, K, False, False) for q in PROGRAMS for M, K in SHAPES),
@@ -55,6 +55,10 @@ def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
     assert {(v["qtype"], v["M"]) for v in capped} >= {("q4_k", 4096), ("q5_k", 4096), ("q6_k", 12288),
                                                        ("q6_k", 248320)}, capped
     assert ("q6_k", 4096) not in {(v["qtype"], v["M"]) for v in capped}, capped
+    # Q8_0: capped where its 512 programs need a fourth an SM (4096 rows), not in one uncapped wave of 3 an SM (the 384
+    # of 12288 rows; triton_matvec.Q8_0_WAVES counts on the 3) nor in the lm head's many waves
+    assert {v["M"] for v in capped if v["qtype"] == "q8_0"} == {4096}, capped
+    assert all(v["programs"] == 3 for v in found if v["qtype"] == "q8_0" and v not in capped), found
     for v in capped:
         assert v["cols"] == 16 and v["regs"] <= QUANT_REGS[v["qtype"]], v
         assert v["programs"] >= PROGRAMS[v["qtype"]], f"{v}: fewer programs an SM than its cap was chosen for"

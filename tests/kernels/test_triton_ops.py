@@ -645,30 +645,64 @@ def _launched_kernels():
             and fn.fn.__module__ == m.__name__]
 
 
-# what a kernel may call before it waits for the kernel before it: index arithmetic and the L2 prefetch of a weight,
-# which no kernel writes (triton_core.prefetch_l2); every other call may read or write memory
-BEFORE_THE_WAIT = {"program_id", "num_programs", "arange", "to", "minimum", "cdiv", "k_slice", "prefetch_weights"}
+# What a kernel may call before it waits for the kernel before it: Triton's index arithmetic, casts, and the helpers
+# below, whose own bodies call nothing else (the L2 prefetch's inline PTX, in prefetch_l2 only, reads nothing into
+# the program: the loads come after the wait). Every other call may load or store.
+INDEX_ARITHMETIC = {"program_id", "num_programs", "arange", "minimum", "cdiv"}
+
+
+def _helpers_before_the_wait() -> dict:
+    from gdnpass.kernels import triton_matvec as mv
+
+    return {"k_slice": mv.k_slice.fn, "prefetch_weights": mv.prefetch_weights.fn, "prefetch_l2": core.prefetch_l2.fn}
+
+
+def _may_come_first(call, inside=None) -> bool:
+    """Whether ``call`` (an ast.Call) may come before the wait: index arithmetic (``tl.<name>``), a cast (``.to``), a
+    helper whose body calls only such; the bulk prefetch's inline PTX inside prefetch_l2."""
+    import ast
+
+    f = call.func
+    if isinstance(f, ast.Attribute):
+        tl_call = isinstance(f.value, ast.Name) and f.value.id == "tl"
+        return (f.attr == "to" or tl_call and f.attr in INDEX_ARITHMETIC
+                or tl_call and f.attr == "inline_asm_elementwise" and inside == "prefetch_l2")
+    helpers = _helpers_before_the_wait()
+    if not isinstance(f, ast.Name) or f.id not in helpers:
+        return False
+    body = ast.parse(inspect.getsource(helpers[f.id]))
+    return all(_may_come_first(c, f.id) for c in ast.walk(body) if isinstance(c, ast.Call))
 
 
 def _waits_first(stmts: list) -> bool:
-    """Every path through ``stmts`` calls wait_for_previous_kernels() before any call outside BEFORE_THE_WAIT (a
-    branch waits where both of its arms do); False where it does not, or where a path never waits."""
+    """Every path through ``stmts`` calls wait_for_previous_kernels() before any call that may load or store
+    (:func:`_may_come_first`) and before any return."""
+    return _first(stmts) == "waits"
+
+
+def _first(stmts: list) -> str:
+    """What ``stmts`` do first: "waits" on every path, "fails" (a call that may load or store, or a return, before the
+    wait on some path) or "through" (reach their end on some path without either)."""
     import ast
 
-    def name(call):
-        return getattr(call.func, "id", None) or getattr(call.func, "attr", None)
-
     for st in stmts:
-        if isinstance(st, ast.Expr) and isinstance(st.value, ast.Call) and name(st.value) == "wait_for_previous_kernels":
-            return True
+        if (isinstance(st, ast.Expr) and isinstance(st.value, ast.Call)
+                and getattr(st.value.func, "id", None) == "wait_for_previous_kernels"):
+            return "waits"
+        if isinstance(st, ast.Return):
+            return "fails"
         if isinstance(st, ast.If):
-            if not all(name(c) in BEFORE_THE_WAIT for c in ast.walk(st.test) if isinstance(c, ast.Call)):
-                return False
-            if _waits_first(st.body) and _waits_first(st.orelse):
-                return True
-        if not all(name(c) in BEFORE_THE_WAIT for c in ast.walk(st) if isinstance(c, ast.Call)):
-            return False
-    return False
+            if not all(_may_come_first(c) for c in ast.walk(st.test) if isinstance(c, ast.Call)):
+                return "fails"
+            arms = {_first(st.body), _first(st.orelse)}
+            if "fails" in arms:
+                return "fails"
+            if arms == {"waits"}:
+                return "waits"
+            continue  # (an arm that waited and one that did not: the rest is checked as not waited)
+        if not all(_may_come_first(c) for c in ast.walk(st) if isinstance(c, ast.Call)):
+            return "fails"
+    return "through"
 
 
 def test_every_kernel_waits_for_the_previous_one_first():
@@ -687,17 +721,20 @@ def test_every_kernel_waits_for_the_previous_one_first():
 def test_the_wait_check_finds_a_load_before_the_wait():
     import ast
 
-    def body(src):
-        return ast.parse(src).body
+    def waits_first(src):
+        return _waits_first(ast.parse(src).body)
 
-    assert _waits_first(body("r = tl.program_id(0) * 4\nwait_for_previous_kernels()\nx = tl.load(p + r)"))
-    assert _waits_first(body("if IDS:\n    wait_for_previous_kernels()\nelse:\n    prefetch_weights(w)\n"
-                             "    wait_for_previous_kernels()\nx = tl.load(p)"))
-    assert not _waits_first(body("x = tl.load(p)\nwait_for_previous_kernels()"))
-    assert not _waits_first(body("if IDS:\n    wait_for_previous_kernels()\nx = tl.load(p)"))  # one arm only
-    assert not _waits_first(body("if IDS:\n    x = tl.load(p)\n    wait_for_previous_kernels()\n"
-                                 "else:\n    wait_for_previous_kernels()"))
-    assert not _waits_first(body("r = tl.program_id(0)"))  # never waits
+    assert waits_first("r = tl.program_id(0) * 4\nwait_for_previous_kernels()\nx = tl.load(p + r)")
+    assert waits_first("if IDS:\n    wait_for_previous_kernels()\nelse:\n    prefetch_weights(w, s, r, n, 4, a, b, q)\n"
+                       "    wait_for_previous_kernels()\nx = tl.load(p)")
+    assert not waits_first("x = tl.load(p)\nwait_for_previous_kernels()")
+    assert not waits_first("if IDS:\n    wait_for_previous_kernels()\nx = tl.load(p)")  # one arm only
+    assert not waits_first("if IDS:\n    x = tl.load(p)\n    wait_for_previous_kernels()\n"
+                           "else:\n    wait_for_previous_kernels()")
+    assert not waits_first("r = tl.program_id(0)")  # never waits
+    assert not waits_first("if r < 0:\n    return\nwait_for_previous_kernels()")  # a path that returns first
+    assert not waits_first("r = helper(p)\nwait_for_previous_kernels()")  # any other helper may load
+    assert not waits_first("r = tl.inline_asm_elementwise(a)\nwait_for_previous_kernels()")  # PTX outside the prefetch
 
 
 def test_programmatic_launch_switch_restores_the_launch_options():

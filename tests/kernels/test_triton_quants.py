@@ -125,7 +125,7 @@ def test_the_weights_l2_prefetch_changes_no_byte(wtype):
     prefetch faults."""
     if not core.PREFETCH_SUPPORTED:
         pytest.skip("no L2 bulk prefetch here (below sm_90, or GDN_PREFETCH=0)")
-    M, K, n, experts = 200, 4096, 4, 3  # (200 rows: a short last block of 64; 16 K steps, 4 slices of 4)
+    M, K, n, experts = 200, 4096, 4, 3  # (200 rows: a short last row block; 4 K slices)
     dtype = DType.parse(wtype)
     g = torch.Generator().manual_seed(5)
     if dtype.is_quantized:
