@@ -22,7 +22,9 @@
 Method: per-kernel durations from torch.profiler over CUDA-graph replays (the seed's and upstream's method: no launch
 gaps), captured with programmatic dependent launch off (under it a kernel's duration counts its wait for the one
 before), medians over repeats, variants in the same process; the forward's wall time also as CUDA-graph replays
-timed with CUDA events, with the launch on as the loop runs it; the ceilings with CUDA events alone.
+timed with CUDA events, launched as the loop launches it (programmatic dependent launch where the products read plain
+types, serially where they read blocks: runtime.programmatic_launch_pays), the other way as a variant; the ceilings
+with CUDA events alone.
 The measurements are the harness's (gdnpass/bench/); this script runs the sections and prints their tables.
 """
 

@@ -6,7 +6,7 @@
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
 alpha/beta pair against the read bandwidth, the whole qwen3.5-9b verify, ours off / on / on without the newest
-pattern (the registry's last) / on with serial launches, next to upstream llama.cpp built with CUDA (``bench.py
+pattern (the registry's last) / on launched the other way (PDL or serial), next to upstream llama.cpp built with CUDA (``bench.py
 --quick --only pair,whole,upstream --without PATTERN``; the CUDA build alone takes 3-4 minutes on a fresh host, made
 while the GPU works).
 Part 2 (issue 16): bench.py's per-op, mat-vec, chain, dedup and pair tables and our whole verify, compute-sanitizer

@@ -30,8 +30,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         return [
             # the forward's bytes under programmatic dependent launch first: the timings below use it
             ("pdl", [PY, "-m", "pytest", "-q", "-x", "-k", "cuda_graph or programmatic", "tests/test_runtime.py"], 60),
-            # the ceilings, the alpha/beta pair, the whole verify (fusion on without the newest pattern, and with
-            # serial launches, too) next to upstream; llama.cpp's CUDA build (3-4 minutes on a fresh host) runs
+            # the ceilings, the alpha/beta pair, the whole verify (fusion on without the newest pattern, and
+            # launched the other way, too) next to upstream; llama.cpp's CUDA build (3-4 minutes on a fresh host) runs
             # while the GPU works. (The product table, --only matvec, takes ~100 s more: a call of its own.)
             ("whole-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "pair,whole,upstream",
                                 "--without", REGISTRY[-1].name, *(["--source", source] if source else []),
