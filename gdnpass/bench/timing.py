@@ -87,12 +87,17 @@ def kernel_advances(fn, reps: int = 10) -> tuple[float, list[float]]:
     first's its duration), in µs. Their sum is the span; under programmatic dependent launch a kernel's advance is
     what it costs the stream, its wait inside not counted, so two captures compare kernel by kernel where the time
     goes (a kernel duration, :func:`kernel_us`, counts the wait)."""
-    spans, advances = [], []
-    for c in _profiled(fn, reps, None):
-        ends = [e.time_range.end for e in c]
-        spans.append(ends[-1] - c[0].time_range.start)
-        advances.append([ends[0] - c[0].time_range.start] + [b - a for a, b in zip(ends, ends[1:])])
-    return statistics.median(spans), [statistics.median(a[j] for a in advances) for j in range(len(advances[0]))]
+    replays = [stream_advances([(e.time_range.start, e.time_range.end) for e in c]) for c in _profiled(fn, reps, None)]
+    return (statistics.median(span for span, _ in replays),
+            [statistics.median(a[j] for _, a in replays) for j in range(len(replays[0][1]))])
+
+
+def stream_advances(ranges: list[tuple[float, float]]) -> tuple[float, list[float]]:
+    """One replay's (start, end) of each kernel, in launch order -> (its span: the first start to the last end, each
+    kernel's advance of the end: its end minus the one before's, the first's its duration). The advances sum to
+    the span, however the kernels overlap."""
+    ends = [end for _, end in ranges]
+    return ends[-1] - ranges[0][0], [ends[0] - ranges[0][0]] + [b - a for a, b in zip(ends, ends[1:])]
 
 
 def _profiled(fn, reps: int, only: str | None) -> list[list]:

@@ -38,3 +38,14 @@ def test_same_memory_compares_every_byte():
     assert same_memory(a, b)
     b.buffers["cache"][7] ^= 1
     assert not same_memory(a, b)
+
+
+def test_a_kernels_advance_is_its_end_past_the_one_before():
+    """bench's per-op advances (timing.stream_advances): serial kernels advance the stream by their own time and the
+    gap before them; under programmatic dependent launch a kernel that started early (waiting inside) advances it only
+    by how far past its predecessor it ends. Both sum to the span."""
+    from gdnpass.bench.timing import stream_advances
+
+    assert stream_advances([(0.0, 4.0), (5.0, 9.0), (9.5, 12.0)]) == (12.0, [4.0, 5.0, 3.0])
+    span, adv = stream_advances([(0.0, 4.0), (1.0, 6.0), (2.0, 8.0)])  # each launched while the one before ran
+    assert span == 8.0 and adv == [4.0, 2.0, 2.0] and sum(adv) == span
