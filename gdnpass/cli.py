@@ -411,8 +411,6 @@ def cmd_run(a: argparse.Namespace) -> int:
     return 0
 
 
-
-
 def _backend_name(a: argparse.Namespace) -> str:
     name = a.backend or ("triton" if a.device.startswith("cuda") else "torch")
     if name == "triton" and a.device == "cpu":

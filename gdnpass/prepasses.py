@@ -6,7 +6,7 @@ llama.cpp's ``quantize_q8_1`` before ``mul_mat_vec_q``). Several products often 
 layer's qkv and z products both take the attention norm's output, an attention layer's q, k and v too; and that
 activation is most often an RMS_NORM_MUL's or a SwiGLU's output, whose kernels can write its q8_K blocks
 themselves. :func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass
-skipped (:func:`skipping`) and such a producer writing the blocks (:func:`producing`); :func:`gdnpass.runtime.
+skipped (:func:`skipping`) and such a producer writing the blocks (:func:`producing`); :func:`gdnpass.launches.
 launches` counts what runs. Exact by construction: the same f32 values quantized by the same code
 (``triton_core.store_q8_K`` for q8_K) are the same int8 bytes.
 

@@ -261,8 +261,8 @@ def programmatic_launch_pays(graph: Graph) -> bool:
     its products read plain types, not where one reads a block type (has an activation pre-pass). Measured, the 9B
     verify, fusion on (docs/performance.md, 2026-12-06 and -07): bf16 6% faster with it (H100); the real Q4_K_M file
     4-6% slower on the H100 and on the H200 (the RMS_NORM_MULs before the products end 3 us later each), its Q8_0 file
-    0.4-1% slower (H100)."""
-    return not any(prepasses.fills_workspace(n) for n in graph.nodes)
+    0.4-1% slower (H100). (A bf16 GEMM's terms fill the workspace too, and are no block type.)"""
+    return not any(prepasses.fills_workspace(n) and n.src[0].type.is_quantized for n in graph.nodes)
 
 
 def probe_points(graph: Graph, probes: list[Tensor]) -> dict[int, list[Tensor]]:

@@ -292,5 +292,7 @@ def test_graphs_of_quantized_products_are_captured_with_serial_launches():
     from gdnpass.runtime import programmatic_launch_pays
 
     assert programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1)))
+    # several sequences' bf16 products run the GEMM, whose bf16 terms fill the workspace: still plain types
+    assert programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, n_seqs=8)))
     assert not programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1,
                                                                         wtype="q4_k")))
