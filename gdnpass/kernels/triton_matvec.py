@@ -217,9 +217,11 @@ def _group_x(ws_ptr, chunk, g, j, on=True):
 
 @triton.jit
 def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, G: tl.constexpr):
-    """A Q8_0 product's pre-pass, program (column c, groups [G i, G i + G)): the column's groups of 32 as llama.cpp's
-    q8_1 blocks (mmvq's), q = roundf(x * (127 / amax)) (0 where amax is 0) as int8, d = amax / 127; the columns past N
-    are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x`."""
+    """A Q8_0 product's pre-pass, program (column c, groups [G i, G i + G), G even): the column's groups of 32 as
+    llama.cpp's q8_1 blocks (mmvq's), q = roundf(x * (127 / amax)) (0 where amax is 0) as int8, d = amax / 127; the
+    columns past N are zeros. An even group's quants 2..31 lie at its bytes 0..29, then two zeros, and its quants 0
+    and 1 in the pair's head word (the layout: triton_core.activation_bytes). The reference:
+    :func:`gdnpass.kernels.quants.quantize_x`."""
     wait_for_previous_kernels()
     c = tl.program_id(0)
     ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
@@ -230,11 +232,19 @@ def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, G
                  other=0.0)
     amax = tl.max(tl.abs(xt), axis=1)
     inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
-    q = tl.where(amax[:, None] > 0, _round_away(xt * inv[:, None]), 0.0)
+    q = tl.where(amax[:, None] > 0, _round_away(xt * inv[:, None]), 0.0).to(tl.int32)
+    inside = g * SUB < K
     at = g * XCOLS + cc
-    tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + e[None, :], q.to(tl.int8), mask=g[:, None] * SUB < K)
-    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=g * SUB < K)
+    even = g % 2 == 0
+    slot = ws_ptr + at[:, None].to(tl.int64) * SUB
+    to = e[None, :] - tl.where(even, 2, 0)[:, None]  # the quant's byte in the slot
+    tl.store(slot + to, q.to(tl.int8), mask=inside[:, None] & (to >= 0))
+    tl.store(slot + (SUB - 2) + e[None, :], tl.zeros_like(q).to(tl.int8), mask=(inside & even)[:, None] & (e < 2)[None, :])
+    words = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(words + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=inside)
+    head = tl.sum(tl.where(e[None, :] == 0, q & 0xFF, tl.where(e[None, :] == 1, (q & 0xFF) << 8, 0)), axis=1)
+    heads = words.to(tl.pointer_type(tl.int32), bitcast=True) + XCOLS * (K // SUB)
+    tl.store(heads + (g // 2) * XCOLS + cc, head, mask=inside & even)
 
 
 @triton.jit
@@ -342,6 +352,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     word, slot = _x_words(cols, chunk)
     xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
+    xq = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // SUB) + slot  # (Q8_0)
+    w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
     e = tl.arange(0, SUB)
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
     rm = row_mask[:, None]
@@ -351,17 +363,25 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
-        if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
-            w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
-            for j in tl.static_range(GROUPS_K):
-                g = sb * GROUPS_K + j
-                on = g * SUB < k_hi
-                blk = w_row + g * Q8_0_BYTES
-                d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
-                q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
-                t = _group_dot(q, _group_x(ws_ptr, chunk, g, cols, col_on[None, :] & on)).to(tl.float32)
-                dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
-                acc += d[:, None] * dx[None, :] * t
+        if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group, 34 bytes: a pair of blocks from a word
+            for p in tl.static_range(GROUPS_K // 2):
+                g = sb * GROUPS_K + 2 * p
+                pair = w_row + sb * (GROUPS_K * Q8_0_BYTES) + 2 * p * Q8_0_BYTES
+                for odd in tl.static_range(2):
+                    on = (g + odd) * SUB < k_hi
+                    # the block's 32 bytes from the first word after its scale: the odd block's quants; the even
+                    # block's quants 2..31 and the odd block's scale, against the even group's shifted activations
+                    q = tl.load(w_ptr + pair[:, None] + 4 + 32 * odd + e[None, :], mask=rm & on, other=0)
+                    t = _group_dot(q.to(tl.int8), _group_x(ws_ptr, chunk, g + odd, cols, col_on[None, :] & on))
+                    if odd == 0:  # its quants 0 and 1 (bytes 2, 3) against the head word's
+                        head = tl.load(w16 + pair // 2 + 1, mask=row_mask & on, other=0).to(tl.int32)
+                        xh = tl.load(xq + (g // 2) * XCOLS, mask=on, other=0)
+                        t += ((head << 24) >> 24)[:, None] * ((xh << 24) >> 24)[None, :] \
+                            + (head >> 8)[:, None] * ((xh << 16) >> 24)[None, :]
+                    d = f16_bits(tl.load(w16 + pair // 2 + odd * (Q8_0_BYTES // 2), mask=row_mask & on,
+                                         other=0).to(tl.int32))
+                    dx = tl.load(xd + (g + odd) * XCOLS, mask=on, other=0.0)
+                    acc += d[:, None] * dx[None, :] * t.to(tl.float32)
         else:
             isum = tl.zeros([rows.shape[0], COLS], tl.int32)
             if QTYPE == "q4_k" or QTYPE == "q5_k":
@@ -395,7 +415,6 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 # with the second half zeroed interleaved with the 16 with the first half zeroed (column 2c + half),
                 # each scaled by its half's scale; the halves' sums are added once a block (all exact, in int32).
                 dx = tl.load(xd + sb * XCOLS)
-                w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
                 blk = w_row + sb * Q6_K_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
                 j2 = tl.arange(0, 2 * COLS)                               # column 2c + half of the dots

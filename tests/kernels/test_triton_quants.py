@@ -170,7 +170,8 @@ def test_quantized_launch_refusals():
 
 
 def _workspace_activations(acts: torch.Tensor, K: int):
-    """The pre-pass's workspace (triton_core.activation_bytes) as q [16 columns, K] int8 and its f32 / i32 words."""
+    """The pre-pass's workspace (triton_core.activation_bytes) as q [16 columns, K] int8 (each group's 32 bytes as they
+    lie) and its f32 / i32 words."""
     q = acts[:16 * K].view(K // 32, 16, 32).transpose(0, 1).reshape(16, K).view(torch.int8)
     return q, acts[16 * K:mv.activation_bytes(K)].view(torch.int32)
 
@@ -192,12 +193,39 @@ def test_k_quant_activations_are_ggml_cpus_q8_K_blocks():
         torch.cuda.synchronize()
     q, words = _workspace_activations(acts.cpu(), K)
     d = words[:16 * (K // 256)].view(torch.float32).view(K // 256, 16).t()
-    sums = words[16 * (K // 256):].view(K // 32, 16).t()
+    sums = words[16 * (K // 256):16 * (K // 256 + K // 32)].view(K // 32, 16).t()
     assert torch.equal(q[:n].to(torch.int16), q_ref) and not q[n:].any()
     assert torch.equal(d[:n].double(), d_ref[:, ::256]) and not d[n:].any()
     assert torch.equal(sums[:n], q_ref.view(n, -1, 32).sum(-1).int()) and not sums[n:].any()
     assert q_ref[0, :2].tolist() == [-127, 127] and d[1, 1] == 0 and d[2, 1] == 1
     assert q_ref[2, 256:260].tolist() == [-127, 2, 4, -2]
+
+
+def test_q8_0_activations_are_q8_1_groups_laid_out_for_the_weights_words():
+    """The Q8_0 pre-pass against quants.quantize_x bit for bit: q and d per group of 32, an even group's quants 2..31
+    at its bytes 0..29 then two zeros and its quants 0, 1 in its pair's head word (bytes 0, 1; the rest zero), an odd
+    group's as they are; an odd number of groups (the last pair's head without an odd group), a group of zeros,
+    strided columns, and the columns past N zero."""
+    K, n = 544, 3
+    groups, pairs = K // 32, (K // 32 + 1) // 2
+    a = Arena(1 << 22)
+    x = rnd(1, 1, n, K)
+    x[0, 0, 1, 64:96] = 0.0                                           # a group of zeros: q 0, d 0
+    x = a.put(x, row_stride=K + 32)
+    q_ref, d_ref, _ = quantize_x(x.reshape(n, K).cpu())
+    acts = mv.quantize_activations(x, DType.Q8_0, K, n, (n, 1, K + 32, n * (K + 32), n * (K + 32)))
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
+    q, words = _workspace_activations(acts.cpu(), K)
+    q = q.view(16, groups, 32)
+    d = words[:16 * groups].view(torch.float32).view(groups, 16).t()
+    heads = words[16 * groups:16 * (groups + pairs)].view(pairs, 16).t().contiguous().view(torch.int8).view(16, pairs, 4)
+    even = q_ref[:, 0::2].to(torch.int8)
+    assert torch.equal(q[:n, 1::2].to(torch.int16), q_ref[:, 1::2])
+    assert torch.equal(q[:n, 0::2, :30], even[..., 2:]) and not q[:, 0::2, 30:].any()
+    assert torch.equal(heads[:n, :, :2], even[..., :2]) and not heads[:, :, 2:].any()
+    assert torch.equal(d[:n], d_ref) and d[1, 2] == 0 and not q[1, 2].any()
+    assert not q[n:].any() and not d[n:].any() and not heads[n:].any()
 
 
 @pytest.mark.parametrize("x_ne,chunks", [((256, 40), 2), ((256, 16), 0), ((256, 5, 4), 0)],
