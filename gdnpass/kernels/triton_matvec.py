@@ -286,6 +286,28 @@ Q5_ASM = tl.constexpr(tuple(_decode_asm(4 * (j % 2), j, 1, False) for j in range
 Q6_ASM = tl.constexpr(tuple(_decode_asm(4 * (k // 2), 2 * k, 3, True) for k in range(4)))         # [quarter]
 
 
+# Q6_K's blocks are 210 bytes: every other one starts 2 bytes past a 4-byte word, where only 16-bit loads reach its
+# 32-byte runs (synchronous: the pipeline's asynchronous copies move 4, 8 or 16 aligned bytes). So a run is read as
+# two word-aligned windows a word apart and its bytes are taken from them with a funnel shift, 4 a register (PTX
+# prmt.f4e: bytes s..s+3 of the pair, s its selector's low 2 bits); the interpreter reads the run itself.
+FUNNEL_ASM = tl.constexpr("prmt.b32.f4e $0, $1, $2, $3;")
+
+
+@triton.jit
+def _run_bytes(w_ptr, at, mask):
+    """The 32 bytes of each row from byte offset ``at`` [BLOCK_M] (even) on: [BLOCK_M, 32] uint8, read from
+    4-byte words."""
+    e = tl.arange(0, SUB)[None, :]
+    if not PACKED_DECODE:
+        return tl.load(w_ptr + at[:, None] + e, mask=mask, other=0)
+    shift = at % 4
+    word = tl.multiple_of(at - shift, 4)[:, None]
+    lo = tl.load(w_ptr + word + e, mask=mask, other=0)
+    hi = tl.load(w_ptr + word + 4 + e, mask=mask, other=0)
+    sel = tl.broadcast_to(shift.to(tl.uint8)[:, None], lo.shape)
+    return tl.inline_asm_elementwise(FUNNEL_ASM, "=r,r,r,r", [lo, hi, sel], dtype=tl.uint8, is_pure=True, pack=4)
+
+
 @triton.jit
 def _nibbles(qb, high: tl.constexpr):
     """Q4_K's quants: the low (``high`` 0) or high nibbles of ``qb`` (uint8), as int8."""
@@ -352,7 +374,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     word, slot = _x_words(cols, chunk)
     xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
-    xq = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // SUB) + slot  # (Q8_0)
+    xhead = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // SUB) + slot  # (Q8_0)
     w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
     e = tl.arange(0, SUB)
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
@@ -375,7 +397,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                     t = _group_dot(q.to(tl.int8), _group_x(ws_ptr, chunk, g + odd, cols, col_on[None, :] & on))
                     if odd == 0:  # its quants 0 and 1 (bytes 2, 3) against the head word's
                         head = tl.load(w16 + pair // 2 + 1, mask=row_mask & on, other=0).to(tl.int32)
-                        xh = tl.load(xq + (g // 2) * XCOLS, mask=on, other=0)
+                        xh = tl.load(xhead + (g // 2) * XCOLS, mask=on, other=0)
                         t += ((head << 24) >> 24)[:, None] * ((xh << 24) >> 24)[None, :] \
                             + (head >> 8)[:, None] * ((xh << 16) >> 24)[None, :]
                     d = f16_bits(tl.load(w16 + pair // 2 + odd * (Q8_0_BYTES // 2), mask=row_mask & on,
@@ -422,9 +444,9 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 half_on = ((j2 // 2 >= col0) & (j2 // 2 < col0 + N))[None, :]
                 halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
-                    qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
+                    qh = _run_bytes(w_ptr, blk + 128 + 32 * n, rm)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
-                        ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * i + e[None, :], mask=rm, other=0)
+                        ql = _run_bytes(w_ptr, blk + 64 * n + 32 * i, rm)
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
                             g = sb * GROUPS_K + 4 * n + 2 * h + i
