@@ -512,18 +512,14 @@ XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every pro
 # The quantized product's activations, as its pre-pass leaves them in the activation workspace: the quants of group g
 # (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
 # bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
-# (group, column) at 16 g + c, then its even groups' first two quants per (pair of groups p, column) at
-# 16 K / 32 + 16 p + c (bytes 0 and 1 of the word); the K-quants' q8_K scale d per (block, column) at 16 b + c, then
-# the quants' sum per (group, column) at 16 K / 256 + 16 g + c. Q8_0's even groups lie shifted: quants 2..31 at bytes
-# 0..29 of the group's 32, zeros at 30 and 31 (the weights' 4-byte words meet them there: matvec_cols_q). More than
-# 16 columns (a product's of 17-32, MUL_MAT_ID's, one a slot and token) lie in chunks of 16 columns, each so laid out,
-# one after another: column c is column c % 16 of chunk c // 16.
+# (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
+# (group, column) at 16 K / 256 + 16 g + c. Q8_0's even groups lie rotated by two: quants 2..31 at bytes 0..29, 0 and
+# 1 at 30 and 31 (where the weights' 4-byte words meet them: matvec_cols_q). More than 16 columns (a product's of
+# 17-32, MUL_MAT_ID's, one a slot and token) lie in chunks of 16 columns, each so laid out, one after another: column
+# c is column c % 16 of chunk c // 16.
 def activation_bytes(K: int) -> int:
-    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type: the
-    quants, then Q8_0's words (a scale a group, a head a pair of groups), which outnumber the K-quants' (a scale a
-    block, a sum a group)."""
-    groups = K // SUB.value
-    return 16 * K + 4 * 16 * (groups + (groups + 1) // 2)
+    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type."""
+    return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
 
 
 @triton.jit

@@ -163,7 +163,7 @@ def test_quantized_launch_refusals():
         mv.mul_mat_vec(w.view(torch.int8), x, y, DType.Q4_K)
     with pytest.raises(KernelError, match="q4_k weights need the tensor-core form"):
         mv._mat_vecs([(w, y)], x, mv.MatVecTile(16, 4, 32, True, 4), dtype=DType.Q4_K)
-    with pytest.raises(KernelError, match="the pre-pass's 16 columns"):  # (a second chunk the pre-pass never wrote)
+    with pytest.raises(KernelError, match="1..16 columns, or the pre-pass's 16"):  # (a chunk the pre-pass never wrote)
         mv._mat_vecs([(w, y)], x, mv.mat_vec_tile(4096, 1, 256, "q4_k")._replace(cols=32), dtype=DType.Q4_K)
     with pytest.raises(KernelError, match="mul_mat_vec of torch.uint8 weights"):
         mv.mul_mat_vec(w, x, y)  # bytes without their type
@@ -202,12 +202,11 @@ def test_k_quant_activations_are_ggml_cpus_q8_K_blocks():
 
 
 def test_q8_0_activations_are_q8_1_groups_laid_out_for_the_weights_words():
-    """The Q8_0 pre-pass against quants.quantize_x bit for bit: q and d per group of 32, an even group's quants 2..31
-    at its bytes 0..29 then two zeros and its quants 0, 1 in its pair's head word (bytes 0, 1; the rest zero), an odd
-    group's as they are; an odd number of groups (the last pair's head without an odd group), a group of zeros,
-    strided columns, and the columns past N zero."""
+    """The Q8_0 pre-pass against quants.quantize_x bit for bit: q and d per group of 32, an even group's quants
+    rotated by two (2..31 at bytes 0..29, 0 and 1 at 30 and 31), an odd group's as they are; an odd number of groups,
+    a group of zeros, strided columns, and the columns past N zero."""
     K, n = 544, 3
-    groups, pairs = K // 32, (K // 32 + 1) // 2
+    groups = K // 32
     a = Arena(1 << 22)
     x = rnd(1, 1, n, K)
     x[0, 0, 1, 64:96] = 0.0                                           # a group of zeros: q 0, d 0
@@ -219,13 +218,10 @@ def test_q8_0_activations_are_q8_1_groups_laid_out_for_the_weights_words():
     q, words = _workspace_activations(acts.cpu(), K)
     q = q.view(16, groups, 32)
     d = words[:16 * groups].view(torch.float32).view(groups, 16).t()
-    heads = words[16 * groups:16 * (groups + pairs)].view(pairs, 16).t().contiguous().view(torch.int8).view(16, pairs, 4)
-    even = q_ref[:, 0::2].to(torch.int8)
     assert torch.equal(q[:n, 1::2].to(torch.int16), q_ref[:, 1::2])
-    assert torch.equal(q[:n, 0::2, :30], even[..., 2:]) and not q[:, 0::2, 30:].any()
-    assert torch.equal(heads[:n, :, :2], even[..., :2]) and not heads[:, :, 2:].any()
+    assert torch.equal(q[:n, 0::2].to(torch.int16), q_ref[:, 0::2].roll(-2, dims=-1))
     assert torch.equal(d[:n], d_ref) and d[1, 2] == 0 and not q[1, 2].any()
-    assert not q[n:].any() and not d[n:].any() and not heads[n:].any()
+    assert not q[n:].any() and not d[n:].any()
 
 
 @pytest.mark.parametrize("x_ne,chunks", [((256, 40), 2), ((256, 16), 0), ((256, 5, 4), 0)],
