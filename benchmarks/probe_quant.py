@@ -10,6 +10,8 @@ revisions are compared by running it twice on one machine, once with a revision'
     PYTHONPATH=. python benchmarks/probe_quant.py --cols32      # one launch of 32 columns vs two of 16, bytes compared
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q6_k,bf16 --early 0,4,16 --cols 4
         # each production tile asking the L2 for its first steps before its wait (MatVecTile.early), bytes compared
+    PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q8_0 --vary cols=8,16 --cols 4
+        # any one MatVecTile field varied the same way (cols: the dot's width, 8 at the least; stages; block_m; regs)
 
 (2026-12-06, H100: Q6_K's one dot a group against 4a8be37's two; 32-column launches: docs/performance.md.)
 """
@@ -41,10 +43,16 @@ def main() -> int:
     ap.add_argument("--cols32", action="store_true", help="one 32-column launch against two of 16 instead")
     ap.add_argument("--early", help="the production tiles asking the L2 for this many K steps before their wait "
                                     "instead, comma-separated (bf16 allowed in --qtypes)")
+    ap.add_argument("--vary", help="FIELD=V1,V2,...: the production tiles with one MatVecTile field set to each value "
+                                   "instead (early, cols, stages, block_m, regs, split_k)")
     ap.add_argument("--cols", default="1,4,16", help="column counts (default 1,4,16)")
     a = ap.parse_args()
-    if a.early:
-        return sweep_early(a.qtypes.split(","), [int(v) for v in a.early.split(",")],
+    if a.early or a.vary:
+        field, values = ("early", a.early) if a.early else a.vary.split("=", 1)
+        if field not in mv.MatVecTile._fields:
+            raise SystemExit(f"probe_quant: --vary: {field!r} is not one of MatVecTile's fields "
+                             f"({', '.join(mv.MatVecTile._fields)})")
+        return sweep_field(a.qtypes.split(","), field, [int(v) for v in values.split(",")],
                            [int(v) for v in a.cols.split(",")])
     unknown = set(a.qtypes.split(",")) - set(QUANTIZED)
     if unknown:
@@ -73,13 +81,12 @@ def main() -> int:
     return 0
 
 
-def sweep_early(wtypes: list[str], earlies: list[int], cols: list[int]) -> int:
-    """Each production tile timed asking the L2 for ``earlies`` K steps before its wait (0: none), serial launches
-    (so what it costs or saves a launch alone), output bytes compared."""
+def sweep_field(wtypes: list[str], field: str, values: list[int], cols: list[int]) -> int:
+    """Each production tile timed with its ``field`` set to each of ``values`` (early: the K steps asked of the L2
+    before its wait, 0 none), serial launches (so what it costs or saves a launch alone), output bytes compared."""
     if not torch.cuda.is_available():
         raise SystemExit("probe_quant: needs a CUDA device (it times kernels)")
-    print(f"# {torch.cuda.get_device_name()}; K steps asked of the L2 early {earlies}; us per launch (bytes: same / "
-          "DIFFER)")
+    print(f"# {torch.cuda.get_device_name()}; MatVecTile.{field} in {values}; us per launch (bytes: same / DIFFER)")
     for wt in wtypes:
         for M, K in SHAPES:
             w = operands(wt, M, K, 1)[0]
@@ -88,14 +95,14 @@ def sweep_early(wtypes: list[str], earlies: list[int], cols: list[int]) -> int:
             for n in cols:
                 x = torch.randn(1, 1, n, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
                 tile, ys, times = mv.mat_vec_tile(M, n, K, wt), [], []
-                for early in earlies:
+                for v in values:
                     y = torch.empty(1, 1, n, M, device="cuda")
-                    t = tile._replace(early=early)
+                    t = tile._replace(**{field: v})
                     times.append(per_launch_us(lambda: [mv._mat_vecs([(v, y)], x, t, dtype=dtype) for v in ws],
                                                len(ws)))
                     ys.append(y)
                 same = all(torch.equal(ys[0].view(torch.int32), y.view(torch.int32)) for y in ys)
-                print(f"{wt} {M}x{K} n={n} {tile}: " + " | ".join(f"{e} {t:.1f}" for e, t in zip(earlies, times))
+                print(f"{wt} {M}x{K} n={n} {tile}: " + " | ".join(f"{v} {t:.1f}" for v, t in zip(values, times))
                       + f"  bytes {'same' if same else 'DIFFER'}", flush=True)
             del w, ws
     return 0

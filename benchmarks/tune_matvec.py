@@ -45,16 +45,17 @@ TOLERANCE = 1e-4  # max |y - ref| / max |ref| against cuBLAS's f32 product (tens
 def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: str = "bf16", products: int = 1,
                regs: tuple[int, ...] = ()):
     cols = 1 << (N - 1).bit_length()
-    if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 16), a K-quant block per step,
+    if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 8 or 16), a K-quant block per step,
         # split to fill the GPU (on 2026-12-04 it beat the dp4a form it replaced at every shape and width)
         # each uncapped, with the production tile's register cap (MatVecTile.regs), if it has one, and with ``regs``'
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
         caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs, *regs})
-        for (bm, w), st, cap in itertools.product(forms, (2, 3, 4) if deep else (3,), caps):
+        widths = sorted({max(mv.QUANT_MIN_COLS, cols), max(16, cols)})
+        for (bm, w), st, cap, c in itertools.product(forms, (2, 3, 4) if deep else (3,), caps, widths):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
                     if s * 256 <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):
-                        yield mv.MatVecTile(bm, max(16, cols), 256, True, w, s, st, regs=cap)
+                        yield mv.MatVecTile(bm, c, 256, True, w, s, st, regs=cap)
         return
     dcols = max(4, cols) if wt == "bf16" else 16  # the tensor-core form's padded columns (bf16: its terms x 4)
     if M <= 256:  # the thin products: one row per program, or a few rows with K split over many programs
