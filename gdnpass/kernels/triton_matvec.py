@@ -268,6 +268,20 @@ def _group_dot(a, xq):
     return tl.dot(a, xq, out_dtype=tl.int32)
 
 
+@triton.jit
+def _group_dots(a, ws_ptr, chunk, g, col0, N, on, COLS: tl.constexpr):
+    """:func:`_group_dot` of ``a`` with group ``g`` of the sum's COLS columns (workspace columns col0 + c, the
+    product's c < N; zeros where not ``on``): [BLOCK_M, COLS]. The dot is 16 columns wide at the least, its first
+    COLS kept: the activations' operand is then 512 bytes, 4 a thread, which Triton's pipeline copies ahead
+    asynchronously (at 8 columns, 2 a thread, each group's load waited on the L2)."""
+    DOT: tl.constexpr = XCOLS if COLS < XCOLS else COLS
+    c = tl.arange(0, DOT)
+    t = _group_dot(a, _group_x(ws_ptr, chunk, g, col0 + tl.where(c < N, c, 0), ((c < N) & on)[None, :]))
+    if DOT > COLS:  # (the first half: columns 0..7)
+        t, _ = tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, COLS)), (0, 2, 1)))
+    return t
+
+
 # The weights' quants are decoded 4 bytes at a time: each op below is bytewise (no bit crosses a byte), so it runs on
 # the 32-bit registers the loads fill, one instruction for 4 quants (Triton's own byte ops take one or more a byte).
 # The interpreter, which runs no PTX, takes the same bytewise expressions on int8 tensors.
@@ -407,7 +421,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 for odd in tl.static_range(2):
                     on = on_odd if odd else on_even
                     q = tl.load(w_ptr + pair[:, None] + 4 + 32 * odd + e[None, :], mask=masks[odd], other=0)
-                    t = _group_dot(q.to(tl.int8), _group_x(ws_ptr, chunk, g + odd, cols, col_on[None, :] & on))
+                    t = _group_dots(q.to(tl.int8), ws_ptr, chunk, g + odd, col0, N, on, COLS)
                     if odd:
                         d = d_odd
                     else:
@@ -439,7 +453,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                     g = sb * GROUPS_K + j
                     sc = _byte_of(sc_lo if j < 4 else sc_hi, j % 4)
                     m = _byte_of(m_lo if j < 4 else m_hi, j % 4)
-                    isum += sc[:, None] * _group_dot(q, _group_x(ws_ptr, chunk, g, cols, col_on[None, :]))
+                    isum += sc[:, None] * _group_dots(q, ws_ptr, chunk, g, col0, N, True, COLS)
                     msum += m[:, None] * tl.load(xb + g * XCOLS)[None, :]
                 acc += (f16_bits(dm)[:, None] * dx[None, :]) * isum.to(tl.float32) \
                     - (f16_bits(dm >> 16)[:, None] * dx[None, :]) * msum.to(tl.float32)
