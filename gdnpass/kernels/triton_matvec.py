@@ -748,7 +748,8 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 8, 16 or 32): a K-quant block (8
-    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
+    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages (Q8_0: 2,
+    :data:`Q8_0_STAGES`), K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
     slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
     only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the cap
@@ -774,7 +775,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
     capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k"))
     return MatVecTile(block_m, max(QUANT_MIN_COLS, cols), QK_K.value, True, 4, split,
-                      regs=QUANT_REGS[wtype] if capped else 0)
+                      stages=Q8_0_STAGES if wtype == "q8_0" else 3, regs=QUANT_REGS[wtype] if capped else 0)
 
 
 # The quantized sum's narrowest dot (COLS): sm_90's int8 mma is 8 columns wide (Triton pads a narrower operand to it).
@@ -784,12 +785,15 @@ QUANT_MIN_COLS = 8
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach
-# Q8_0's programs in one wave on the H100's and H200's 132 SMs: 3 an SM, which the 66 KB of its windows' pipeline
-# (128 rows) allow whatever its registers (109-128). The rule is the H100 sweep's of 2026-12-07, from before the
-# windows were read aligned, when registers decided (3 an SM uncapped, 4 capped at 128): the most slices whose
-# programs fit one wave (4 columns, us: 12288 x 4096 in 4 slices, 384 programs, 42.7, in 8 46.5; 4096 x 12288 in 16
-# capped 45.0, 16 uncapped, 512 over 396, 57.7); untimed since, as is any cap (it can no longer win a program).
+# Q8_0's programs in one wave on the H100's and H200's 132 SMs: 3 an SM, which the 74 KB of its windows' pipeline
+# (128 rows, 2 stages) allow whatever its registers (about 124). The rule is the H100 sweep's of 2026-12-07, from
+# before the windows were read aligned, when registers decided (3 an SM uncapped, 4 capped at 128): the most slices
+# whose programs fit one wave (4 columns, us: 12288 x 4096 in 4 slices, 384 programs, 42.7, in 8 46.5; 4096 x 12288
+# in 16 capped 45.0, 16 uncapped, 512 over 396, 57.7); untimed since, as is any cap (it can no longer win a program).
 Q8_0_WAVE = 396
+# ... which its pipeline allows at 2 stages: a K step's windows are 32 KB at 128 rows, and 3 stages (111 KB a program)
+# held 2 an SM (sm_90 compile; 74 KB at 2). Untimed.
+Q8_0_STAGES = 2
 
 # The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
 # as many or more): Q4_K and Q5_K at 128, 4 programs (uncapped at 16 columns: up to 136, 3); Q6_K at 168, 3 (shared
