@@ -4,11 +4,11 @@ A product of quantized weights first quantizes its activation columns (a launch 
 its device's activation workspace, then the mat-vec reads them there (:mod:`gdnpass.kernels.triton_matvec`, as
 llama.cpp's ``quantize_q8_1`` before ``mul_mat_vec_q``). Several products often quantize one activation: a GDN
 layer's qkv and z products both take the attention norm's output, an attention layer's q, k and v too; and that
-activation is most often an RMS_NORM_MUL's or a SwiGLU's output, whose kernels can write its q8_K blocks
-themselves. :func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass
-skipped (:func:`skipping`) and such a producer writing the blocks (:func:`producing`); :func:`gdnpass.launches.
-launches` counts what runs. Exact by construction: the same f32 values quantized by the same code
-(``triton_core.store_q8_K`` for q8_K) are the same int8 bytes.
+activation is most often an RMS_NORM_MUL's or a SwiGLU's output, whose kernels can write it quantized themselves.
+:func:`plan` finds both on the planned graph: the executor runs such a product with its pre-pass skipped
+(:func:`skipping`) and such a producer writing the quantized activation in its reader's form (:func:`producing`);
+:func:`gdnpass.launches.launches` counts what runs. Exact by construction: the same f32 values quantized by the same
+code (``triton_core.store_activations``) are the same int8 bytes.
 
 A product P reads the workspace as the node F before it filled it (F: an earlier product's pre-pass, or a
 producer's blocks) when:
@@ -22,7 +22,8 @@ producer's blocks) when:
 2. [same-activation] P's activation is F's bytes in F's layout: one buffer, offset, ne and nb (a reshape that
    changes ne does not count: the columns' order could differ); a producer's are its output's.
 3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups; a producer
-   writes q8_K. (A MUL_MAT_ID's columns, slot by token, are its b's ne1 x ne2, as a MUL_MAT's: one order.)
+   writes the form of P, its first reader. (A MUL_MAT_ID's columns, slot by token, are its b's ne1 x ne2, as a
+   MUL_MAT's: one order.)
 4. [last-pre-pass] no node between them fills the workspace (it is one buffer a device): no other pre-pass, no
    GEMM's bf16 terms; a product that skips its own pre-pass fills nothing. A producer fills it only for P, the first
    product after it that quantizes its output, and only when no product between them reads the workspace.
@@ -40,21 +41,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gdnpass.ir import DType, Graph, Op, Tensor, byte_range, ranges_overlap, runs_kernel, written
 from gdnpass.kernels import limits
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
 
 PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD")  # their sources: the weight, the activation, ...
-PRODUCERS = ("RMS_NORM_MUL", "GLU")  # write their output's q8_K blocks where the plan asks
+PRODUCERS = ("RMS_NORM_MUL", "GLU")  # write their output quantized where the plan asks
 RULES = ("one-pre-pass", "same-activation", "same-form", "last-pre-pass", "unwritten")
 
 
 @dataclass(frozen=True)
 class Activation:
     """What one pre-pass writes into the workspace: ``bytes`` (buffer, lo, hi) of the activation, laid out as
-    ``layout`` (ne, nb), quantized to ``form`` ("q8_K" or "q8_1")."""
+    ``layout`` (ne, nb), quantized to ``form`` ("q8_K" or "q8_1"; a producer's offer: None, either)."""
 
     bytes: tuple[str, int, int]
     layout: tuple
@@ -77,12 +78,12 @@ class Refusal:
 @dataclass
 class Plan:
     """``shared``: product uid -> the node whose workspace fill it reads (a product, or a producer); ``producing``:
-    the uids of the producers that fill it; ``refused``: the products that quantize again an activation an earlier
+    the uid of each producer that fills it -> the form it writes (its reader's); ``refused``: the products that quantize again an activation an earlier
     pre-pass quantized (its bytes unwritten since: rule 5 makes a new activation of them, not a refusal), and why;
     ``pre_passes``: the quantized products' pre-passes that still run."""
 
     shared: dict[int, Tensor]
-    producing: set[int]
+    producing: dict[int, str]
     refused: list[Refusal]
     pre_passes: int
 
@@ -119,8 +120,8 @@ def activation(n: Tensor) -> Activation | None:
 
 
 def producer_blocks(n: Tensor) -> Activation | None:
-    """Rule 1's producer: the q8_K blocks of node ``n``'s output that its kernel can write (None: not such a node,
-    or not planned in memory)."""
+    """Rule 1's producer: node ``n``'s output, which its kernel can write quantized in either form, blocks of 256 at
+    a time (None: not such a node, or not planned in memory)."""
     if n.op.value not in PRODUCERS or not runs_kernel(n) or n.nb[0] != 4 or n.type is not DType.F32 \
             or not _planned(n) or not _planned(n.src[0]):
         return None
@@ -129,7 +130,7 @@ def producer_blocks(n: Tensor) -> Activation | None:
         ok = n.op_params.get("kind") == "SWIGLU" and n.ne[0] % DType.Q4_K.block == 0
     else:
         ok = quantizes_rows(n.ne[0]) and not ranges_overlap(out, byte_range(n.src[0]))
-    return Activation(out, (n.ne, n.nb), "q8_K") if ok else None
+    return Activation(out, (n.ne, n.nb), None) if ok else None
 
 
 def _planned(t: Tensor) -> bool:
@@ -154,7 +155,7 @@ def plan(graph: Graph) -> Plan:
     nodes in order with what the workspace holds: rule 4 is that state, rule 5 clears it when a node writes the
     activation's bytes."""
     shared: dict[int, Tensor] = {}
-    producing: set[int] = set()
+    producing: dict[int, str] = {}
     refused: list[Refusal] = []
     pre_passes = 0
     holds: tuple[Activation, Tensor] | None = None    # the workspace's activation and the node that filled it
@@ -167,9 +168,9 @@ def plan(graph: Graph) -> Plan:
         if act is not None and holds is not None and holds[0] == act:
             shared[n.uid] = holds[1]
             offer = None  # (the producer's fill would take the workspace from this product)
-        elif act is not None and offer is not None and offer[0] == act:
-            shared[n.uid], holds, offer = offer[1], offer, None
-            producing.add(holds[1].uid)
+        elif act is not None and offer is not None and offer[0] == replace(act, form=None):
+            shared[n.uid], holds, offer = offer[1], (act, offer[1]), None
+            producing[holds[1].uid] = act.form
         elif act is not None and act.bytes in live:
             refused.append(Refusal(n, *_why_not(act, *live[act.bytes])))
         if n.uid not in shared and fills_workspace(n):
@@ -203,12 +204,12 @@ def _why_not(act: Activation, prev: Activation, q: Tensor) -> tuple[str, str]:
 # ---- what the executor tells the kernels -------------------------------------------------------------------------
 
 _SKIPPING: contextvars.ContextVar[bool] = contextvars.ContextVar("gdnpass_pre_pass_skipped", default=False)
-_PRODUCING: contextvars.ContextVar[bool] = contextvars.ContextVar("gdnpass_pre_pass_produced", default=False)
+_PRODUCING: contextvars.ContextVar[str | None] = contextvars.ContextVar("gdnpass_pre_pass_produced", default=None)
 
 
 @contextlib.contextmanager
-def _set(var: contextvars.ContextVar):
-    token = var.set(True)
+def _set(var: contextvars.ContextVar, value=True):
+    token = var.set(value)
     try:
         yield
     finally:
@@ -221,10 +222,10 @@ def skipping():
     return _set(_SKIPPING)
 
 
-def producing():
-    """Within: the producer being launched also writes its output's q8_K blocks into the workspace (the executor's,
-    for :func:`plan`'s ``producing``)."""
-    return _set(_PRODUCING)
+def producing(form: str):
+    """Within: the producer being launched also writes its output quantized to ``form`` into the workspace (the
+    executor's, for :func:`plan`'s ``producing``)."""
+    return _set(_PRODUCING, form)
 
 
 def skipping_now() -> bool:
@@ -232,6 +233,6 @@ def skipping_now() -> bool:
     return _SKIPPING.get()
 
 
-def producing_now() -> bool:
-    """Whether the producer being launched writes its output's q8_K blocks (:func:`producing`)."""
+def producing_now() -> str | None:
+    """The form the producer being launched writes its output in, if it does (:func:`producing`)."""
     return _PRODUCING.get()

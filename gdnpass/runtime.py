@@ -108,13 +108,13 @@ class Executor:
         return self._plan[1]
 
     def node_context(self, n: Tensor, plan: prepasses.Plan | None = None):
-        """What node ``n``'s kernel runs inside: skipping its pre-pass, or producing its output's q8_K blocks, as
+        """What node ``n``'s kernel runs inside: skipping its pre-pass, or producing its output quantized, as
         ``plan`` (default: :attr:`pre_passes`) says; else nothing."""
         plan = plan if plan is not None else self.pre_passes
         if plan is not None and n.uid in plan.shared:
             return prepasses.skipping()
         if plan is not None and n.uid in plan.producing:
-            return prepasses.producing()
+            return prepasses.producing(plan.producing[n.uid])
         return contextlib.nullcontext()
 
     def _triton_products(self) -> bool:

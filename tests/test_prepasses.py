@@ -137,10 +137,13 @@ def test_the_executor_skips_shared_pre_passes_byte_for_byte(monkeypatch):
     assert shared == own
 
 
-def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monkeypatch):
-    """An FFN on the Triton kernels: RMS_NORM then MUL (fused: RMS_NORM_MUL) feeding a Q4_K gate and a Q6_K up
-    product, their SwiGLU feeding a Q4_K down product. The norm and the SwiGLU write the q8_K blocks, no product
-    launches a pre-pass, and every output's bytes are those of the run where each product quantizes for itself."""
+@pytest.mark.parametrize("form,wtypes", [("q8_K", (DType.Q4_K, DType.Q6_K, DType.Q4_K)),
+                                         ("q8_1", (DType.Q8_0, DType.Q8_0, DType.Q8_0))])
+def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monkeypatch, form, wtypes):
+    """An FFN on the Triton kernels: RMS_NORM then MUL (fused: RMS_NORM_MUL) feeding a gate and an up product, their
+    SwiGLU feeding a down product, of the K-quants (q8_K blocks) or Q8_0 (q8_1 groups). The norm and the SwiGLU
+    write their output in that form, no product launches a pre-pass, and every output's bytes are those of the run
+    where each product quantizes for itself."""
     from gdnpass.fusion import fuse
     from gdnpass.ir import Glu
 
@@ -148,13 +151,13 @@ def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monke
     x = ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT)
     y = ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor("norm", DType.F32, (Kn,), buffer="weights"))
     gate, up = (ops.mul_mat(ops.new_tensor(f"w{i}", t, (Kn, Kn), buffer="weights"), y)
-                for i, t in enumerate((DType.Q4_K, DType.Q6_K)))
-    down = ops.mul_mat(ops.new_tensor("w_down", DType.Q4_K, (Kn, M), buffer="weights"), ops.glu_split(gate, up,
-                                                                                                    Glu.SWIGLU))
+                for i, t in enumerate(wtypes[:2]))
+    down = ops.mul_mat(ops.new_tensor("w_down", wtypes[2], (Kn, M), buffer="weights"), ops.glu_split(gate, up,
+                                                                                                   Glu.SWIGLU))
     g = planned(down, gate, up)
     assert fuse(g, enabled=True).applied and any(n.op is Op.RMS_NORM_MUL for n in g.nodes)
     p = prepasses.plan(g)
-    assert (len(p.shared), len(p.producing), p.pre_passes) == (3, 2, 0)
+    assert (len(p.shared), len(p.producing), p.pre_passes) == (3, 2, 0) and set(p.producing.values()) == {form}
     own, own_passes = _run(g, False, monkeypatch)
     made, made_passes = _run(g, True, monkeypatch)
     assert (own_passes, made_passes) == (3, 0)
@@ -300,10 +303,22 @@ def test_the_torch_backend_plans_nothing():
     assert Executor(g, device="cpu", backend="triton", share_pre_passes=False).pre_passes is None
 
 
+FORMS = {"q8_K": DType.Q4_K, "q8_1": DType.Q8_0}  # a product's weight type of each form
+
+
+def written(acts: torch.Tensor, K: int, n: int, form: str) -> torch.Tensor:
+    """The bytes the pre-pass of n columns writes into the workspace ``acts`` in ``form``: each chunk's own."""
+    from gdnpass.kernels import triton_core as core
+
+    chunks = -(-n // 16)
+    return acts[:chunks * core.activation_bytes(K)].view(chunks, -1)[:, :core.activation_bytes(K, form)].clone()
+
+
+@pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("in_place", [False, True])
-def test_swiglu_writes_the_pre_passes_bytes(in_place):
+def test_swiglu_writes_the_pre_passes_bytes(in_place, form):
     """SWIGLU quantizing its output (the split form, in place of its gate or not) writes into the workspace the
-    bytes a K-quant product's pre-pass of that output writes, and the output itself as without."""
+    bytes a product's pre-pass of that output writes, in either form, and the output itself as without."""
     from gdnpass.kernels import triton_core as core
     from gdnpass.kernels import triton_elementwise as elt
 
@@ -314,20 +329,21 @@ def test_swiglu_writes_the_pre_passes_bytes(in_place):
     elt.glu("SWIGLU", g, u, False, plain)
     out = g if in_place else a.view((1, 1, rows, Kx))
     core.activation_workspace(g.device, 1 << 16, "test").fill_(0x5A)
-    elt.glu("SWIGLU", g, u, False, out, quantize=True)
+    elt.glu("SWIGLU", g, u, False, out, quantize=form)
     n, cols = core.product_columns(out)
-    size = -(-n // 16) * core.activation_bytes(Kx)
-    made = core.held_activations(out.device, core.activations_key(out, "q8_K", n, cols), "test")[:size].clone()
+    made = written(core.held_activations(out.device, core.activations_key(out, form, n, cols), "test"), Kx, n, form)
     assert torch.equal(out.view(torch.int32), plain.view(torch.int32))
     core.activation_workspace(g.device, 1 << 16, "test").fill_(0xA5)
-    assert torch.equal(made, mv.quantize_activations(out, DType.Q4_K, Kx, n, cols)[:size])
+    assert torch.equal(made, written(mv.quantize_activations(out, FORMS[form], Kx, n, cols), Kx, n, form))
 
 
-@pytest.mark.parametrize("rows,form", [(4, "norm*w"), (20, "norm*w"), (4, "w*norm+a"), (4, "a+norm*w, in place")])
-def test_rms_norm_mul_writes_the_pre_passes_bytes(rows, form):
-    """RMS_NORM_MUL quantizing its output writes into the workspace the very bytes a K-quant product's pre-pass of
-    that output writes (every chunk, the padding columns' zeros included), and the output itself as without: both
-    operand orders, with the ADD, the output in place of the addend."""
+@pytest.mark.parametrize("rows,form,int8", [(4, "norm*w", "q8_K"), (20, "norm*w", "q8_K"), (4, "w*norm+a", "q8_K"),
+                                            (4, "a+norm*w, in place", "q8_K"), (20, "norm*w", "q8_1"),
+                                            (4, "w*norm+a", "q8_1")])
+def test_rms_norm_mul_writes_the_pre_passes_bytes(rows, form, int8):
+    """RMS_NORM_MUL quantizing its output writes into the workspace the very bytes a product's pre-pass of that
+    output writes, in either form (every chunk, the padding columns' zeros included), and the output itself as
+    without: both operand orders, with the ADD, the output in place of the addend."""
     from gdnpass.kernels import triton_core as core
     from gdnpass.patterns.rms_norm_mul import kernel as rms
 
@@ -341,11 +357,10 @@ def test_rms_norm_mul_writes_the_pre_passes_bytes(rows, form):
     rms.rms_norm_mul(x, w, 1e-6, plain, **kw)
     out = addend if "in place" in form else a.view((1, 1, rows, Kx))
     core.activation_workspace(x.device, 1 << 16, "test").fill_(0x5A)  # (stale bytes to overwrite)
-    rms.rms_norm_mul(x, w, 1e-6, out, quantize=True, **kw)
+    rms.rms_norm_mul(x, w, 1e-6, out, quantize=int8, **kw)
     n, cols = core.product_columns(out)
-    size = -(-n // 16) * core.activation_bytes(Kx)
-    made = core.held_activations(out.device, core.activations_key(out, "q8_K", n, cols), "test")[:size].clone()
+    made = written(core.held_activations(out.device, core.activations_key(out, int8, n, cols), "test"), Kx, n, int8)
     assert torch.equal(out.view(torch.int32), plain.view(torch.int32))
     core.activation_workspace(x.device, 1 << 16, "test").fill_(0xA5)
-    quantized = mv.quantize_activations(out, DType.Q4_K, Kx, n, cols)[:size]
+    quantized = written(mv.quantize_activations(out, FORMS[int8], Kx, n, cols), Kx, n, int8)
     assert torch.equal(made, quantized)

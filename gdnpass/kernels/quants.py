@@ -201,7 +201,7 @@ def quantize_x_ggml_cpu(x: torch.Tensor, dtype: DType) -> tuple[torch.Tensor, to
     x86 AVX2 build): Q8_0 weights take q8_0 blocks of 32 (d = f16(amax / 127); q = round-to-even(x * (127 / amax))),
     the K-quants q8_K blocks of 256 (quantize_row_q8_K_ref: iscale = -127 / max with max the element of the largest
     magnitude, q = min(127, round-to-even(iscale * x)), d = 1 / iscale; the K-quant products' kernel's too:
-    :func:`gdnpass.kernels.triton_matvec._quantize_x_k_kernel`). Returns q [..., K] (int16) and d per element
+    :func:`gdnpass.kernels.triton_matvec._quantize_x_kernel`). Returns q [..., K] (int16) and d per element
     [..., K] (f64)."""
     xf = x.float()  # (torch.round: half to even, as ggml-cpu's nearest_int and _mm256_round_ps)
     if dtype is DType.Q8_0:

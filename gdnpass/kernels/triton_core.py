@@ -517,9 +517,10 @@ XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every pro
 # 1 at 30 and 31 (where the weights' 4-byte words meet them: matvec_cols_q). More than 16 columns (a product's of
 # 17-32, MUL_MAT_ID's, one a slot and token) lie in chunks of 16 columns, each so laid out, one after another: column
 # c is column c % 16 of chunk c // 16.
-def activation_bytes(K: int) -> int:
-    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type."""
-    return 16 * K + 4 * 16 * (K // SUB.value + K // QK_K.value)
+def activation_bytes(K: int, form: str | None = None) -> int:
+    """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type; of
+    them, those ``form`` writes ("q8_1": the quants and a scale a group; "q8_K": and a scale a block)."""
+    return 16 * K + 4 * 16 * (K // SUB.value + (0 if form == "q8_1" else K // QK_K.value))
 
 
 @triton.jit
@@ -565,6 +566,44 @@ def store_q8_K(ws_ptr, c, chunk, K, b, xt, ok):
                                                               tl.where(on, iscale, 1.0)), 0.0), mask=ok)
     xb = (ws_ptr + XCOLS * K + 4 * XCOLS * (K // QK_K)).to(tl.pointer_type(tl.int32), bitcast=True)
     tl.store(xb + at, tl.sum(q, axis=2), mask=ok[:, None])
+
+
+@triton.jit
+def _round_away(v):
+    """roundf: to the nearest integer, halves away from zero (exact: the truncation and the fraction are)."""
+    t = v.to(tl.int32).to(tl.float32)
+    f = v - t
+    return t + tl.where(f >= 0.5, 1.0, tl.where(f <= -0.5, -1.0, 0.0))
+
+
+@triton.jit
+def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
+    """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as llama.cpp's q8_1
+    groups of 32 (CUDA's quantize_q8_1, mmvq's): q = roundf(x * (127 / amax)) as int8 (0 where amax is 0), d = amax /
+    127, into the column's place of the activation workspace (an even group's quants rotated by two: the layout
+    above); the groups inside K of the blocks where ``ok`` ([B] or a scalar) holds. The Q8_0 products' pre-pass's,
+    and a producer's that writes its output's groups itself: one expression, so one set of bytes."""
+    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
+    g = b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]     # [B, group]
+    amax = tl.max(tl.abs(xt), axis=2)
+    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
+    q = tl.where(amax[:, :, None] > 0, _round_away(xt * inv[:, :, None]), 0.0)
+    inside = (g * SUB < K) & (ok & (b >= 0))[:, None]
+    at = g * XCOLS + cc
+    to = (tl.arange(0, SUB)[None, None, :] + SUB - tl.where(g % 2 == 0, 2, 0)[:, :, None]) % SUB  # its byte there
+    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + to, q.to(tl.int8), mask=inside[:, :, None])
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=inside)
+
+
+@triton.jit
+def store_activations(ws_ptr, c, chunk, K, b, xt, ok, FORM: tl.constexpr):
+    """:func:`store_q8_K` or :func:`store_q8_1` (FORM "q8_K" / "q8_1": gdnpass.prepasses.form) of the blocks."""
+    if FORM == "q8_1":
+        store_q8_1(ws_ptr, c, chunk, K, b, xt, ok)
+    else:
+        tl.static_assert(FORM == "q8_K", "store_activations: an unknown form")
+        store_q8_K(ws_ptr, c, chunk, K, b, xt, ok)
 
 
 def product_columns(x: torch.Tensor) -> tuple[int, tuple]:

@@ -18,7 +18,8 @@ from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
                                          XCOLS, _scale_min_k4, _strides, activations_to_fill, clamp_f32, exp_f32,
-                                         log_f32, product_columns, silu_f32, store_q8_K, wait_for_previous_kernels)
+                                         log_f32, product_columns, silu_f32, store_activations,
+                                         wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -497,11 +498,11 @@ def _swiglu_kernel(g_ptr, u_ptr, y_ptr, n, ne0, ne1, ne2, g_s0, g_s1, g_s2, g_s3
 
 
 @triton.jit
-def _swiglu_q8_K_kernel(g_ptr, u_ptr, y_ptr, n_rows, ne0, ne1, ne2, g_s0, g_s1, g_s2, g_s3, u_s0, u_s1, u_s2, u_s3,
-                        y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk):
-    """SWIGLU writing its output's q8_K blocks too, for the K-quant products after it (gdnpass.prepasses): program
+def _swiglu_quantizing_kernel(g_ptr, u_ptr, y_ptr, n_rows, ne0, ne1, ne2, g_s0, g_s1, g_s2, g_s3, u_s0, u_s1, u_s2,
+                              u_s3, y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk, FORM: tl.constexpr):
+    """SWIGLU writing its output quantized to FORM too, for the products after it (gdnpass.prepasses): program
     (row, block of 256), the pre-pass's grid; _swiglu_kernel's expression on the block, then the pre-pass's own
-    :func:`~gdnpass.kernels.triton_core.store_q8_K` of it (rows past n_rows: the padding columns' zeros)."""
+    :func:`~gdnpass.kernels.triton_core.store_activations` of it (rows past n_rows: the padding columns' zeros)."""
     wait_for_previous_kernels()
     r, b = tl.program_id(0), tl.program_id(1)
     i0 = b * QK_K + tl.arange(0, QK_K)
@@ -510,17 +511,18 @@ def _swiglu_q8_K_kernel(g_ptr, u_ptr, y_ptr, n_rows, ne0, ne1, ne2, g_s0, g_s1, 
     u = tl.load(u_ptr + i0 * u_s0 + _row_offset(r, ne1, ne2, u_s1, u_s2, u_s3), mask=mask, other=0.0)
     y = silu_f32(g) * u
     tl.store(y_ptr + i0 * y_s0 + _row_offset(r, ne1, ne2, y_s1, y_s2, y_s3), y, mask=mask)
-    store_q8_K(ws_ptr, r, chunk, ne0, b + tl.arange(0, 1), tl.reshape(tl.where(mask, y, 0.0), (1, GROUPS_K, SUB)),
-               True)
+    store_activations(ws_ptr, r, chunk, ne0, b + tl.arange(0, 1),
+                      tl.reshape(tl.where(mask, y, 0.0), (1, GROUPS_K, SUB)), True, FORM)
 
 
 def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: torch.Tensor,
-        quantize: bool = False) -> None:
+        quantize: str | None = None) -> None:
     """GLU ``kind`` (SWIGLU: silu(gate) * up, SILU's expression then one multiply, as reference.swiglu) into
     ``out``, f32, any strides. Split form (``b`` given): gate a, up b, same shape. One source: each row of a holds
     the gate then the up half (exchanged when ``swapped``), ``out`` ne0 = a ne0 // 2. One program per ELT_BLOCK
-    output elements; or, ``quantize``, per row and block of 256, writing ``out``'s q8_K blocks into the activation
-    workspace too, as a K-quant product's pre-pass of ``out`` would (rows of whole blocks, contiguous)."""
+    output elements; or, ``quantize`` (a form: gdnpass.prepasses.form), per row and block of 256, writing ``out``
+    so quantized into the activation workspace too, as a product's pre-pass of ``out`` would (rows of whole blocks,
+    contiguous)."""
     if out.numel() == 0:
         return
     _require(kind == "SWIGLU", f"GLU {kind} has no Triton kernel")
@@ -537,10 +539,10 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
         K = out.shape[3]
         _require(K % QK_K.value == 0 and out.stride(3) == 1, f"GLU: rows of {K} are not quantized in the kernel")
         N, cols = product_columns(out)
-        acts, chunk, chunks = activations_to_fill(out, "q8_K", N, cols, "GLU")
-        _swiglu_q8_K_kernel[(XCOLS.value * chunks, K // QK_K.value)](
+        acts, chunk, chunks = activations_to_fill(out, quantize, N, cols, "GLU")
+        _swiglu_quantizing_kernel[(XCOLS.value * chunks, K // QK_K.value)](
             a, b, out, N, K, out.shape[2], out.shape[1], *_strides(a), *_strides(b), *_strides(out), acts, chunk,
-            **LAUNCH)
+            FORM=quantize, **LAUNCH)
         return
     _swiglu_kernel[_grid(out.numel())](
         a, b, out, out.numel(), out.shape[3], out.shape[2], out.shape[1], *_strides(a), *_strides(b),

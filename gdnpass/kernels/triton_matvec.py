@@ -22,10 +22,10 @@ from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_CO
 from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
-                                         _round_even, _row_offset, _scales_mins_k4, _strides, activation_bytes,
+                                         _row_offset, _scales_mins_k4, _strides, activation_bytes,
                                          activation_workspace, activations_key, activations_to_fill, f16_bits,
                                          held_activations, last_to_arrive, prefetch_l2, PREFETCH, product_columns,
-                                         split_workspace, store_q8_K, wait_for_previous_kernels)
+                                         split_workspace, store_activations, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -189,17 +189,6 @@ def matvec_cols(w_ptr, w_stride, rows, row_mask, x_ptr, x_cols, col_mask, K, BLO
 
 
 @triton.jit
-def _round_away(v):
-    """roundf: to the nearest integer, halves away from zero (exact: the truncation and the fraction are)."""
-    t = v.to(tl.int32).to(tl.float32)
-    f = v - t
-    return t + tl.where(f >= 0.5, 1.0, tl.where(f <= -0.5, -1.0, 0.0))
-
-
-X_GROUPS = 8  # groups of 32 per program of the activations' pre-pass (one K-quant block)
-
-
-@triton.jit
 def _x_words(j, chunk):
     """Column ``j``'s place in the activation workspace, in its 4-byte words: its chunk's first word (``chunk``
     bytes a chunk, a multiple of 4) and its slot there (0..15)."""
@@ -226,39 +215,16 @@ def _group_head(ws_ptr, chunk, g, j, on):
 
 
 @triton.jit
-def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, G: tl.constexpr):
-    """A Q8_0 product's pre-pass, program (column c, groups [G i, G i + G)): the column's groups of 32 as llama.cpp's
-    q8_1 blocks (mmvq's), q = roundf(x * (127 / amax)) (0 where amax is 0) as int8, d = amax / 127, an even group's
-    quants rotated by two (the layout: triton_core.activation_bytes); the columns past N are zeros. The reference:
-    :func:`gdnpass.kernels.quants.quantize_x`."""
-    wait_for_previous_kernels()
-    c = tl.program_id(0)
-    ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
-    g = tl.program_id(1) * G + tl.arange(0, G)
-    e = tl.arange(0, SUB)
-    mask = (g[:, None] * SUB + e[None, :] < K) & (c < N)
-    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + g[:, None] * SUB + e[None, :], mask=mask,
-                 other=0.0)
-    amax = tl.max(tl.abs(xt), axis=1)
-    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
-    q = tl.where(amax[:, None] > 0, _round_away(xt * inv[:, None]), 0.0)
-    inside = g * SUB < K
-    at = g * XCOLS + cc
-    to = (e[None, :] + SUB - tl.where(g % 2 == 0, 2, 0)[:, None]) % SUB  # the quant's byte in its slot
-    tl.store(ws_ptr + at[:, None].to(tl.int64) * SUB + to, q.to(tl.int8), mask=inside[:, None])
-    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=inside)
-
-
-@triton.jit
-def _quantize_x_k_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk):
-    """A K-quant product's pre-pass, program (column c, block b of 256): :func:`store_q8_K` of the block; the
-    columns past N are zeros. The reference: :func:`gdnpass.kernels.quants.quantize_x_ggml_cpu`."""
+def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, FORM: tl.constexpr):
+    """A quantized product's pre-pass, program (column c, block b of 256): the block quantized to FORM into the
+    activation workspace, Q8_0's q8_1 groups or the K-quants' q8_K block
+    (:func:`~gdnpass.kernels.triton_core.store_activations`); the columns past N are zeros. The references:
+    :func:`gdnpass.kernels.quants.quantize_x` (q8_1), :func:`~gdnpass.kernels.quants.quantize_x_ggml_cpu` (q8_K)."""
     wait_for_previous_kernels()
     c, b = tl.program_id(0), tl.program_id(1)
-    k = tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))  # the element's place in the block, [block, group, lane]
-    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + b * QK_K + k, mask=c < N, other=0.0)
-    store_q8_K(ws_ptr, c, chunk, K, b + tl.arange(0, 1), xt, True)
+    k = b * QK_K + tl.reshape(tl.arange(0, QK_K), (1, GROUPS_K, SUB))  # the elements, [block, group, lane]
+    xt = tl.load(x_ptr + _row_offset(c, ne1, ne2, x_s1, x_s2, x_s3) + k, mask=(k < K) & (c < N), other=0.0)
+    store_activations(ws_ptr, c, chunk, K, b + tl.arange(0, 1), xt, True, FORM)
 
 
 @triton.jit
@@ -902,12 +868,8 @@ def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: 
     if prepasses.skipping_now():  # an earlier product's pre-pass left these very activations (the executor's plan)
         return held_activations(x.device, activations_key(x, form, N, cols_x), "mul_mat_vec")
     acts, chunk, chunks = activations_to_fill(x, form, N, cols_x, "mul_mat_vec")
-    grid = (XCOLS.value * chunks,)
-    if wtype is DType.Q8_0:
-        _quantize_x_kernel[(*grid, triton.cdiv(K // SUB.value, X_GROUPS))](x, acts, K, N, *cols_x, chunk,
-                                                                            G=X_GROUPS, **LAUNCH)
-    else:
-        _quantize_x_k_kernel[(*grid, K // QK_K.value)](x, acts, K, N, *cols_x, chunk, **LAUNCH)
+    _quantize_x_kernel[(XCOLS.value * chunks, triton.cdiv(K, QK_K.value))](x, acts, K, N, *cols_x, chunk,
+                                                                            FORM=form, **LAUNCH)
     return acts
 
 
@@ -1235,7 +1197,7 @@ def _launch_programs(w, N: int, batches: int = 1, products: int = 1) -> list[tup
     elements) for N columns of each batch (<= 16; a quantized weight's <= 32)."""
     K, M = w.ne[0], w.ne[1]
     t = mat_vec_tile(M, N, K, w.type.label)
-    pre = [("quantize_x", chunk_columns(N) * triton.cdiv(K // SUB.value, X_GROUPS), 1)] if w.type.is_quantized else []
+    pre = [("quantize_x", chunk_columns(N) * triton.cdiv(K, QK_K.value), 1)] if w.type.is_quantized else []
     return pre + [("mat_vec", triton.cdiv(M, t.block_m) * t.split_k * batches * products,
                    triton.cdiv(K, t.block_k * t.split_k))]
 
@@ -1251,7 +1213,7 @@ def programs(node) -> list[tuple[str, int, int]]:
     if node.op is Op.MUL_MAT_ID:
         w, x, ids = node.src
         t = mat_vec_tile(w.ne[1], 1, w.ne[0], w.type.label)
-        pre = [("quantize_x", chunk_columns(x.ne[1] * x.ne[2]) * triton.cdiv(w.ne[0] // SUB.value, X_GROUPS), 1)] \
+        pre = [("quantize_x", chunk_columns(x.ne[1] * x.ne[2]) * triton.cdiv(w.ne[0], QK_K.value), 1)] \
             if w.type.is_quantized else []
         return pre + [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],
                        triton.cdiv(w.ne[0], t.block_k * t.split_k))]

@@ -117,7 +117,7 @@ def _tri_unary(node, views, out):
 
 
 def _tri_glu(node, views, out):
-    """GLU, writing its output's q8_K blocks too where the executor's pre-pass plan asks (gdnpass.prepasses)."""
+    """GLU, writing its output quantized too where the executor's pre-pass plan asks (gdnpass.prepasses)."""
     from gdnpass import prepasses
 
     p = node.op_params

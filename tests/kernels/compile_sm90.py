@@ -68,14 +68,15 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs
 
 def variants():
     # a quantized product's pre-passes: the activations as int8 groups (the workspace: bytes, then scales and sums)
-    yield (mv._quantize_x_kernel, dict(G=mv.X_GROUPS), core.NUM_WARPS, dict(ws_ptr="*u8"))
-    yield (mv._quantize_x_k_kernel, {}, core.NUM_WARPS, dict(ws_ptr="*u8"))
+    for form in ("q8_1", "q8_K"):
+        yield (mv._quantize_x_kernel, dict(FORM=form), core.NUM_WARPS, dict(ws_ptr="*u8"))
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
         yield ssm._ssm_conv_kernel, dict(D_CONV=4, BLOCK_C=ssm.CONV_BLOCK_C, N_T=n_t), core.NUM_WARPS
     for kind in elt.UNARY_KINDS:
         yield elt._unary_kernel, dict(KIND=kind, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     yield elt._swiglu_kernel, dict(BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
-    yield elt._swiglu_q8_K_kernel, {}, core.NUM_WARPS, dict(ws_ptr="*u8")
+    for form in ("q8_1", "q8_K"):
+        yield elt._swiglu_quantizing_kernel, dict(FORM=form), core.NUM_WARPS, dict(ws_ptr="*u8")
     for op in elt.BINARY_OPS:
         yield elt._binary_kernel, dict(OP=op, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     # the expert FFN's router: CLAMP, SUM_ROWS, ARGSORT of the models' rows (8, 256 and 512 experts; 16 tokens)

@@ -11,10 +11,11 @@ A program loads all rows it owns (x, w, the addend) before storing them, so the 
 (element for element, as gallocr's in-place MUL/ADD over an in-place RMS_NORM leaves it); any other overlap is
 refused (the matcher's ``rms-mul.output-overlaps-input``; the launcher's :func:`_alias_ok`).
 
-Where the products after it read its output quantized (``quantize``: :mod:`gdnpass.prepasses` plans it), the kernel
-also writes the output's q8_K blocks into the activation workspace, as their pre-pass would
-(:func:`gdnpass.kernels.triton_core.store_q8_K`, the pre-pass's own code on the same f32 values: the same bytes,
-the padding columns' zeros included), and the products launch no pre-pass. It then runs the pre-pass's grid, a
+Where the products after it read its output quantized (``quantize``: :mod:`gdnpass.prepasses` plans it, and the
+form: the K-quants' q8_K blocks or Q8_0's q8_1 groups), the kernel also writes the output so quantized into the
+activation workspace, as their pre-pass would (:func:`gdnpass.kernels.triton_core.store_activations`, the pre-pass's
+own code on the same f32 values: the same bytes, the padding columns' zeros included), and the products launch no
+pre-pass. It then runs the pre-pass's grid, a
 program per row and block of 256: each takes its row's scale from the whole row (:func:`~gdnpass.kernels.
 triton_core.rms_row_scales`, the scale of :func:`~gdnpass.kernels.triton_core.rms_scale_rows`: one value), then its
 block alone. A row in one program would quantize its blocks one program a row (4 at a 4-token verify): on the H100
@@ -32,7 +33,7 @@ from gdnpass.kernels import reference as ref
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, QK_K, SUB, XCOLS, _alias_ok, _repeats, _require,
                                          _row_offset, _strides, activations_to_fill, product_columns, rms_row_scales,
-                                         rms_scale_rows, store_q8_K, wait_for_previous_kernels)
+                                         rms_scale_rows, store_activations, wait_for_previous_kernels)
 from gdnpass.kernels.triton_norms import l2_tile
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows, row_fits
 
@@ -63,10 +64,12 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
                          a_ne0, a_ne1, a_ne2, a_ne3, a_s0, a_s1, a_s2, a_s3,
                          y_s0, y_s1, y_s2, y_s3, ws_ptr, chunk,
                          BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, NORM_FIRST: tl.constexpr,
-                         HAS_ADD: tl.constexpr, ADD_FIRST: tl.constexpr, QUANTIZE: tl.constexpr):
-    """Rows [BLOCK_R] whole; or, QUANTIZE, one row and one q8_K block of it (program (row, block): the row's scale
-    from the whole row, as without, then the block's output and its quants, as the pre-pass's grid)."""
+                         HAS_ADD: tl.constexpr, ADD_FIRST: tl.constexpr, FORM: tl.constexpr):
+    """Rows [BLOCK_R] whole; or, FORM ("q8_K" / "q8_1"; "": none), one row and one block of 256 of it (program
+    (row, block): the row's scale from the whole row, as without, then the block's output and its quants, as the
+    pre-pass's grid)."""
     wait_for_previous_kernels()
+    QUANTIZE: tl.constexpr = FORM != ""
     PART: tl.constexpr = QK_K if QUANTIZE else BLOCK_D
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_x = _row_offset(rows, ne1, ne2, x_s1, x_s2, x_s3)[:, None]
@@ -95,18 +98,18 @@ def _rms_norm_mul_kernel(x_ptr, w_ptr, a_ptr, y_ptr, n_rows, ne0, ne1, ne2, eps,
     tl.store(y_ptr + _row_offset(rows, ne1, ne2, y_s1, y_s2, y_s3)[:, None] + cols[None, :] * y_s0, y, mask=mask)
     if QUANTIZE:
         block = tl.program_id(1) + tl.arange(0, 1)
-        store_q8_K(ws_ptr, tl.program_id(0), chunk, ne0, block,
-                   tl.reshape(tl.where(mask, y, 0.0), (1, GROUPS_K, SUB)), block * QK_K < ne0)
+        store_activations(ws_ptr, tl.program_id(0), chunk, ne0, block,
+                          tl.reshape(tl.where(mask, y, 0.0), (1, GROUPS_K, SUB)), block * QK_K < ne0, FORM)
 
 
 def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor, addend: torch.Tensor | None = None,
-                 norm_first: bool = True, add_first: bool = False, quantize: bool = False) -> None:
+                 norm_first: bool = True, add_first: bool = False, quantize: str | None = None) -> None:
     """``out = rms_norm(x, eps) * w (+ addend)`` in the operand order of the unfused MUL (``norm_first``: the norm is
     its src0) and ADD (``add_first``: the addend is its src0), all f32; x with contiguous rows (nb0 == 4, rows
     anywhere), w and the addend repeating into x, ``out`` x's shape with any strides (it may be x or the addend
-    itself). One launch, RMS_NORM's tile. ``quantize``: also ``out``'s q8_K blocks, its rows the columns, into the
-    activation workspace, as a K-quant product's pre-pass of ``out`` would write them (rows of
-    :func:`~gdnpass.patterns.rms_norm_mul.scope.quantizes_rows`, contiguous)."""
+    itself). One launch, RMS_NORM's tile. ``quantize``, a form ("q8_K", "q8_1": gdnpass.prepasses.form): also
+    ``out`` quantized to it, its rows the columns, into the activation workspace, as a product's pre-pass of ``out``
+    would write it (rows of :func:`~gdnpass.patterns.rms_norm_mul.scope.quantizes_rows`, contiguous)."""
     if out.numel() == 0:
         return
     ops = [x, w, out] + ([addend] if addend is not None else [])
@@ -130,13 +133,13 @@ def rms_norm_mul(x: torch.Tensor, w: torch.Tensor, eps: float, out: torch.Tensor
                  f"RMS_NORM+MUL: rows of {K} elements (stride {out.stride(-1)}) are not quantized in the kernel")
         _alias_ok("RMS_NORM+MUL quantizing", out, x, same_ok=False)  # (a block's program reads the whole row)
         N, cols = product_columns(out)
-        acts, chunk, chunks = activations_to_fill(out, "q8_K", N, cols, "RMS_NORM+MUL")
+        acts, chunk, chunks = activations_to_fill(out, quantize, N, cols, "RMS_NORM+MUL")
         grid = (XCOLS.value * chunks, K // QK_K.value)
     _rms_norm_mul_kernel[grid](
         x, w, a, out, n_rows, x.shape[3], x.shape[2], x.shape[1], f32(eps), xs[1], xs[2], xs[3],
         *w.shape[::-1], *_strides(w), *a.shape[::-1], *_strides(a), *_strides(out), acts, chunk,
         BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=addend is not None, ADD_FIRST=add_first,
-        QUANTIZE=quantize, **LAUNCH)
+        FORM=quantize or "", **LAUNCH)
 
 
 def programs(node) -> list[tuple[str, int, int]]:
@@ -149,13 +152,14 @@ def programs(node) -> list[tuple[str, int, int]]:
 def variants():
     """(kernel, constexprs, warps) to compile ahead of time (tests/kernels' sm_90 check): the model's rows (the
     hidden size and the attention heads) in both operand orders, with and without the ADD."""
-    for ne0, norm_first, has_add, add_first, quantize in ((4096, True, False, False, False),
-                                                          (4096, True, False, False, True),
-                                                          (256, True, False, False, False),
-                                                          (128, False, True, True, False),
-                                                          (5120, True, True, False, False),
-                                                          (5120, True, False, False, True)):
+    for ne0, norm_first, has_add, add_first, form in ((4096, True, False, False, ""),
+                                                      (4096, True, False, False, "q8_K"),
+                                                      (4096, True, False, False, "q8_1"),
+                                                      (256, True, False, False, ""),
+                                                      (128, False, True, True, ""),
+                                                      (5120, True, True, False, ""),
+                                                      (5120, True, False, False, "q8_K")):
         block_r, block_d = l2_tile(ne0)
         yield (_rms_norm_mul_kernel, dict(BLOCK_R=block_r, BLOCK_D=block_d, NORM_FIRST=norm_first, HAS_ADD=has_add,
-                                          ADD_FIRST=add_first, QUANTIZE=quantize), LAUNCH["num_warps"],
-               *([dict(ws_ptr="*u8")] if quantize else []))  # (the activation workspace's bytes, as launched)
+                                          ADD_FIRST=add_first, FORM=form), LAUNCH["num_warps"],
+               *([dict(ws_ptr="*u8")] if form else []))  # (the activation workspace's bytes, as launched)

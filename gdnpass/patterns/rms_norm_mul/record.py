@@ -46,7 +46,7 @@ def _torch(node: Tensor, views: list, out) -> None:
 
 
 def _triton(node: Tensor, views: list, out) -> None:
-    """The kernel; writing the output's q8_K blocks too where the executor's pre-pass plan asks it to
+    """The kernel; writing the output quantized too where the executor's pre-pass plan asks it to
     (gdnpass.prepasses)."""
     import gdnpass.patterns.rms_norm_mul.kernel as kernel
     from gdnpass import prepasses
