@@ -50,7 +50,7 @@ def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: s
         # each uncapped, with the production tile's register cap (MatVecTile.regs), if it has one, and with ``regs``'
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
         caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs, *regs})
-        widths = sorted({max(mv.QUANT_MIN_COLS, cols), max(16, cols)})
+        widths = sorted({max(8, cols), max(16, cols)})
         for (bm, w), st, cap, c in itertools.product(forms, (2, 3, 4) if deep else (3,), caps, widths):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):

@@ -82,15 +82,17 @@ def test_each_rule_refuses_by_name():
     assert not p.shared and not p.refused and p.pre_passes == 2
 
 
-def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel():
-    """The whole qwen3.5-9b verify with Q4_K weights, fused: every RMS_NORM_MUL and SwiGLU whose output products
-    read writes its q8_K blocks, and those products (a GDN layer's qkv and z, an attention layer's q and k/v pair,
-    every FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161. The rest quantize the GDN and
-    attention outputs (an RMS_NORM_MUL of head rows, 128 elements: not whole blocks) and the lm head's gathered rows
-    (a GET_ROWS of the output norm: no producer)."""
-    g = pipeline.run(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, share_weights=False, wtype="q4_k"),
+@pytest.mark.parametrize("wtype,form", [("q4_k", "q8_K"), ("q8_0", "q8_1")])
+def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel(wtype, form):
+    """The whole qwen3.5-9b verify with Q4_K weights (q8_K blocks) or Q8_0 (q8_1 groups), fused: every RMS_NORM_MUL
+    and SwiGLU whose output products read writes it in their form, and those products (a GDN layer's qkv and z, an
+    attention layer's q and k/v pair, every FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161.
+    The rest quantize the GDN and attention outputs (an RMS_NORM_MUL of head rows, 128 elements: not whole blocks)
+    and the lm head's gathered rows (a GET_ROWS of the output norm: no producer)."""
+    g = pipeline.run(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, share_weights=False, wtype=wtype),
                      PassOptions(fusion=True)).graph
     p = prepasses.plan(g)
+    assert set(p.producing.values()) == {form}
     readers = {}
     for n in g.nodes:
         if n.uid in p.shared:

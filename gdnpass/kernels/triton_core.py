@@ -513,10 +513,8 @@ XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every pro
 # (elements [32 g, 32 g + 32)) of column c at byte (16 g + c) * 32, each group's [32, 16] dot operand 512 contiguous
 # bytes read unmasked (the columns past N are zeros); from byte 16 K, f32 / i32 words: Q8_0's q8_1 scale d per
 # (group, column) at 16 g + c; the K-quants' q8_K scale d per (block, column) at 16 b + c, then the quants' sum per
-# (group, column) at 16 K / 256 + 16 g + c. Q8_0's even groups lie rotated by two: quants 2..31 at bytes 0..29, 0 and
-# 1 at 30 and 31 (where the weights' 4-byte words meet them: matvec_cols_q). More than 16 columns (a product's of
-# 17-32, MUL_MAT_ID's, one a slot and token) lie in chunks of 16 columns, each so laid out, one after another: column
-# c is column c % 16 of chunk c // 16.
+# (group, column) at 16 K / 256 + 16 g + c. More than 16 columns (a product's of 17-32, MUL_MAT_ID's, one a slot and
+# token) lie in chunks of 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
 def activation_bytes(K: int, form: str | None = None) -> int:
     """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type; of
     them, those ``form`` writes ("q8_1": the quants and a scale a group; "q8_K": and a scale a block)."""
@@ -580,8 +578,8 @@ def _round_away(v):
 def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
     """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as llama.cpp's q8_1
     groups of 32 (CUDA's quantize_q8_1, mmvq's): q = roundf(x * (127 / amax)) as int8 (0 where amax is 0), d = amax /
-    127, into the column's place of the activation workspace (an even group's quants rotated by two: the layout
-    above); the groups inside K of the blocks where ``ok`` ([B] or a scalar) holds. The Q8_0 products' pre-pass's,
+    127, into the column's place of the activation workspace; the groups inside K of the blocks where ``ok`` ([B] or
+    a scalar) holds. The Q8_0 products' pre-pass's,
     and a producer's that writes its output's groups itself: one expression, so one set of bytes."""
     ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     g = b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]     # [B, group]
@@ -590,8 +588,8 @@ def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
     q = tl.where(amax[:, :, None] > 0, _round_away(xt * inv[:, :, None]), 0.0)
     inside = (g * SUB < K) & (ok & (b >= 0))[:, None]
     at = g * XCOLS + cc
-    to = (tl.arange(0, SUB)[None, None, :] + SUB - tl.where(g % 2 == 0, 2, 0)[:, :, None]) % SUB  # its byte there
-    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + to, q.to(tl.int8), mask=inside[:, :, None])
+    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
+             mask=inside[:, :, None])
     xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
     tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=inside)
 

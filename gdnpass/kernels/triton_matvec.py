@@ -205,16 +205,6 @@ def _group_x(ws_ptr, chunk, g, j, on=True):
 
 
 @triton.jit
-def _group_head(ws_ptr, chunk, g, j, on):
-    """Quants 0 and 1 of Q8_0's even group ``g`` of columns ``j`` (as :func:`_group_x`: bytes 30, 31 of its rotated
-    slot): two [C] int32."""
-    word, slot = _x_words(j, chunk)
-    x16 = ws_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
-    h = tl.load(x16 + 2 * word + (g * XCOLS + slot) * (SUB // 2) + (SUB - 2) // 2, mask=on, other=0).to(tl.int32)
-    return (h << 24) >> 24, h >> 8
-
-
-@triton.jit
 def _quantize_x_kernel(x_ptr, ws_ptr, K, N, ne1, ne2, x_s1, x_s2, x_s3, chunk, FORM: tl.constexpr):
     """A quantized product's pre-pass, program (column c, block b of 256): the block quantized to FORM into the
     activation workspace, Q8_0's q8_1 groups or the K-quants' q8_K block
@@ -236,13 +226,13 @@ def _group_dot(a, xq):
 
 @triton.jit
 def _group_dots(a, ws_ptr, chunk, g, col0, N, on, COLS: tl.constexpr):
-    """:func:`_group_dot` of ``a`` with group ``g`` of the sum's COLS columns (workspace columns col0 + c, the
-    product's c < N; zeros where not ``on``): [BLOCK_M, COLS]. The dot is 16 columns wide at the least, its first
-    COLS kept: the activations' operand is then 512 bytes, 4 a thread, which Triton's pipeline copies ahead
-    asynchronously (at 8 columns, 2 a thread, each group's load waited on the L2)."""
+    """:func:`_group_dot` of ``a`` with group ``g`` of the sum's COLS columns (the product's [col0, col0 + N); zeros
+    where not ``on``): [BLOCK_M, COLS]. The dot is 16 columns wide at the least, its first COLS kept: the activations'
+    operand is then 512 contiguous bytes, 4 a thread, which Triton's pipeline copies ahead asynchronously (at 8
+    columns, 2 a thread, each group's load waited on the L2)."""
     DOT: tl.constexpr = XCOLS if COLS < XCOLS else COLS
     c = tl.arange(0, DOT)
-    t = _group_dot(a, _group_x(ws_ptr, chunk, g, col0 + tl.where(c < N, c, 0), ((c < N) & on)[None, :]))
+    t = _group_dot(a, _group_x(ws_ptr, chunk, g, c, ((c >= col0) & (c < col0 + N) & on)[None, :]))
     if DOT > COLS:  # (the first half: columns 0..7)
         t, _ = tl.split(tl.permute(tl.reshape(t, (t.shape[0], 2, COLS)), (0, 2, 1)))
     return t
@@ -267,28 +257,6 @@ PACKED_DECODE = tl.constexpr(not INTERPRETED)
 NIBBLE_ASM = tl.constexpr(tuple(_decode_asm(4 * h, None, 0, False) for h in range(2)))          # [high]
 Q5_ASM = tl.constexpr(tuple(_decode_asm(4 * (j % 2), j, 1, False) for j in range(8)))             # [sub-block]
 Q6_ASM = tl.constexpr(tuple(_decode_asm(4 * (k // 2), 2 * k, 3, True) for k in range(4)))         # [quarter]
-
-
-# Q6_K's blocks are 210 bytes: every other one starts 2 bytes past a 4-byte word, where only 16-bit loads reach its
-# 32-byte runs (synchronous: the pipeline's asynchronous copies move 4, 8 or 16 aligned bytes). So a run is read as
-# two word-aligned windows a word apart and its bytes are taken from them with a funnel shift, 4 a register (PTX
-# prmt.f4e: bytes s..s+3 of the pair, s its selector's low 2 bits); the interpreter reads the run itself.
-FUNNEL_ASM = tl.constexpr("prmt.b32.f4e $0, $1, $2, $3;")
-
-
-@triton.jit
-def _run_bytes(w_ptr, at, mask):
-    """The 32 bytes of each row from byte offset ``at`` [BLOCK_M] (even) on: [BLOCK_M, 32] uint8, read from
-    4-byte words."""
-    e = tl.arange(0, SUB)[None, :]
-    if not PACKED_DECODE:
-        return tl.load(w_ptr + at[:, None] + e, mask=mask, other=0)
-    shift = at % 4
-    word = tl.multiple_of(at - shift, 4)[:, None]
-    lo = tl.load(w_ptr + word + e, mask=mask, other=0)
-    hi = tl.load(w_ptr + word + 4 + e, mask=mask, other=0)
-    sel = tl.broadcast_to(shift.to(tl.uint8)[:, None], lo.shape)
-    return tl.inline_asm_elementwise(FUNNEL_ASM, "=r,r,r,r", [lo, hi, sel], dtype=tl.uint8, is_pure=True, pack=4)
 
 
 @triton.jit
@@ -334,7 +302,7 @@ def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
 
 @triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, col0, N, QTYPE: tl.constexpr,
-                  COLS: tl.constexpr, WHOLE: tl.constexpr):
+                  COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
     workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 16 or 32: that many chunks of 16 from
@@ -347,15 +315,14 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
     f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
-    The sum's column c is the workspace's column col0 + c (col0: a MUL_MAT_ID program's column of its chunk, else
-    0), the product's for c < N; the other columns' operands are the loads' zero fill (a column's sum is its own
-    either way, and only the product's are stored), so COLS is the dot's width, 8 at the least (sm_90's int8 mma
-    is 8 wide; every column's epilogue costs: :data:`QUANT_MIN_COLS`).
+    The quants of the product's columns [col0, col0 + N) only are read, the others' dot operand is the loads' zero
+    fill (12 of 16 columns' bytes not fetched at 4 tokens); a column's sum is its own either way, and only the
+    product's are stored. (Their scales and group sums are read for every column.) COLS may be 8 where the product
+    has 8 columns or fewer (:data:`QUANT_MIN_COLS`; col0 then 0), the dot 16 wide all the same (:func:`_group_dots`).
     Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
-    c = tl.arange(0, COLS)
-    col_on = c < N
-    cols = col0 + tl.where(col_on, c, 0)  # their workspace columns (the others' loads read col0's: inside the chunk)
+    cols = tl.arange(0, COLS)
+    col_on = (cols >= col0) & (cols < col0 + N)
     word, slot = _x_words(cols, chunk)
     xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
@@ -369,35 +336,16 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
-        if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group, 34 bytes, so a pair of them from a 4-byte word:
-            # the even block's scale and quants 0, 1; its quants 2..31 and the odd block's scale; the odd block's
-            # quants. Each block's dot reads the 32 bytes from the word after its scale (aligned: asynchronous
-            # copies): the even block's against its group rotated by two (quants 0, 1 last), so that the odd
-            # block's scale bytes meet quants 0, 1 there; its quants 0, 1 minus those bytes times them make it whole.
-            for p in tl.static_range(GROUPS_K // 2):
-                g = sb * GROUPS_K + 2 * p
-                pair = w_row + sb * (GROUPS_K * Q8_0_BYTES) + 2 * p * Q8_0_BYTES
-                if WHOLE:  # (K a multiple of 256: no group masked, so the windows' loads stay 4 bytes wide)
-                    on_even, on_odd, masks = True, True, (rm, rm)
-                else:      # the last step's groups past K masked; a pair may be half, where the even block's
-                    # window, which ends in the odd block's scale, is not read past its quants
-                    on_even, on_odd = g * SUB < k_hi, (g + 1) * SUB < k_hi
-                    masks = (rm & on_even & ((e < SUB - 2) | on_odd)[None, :], rm & on_odd)
-                d_odd = tl.load(w16 + pair // 2 + Q8_0_BYTES // 2, mask=row_mask & on_odd, other=0).to(tl.int32)
-                for odd in tl.static_range(2):
-                    on = on_odd if odd else on_even
-                    q = tl.load(w_ptr + pair[:, None] + 4 + 32 * odd + e[None, :], mask=masks[odd], other=0)
-                    t = _group_dots(q.to(tl.int8), ws_ptr, chunk, g + odd, col0, N, on, COLS)
-                    if odd:
-                        d = d_odd
-                    else:
-                        head = tl.load(w16 + pair // 2 + 1, mask=row_mask & on, other=0).to(tl.int32)  # quants 0, 1
-                        x0, x1 = _group_head(ws_ptr, chunk, g, cols, col_on & on)
-                        t += (((head << 24) >> 24) - ((d_odd << 24) >> 24))[:, None] * x0[None, :] \
-                            + ((head >> 8) - (d_odd >> 8))[:, None] * x1[None, :]
-                        d = tl.load(w16 + pair // 2, mask=row_mask & on, other=0).to(tl.int32)
-                    dx = tl.load(xd + (g + odd) * XCOLS, mask=on, other=0.0)
-                    acc += f16_bits(d)[:, None] * dx[None, :] * t.to(tl.float32)
+        if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
+            for j in tl.static_range(GROUPS_K):
+                g = sb * GROUPS_K + j
+                on = g * SUB < k_hi
+                blk = w_row + g * Q8_0_BYTES
+                d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
+                q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
+                t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
+                dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
+                acc += d[:, None] * dx[None, :] * t
         else:
             isum = tl.zeros([rows.shape[0], COLS], tl.int32)
             if QTYPE == "q4_k" or QTYPE == "q5_k":
@@ -435,17 +383,16 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
                 j2 = tl.arange(0, 2 * COLS)                               # column 2c + half of the dots
                 in_half = (e[:, None] < 16) == (j2[None, :] % 2 == 0)     # [32, 2 COLS]: element k of half j2 % 2
-                half_on = (j2 // 2 < N)[None, :]
-                j2_ws = col0 + tl.where(j2 // 2 < N, j2 // 2, 0)          # their workspace columns
+                half_on = ((j2 // 2 >= col0) & (j2 // 2 < col0 + N))[None, :]
                 halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
-                    qh = _run_bytes(w_ptr, blk + 128 + 32 * n, rm)
+                    qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
-                        ql = _run_bytes(w_ptr, blk + 64 * n + 32 * i, rm)
+                        ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * i + e[None, :], mask=rm, other=0)
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
                             g = sb * GROUPS_K + 4 * n + 2 * h + i
-                            xq = _group_x(ws_ptr, chunk, g, j2_ws, in_half & half_on)
+                            xq = _group_x(ws_ptr, chunk, g, j2 // 2, in_half & half_on)
                             sc = tl.load(w16 + blk // 2 + 96 + 4 * n + 2 * h + i, mask=row_mask, other=0)
                             sc = sc.to(tl.int32)                           # scales[8n + 2k], [8n + 2k + 1]
                             sc = tl.where(j2[None, :] % 2 == 0, ((sc << 24) >> 24)[:, None], (sc >> 8)[:, None])
@@ -509,29 +456,28 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr, WHOLE: tl.constexpr):
+             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s``, [k_lo, k_hi) (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
-    up (see :class:`MatVecTile`). The product's N columns are the sum's first N (a quantized MUL_MAT_ID's one column
-    is column ``col0`` of its activation chunk, :func:`matvec_cols_q`)."""
+    up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
+    quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16)."""
     cols = tl.arange(0, COLS)
-    col_mask = cols < N
+    col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, col0, N, QTYPE, COLS,
-                            WHOLE)
+        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, col0, N, QTYPE, COLS)
     elif SPLIT_K == 1:
         acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
     else:
         acc = matvec_cols(w_ptr + k_lo, w_s1, rows, row_mask, x_ptr + k_lo, x_cols, x_mask, k_hi - k_lo, BLOCK_K,
                           DOT, EVICT, terms)
     if SPLIT_K == 1:
-        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
+        _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
                  RESIDUAL)
     else:
         if store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
-            _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols, col_mask,
+            _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols - col0, col_mask,
                      ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
 
 
@@ -548,7 +494,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
-                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr, WHOLE: tl.constexpr):
+                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr):
     # (only index arithmetic and the L2 prefetch of an unbatched weight, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -583,7 +529,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT,
              SPLIT_K,
-             EVICT, RESIDUAL, QTYPE, WHOLE)
+             EVICT, RESIDUAL, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -714,8 +660,7 @@ _QUANTIZED = frozenset(QTYPES.values())
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """A quantized weight's tile (:func:`matvec_cols_q`, its columns padded to 8, 16 or 32): a K-quant block (8
-    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages (Q8_0: 2,
-    :data:`Q8_0_STAGES`), K split until the
+    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
     slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
     only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the cap
@@ -725,12 +670,12 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     16-column ones, untuned. Q4_K's K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and
     Q6_K's split from the H100 sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096
     x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K
-    split into the most slices whose programs fit one wave (:data:`Q8_0_WAVE`). All timed at 16 columns, before the
-    8-column dot (:data:`QUANT_MIN_COLS`) and the aligned reads of Q8_0 and Q6_K weights."""
+    split into the most slices whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does
+    not hold them (the H100 sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before)."""
     block_m = 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
     if wtype == "q8_0":
-        while blocks * want * 2 <= Q8_0_WAVE and want < 16:
+        while blocks * want * 2 <= Q8_0_WAVES[1] and want < 16:
             want *= 2
     else:
         while blocks * want < QUANTIZED_PROGRAMS[wtype] and want < 16:
@@ -739,34 +684,33 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
         want = _split(K, 4 * QK_K.value, want)
     split = _split(K, QK_K.value, want)
     programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
-    capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k"))
-    return MatVecTile(block_m, max(QUANT_MIN_COLS, cols), QK_K.value, True, 4, split,
-                      stages=Q8_0_STAGES if wtype == "q8_0" else 3, regs=QUANT_REGS[wtype] if capped else 0)
+    capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k")
+                             or wtype == "q8_0" and Q8_0_WAVES[0] < programs <= Q8_0_WAVES[1])
+    return MatVecTile(block_m, max(QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split,
+                      regs=QUANT_REGS[wtype] if capped else 0)
 
 
-# The quantized sum's narrowest dot (COLS): sm_90's int8 mma is 8 columns wide (Triton pads a narrower operand to it).
-# Every column costs its scale arithmetic a group, so 8 where the product has 8 or fewer, not the activation chunk's
-# 16: sm_90's loop a K step, 4 columns of 12288 x 4096, from 581 to 406 instructions (Q4_K), 1768 to 1229 (Q8_0).
-QUANT_MIN_COLS = 8
+# The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
+# activation chunk's 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide:
+# _group_dots). H100, 4 columns, us a launch, 8 / 16: Q4_K 12288 x 4096 23.3 / 25.8, 4096 x 12288 23.1 / 26.4, lm
+# head 292 / 318; Q6_K 1-4% (docs/performance.md, tenth session). Q8_0 stays at 16: at 8 it took 174 registers, 2
+# programs an SM, where 16 takes 165, 3 (sm_90 compile, untimed).
+QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach
-# Q8_0's programs in one wave on the H100's and H200's 132 SMs: 3 an SM, which the 74 KB of its windows' pipeline
-# (128 rows, 2 stages) allow whatever its registers (about 124). The rule is the H100 sweep's of 2026-12-07, from
-# before the windows were read aligned, when registers decided (3 an SM uncapped, 4 capped at 128): the most slices
-# whose programs fit one wave (4 columns, us: 12288 x 4096 in 4 slices, 384 programs, 42.7, in 8 46.5; 4096 x 12288
-# in 16 capped 45.0, 16 uncapped, 512 over 396, 57.7); untimed since, as is any cap (it can no longer win a program).
-Q8_0_WAVE = 396
-# ... which its pipeline allows at 2 stages: a K step's windows are 32 KB at 128 rows, and 3 stages (111 KB a program)
-# held 2 an SM (sm_90 compile; 74 KB at 2). Untimed.
-Q8_0_STAGES = 2
+# Q8_0's programs in one wave on the H100's and H200's 132 SMs: 3 an SM uncapped (163 registers), 4 capped at 128.
+# Its sweep (H100, 2026-12-07, 4 columns, us): 12288 x 4096 in 4 slices (384 programs) uncapped 42.7, in 8 (768)
+# 46.5; 4096 x 12288 in 16 (512) capped 45.0, in 8 (256) 51.5, in 16 uncapped (512 over 396) 57.7; 4096 x 4096 in 16
+# capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
+Q8_0_WAVES = (396, 528)
 
-# The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
-# as many or more): Q4_K and Q5_K at 128, 4 programs (uncapped at 16 columns: up to 136, 3); Q6_K at 168, 3 (shared
-# memory allows no more since its runs are read aligned), at 0-24 bytes of spill. Held by
-# tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap was worth:
-# docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
-QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168}
+# Q8_0's cap where its wave needs it (Q8_0_WAVES; 72 bytes of spill at 128). The K-quants' registers a thread up to
+# 16 columns, which decide how many programs an SM holds (shared memory allows
+# 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
+# (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
+# was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
+QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168, "q8_0": 128}
 # Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):
 # with 256 programs or fewer it ran 2-4% slower, the spill's cost without an SM's third program to win
 Q6_K_CAPPED_PAST = 256
@@ -849,8 +793,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         out if residual is None else residual, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False, WHOLE=K % QK_K.value == 0,
-        **t.launch())
+        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False, **t.launch())
 
 
 def chunk_columns(N: int) -> int:
@@ -943,6 +886,8 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         _require(bool(((sel >= 0) & (sel < n_as)).all()), f"MUL_MAT_ID: an expert id outside the {n_as} experts")
     batches = n_used * n_t  # a column a slot and token
     t = mat_vec_tile(M, 1, K, wtype.label, batches)
+    if wtype.is_quantized:  # (its program's column is any of its chunk's 16)
+        t = t._replace(cols=XCOLS.value)
     blocks = triton.cdiv(M, t.block_m)
     ws = cnt = None
     if t.split_k > 1:
@@ -958,7 +903,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
         n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, ids, i_s[0], i_s[1], x_chunk,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, WHOLE=K % QK_K.value == 0, **t.launch())
+        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **t.launch())
 
 
 # ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------

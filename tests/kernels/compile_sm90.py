@@ -126,13 +126,9 @@ def variants():
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early,
-                 WHOLE=True)
+                 RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), t.options())
-        if wt == "q8_0" and not residual and t.split_k > 1:  # (K not a multiple of 256: its groups masked)
-            yield (mv._mul_mat_vec_kernel, {**c, "WHOLE": False}, t.warps,
-                   dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), t.options())
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
@@ -150,7 +146,7 @@ def variants():
         t = mv.mat_vec_tile(M, 1, K, wt)
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early, WHOLE=True)
+                 RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
