@@ -11,7 +11,7 @@ revisions are compared by running it twice on one machine, once with a revision'
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q6_k,bf16 --early 0,4,16 --cols 4
         # each production tile asking the L2 for its first steps before its wait (MatVecTile.early), bytes compared
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q8_0 --vary cols=8,16 --cols 4
-        # any one MatVecTile field varied the same way (cols: the dot's width, 8 at the least; stages; block_m; regs)
+        # any one MatVecTile field varied the same way (cols: the sum's width, 8 or 16; stages; block_m; regs)
 
 (2026-12-06, H100: Q6_K's one dot a group against 4a8be37's two; 32-column launches: docs/performance.md.)
 """
@@ -47,6 +47,10 @@ def main() -> int:
                                    "instead (early, cols, stages, block_m, regs, split_k)")
     ap.add_argument("--cols", default="1,4,16", help="column counts (default 1,4,16)")
     a = ap.parse_args()
+    if a.early and a.vary:
+        raise SystemExit("probe_quant: --early is --vary early=...: give one of them")
+    if a.vary and "=" not in a.vary:
+        raise SystemExit(f"probe_quant: --vary {a.vary!r}: FIELD=V1,V2,... (e.g. cols=8,16)")
     if a.early or a.vary:
         field, values = ("early", a.early) if a.early else a.vary.split("=", 1)
         if field not in mv.MatVecTile._fields:

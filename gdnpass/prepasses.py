@@ -16,9 +16,9 @@ producer's blocks) when:
 1. [one-pre-pass] P quantizes its whole activation in one pre-pass, for the quantized mat-vec: a MUL_MAT of a
    quantized weight over 1..32 columns (a MUL_MAT_VEC_PAIR or MUL_MAT_ADD: the mat-vec's 1..16), or a quantized
    MUL_MAT_ID on the kernel (its b one row a token, or one a slot); F is such a product, or a producer: an
-   RMS_NORM_MUL whose rows the kernel quantizes (rms_norm_mul.scope.quantizes_rows: whole q8_K blocks) and whose
+   RMS_NORM_MUL whose rows the kernel quantizes (rms_norm_mul.scope.quantizes_rows: whole blocks of 256) and whose
    output overlaps no byte of its x (the quantizing kernel's programs each read a whole row of x, and store one
-   block), or a SWIGLU GLU of rows of whole q8_K blocks.
+   block), or a SWIGLU GLU of rows of whole blocks of 256.
 2. [same-activation] P's activation is F's bytes in F's layout: one buffer, offset, ne and nb (a reshape that
    changes ne does not count: the columns' order could differ); a producer's are its output's.
 3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups; a producer
@@ -78,9 +78,10 @@ class Refusal:
 @dataclass
 class Plan:
     """``shared``: product uid -> the node whose workspace fill it reads (a product, or a producer); ``producing``:
-    the uid of each producer that fills it -> the form it writes (its reader's); ``refused``: the products that quantize again an activation an earlier
-    pre-pass quantized (its bytes unwritten since: rule 5 makes a new activation of them, not a refusal), and why;
-    ``pre_passes``: the quantized products' pre-passes that still run."""
+    the uid of each producer that fills it -> the form it writes (its first reader's); ``refused``: the products
+    that quantize again an activation an earlier pre-pass quantized (its bytes unwritten since: rule 5 makes a new
+    activation of them, not a refusal), and why; ``pre_passes``: the quantized products' pre-passes that still
+    run."""
 
     shared: dict[int, Tensor]
     producing: dict[int, str]

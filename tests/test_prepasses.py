@@ -166,6 +166,24 @@ def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monke
     assert made == own
 
 
+def test_a_producer_writes_its_first_readers_form_only():
+    """Rule 3 with a producer: a norm's output read by a Q8_0 product, then by a Q4_K one. The norm writes the q8_1
+    groups the first reads, which skips its pre-pass; the second quantizes for itself (q8_K)."""
+    from gdnpass.fusion import fuse
+
+    Kn = 512  # (rms_norm_mul.scope.quantizes_rows)
+    x = ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT)
+    y = ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor("norm", DType.F32, (Kn,), buffer="weights"))
+    first = ops.mul_mat(ops.new_tensor("w0", DType.Q8_0, (Kn, M), buffer="weights"), y)
+    second = ops.mul_mat(ops.new_tensor("w1", DType.Q4_K, (Kn, M), buffer="weights"), y)
+    g = planned(first, second)
+    assert fuse(g, enabled=True).applied
+    norm = next(n for n in g.nodes if n.op is Op.RMS_NORM_MUL)
+    p = prepasses.plan(g)
+    assert g.index(first) < g.index(second)
+    assert p.producing == {norm.uid: "q8_1"} and shared_names(g) == {first.name: norm.name} and p.pre_passes == 1
+
+
 def test_check_fusion_compares_every_product_quantizing_for_itself_with_the_fused_plan():
     """run --check's comparison on the FFN of the test above, on the Triton kernels: the unfused run quantizes in
     every product, the fused one runs its plan (the norm's and the SwiGLU's blocks; planned again after the rewrite,

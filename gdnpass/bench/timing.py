@@ -132,7 +132,7 @@ def _profiled(fn, reps: int, only: str | None) -> list[list]:
 
 def node_runner(ex: Executor, n):
     """Node ``n`` of ``ex``'s graph as a call of its kernel on the executor's views (what the timings above take),
-    its pre-pass skipped or its output's q8_K blocks made as the executor's plan says (gdnpass.prepasses)."""
+    its pre-pass skipped or its output made quantized as the executor's plan says (gdnpass.prepasses)."""
     fn = ex.kernels[n.op]
     srcs = [ex.view(s) if s is not None else None for s in [*n.src, *n.outs]]
     out = ex.view(n)

@@ -517,7 +517,8 @@ XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every pro
 # token) lie in chunks of 16 columns, each so laid out, one after another: column c is column c % 16 of chunk c // 16.
 def activation_bytes(K: int, form: str | None = None) -> int:
     """The workspace bytes a quantized product's activations take (a chunk of 16 columns), for any block type; of
-    them, those ``form`` writes ("q8_1": the quants and a scale a group; "q8_K": and a scale a block)."""
+    them, those ``form`` writes ("q8_1": the quants and a scale a group; "q8_K": the quants, a scale a block and a
+    sum a group)."""
     return 16 * K + 4 * 16 * (K // SUB.value + (0 if form == "q8_1" else K // QK_K.value))
 
 

@@ -230,6 +230,7 @@ def _group_dots(a, ws_ptr, chunk, g, col0, N, on, COLS: tl.constexpr):
     where not ``on``): [BLOCK_M, COLS]. The dot is 16 columns wide at the least, its first COLS kept: the activations'
     operand is then 512 contiguous bytes, 4 a thread, which Triton's pipeline copies ahead asynchronously (at 8
     columns, 2 a thread, each group's load waited on the L2)."""
+    tl.static_assert(COLS == 8 or COLS >= XCOLS, "_group_dots: the sum is 8 columns wide or the dot's own")
     DOT: tl.constexpr = XCOLS if COLS < XCOLS else COLS
     c = tl.arange(0, DOT)
     t = _group_dot(a, _group_x(ws_ptr, chunk, g, c, ((c >= col0) & (c < col0 + N) & on)[None, :]))
@@ -305,7 +306,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                   COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
-    workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 16 or 32: that many chunks of 16 from
+    workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks of 16 from
     ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer
     dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
     nibbles as they lie, the low ones one group and the high ones the next) with its activation quants is one int8
@@ -322,7 +323,6 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
-    col_on = (cols >= col0) & (cols < col0 + N)
     word, slot = _x_words(cols, chunk)
     xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
@@ -518,6 +518,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
             prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo,
                              tl.minimum(k_lo + EARLY * BLOCK_K, k_hi), QTYPE)
         wait_for_previous_kernels()
+    tl.static_assert(not IDS or QTYPE == "" or COLS >= XCOLS, "MUL_MAT_ID: a quantized tile of its chunk's 16")
     if IDS and QTYPE != "":  # x_b2, x_b3 in columns of the pre-pass's chunks: this batch's column is col0 of one
         x_ptr, col0 = _column_chunk(x_ptr, i2 * x_b2 + i3 * x_b3, x_chunk)
     else:
@@ -692,9 +693,8 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
 
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
 # activation chunk's 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide:
-# _group_dots). H100, 4 columns, us a launch, 8 / 16: Q4_K 12288 x 4096 23.3 / 25.8, 4096 x 12288 23.1 / 26.4, lm
-# head 292 / 318; Q6_K 1-4% (docs/performance.md, tenth session). Q8_0 stays at 16: at 8 it took 174 registers, 2
-# programs an SM, where 16 takes 165, 3 (sm_90 compile, untimed).
+# _group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch); Q8_0
+# stays at 16, where it compiles to 3 programs an SM (2 at 8).
 QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 
 
@@ -769,11 +769,10 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     if batched:  # (attention's KQ / KQV: the "weight" is K / V, which kernels write; none asked for before the wait)
         t = t._replace(early=0)
     _require(t.split_k >= 1 and t.split_k & (t.split_k - 1) == 0, f"mul_mat_vec: split_k {t.split_k} is not 2^n")
-    chunk_cols = chunk_columns(N)
-    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16
-             and (N <= t.cols <= XCOLS.value or t.cols == chunk_cols),
+    widths = {chunk_columns(N)} | ({8} if N <= 8 else set())  # (_group_dots: the sum is 8 wide or the dot's own)
+    _require(not wtype.is_quantized or t.block_k == QK_K.value and t.dot and t.block_m >= 16 and t.cols in widths,
              f"mul_mat_vec: {wtype.label} weights need the tensor-core form (dot), K steps of {QK_K.value} and "
-             f"tiles of >= 16 rows and {N}..{XCOLS.value} columns, or the pre-pass's {chunk_cols}")
+             f"tiles of >= 16 rows and {' or '.join(map(str, sorted(widths)))} columns for {N}")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
     if t.split_k > 1:
@@ -794,6 +793,13 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         out if residual is None else residual, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
         RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False, **t.launch())
+
+
+def mul_mat_id_tile(M: int, K: int, wtype: str, batches: int) -> MatVecTile:
+    """MUL_MAT_ID's tile: the mat-vec's of one column (:func:`mat_vec_tile`), a quantized one 16 columns wide, since
+    its program's column is any of its activation chunk's 16 (``col0``). The columns change no byte."""
+    t = mat_vec_tile(M, 1, K, wtype, batches)
+    return t._replace(cols=XCOLS.value) if wtype in _QUANTIZED else t
 
 
 def chunk_columns(N: int) -> int:
@@ -861,7 +867,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
     n_b 1 or n_used, ids i32 ne [n_used, n_t], out f32 ne [M, n_used, n_t]: out[:, e, t] = w[:, :, ids[e, t]] @
     x[:, e % n_b, t], one column a (slot, token) on grid axis 2, its matrix found on the device (no host round trip:
     CUDA graphs capture it), so only the selected experts' rows are read. The mat-vec kernel and tile of one column
-    (:func:`mat_vec_tile`): each product is the bytes of the single mat-vec of that expert's matrix and column. A
+    (:func:`mul_mat_id_tile`): each product is the bytes of the single mat-vec of that expert's matrix and column. A
     quantized product's pre-pass quantizes the n_b·n_t columns once (chunks of 16, :func:`quantize_activations`);
     its program takes its column of a chunk, which the single mat-vec's sum makes alike in every place. Outside a
     CUDA-graph capture the ids are checked on the host first (a one-line error for an id outside the experts, as the
@@ -885,9 +891,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         sel = ids[0, 0]
         _require(bool(((sel >= 0) & (sel < n_as)).all()), f"MUL_MAT_ID: an expert id outside the {n_as} experts")
     batches = n_used * n_t  # a column a slot and token
-    t = mat_vec_tile(M, 1, K, wtype.label, batches)
-    if wtype.is_quantized:  # (its program's column is any of its chunk's 16)
-        t = t._replace(cols=XCOLS.value)
+    t = mul_mat_id_tile(M, K, wtype.label, batches)
     blocks = triton.cdiv(M, t.block_m)
     ws = cnt = None
     if t.split_k > 1:
@@ -1157,7 +1161,7 @@ def programs(node) -> list[tuple[str, int, int]]:
 
     if node.op is Op.MUL_MAT_ID:
         w, x, ids = node.src
-        t = mat_vec_tile(w.ne[1], 1, w.ne[0], w.type.label)
+        t = mul_mat_id_tile(w.ne[1], w.ne[0], w.type.label, ids.ne[0] * ids.ne[1])
         pre = [("quantize_x", chunk_columns(x.ne[1] * x.ne[2]) * triton.cdiv(w.ne[0], QK_K.value), 1)] \
             if w.type.is_quantized else []
         return pre + [("mat_vec", triton.cdiv(w.ne[1], t.block_m) * t.split_k * ids.ne[0] * ids.ne[1],

@@ -143,7 +143,7 @@ def variants():
     # MUL_MAT_ID (one column a slot and token, its expert's matrix from the ids): the 35B-A3B experts' shapes, plain
     # and quantized (a quantized one reads its column of the pre-pass's chunks)
     for (M, K), wt in itertools.product(((512, 2048), (2048, 512)), ("bf16", "f32", *core.QTYPES.values())):
-        t = mv.mat_vec_tile(M, 1, K, wt)
+        t = mv.mul_mat_id_tile(M, K, wt, 16)
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early)

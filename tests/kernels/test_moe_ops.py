@@ -431,8 +431,8 @@ def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, 
     """MUL_MAT_ID of quantized experts (Q8_0, Q4_K, Q5_K, Q6_K: their blocks as the file has them) on the quantized
     mat-vec: the activation columns quantized once (n_b·n_t of them: 18 for down's b of a row a slot, two workspace
     chunks of 16; 6 for gate / up's shared b), each slot's product the bytes of the single quantized mat-vec of its
-    expert's matrix and that column (one launch per expert on the columns that chose it: a quantized tile does not
-    depend on the columns); the experts no token chose are never read (their bytes all 0xFF: NaN scales, which any
+    expert's matrix and that column (one launch per expert on the columns that chose it: a quantized tile's K steps
+    and slices, which alone decide the bytes, do not depend on the columns); the experts no token chose are never read (their bytes all 0xFF: NaN scales, which any
     read would spread); within f32 summation accuracy of the reference (quants.mul_mat_q, the kernels' activation
     scheme)."""
     from gdnpass.kernels import triton_matvec as mv
@@ -456,7 +456,8 @@ def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, 
     assert not out.isnan().any()
     for expert in sorted(set(chosen.view(-1).tolist())):
         slots = [(t, e) for t in range(n_t) for e in range(n_used) if chosen[t, e] == expert]
-        assert mv.mat_vec_tile(M, len(slots), K, dtype.label) == mv.mat_vec_tile(M, 1, K, dtype.label)
+        tile_n, tile_1 = mv.mat_vec_tile(M, len(slots), K, dtype.label), mv.mul_mat_id_tile(M, K, dtype.label, 1)
+        assert (tile_n.block_k, tile_n.split_k) == (tile_1.block_k, tile_1.split_k)
         cols = a.put(torch.stack([x[0, t, e % n_b] for t, e in slots]).view(1, 1, len(slots), K))
         single = a.view((1, 1, len(slots), M))
         a.run(lambda: mv.mul_mat_vec(w[:, expert:expert + 1], cols, single, dtype), single)

@@ -10,6 +10,6 @@ def row_fits(ne0: int) -> bool:
 
 
 def quantizes_rows(ne0: int) -> bool:
-    """Rows whose q8_K blocks the kernel also writes for the products after it (gdnpass.prepasses): whole blocks of
+    """Rows the kernel also writes quantized for the products after it (gdnpass.prepasses): whole blocks of
     256, a row in one program's tile for its scale (RMS_NORM's tile holds a row of >= 512 elements alone)."""
     return ne0 % 256 == 0 and 512 <= ne0 <= ROW_MAX
