@@ -163,8 +163,10 @@ def test_quantized_launch_refusals():
         mv.mul_mat_vec(w.view(torch.int8), x, y, DType.Q4_K)
     with pytest.raises(KernelError, match="q4_k weights need the tensor-core form"):
         mv._mat_vecs([(w, y)], x, mv.MatVecTile(16, 4, 32, True, 4), dtype=DType.Q4_K)
-    with pytest.raises(KernelError, match="1..16 columns, or the pre-pass's 16"):  # (a chunk the pre-pass never wrote)
+    with pytest.raises(KernelError, match="8 or 16 columns for 1"):  # (a chunk the pre-pass never wrote)
         mv._mat_vecs([(w, y)], x, mv.mat_vec_tile(4096, 1, 256, "q4_k")._replace(cols=32), dtype=DType.Q4_K)
+    with pytest.raises(KernelError, match="8 or 16 columns for 1"):  # (narrower than the sum's 8: _group_dots)
+        mv._mat_vecs([(w, y)], x, mv.mat_vec_tile(4096, 1, 256, "q4_k")._replace(cols=4), dtype=DType.Q4_K)
     with pytest.raises(KernelError, match="mul_mat_vec of torch.uint8 weights"):
         mv.mul_mat_vec(w, x, y)  # bytes without their type
 
