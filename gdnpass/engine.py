@@ -663,28 +663,20 @@ class Engine:
 
     def _capture(self, slot: Slot) -> None:
         """Capture the ubatch's device work as one CUDA graph; the caches are kept as they were (the capture's
-        warm-up run, which compiles the kernels, writes them); with programmatic dependent launch or not as
-        :func:`~gdnpass.runtime.programmatic_launch_pays` says of its graph."""
-        from gdnpass.kernels.triton_core import programmatic_launch
-        from gdnpass.runtime import programmatic_launch_pays
+        warm-up run, which compiles the kernels, writes them; :func:`~gdnpass.runtime.capture_cuda_graph`)."""
+        from gdnpass.runtime import capture_cuda_graph
 
         keep = self.shared["cache"].clone()
         rows = slot.n_t * slot.n_seqs
         self._write_inputs(slot, [0] * rows, 0, [0] * slot.n_seqs,
                            np.zeros((rows, self.model.shape.n_embd), np.float32) if self.s.mtp else None)
-        graph = torch.cuda.CUDAGraph()
         # one memory pool for all of the engine's graphs: they replay one at a time on one stream, and what a capture
         # allocates is a temporary used within that replay (a product over 16 columns of an f32 or batched weight
         # runs torch's matmul; bf16 / f16 ones run the Triton GEMM, which allocates nothing), which a pool per graph
         # would hold once per graph (every input, output and head buffer is allocated before the capture)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        with programmatic_launch(programmatic_launch_pays(slot.executor.graph)):
-            self._forward(slot)  # (the warm-up, which compiles the kernels, launched as captured)
-            torch.cuda.synchronize()
-            with torch.cuda.graph(graph, pool=self._pool):
-                self._forward(slot)
-        slot.cuda_graph = graph
+        slot.cuda_graph = capture_cuda_graph(lambda: self._forward(slot), slot.executor.graph, pool=self._pool)
         self.shared["cache"].copy_(keep)
 
     def _init_memory(self, ex, g: Graph) -> None:

@@ -231,19 +231,10 @@ class Executor:
         return fn
 
     def capture(self, pdl: bool | None = None) -> None:
-        """Capture one whole run as a CUDA graph; later ``run`` calls replay it. ``pdl``: its kernels launched with
-        programmatic dependent launch or serially (where supported; None: as :func:`programmatic_launch_pays`)."""
-        from gdnpass.kernels.triton_core import programmatic_launch
-
+        """Capture one whole run as a CUDA graph (:func:`capture_cuda_graph`); later ``run`` calls replay it."""
         if self.device.type != "cuda":
             raise GraphError("CUDA-graph capture needs device cuda")
-        with programmatic_launch(programmatic_launch_pays(self.graph) if pdl is None else pdl):
-            self.run()  # warm up: compiles the Triton kernels outside the capture
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                self.run()
-        self._cuda_graph = g
+        self._cuda_graph = capture_cuda_graph(self.run, self.graph, pdl)
 
     def timed_run(self) -> float:
         """Seconds for one ``run``, synchronised."""
@@ -254,6 +245,22 @@ class Executor:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+
+def capture_cuda_graph(run, graph: Graph, pdl: bool | None = None, pool=None) -> torch.cuda.CUDAGraph:
+    """``run`` (the launches of ``graph``'s nodes) captured as a CUDA graph (in memory pool ``pool``), after a
+    warm-up run that compiles its kernels outside the capture; both with programmatic dependent launch or serially
+    (where supported; ``pdl`` None: as :func:`programmatic_launch_pays` says of ``graph``), since the launch option
+    is part of a kernel's compile key."""
+    from gdnpass.kernels.triton_core import programmatic_launch
+
+    with programmatic_launch(programmatic_launch_pays(graph) if pdl is None else pdl):
+        run()
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            run()
+    return g
 
 
 def programmatic_launch_pays(graph: Graph) -> bool:

@@ -580,8 +580,8 @@ def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
     """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as llama.cpp's q8_1
     groups of 32 (CUDA's quantize_q8_1, mmvq's): q = roundf(x * (127 / amax)) as int8 (0 where amax is 0), d = amax /
     127, into the column's place of the activation workspace; the groups inside K of the blocks where ``ok`` ([B] or
-    a scalar) holds. The Q8_0 products' pre-pass's,
-    and a producer's that writes its output's groups itself: one expression, so one set of bytes."""
+    a scalar) holds. The Q8_0 products' pre-pass's, and a producer's that writes its output's groups itself: one
+    expression, so one set of bytes."""
     ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     g = b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]     # [B, group]
     amax = tl.max(tl.abs(xt), axis=2)
@@ -612,11 +612,16 @@ def product_columns(x: torch.Tensor) -> tuple[int, tuple]:
     return x.shape[0] * x.shape[1] * x.shape[2], (x.shape[2], x.shape[1], xs[1], xs[2], xs[3])
 
 
+def chunk_columns(N: int) -> int:
+    """The columns of the activation chunks a pre-pass writes for N columns (chunks of 16; a program a column)."""
+    return XCOLS.value * triton.cdiv(N, XCOLS.value)
+
+
 def activations_to_fill(x: torch.Tensor, form: str, N: int, cols_x: tuple, who: str) -> tuple[torch.Tensor, int, int]:
     """The activation workspace about to hold x's N columns (``cols_x``) quantized to ``form``, recorded as such
     (:func:`activations_key`): (workspace, its bytes a chunk of 16 columns, the chunks). What every writer of them
     claims: a product's pre-pass, a producer (gdnpass.prepasses)."""
-    chunk, chunks = activation_bytes(x.shape[3]), triton.cdiv(N, XCOLS.value)
+    chunk, chunks = activation_bytes(x.shape[3]), chunk_columns(N) // XCOLS.value
     return activation_workspace(x.device, chunks * chunk, who, holds=activations_key(x, form, N, cols_x)), chunk, chunks
 
 

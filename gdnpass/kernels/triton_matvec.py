@@ -23,8 +23,9 @@ from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes,
-                                         activation_workspace, activations_key, activations_to_fill, f16_bits,
-                                         held_activations, last_to_arrive, prefetch_l2, PREFETCH, product_columns,
+                                         activation_workspace, activations_key, activations_to_fill, chunk_columns,
+                                         f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
+                                         product_columns,
                                          split_workspace, store_activations, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
@@ -529,8 +530,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT,
-             SPLIT_K,
-             EVICT, RESIDUAL, QTYPE)
+             SPLIT_K, EVICT, RESIDUAL, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -800,11 +800,6 @@ def mul_mat_id_tile(M: int, K: int, wtype: str, batches: int) -> MatVecTile:
     its program's column is any of its activation chunk's 16 (``col0``). The columns change no byte."""
     t = mat_vec_tile(M, 1, K, wtype, batches)
     return t._replace(cols=XCOLS.value) if wtype in _QUANTIZED else t
-
-
-def chunk_columns(N: int) -> int:
-    """The columns of the activation chunks a pre-pass writes for N columns (of 16 each; a program a column)."""
-    return XCOLS.value * triton.cdiv(N, XCOLS.value)
 
 
 def quantize_activations(x: torch.Tensor, wtype: DType, K: int, N: int, cols_x: tuple) -> torch.Tensor:
