@@ -50,8 +50,11 @@ class CheckResult:
 
 def watched(graph: Graph) -> list[Tensor]:
     """What the fused graph must reproduce: every output a registered pattern's record asks to compare (its
-    ``watch``: the chain's SiLU and q/k norms, the mat-vec products, ...), and the layer outputs."""
-    return [n for n in graph.nodes if pattern_watches(n) or n.name.startswith("l_out")]
+    ``watch``: the chain's SiLU and q/k norms, the mat-vec products, ...), the layer outputs, and where the graph
+    comes fused already (a pattern that takes fused nodes, gdn_gates, checked alone), its fused nodes' primary
+    outputs."""
+    fused = [n.view_src for n in graph.nodes if n.op.is_fused and n.view_src is not None]
+    return [n for n in graph.nodes if pattern_watches(n) or n.name.startswith("l_out")] + fused
 
 
 def interior(graph: Graph, probes: list[Tensor]) -> set[int]:

@@ -40,6 +40,19 @@ class ChainScope:
 
 CHAIN = ChainScope()
 
+def gate_input_flat(x_ne: Sequence[int], operand_ne: Sequence[int]) -> bool | None:
+    """GATED_DELTA_NET computing a gate (the gdn_gates pattern) reads the elementwise node's input x at the operand's
+    (row, head, token, seq), x in the operand's shape ``operand_ne`` ([S or 1, H_v, n_t, n_s]) or, where that starts
+    with 1, in it without that 1 ([H_v, n_t, n_s, 1]): whether x lies flat so; None where it lies otherwise (the
+    kernel does not unravel flat indices)."""
+    x, o = tuple(x_ne), tuple(operand_ne)
+    if x == o:
+        return False
+    if o[0] == 1 and x == (*o[1:], 1):
+        return True
+    return None
+
+
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM (triton_matvec.mul_mat_gemm); f32
                                 # weights need no conversion (torch's matmul), block types run the mat-vec per 32

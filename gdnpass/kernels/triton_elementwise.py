@@ -553,20 +553,16 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
 
 
 @triton.jit
-def _chain_kernel(x_ptr, b1_ptr, b2_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_s2, x_s3,
-                  b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3,
-                  b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, y_s0, y_s1, y_s2, y_s3,
-                  STEPS: tl.constexpr, SIDES: tl.constexpr, N_STEPS: tl.constexpr, BLOCK: tl.constexpr):
-    """Each element of x through the chain's STEPS in order (``ADD`` / ``MUL``: value op side, ``RADD`` / ``RMUL``:
-    side op value, a unary kind), side operand SIDES[i] (1 or 2) for a binary step: each step the very expression of
-    its unfused kernel (_binary_kernel, :func:`unary_f32`), each rounded to f32 as the unfused node's output is."""
-    wait_for_previous_kernels()
-    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    mask = idx < n
-    i0, r = idx % ne0, idx // ne0
-    i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)
+def chain_at(i0, i1, i2, i3, mask, P, STEPS: tl.constexpr, SIDES: tl.constexpr):
+    """An elementwise chain's value at (i0, i1, i2, i3) of the chain input x's shape, hence its output's: x there
+    through STEPS in order (``ADD`` / ``MUL``: value op side, ``RADD`` / ``RMUL``: side op value, a unary kind), side
+    operand SIDES[i] (1 or 2) for a binary step, each step the very expression of its unfused kernel
+    (_binary_kernel, :func:`unary_f32`), each rounded to f32 as the unfused node's output is. ``P``
+    (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand with its ne and strides.
+    ELEMENTWISE_CHAIN runs it over its elements; GATED_DELTA_NET_CACHE where it reads its gates (gdn_gates)."""
+    x_ptr, _, _, _, x_s0, x_s1, x_s2, x_s3, B1, B2 = P
     v = tl.load(x_ptr + i0 * x_s0 + i1 * x_s1 + i2 * x_s2 + i3 * x_s3, mask=mask)
-    for i in tl.static_range(N_STEPS):  # (STEPS[i] each time: a constexpr cannot be re-bound in the loop)
+    for i in tl.static_range(len(STEPS)):  # (STEPS[i] each time: a constexpr cannot be re-bound in the loop)
         if SIDES[i] == 0:  # (each kind by name: a tuple's element is not a constexpr argument)
             if STEPS[i] == "SILU":
                 v = unary_f32(v, "SILU")
@@ -575,13 +571,13 @@ def _chain_kernel(x_ptr, b1_ptr, b2_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_
             elif STEPS[i] == "SOFTPLUS":
                 v = unary_f32(v, "SOFTPLUS")
             else:
-                tl.static_assert(STEPS[i] == "EXP", "ELEMENTWISE_CHAIN: an unknown step")
+                tl.static_assert(STEPS[i] == "EXP", "an elementwise chain: an unknown step")
                 v = unary_f32(v, "EXP")
         else:
             if SIDES[i] == 1:
-                b = _src1_at(b1_ptr, i0, i1, i2, i3, b1_ne0, b1_ne1, b1_ne2, b1_ne3, b1_s0, b1_s1, b1_s2, b1_s3, mask)
+                b = _src1_at(B1[0], i0, i1, i2, i3, B1[1], B1[2], B1[3], B1[4], B1[5], B1[6], B1[7], B1[8], mask)
             else:
-                b = _src1_at(b2_ptr, i0, i1, i2, i3, b2_ne0, b2_ne1, b2_ne2, b2_ne3, b2_s0, b2_s1, b2_s2, b2_s3, mask)
+                b = _src1_at(B2[0], i0, i1, i2, i3, B2[1], B2[2], B2[3], B2[4], B2[5], B2[6], B2[7], B2[8], mask)
             if STEPS[i] == "ADD":
                 v = v + b
             elif STEPS[i] == "MUL":
@@ -590,6 +586,19 @@ def _chain_kernel(x_ptr, b1_ptr, b2_ptr, y_ptr, n, ne0, ne1, ne2, x_s0, x_s1, x_
                 v = b + v
             else:
                 v = b * v
+    return v
+
+
+@triton.jit
+def _chain_kernel(P, y_ptr, n, y_s0, y_s1, y_s2, y_s3, STEPS: tl.constexpr, SIDES: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    wait_for_previous_kernels()
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    ne0, ne1, ne2 = P[1], P[2], P[3]
+    i0, r = idx % ne0, idx // ne0
+    i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)
+    v = chain_at(i0, i1, i2, i3, mask, P, STEPS, SIDES)
     tl.store(y_ptr + i0 * y_s0 + i1 * y_s1 + i2 * y_s2 + i3 * y_s3, v, mask=mask)
 
 
@@ -602,6 +611,18 @@ def chain_sides(steps: list[str]) -> tuple[int, ...]:
         k += s in BINARY
         out.append(k if s in BINARY else 0)
     return tuple(out)
+
+
+_SIDE_ARGS = ("*fp32",) + ("i32",) * 8
+CHAIN_ARGS = ("*fp32",) + ("i32",) * 7 + (_SIDE_ARGS, _SIDE_ARGS)  # chain_args' types, as a compiler signature
+
+
+def chain_args(x: torch.Tensor, sides: list[torch.Tensor]) -> tuple:
+    """:func:`chain_at`'s ``P``: x (its ne0..ne2, strides), then the side operands (each its ne, strides; x again in
+    place of a side a chain lacks: never read)."""
+    b1, b2 = (list(sides) + [x, x])[:2]
+    return (x, x.shape[3], x.shape[2], x.shape[1], *_strides(x),
+            *((b, *b.shape[::-1], *_strides(b)) for b in (b1, b2)))
 
 
 def elementwise_chain(steps: list[str], x: torch.Tensor, sides: list[torch.Tensor], out: torch.Tensor) -> None:
@@ -622,11 +643,8 @@ def elementwise_chain(steps: list[str], x: torch.Tensor, sides: list[torch.Tenso
              f"ELEMENTWISE_CHAIN: {[tuple(b.shape) for b in sides]} do not repeat into (a src0: have the shape of) "
              f"{tuple(x.shape)} / output {tuple(out.shape)}")
     _elementwise("ELEMENTWISE_CHAIN", out, x, *sides)
-    b1, b2 = (sides + [x, x])[:2]  # (not read by a chain without them)
-    _chain_kernel[_grid(out.numel())](
-        x, b1, b2, out, out.numel(), x.shape[3], x.shape[2], x.shape[1], *_strides(x),
-        *b1.shape[::-1], *_strides(b1), *b2.shape[::-1], *_strides(b2), *_strides(out),
-        STEPS=tuple(steps), SIDES=chain_sides(steps), N_STEPS=len(steps), BLOCK=ELT_BLOCK, **LAUNCH)
+    _chain_kernel[_grid(out.numel())](chain_args(x, sides), out, out.numel(), *_strides(out),
+                                      STEPS=tuple(steps), SIDES=chain_sides(steps), BLOCK=ELT_BLOCK, **LAUNCH)
 
 
 # ---- SCALE ----------------------------------------------------------------------------------------------------------

@@ -11,16 +11,16 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import CHAIN, check_row_ids
+from gdnpass.kernels.limits import CHAIN, check_row_ids, gate_input_flat
 from gdnpass.kernels.reference import f32, gdn_scale
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, conv_dot, l2_scale_rows,
                                          last_to_arrive, rms_scale_rows, silu_f32_unrolled, split_workspace,
                                          wait_for_previous_kernels)
-from gdnpass.kernels.triton_elementwise import scale
+from gdnpass.kernels.triton_elementwise import chain_args, chain_at, chain_sides, scale
 from gdnpass.kernels.triton_norms import l2_norm, rms_norm
 
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
-MAX_UNROLLED_T = 16  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
+MAX_UNROLLED_T = tl.constexpr(16)  # SSM_CONV and GATED_DELTA_NET unroll their token loops up to a verify's width
 GDN_BLOCK_V = 16    # value columns per GDN program (the state slice is [S, GDN_BLOCK_V]), in GDN_WARPS warps
 GDN_WARPS = 8       # (H200, S 128: 16 columns x 8 warps beat 32 x 4 at 1-16 tokens, docs/performance.md)
 
@@ -78,24 +78,53 @@ def ssm_conv(sx: torch.Tensor, c: torch.Tensor, out: torch.Tensor, block_c: int 
 
 
 @triton.jit
-def _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, imask, col, cmask, strides):
-    """Token t's q, k (as a column), v, decay and beta for head h (key rows past the head size: zeros)."""
-    qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3 = strides
+def _gdn_inputs(q_ptr, k_ptr, v_ptr, t, seq, h, H_k, i, imask, col, cmask, strides):
+    """Token t's q, k (as a column) and v for head h (key rows past the head size: zeros)."""
+    qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3 = strides
     qk = seq * qk_s3 + t * qk_s2 + (h % H_k) * qk_s1
     q = tl.load(q_ptr + qk + i, mask=imask, other=0.0)
     kk = tl.load(k_ptr + qk + i, mask=imask, other=0.0)[:, None]
     v = tl.load(v_ptr + seq * v_s3 + t * v_s2 + h * v_s1 + col, mask=cmask, other=0.0)
-    gate = tl.exp(tl.load(g_ptr + seq * g_s3 + t * g_s2 + h * g_s1 + i * g_s0, mask=imask, other=0.0))
-    beta = tl.load(b_ptr + seq * b_s3 + t * b_s2 + h * b_s1)
-    return q, kk, v, gate, beta
+    return q, kk, v
 
 
 @triton.jit
-def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, smask, cmask, slot, K):
+def _gdn_gates(t, tmask, seq, h, i, imask, G, B, G_STEPS: tl.constexpr, G_SIDES: tl.constexpr, G_ROW: tl.constexpr,
+               G_FLAT: tl.constexpr, B_STEPS: tl.constexpr, B_SIDES: tl.constexpr, B_FLAT: tl.constexpr):
+    """The decay exp(g) and beta of token t (or of the tokens of a vector t), head h. g and beta are read through
+    :func:`~gdnpass.kernels.triton_elementwise.chain_at` at their (key row, head, token, seq) (g [S or 1, H_v, n_t,
+    n_s], beta [1, H_v, n_t, n_s]): with no steps, the operand's own element; with the steps of the elementwise node
+    that produced it (the gdn_gates pattern), that node's value there, computed from its inputs, which lie in the
+    operand's shape or (``*_FLAT``) in it without its leading 1 ([H_v, n_t, n_s]). A decay a key row (G_ROW, one
+    token t) is a vector over the rows i."""
+    if G_ROW:
+        gate = tl.exp(tl.where(imask, chain_at(i, h, t, seq, imask, G, G_STEPS, G_SIDES), 0.0))
+    elif G_FLAT:
+        gate = tl.exp(chain_at(h, t, seq, 0, tmask, G, G_STEPS, G_SIDES))
+    else:
+        gate = tl.exp(chain_at(0, h, t, seq, tmask, G, G_STEPS, G_SIDES))
+    if B_FLAT:
+        beta = chain_at(h, t, seq, 0, tmask, B, B_STEPS, B_SIDES)
+    else:
+        beta = chain_at(0, h, t, seq, tmask, B, B_STEPS, B_SIDES)
+    return gate, beta
+
+
+@triton.jit
+def _lane(x, lanes, t):
+    """Element t of a vector (over ``lanes``): x + 0.0 elsewhere, exact (the decay and beta are never -0.0)."""
+    return tl.sum(tl.where(lanes == t, x, 0.0), axis=0)
+
+
+@triton.jit
+def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, smask, cmask, slot, K, G_ROW: tl.constexpr):
     """One token of the recurrence on a [BLOCK_S, BLOCK_V] state slice (rows past the head size stay zero): stores
     its scores and, into snapshot ``slot`` (slot 0 = the state after the last token; slots >= K are not written),
     the new slice; returns the slice."""
-    st = st * gate[:, None]
+    if G_ROW:  # a decay a key row, or one a head
+        st = st * gate[:, None]
+    else:
+        st = st * gate
     delta = (v - tl.sum(st * kk, axis=0)) * beta
     st = st + kk * delta[None, :]
     tl.store(o_ptrs, tl.sum(st * q[:, None], axis=0) * scale, mask=cmask)
@@ -104,15 +133,17 @@ def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, smask, cmask, 
 
 
 @triton.jit
-def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
+def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
                 snap_ptr, snap_seq, snap_slot,  # snapshot slot j of seq s at snap + s*snap_seq + j*snap_slot (f32)
                 n_t, n_s, H_v, H_k, K, scale,
                 qk_s1, qk_s2, qk_s3,        # q, k [S, H_k, n_t, n_s], contiguous rows, same strides
                 v_s1, v_s2, v_s3,           # v    [S, H_v, n_t, n_s], contiguous rows
-                g_s0, g_s1, g_s2, g_s3,     # g    [1 or S, H_v, n_t, n_s]; g_s0 = 0 for one gate per head
-                b_s1, b_s2, b_s3,           # beta [1, H_v, n_t, n_s]
                 st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]
-                S: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr):
+                S: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr,
+                G_STEPS: tl.constexpr, G_SIDES: tl.constexpr, G_ROW: tl.constexpr,  # g [S or 1, H_v, n_t, n_s]
+                G_FLAT: tl.constexpr, B_STEPS: tl.constexpr, B_SIDES: tl.constexpr,  # beta [1, H_v, n_t, n_s]
+                B_FLAT: tl.constexpr):
+    # G, B: g's and beta's reads (:func:`_gdn_gates`, triton_elementwise.chain_args)
     # BLOCK_S: the head size S rounded up to a power of two (tl.arange's), the rows past S masked: any head size
     # llama.cpp accepts runs (80, say); for a power of two the masks are all true and the code is the unmasked one
     wait_for_previous_kernels()
@@ -127,29 +158,43 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, o_ptr,
     slot_size = snap_slot.to(tl.int64)  # (a cache's slots lie whole cache rows apart)
     snap_ptrs = snap_ptr + seq.to(tl.int64) * snap_seq + h * S * S + tile
     o_ptrs = o_ptr + (seq * n_t * H_v + h) * S + col
-    strides = (qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3, g_s0, g_s1, g_s2, g_s3, b_s1, b_s2, b_s3)
+    strides = (qk_s1, qk_s2, qk_s3, v_s1, v_s2, v_s3)
     if N_T > 0:  # a verify's few tokens, unrolled: every token's inputs loaded before the first store (a load
         # after a store that may alias it waits for it: one memory round trip per token otherwise)
+        # Computed gates (the gdn_gates pattern) are computed for all tokens at once, a token a lane: once a warp,
+        # not once a token; then each token's is picked out of its lane
+        AT_ONCE: tl.constexpr = (len(G_STEPS) > 0 or len(B_STEPS) > 0) and not G_ROW
+        if AT_ONCE:
+            lanes = tl.arange(0, MAX_UNROLLED_T)
+            gate_v, beta_v = _gdn_gates(lanes, lanes < N_T, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW,
+                                        G_FLAT, B_STEPS, B_SIDES, B_FLAT)
         qs, ks, vs, gates, betas = (), (), (), (), ()
         for t in tl.static_range(N_T):
-            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, imask, col,
-                                               cmask, strides)
+            q, kk, v = _gdn_inputs(q_ptr, k_ptr, v_ptr, t, seq, h, H_k, i, imask, col, cmask, strides)
+            if AT_ONCE:
+                gate, beta = _lane(gate_v, lanes, t), _lane(beta_v, lanes, t)
+            else:
+                gate, beta = _gdn_gates(t, None, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW, G_FLAT,
+                                        B_STEPS, B_SIDES, B_FLAT)
             qs, ks, vs, gates, betas = qs + (q,), ks + (kk,), vs + (v,), gates + (gate,), betas + (beta,)
         for t in tl.static_range(N_T):
             slot = N_T - 1 - t
             st = _gdn_step(st, qs[t], ks[t], vs[t], gates[t], betas[t], scale, o_ptrs + t * H_v * S,
-                           snap_ptrs + slot * slot_size, smask, cmask, slot, K)
+                           snap_ptrs + slot * slot_size, smask, cmask, slot, K, G_ROW)
     else:  # a prompt's many tokens
         for t in range(n_t):
-            q, kk, v, gate, beta = _gdn_inputs(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, t, seq, h, H_k, i, imask, col,
-                                               cmask, strides)
+            q, kk, v = _gdn_inputs(q_ptr, k_ptr, v_ptr, t, seq, h, H_k, i, imask, col, cmask, strides)
+            gate, beta = _gdn_gates(t, None, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW, G_FLAT, B_STEPS,
+                                    B_SIDES, B_FLAT)
             slot = n_t - 1 - t
             st = _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs + t * H_v * S, snap_ptrs + slot * slot_size,
-                           smask, cmask, slot, K)
+                           smask, cmask, slot, K, G_ROW)
 
 
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
-                    num_warps: int = GDN_WARPS, unrolled: bool = True, snapshots: torch.Tensor | None = None) -> None:
+                    num_warps: int = GDN_WARPS, unrolled: bool = True, snapshots: torch.Tensor | None = None,
+                    g_steps: tuple[str, ...] = (), g_sides: tuple = (), beta_steps: tuple[str, ...] = (),
+                    beta_sides: tuple = ()) -> None:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
     One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers; any head
     size S runs (a tile of the next power of two, the rows past S masked; llama.cpp accepts 80, say). Up to
@@ -158,13 +203,29 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
 
     ``snapshots``: the state snapshots go there instead of ``out``'s slots (GATED_DELTA_NET_CACHE: straight into the
     recurrent cache's rows), ne [S*S*H_v, n_s, min(n_t, K)], rows contiguous, any seq and slot strides; ``out``
-    then gets the scores alone. The same kernel either way: the states' bytes do not depend on where they go."""
+    then gets the scores alone. The same kernel either way: the states' bytes do not depend on where they go.
+
+    ``g_steps`` (``beta_steps``): ``g`` (``beta``) is not the operand but the input of the elementwise node or chain
+    that made it, any shape of as many elements (the operand a packed reshape of that node's output), with its
+    steps and other operands ``g_sides`` (``beta_sides``) as ELEMENTWISE_CHAIN takes them (GATED_DELTA_NET_CACHE of
+    the gdn_gates pattern): the kernel computes the operand's elements as that node's kernel does, where it reads
+    them (:func:`~gdnpass.kernels.triton_elementwise.chain_at`), and launches no elementwise kernel."""
     n_s, n_t, H_v, S = v.shape
+    heads = H_v * n_t * n_s
     _require(out.is_contiguous(), "the GDN output must be contiguous")
-    qs, ks, vs, gs, bs, ss = (_strides(t) for t in (q, k, v, g, beta, state))
+    qs, ks, vs, ss = (_strides(t) for t in (q, k, v, state))
     _require(qs == ks and qs[0] == vs[0] == 1 and ss[0] == 1, "q, k share strides; q, k, v, state rows contiguous")
-    _alias_ok("GATED_DELTA_NET", out, q, k, v, g, beta, state, same_ok=False)  # (another program reads them all)
-    g_s0 = gs[0] if g.shape[3] == S else 0
+    row = int(g.numel() == S * heads and S > 1)
+    g_flat = gate_input_flat(g.shape[::-1], (S if row else 1, H_v, n_t, n_s))
+    b_flat = gate_input_flat(beta.shape[::-1], (1, H_v, n_t, n_s))
+    _require(g_flat is not None and b_flat is not None and (not g_flat or g_steps) and (not b_flat or beta_steps),
+             f"GDN gates: g ne {list(g.shape[::-1])} and beta ne {list(beta.shape[::-1])} must be [S or 1, {H_v}, "
+             f"{n_t}, {n_s}] and [1, {H_v}, {n_t}, {n_s}] (an elementwise node's input: also [{H_v}, {n_t}, {n_s}])")
+    _require(len(g_sides) == sum(x != 0 for x in chain_sides(list(g_steps))) and
+             len(beta_sides) == sum(x != 0 for x in chain_sides(list(beta_steps))),
+             "GDN gates: one side operand per binary step")
+    reads = (q, k, v, g, beta, state, *g_sides, *beta_sides)
+    _alias_ok("GATED_DELTA_NET", out, *reads, same_ok=False)  # (another program reads them all)
     block_v = min(block_v, triton.next_power_of_2(S))
     D = S * S * H_v
     if snapshots is None:  # the op's own layout: K slots after the scores, each [D, n_s] packed
@@ -174,14 +235,15 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
         _require(tuple(snapshots.shape) == (1, min(n_t, K), n_s, D) and sn[0] == 1,
                  f"GDN snapshots into ne [{D}, {n_s}, {min(n_t, K)}] with contiguous rows, got "
                  f"{list(snapshots.shape[::-1])}")
-        _alias_ok("GATED_DELTA_NET", snapshots, q, k, v, g, beta, state, out, same_ok=False)
+        _alias_ok("GATED_DELTA_NET", snapshots, *reads, out, same_ok=False)
         snap, snap_seq, snap_slot = snapshots, sn[1], sn[2]
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
-        q, k, v, g, beta, state, out, snap, snap_seq, snap_slot, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S),
-        qs[1], qs[2], qs[3], vs[1], vs[2], vs[3], g_s0, gs[1], gs[2], gs[3], bs[1], bs[2], bs[3],
+        q, k, v, chain_args(g, list(g_sides)), chain_args(beta, list(beta_sides)), state, out, snap, snap_seq,
+        snap_slot, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S), qs[1], qs[2], qs[3], vs[1], vs[2], vs[3],
         ss[1], ss[2], ss[3], S=S, BLOCK_S=triton.next_power_of_2(S), BLOCK_V=block_v,
-        N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0,
-        **{**LAUNCH, "num_warps": num_warps})
+        N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0, G_STEPS=tuple(g_steps),
+        G_SIDES=chain_sides(list(g_steps)), G_ROW=row, G_FLAT=g_flat, B_STEPS=tuple(beta_steps),
+        B_SIDES=chain_sides(list(beta_steps)), B_FLAT=b_flat, **{**LAUNCH, "num_warps": num_warps})
 
 
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ class Pattern:
     kernel: str                   # the Triton launcher the record's Triton adapter calls (dotted name)
     example: dict = field(default_factory=dict)  # VerifyConfig fields of a small graph it fuses (the registry test)
     modes: tuple[str, ...] = ("narrow",)          # between-check flavours whose rules differ
+    needs: tuple[str, ...] = ()                   # patterns whose fused nodes it takes (before it in the registry)
 
     def refusal_names(self, mode: str = "narrow") -> list[str]:
         return refusal_names(self.matcher().rules(Context(Graph(), mode)))

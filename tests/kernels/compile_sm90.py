@@ -33,6 +33,8 @@ from gdnpass.kernels import triton_sort as sort
 from gdnpass.kernels import triton_ssm as ssm
 
 INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
+TUPLES = {"P": elt.CHAIN_ARGS, "G": elt.CHAIN_ARGS, "B": elt.CHAIN_ARGS}  # tuple arguments: what triton_elementwise.
+#                                                                          chain_args passes (an elementwise chain)
 FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale",
           "softcap", "lo", "hi"}
 
@@ -48,6 +50,8 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs
     def kind(name):
         if name in constexprs:
             return "constexpr"
+        if name in TUPLES:
+            return TUPLES[name]
         if name.endswith("_ptr"):
             return (ptrs or {}).get(name) or ("*i32" if name in INT_PTRS else "*fp32")
         return "fp32" if name in FLOATS else "i32"
@@ -55,8 +59,10 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs
     # every pointer and integer 16-divisible, as a launch on aligned buffers and shapes finds them: Triton then
     # pipelines loads through shared memory, so the shared memory checked is the launch's (without the hints it
     # compiled 64 x 64 x 128-tile GEMMs in 64 KB that asked for 256 KB at launch, over sm_90's 227)
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-               if sig[n] not in ("constexpr", "fp32")}
+    def leaves(path, ty):  # (a tuple argument's elements by their paths)
+        return [p for j, t in enumerate(ty) for p in leaves((*path, j), t)] if isinstance(ty, tuple) else [(path, ty)]
+    aligned = {path: [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               for path, ty in leaves((i,), sig[n]) if ty not in ("constexpr", "fp32")}
     src = ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=aligned)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                        options={**core.LAUNCH, "num_warps": num_warps, **(options or {})})
@@ -106,8 +112,8 @@ def variants():
     for has_bias in (False, True):
         yield elt._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     for steps in (("ADD", "SOFTPLUS", "MUL"), ("SILU", "RMUL"), ("SIGMOID", "RMUL")):  # Qwen3.5's elementwise chains
-        yield (elt._chain_kernel, dict(STEPS=steps, SIDES=elt.chain_sides(list(steps)), N_STEPS=len(steps),
-                                       BLOCK=elt.ELT_BLOCK), core.NUM_WARPS)
+        yield (elt._chain_kernel, dict(STEPS=steps, SIDES=elt.chain_sides(list(steps)), BLOCK=elt.ELT_BLOCK),
+               core.NUM_WARPS)
     # the mat-vec: every tile the models' products take at 1-16 columns (qwen3.5-9b's and -27b's shapes, every
     # weight type: a tile over sm_90's shared memory fails only at launch), and split-K tiles of both forms (the
     # split reads a workspace and its tickets; an unsplit launch passes None for them)
@@ -149,8 +155,14 @@ def variants():
                  RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
-    for n_t in (8, 0):  # unrolled (a verify) and looped (a prompt)
-        yield ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t), ssm.GDN_WARPS
+    # GATED_DELTA_NET unrolled (a verify) and looped (a prompt), reading its gates; and computing Qwen3.5's (the
+    # gdn_gates pattern: the decay's chain, beta's SIGMOID); a decay per key row
+    plain, qwen = dict(G_STEPS=(), G_SIDES=(), G_FLAT=False, B_STEPS=(), B_SIDES=(), B_FLAT=False), dict(
+        G_STEPS=("ADD", "SOFTPLUS", "MUL"), G_SIDES=(1, 0, 2), G_FLAT=True, B_STEPS=("SIGMOID",), B_SIDES=(0,),
+        B_FLAT=False)
+    for n_t, gates, row in ((8, plain, 0), (0, plain, 0), (8, qwen, 0), (4, plain, 1)):
+        yield (ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t, G_ROW=row, **gates),
+               ssm.GDN_WARPS)
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
         yield (rope._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,

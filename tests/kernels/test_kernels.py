@@ -460,6 +460,57 @@ def test_gated_delta_net_snapshots_straight_into_cache_rows(S, H_k, H_v, n_t, n_
         ssm.gated_delta_net(*src, K, scores, snapshots=src[5].reshape(1, 1, n_s, -1)[..., :D].expand(1, n_w, n_s, D))
 
 
+@pytest.mark.parametrize("S,H_v,n_t,n_s,per_row_gate,unrolled", [
+    (32, 2, 4, 1, False, True),    # a verify: the gates of all tokens at once, a lane each
+    (32, 4, 16, 2, False, True),   # all 16 lanes
+    (64, 2, 1, 1, False, True),
+    (80, 1, 3, 1, False, True),    # rows past the head size masked
+    (32, 2, 5, 2, False, False),   # a prompt's loop: a token's gates at a time
+    (32, 2, 3, 1, True, True),     # a decay a key row: computed per token, as a vector over the rows
+])
+def test_gated_delta_net_computes_its_gates_as_their_elementwise_kernels(S, H_v, n_t, n_s, per_row_gate, unrolled,
+                                                                          kernel_exp):
+    """``g_steps`` / ``beta_steps`` (the gdn_gates pattern): the GDN reads the inputs of the elementwise nodes that
+    made its g and beta (Qwen3.5's decay chain ADD dt_bias -> SOFTPLUS -> MUL ssm_a over the alpha product
+    [H_v, n_t, n_s], beta's SIGMOID over [1, H_v, n_t, n_s]) and computes them where it reads them: every byte is
+    the one the ELEMENTWISE_CHAIN and UNARY kernels then the plain GDN write, and the torch adapter's gates are theirs
+    (in the interpreter with the kernels' exp and log: the ``kernel_exp`` fixture)."""
+    from gdnpass.patterns.gdn_state_cache.record import _gates
+
+    a = Arena()
+    q, k, v, _, _, state = gdn_inputs(a, S, 1, H_v, n_t, n_s, per_row_gate)
+    alpha = a.put(rnd(n_s, n_t, H_v, S) if per_row_gate else rnd(1, n_s, n_t, H_v))  # ne [(S,) H_v, n_t, n_s]
+    dt_bias = a.put(rnd(1, 1, H_v, 1) if per_row_gate else rnd(1, 1, 1, H_v))  # a bias a head, repeated
+    ssm_a = a.put(rnd(*dt_bias.shape, lo=-2.0, hi=-0.1))
+    beta_x = a.put(rnd(n_s, n_t, H_v, 1, lo=-3.0, hi=3.0))
+    steps, sides = ["ADD", "SOFTPLUS", "MUL"], [dt_bias, ssm_a]
+    g_out, b_out = a.view(tuple(alpha.shape)), a.view(tuple(beta_x.shape))
+    a.run(lambda: (elt.elementwise_chain(steps, alpha, sides, g_out), elt.unary("SIGMOID", beta_x, b_out)),
+          g_out, b_out)
+    g = g_out.reshape(n_s, n_t, H_v, S if per_row_gate else 1)
+    K = 2
+    want, got = (a.view((1, 1, n_t * n_s + K * S * n_s, S * H_v)) for _ in range(2))
+    a.run(lambda: ssm.gated_delta_net(q, k, v, g, b_out, state, K, want, unrolled=unrolled), want)
+    a.run(lambda: ssm.gated_delta_net(q, k, v, alpha, beta_x, state, K, got, unrolled=unrolled,
+                                      g_steps=tuple(steps), g_sides=tuple(sides), beta_steps=("SIGMOID",)), got)
+    n_written = n_t * n_s + min(n_t, K) * S * n_s
+    assert_same_bytes(got[..., :n_written, :], want[..., :n_written, :], "GDN computing its gates")
+    node_ = node(Op.GATED_DELTA_NET, g_steps=steps, beta_steps=["SIGMOID"])
+    g_ref, b_ref = _gates(node_, [q, k, v, alpha, beta_x, state, *sides])[3:5]
+    assert_same_bytes(g_ref, g, "the torch adapter's decay")
+    assert_same_bytes(b_ref, b_out, "the torch adapter's beta")
+
+
+def test_gated_delta_net_refuses_gate_inputs_it_cannot_index():
+    """The kernel reads a gate's input in the operand's shape or flat without its leading 1: any other shape of the
+    same elements is refused before launch, named (the gdn_gates matcher's layout rule refuses it first)."""
+    a = Arena()
+    q, k, v, g, beta, state = gdn_inputs(a, 32, 1, 2, 4, 1, False)
+    out = a.view((1, 1, 4 + 32, 64))
+    with pytest.raises(KernelError, match="GDN gates: g ne \\[4, 2, 1, 1\\]"):
+        ssm.gated_delta_net(q, k, v, g.reshape(1, 1, 2, 4), beta, state, 1, out, g_steps=("EXP",))
+
+
 def test_gated_delta_net_refuses_an_output_over_its_state():
     """Its programs read q, k, v, the gates and the state while others write: an output overlapping any of them is
     refused before launch (gallocr never plans one)."""

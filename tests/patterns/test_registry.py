@@ -65,6 +65,8 @@ def test_the_registry_is_what_everything_reads():
         assert backends.TORCH_BACKEND[op] is p.record.torch and backends.TRITON_BACKEND[op] is p.record.triton
     with pytest.raises(GraphError, match="not a fused op"):
         record_of(Op.MUL_MAT)
+    order = [p.name for p in REGISTRY]  # a pattern taking another's fused nodes runs after it
+    assert all(order.index(n) < order.index(p.name) for p in REGISTRY for n in p.needs)
 
 
 def test_fused_op_names_are_added_once_and_never_over_a_base_op():
@@ -76,9 +78,10 @@ def test_fused_op_names_are_added_once_and_never_over_a_base_op():
 
 
 def _example(p, **kw):
-    """The pattern's example graph, prepared and planned by the pipeline, then fused by that pattern alone:
-    (unfused node list, graph, report)."""
+    """The pattern's example graph, prepared and planned by the pipeline (fused by the patterns whose nodes it takes,
+    ``Pattern.needs``), then fused by that pattern alone: (node list before it, graph, report)."""
     g = run(VerifyConfig(**{**p.example, **kw}), PassOptions(fusion=True), fuse_now=False).graph
+    fuse(g, enabled=True, patterns=[by_name(n).matcher() for n in p.needs])
     before = list(g.nodes)
     return before, g, fuse(g, enabled=True, patterns=[p.matcher()])
 

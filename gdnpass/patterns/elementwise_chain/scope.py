@@ -8,7 +8,8 @@ BINARY = {"ADD": "ADD", "MUL": "MUL", "RADD": "ADD", "RMUL": "MUL"}  # step -> o
 UNARY = ("SILU", "SIGMOID", "SOFTPLUS", "EXP")                      # the UNARY kinds the Triton kernel computes
 
 
-def steps_fit(steps: list[str]) -> bool:
-    """2..MAX_STEPS known steps, at most MAX_SIDES of them binary."""
-    return (2 <= len(steps) <= MAX_STEPS and all(s in BINARY or s in UNARY for s in steps)
+def steps_fit(steps: list[str], least: int = 2) -> bool:
+    """``least`` (a chain: 2; one node's step, as GATED_DELTA_NET_CACHE computes its gates: 1) ..MAX_STEPS known
+    steps, at most MAX_SIDES of them binary."""
+    return (least <= len(steps) <= MAX_STEPS and all(s in BINARY or s in UNARY for s in steps)
             and sum(s in BINARY for s in steps) <= MAX_SIDES)

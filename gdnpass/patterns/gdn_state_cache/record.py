@@ -4,7 +4,9 @@ The node reads GATED_DELTA_NET's sources ``(q, k, v, g, beta, state)`` and write
 view of the GATED_DELTA_NET output's first ``S*H_v x n_t*n_s`` elements) and, through ``outs``, the CPY that copied
 the op's first ``min(n_t, K)`` snapshot slots into the recurrent cache: the states go straight into the cache rows,
 as upstream's ggml-cuda writes them since mid-2026. The op's own slots are never written. op_params: ``K`` (the
-op's snapshot slots) and ``replaced``. The kernel is GATED_DELTA_NET's own (:func:`gdnpass.kernels.triton_ssm.
+op's snapshot slots) and ``replaced``; after the gdn_gates pattern, ``g_steps`` / ``beta_steps``: g (beta) is then
+the input of the elementwise node that made the op's operand, its steps those of ELEMENTWISE_CHAIN, their side
+operands after ``state`` (g's, then beta's), and the kernel computes the operand where it reads it. The kernel is GATED_DELTA_NET's own (:func:`gdnpass.kernels.triton_ssm.
 gated_delta_net` with ``snapshots``), so the states' bytes are the unfused op's: it stays in the ssm family. Pure
 Python: the adapters and :func:`programs` import torch and Triton when called.
 """
@@ -12,7 +14,8 @@ Python: the adapters and :func:`programs` import torch and Triton when called.
 from __future__ import annotations
 
 from gdnpass.ir import DType, Op, Tensor, fused_op, one_to_one
-from gdnpass.patterns.record import INT, REPLACED, FusedOp, need
+from gdnpass.patterns.elementwise_chain.scope import BINARY, MAX_SIDES, steps_fit
+from gdnpass.patterns.record import INT, REPLACED, FusedOp, Param, need
 
 OP = fused_op("GATED_DELTA_NET_CACHE")
 KERNEL = "gdnpass.kernels.triton_ssm.gated_delta_net"
@@ -33,10 +36,34 @@ def fits(dst: Tensor, v: Tensor, K: int) -> bool:
             and one_to_one((dst.nb[0], dst.ne[0]), (dst.nb[1], dst.ne[1]), (dst.nb[2], dst.ne[2]), elem=dst.nb[0]))
 
 
+STEPS = Param(lambda x: isinstance(x, list) and (not x or steps_fit(x, least=1)),
+              "the steps of an elementwise node or chain (ELEMENTWISE_CHAIN's)", optional=True)
+
+
+def gate_steps(n: Tensor) -> tuple[list[str], list[str]]:
+    """The steps the kernel computes g and beta with (none: it reads the operands)."""
+    return list(n.op_params.get("g_steps", [])), list(n.op_params.get("beta_steps", []))
+
+
+def operands(n: Tensor) -> tuple[list[Tensor], tuple[Tensor, ...], tuple[Tensor, ...]]:
+    """(q, k, v, g, beta, state), then g's side operands, then beta's."""
+    g_steps, beta_steps = gate_steps(n)
+    ng = sum(s in BINARY for s in g_steps)
+    return n.src[:6], tuple(n.src[6:6 + ng]), tuple(n.src[6 + ng:])
+
+
 def _check(n: Tensor) -> None:
     need(len(n.outs) == 1, n, f"outs must hold the cache destination of the snapshots, has {len(n.outs)}")
     v, dst, K = n.src[2], n.outs[0], n.op_params["K"]
     S, H_v, n_t, n_s = v.ne
+    g_steps, beta_steps = gate_steps(n)
+    sides = sum(s in BINARY for s in g_steps + beta_steps)
+    need(len(n.src) == 6 + sides, n, f"steps {g_steps} / {beta_steps} read {sides} side operands after the state, "
+                                     f"the node has {len(n.src) - 6}")
+    heads = H_v * n_t * n_s
+    need(n.src[3].nelements in (heads, S * heads) and n.src[4].nelements == heads, n,
+         f"g must hold {heads} or {S * heads} elements and beta {heads}, have {n.src[3].nelements} and "
+         f"{n.src[4].nelements}")
     need(K >= 1, n, f"K must be >= 1, is {K}")
     need(n.type is DType.F32 and n.ne == (S * H_v, n_t * n_s, 1, 1) and n.is_contiguous(), n,
          f"the scores must be f32 [{S * H_v}, {n_t * n_s}] packed, are {n.type.label} {n.ne}")
@@ -49,12 +76,27 @@ def _views(views: list):
     return src, dst
 
 
+def _gates(node: Tensor, src: list) -> list:
+    """The torch views of the six operands: g and beta computed by their elementwise references where the node has
+    steps (then reshaped to the op's operand shapes: the operand was a packed reshape of that node's output)."""
+    from gdnpass.patterns.elementwise_chain.record import reference as chain
+
+    g_steps, beta_steps = gate_steps(node)
+    (q, k, v, g, beta, state), ng = src[:6], sum(s in BINARY for s in g_steps)
+    n_s, n_t, H_v, S = v.shape
+    if g_steps:
+        g = chain(g_steps, g, src[6:6 + ng]).reshape(n_s, n_t, H_v, g.numel() // (H_v * n_t * n_s))
+    if beta_steps:
+        beta = chain(beta_steps, beta, src[6 + ng:]).reshape(n_s, n_t, H_v, 1)
+    return [q, k, v, g, beta, state]
+
+
 def _torch(node: Tensor, views: list, out) -> None:
     from gdnpass.kernels import reference as ref
 
     src, dst = _views(views)
     K = node.op_params["K"]
-    res = ref.gated_delta_net(*src, K).reshape(-1)  # computed in full before anything is written
+    res = ref.gated_delta_net(*_gates(node, src), K).reshape(-1)  # computed in full before anything is written
     n_scores, n_snap = out.numel(), dst.numel()
     out.copy_(res[:n_scores].view(out.shape))
     dst.copy_(res[n_scores:n_scores + n_snap].view(dst.shape))
@@ -64,7 +106,11 @@ def _triton(node: Tensor, views: list, out) -> None:
     from gdnpass.kernels import triton_ssm
 
     src, dst = _views(views)
-    triton_ssm.gated_delta_net(*src, node.op_params["K"], out, snapshots=dst)
+    g_steps, beta_steps = gate_steps(node)
+    ng = sum(s in BINARY for s in g_steps)
+    triton_ssm.gated_delta_net(*src[:6], node.op_params["K"], out, snapshots=dst, g_steps=tuple(g_steps),
+                               g_sides=tuple(src[6:6 + ng]), beta_steps=tuple(beta_steps),
+                               beta_sides=tuple(src[6 + ng:]))
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
@@ -83,16 +129,19 @@ def watch(n: Tensor) -> bool:
 
 RECORD = FusedOp(
     op=OP,
-    src=("q", "k", "v", "g", "beta", "state"),
+    src=("q", "k", "v", "g", "beta", "state", *(f"side{i}" for i in range(1, 2 * MAX_SIDES + 1))),
+    optional_src=2 * MAX_SIDES,  # the gates' side operands (g's, then beta's): as many as their binary steps
     outs="the CPY of the first min(n_t, K) snapshot slots into the recurrent cache (its destination's bytes)",
-    params={"K": INT, "replaced": REPLACED},
+    params={"K": INT, "replaced": REPLACED, "g_steps": STEPS, "beta_steps": STEPS},
     check=_check,
     launches=lambda n: 1,
     torch=_torch,
     triton=_triton,
     scope=fits,
-    doc="GATED_DELTA_NET writing its state snapshots straight into the cache rows (no CPY)",
+    doc="GATED_DELTA_NET writing its state snapshots straight into the cache rows (no CPY), and computing its "
+        "gates from their elementwise node's inputs (gdn_gates)",
     programs=programs,
     interpreter_s={},  # GATED_DELTA_NET's own ("gdn": gdnpass.cli.INTERPRETER_S)
     watch=watch,
+    variant=lambda n: " ".join(f"{k}={' -> '.join(v)}" for k, v in zip(("g", "beta"), gate_steps(n)) if v),
 )
