@@ -174,7 +174,7 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
             if AT_ONCE:
                 gate, beta = _lane(gate_v, lanes, t), _lane(beta_v, lanes, t)
             else:
-                gate, beta = _gdn_gates(t, None, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW, G_FLAT,
+                gate, beta = _gdn_gates(t, t < n_t, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW, G_FLAT,
                                         B_STEPS, B_SIDES, B_FLAT)
             qs, ks, vs, gates, betas = qs + (q,), ks + (kk,), vs + (v,), gates + (gate,), betas + (beta,)
         for t in tl.static_range(N_T):
@@ -184,8 +184,8 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
     else:  # a prompt's many tokens
         for t in range(n_t):
             q, kk, v = _gdn_inputs(q_ptr, k_ptr, v_ptr, t, seq, h, H_k, i, imask, col, cmask, strides)
-            gate, beta = _gdn_gates(t, None, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW, G_FLAT, B_STEPS,
-                                    B_SIDES, B_FLAT)
+            gate, beta = _gdn_gates(t, t < n_t, seq, h, i, imask, G, B, G_STEPS, G_SIDES, G_ROW, G_FLAT,
+                                    B_STEPS, B_SIDES, B_FLAT)  # (a mask of None does not compile in a loop)
             slot = n_t - 1 - t
             st = _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs + t * H_v * S, snap_ptrs + slot * slot_size,
                            smask, cmask, slot, K, G_ROW)
