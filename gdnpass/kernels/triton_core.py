@@ -358,6 +358,93 @@ def sum_sq_rows(x):
     return tree_sum_rows(x * x)
 
 
+# ---- elementwise steps: UNARY, ADD / MUL with a repeated src1, a chain of them (the elementwise kernels, and -------
+# ---- GATED_DELTA_NET computing its gates, run the same) -------------------------------------------------------------
+
+
+@triton.jit
+def _src1_at(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask):
+    """A binary op's src1 at element (i0, i1, i2, i3) of src0: ggml's broadcast tiles src1, element i of src0 meets
+    element i % ne of src1 in every dim."""
+    return tl.load(b_ptr + (i0 % b_ne0) * b_s0 + (i1 % b_ne1) * b_s1 + (i2 % b_ne2) * b_s2 + (i3 % b_ne3) * b_s3,
+                   mask=mask)
+
+
+@triton.jit
+def unary_f32(x, KIND: tl.constexpr):
+    """The reference's expression of each kind (reference.UNARY), operation for operation."""
+    if KIND == "SILU":
+        y = silu_f32(x)
+    elif KIND == "SIGMOID":
+        y = tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + exp_f32(-x))
+    elif KIND == "SOFTPLUS":
+        y = tl.where(x > 20.0, x, log_f32(1.0 + exp_f32(x)))
+    else:  # EXP
+        y = exp_f32(x)
+    return y
+
+
+@triton.jit
+def chain_at(i0, i1, i2, i3, mask, P, STEPS: tl.constexpr, SIDES: tl.constexpr):
+    """An elementwise chain's value at (i0, i1, i2, i3) of the chain input x's shape, hence its output's: x there
+    through STEPS in order (``ADD`` / ``MUL``: value op side, ``RADD`` / ``RMUL``: side op value, a unary kind), side
+    operand SIDES[i] (1 or 2) for a binary step, each step the very expression of its unfused kernel
+    (_binary_kernel, :func:`unary_f32`), each rounded to f32 as the unfused node's output is. ``P``
+    (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand with its ne and strides.
+    ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements; GATED_DELTA_NET_CACHE (triton_ssm) where it
+    reads its gates (the gdn_gates pattern)."""
+    x_ptr, _, _, _, x_s0, x_s1, x_s2, x_s3, B1, B2 = P
+    v = tl.load(x_ptr + i0 * x_s0 + i1 * x_s1 + i2 * x_s2 + i3 * x_s3, mask=mask)
+    for i in tl.static_range(len(STEPS)):  # (STEPS[i] each time: a constexpr cannot be re-bound in the loop)
+        if SIDES[i] == 0:  # (each kind by name: a tuple's element is not a constexpr argument)
+            if STEPS[i] == "SILU":
+                v = unary_f32(v, "SILU")
+            elif STEPS[i] == "SIGMOID":
+                v = unary_f32(v, "SIGMOID")
+            elif STEPS[i] == "SOFTPLUS":
+                v = unary_f32(v, "SOFTPLUS")
+            else:
+                tl.static_assert(STEPS[i] == "EXP", "an elementwise chain: an unknown step")
+                v = unary_f32(v, "EXP")
+        else:
+            if SIDES[i] == 1:
+                b = _src1_at(B1[0], i0, i1, i2, i3, B1[1], B1[2], B1[3], B1[4], B1[5], B1[6], B1[7], B1[8], mask)
+            else:
+                b = _src1_at(B2[0], i0, i1, i2, i3, B2[1], B2[2], B2[3], B2[4], B2[5], B2[6], B2[7], B2[8], mask)
+            if STEPS[i] == "ADD":
+                v = v + b
+            elif STEPS[i] == "MUL":
+                v = v * b
+            elif STEPS[i] == "RADD":
+                v = b + v
+            else:
+                v = b * v
+    return v
+
+
+def chain_sides(steps: list[str]) -> tuple[int, ...]:
+    """Which side operand (1, 2; 0 for a unary step) each step reads: the binary steps' in order."""
+    from gdnpass.patterns.elementwise_chain.scope import BINARY
+
+    out, k = [], 0
+    for s in steps:
+        k += s in BINARY
+        out.append(k if s in BINARY else 0)
+    return tuple(out)
+
+
+_SIDE_ARGS = ("*fp32",) + ("i32",) * 8
+CHAIN_ARGS = ("*fp32",) + ("i32",) * 7 + (_SIDE_ARGS, _SIDE_ARGS)  # chain_args' types, as a compiler signature
+
+
+def chain_args(x: torch.Tensor, sides: list[torch.Tensor]) -> tuple:
+    """:func:`chain_at`'s ``P``: x (its ne0..ne2, strides), then the side operands (each its ne, strides; x again in
+    place of a side a chain lacks: never read)."""
+    b1, b2 = (list(sides) + [x, x])[:2]
+    return (x, x.shape[3], x.shape[2], x.shape[1], *_strides(x),
+            *((b, *b.shape[::-1], *_strides(b)) for b in (b1, b2)))
+
+
 # ---- the expert router's arithmetic (SOFT_MAX, ARGSORT, CLAMP; the fused MOE_ROUTER calls the same) ----------------
 
 

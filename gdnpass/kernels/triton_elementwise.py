@@ -17,9 +17,9 @@ from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
 from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
-                                         XCOLS, _scale_min_k4, _strides, activations_to_fill, clamp_f32, exp_f32,
-                                         log_f32, product_columns, silu_f32, store_activations,
-                                         wait_for_previous_kernels)
+                                         _src1_at, XCOLS, _scale_min_k4, _strides, activations_to_fill, chain_args,
+                                         chain_at, chain_sides, clamp_f32, product_columns, silu_f32,
+                                         store_activations, unary_f32, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -370,14 +370,6 @@ def set_rows(rows: torch.Tensor, ids: torch.Tensor, dst: torch.Tensor) -> None:
 
 
 @triton.jit
-def _src1_at(b_ptr, i0, i1, i2, i3, b_ne0, b_ne1, b_ne2, b_ne3, b_s0, b_s1, b_s2, b_s3, mask):
-    """A binary op's src1 at element (i0, i1, i2, i3) of src0: ggml's broadcast tiles src1, element i of src0 meets
-    element i % ne of src1 in every dim."""
-    return tl.load(b_ptr + (i0 % b_ne0) * b_s0 + (i1 % b_ne1) * b_s1 + (i2 % b_ne2) * b_s2 + (i3 % b_ne3) * b_s3,
-                   mask=mask)
-
-
-@triton.jit
 def _binary_kernel(a_ptr, b_ptr, y_ptr, n, ne0, ne1, ne2, b_ne0, b_ne1, b_ne2, b_ne3,
                    a_s0, a_s1, a_s2, a_s3, b_s0, b_s1, b_s2, b_s3, y_s0, y_s1, y_s2, y_s3,
                    OP: tl.constexpr, BLOCK: tl.constexpr):
@@ -436,20 +428,6 @@ def div(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
 
 
 UNARY_KINDS = ("SILU", "SIGMOID", "SOFTPLUS", "EXP")
-
-
-@triton.jit
-def unary_f32(x, KIND: tl.constexpr):
-    """The reference's expression of each kind (reference.UNARY), operation for operation."""
-    if KIND == "SILU":
-        y = silu_f32(x)
-    elif KIND == "SIGMOID":
-        y = tl.math.div_rn(tl.full(x.shape, 1.0, tl.float32), 1.0 + exp_f32(-x))
-    elif KIND == "SOFTPLUS":
-        y = tl.where(x > 20.0, x, log_f32(1.0 + exp_f32(x)))
-    else:  # EXP
-        y = exp_f32(x)
-    return y
 
 
 @triton.jit
@@ -553,43 +531,6 @@ def glu(kind: str, a: torch.Tensor, b: torch.Tensor | None, swapped: bool, out: 
 
 
 @triton.jit
-def chain_at(i0, i1, i2, i3, mask, P, STEPS: tl.constexpr, SIDES: tl.constexpr):
-    """An elementwise chain's value at (i0, i1, i2, i3) of the chain input x's shape, hence its output's: x there
-    through STEPS in order (``ADD`` / ``MUL``: value op side, ``RADD`` / ``RMUL``: side op value, a unary kind), side
-    operand SIDES[i] (1 or 2) for a binary step, each step the very expression of its unfused kernel
-    (_binary_kernel, :func:`unary_f32`), each rounded to f32 as the unfused node's output is. ``P``
-    (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand with its ne and strides.
-    ELEMENTWISE_CHAIN runs it over its elements; GATED_DELTA_NET_CACHE where it reads its gates (gdn_gates)."""
-    x_ptr, _, _, _, x_s0, x_s1, x_s2, x_s3, B1, B2 = P
-    v = tl.load(x_ptr + i0 * x_s0 + i1 * x_s1 + i2 * x_s2 + i3 * x_s3, mask=mask)
-    for i in tl.static_range(len(STEPS)):  # (STEPS[i] each time: a constexpr cannot be re-bound in the loop)
-        if SIDES[i] == 0:  # (each kind by name: a tuple's element is not a constexpr argument)
-            if STEPS[i] == "SILU":
-                v = unary_f32(v, "SILU")
-            elif STEPS[i] == "SIGMOID":
-                v = unary_f32(v, "SIGMOID")
-            elif STEPS[i] == "SOFTPLUS":
-                v = unary_f32(v, "SOFTPLUS")
-            else:
-                tl.static_assert(STEPS[i] == "EXP", "an elementwise chain: an unknown step")
-                v = unary_f32(v, "EXP")
-        else:
-            if SIDES[i] == 1:
-                b = _src1_at(B1[0], i0, i1, i2, i3, B1[1], B1[2], B1[3], B1[4], B1[5], B1[6], B1[7], B1[8], mask)
-            else:
-                b = _src1_at(B2[0], i0, i1, i2, i3, B2[1], B2[2], B2[3], B2[4], B2[5], B2[6], B2[7], B2[8], mask)
-            if STEPS[i] == "ADD":
-                v = v + b
-            elif STEPS[i] == "MUL":
-                v = v * b
-            elif STEPS[i] == "RADD":
-                v = b + v
-            else:
-                v = b * v
-    return v
-
-
-@triton.jit
 def _chain_kernel(P, y_ptr, n, y_s0, y_s1, y_s2, y_s3, STEPS: tl.constexpr, SIDES: tl.constexpr,
                   BLOCK: tl.constexpr):
     wait_for_previous_kernels()
@@ -600,29 +541,6 @@ def _chain_kernel(P, y_ptr, n, y_s0, y_s1, y_s2, y_s3, STEPS: tl.constexpr, SIDE
     i1, i2, i3 = r % ne1, r // ne1 % ne2, r // (ne1 * ne2)
     v = chain_at(i0, i1, i2, i3, mask, P, STEPS, SIDES)
     tl.store(y_ptr + i0 * y_s0 + i1 * y_s1 + i2 * y_s2 + i3 * y_s3, v, mask=mask)
-
-
-def chain_sides(steps: list[str]) -> tuple[int, ...]:
-    """Which side operand (1, 2; 0 for a unary step) each step reads: the binary steps' in order."""
-    from gdnpass.patterns.elementwise_chain.scope import BINARY
-
-    out, k = [], 0
-    for s in steps:
-        k += s in BINARY
-        out.append(k if s in BINARY else 0)
-    return tuple(out)
-
-
-_SIDE_ARGS = ("*fp32",) + ("i32",) * 8
-CHAIN_ARGS = ("*fp32",) + ("i32",) * 7 + (_SIDE_ARGS, _SIDE_ARGS)  # chain_args' types, as a compiler signature
-
-
-def chain_args(x: torch.Tensor, sides: list[torch.Tensor]) -> tuple:
-    """:func:`chain_at`'s ``P``: x (its ne0..ne2, strides), then the side operands (each its ne, strides; x again in
-    place of a side a chain lacks: never read)."""
-    b1, b2 = (list(sides) + [x, x])[:2]
-    return (x, x.shape[3], x.shape[2], x.shape[1], *_strides(x),
-            *((b, *b.shape[::-1], *_strides(b)) for b in (b1, b2)))
 
 
 def elementwise_chain(steps: list[str], x: torch.Tensor, sides: list[torch.Tensor], out: torch.Tensor) -> None:

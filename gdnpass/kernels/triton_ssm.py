@@ -13,10 +13,10 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import CHAIN, check_row_ids, gate_input_flat
 from gdnpass.kernels.reference import f32, gdn_scale
-from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, conv_dot, l2_scale_rows,
-                                         last_to_arrive, rms_scale_rows, silu_f32_unrolled, split_workspace,
-                                         wait_for_previous_kernels)
-from gdnpass.kernels.triton_elementwise import chain_args, chain_at, chain_sides, scale
+from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, chain_args, chain_at, chain_sides,
+                                         conv_dot, l2_scale_rows, last_to_arrive, rms_scale_rows, silu_f32_unrolled,
+                                         split_workspace, wait_for_previous_kernels)
+from gdnpass.kernels.triton_elementwise import scale
 from gdnpass.kernels.triton_norms import l2_norm, rms_norm
 
 CONV_BLOCK_C = 256  # channels per program (SSM_CONV; taps need no reduction tree, any block gives the same bytes)
@@ -92,7 +92,7 @@ def _gdn_inputs(q_ptr, k_ptr, v_ptr, t, seq, h, H_k, i, imask, col, cmask, strid
 def _gdn_gates(t, tmask, seq, h, i, imask, G, B, G_STEPS: tl.constexpr, G_SIDES: tl.constexpr, G_ROW: tl.constexpr,
                G_FLAT: tl.constexpr, B_STEPS: tl.constexpr, B_SIDES: tl.constexpr, B_FLAT: tl.constexpr):
     """The decay exp(g) and beta of token t (or of the tokens of a vector t), head h. g and beta are read through
-    :func:`~gdnpass.kernels.triton_elementwise.chain_at` at their (key row, head, token, seq) (g [S or 1, H_v, n_t,
+    :func:`~gdnpass.kernels.triton_core.chain_at` at their (key row, head, token, seq) (g [S or 1, H_v, n_t,
     n_s], beta [1, H_v, n_t, n_s]): with no steps, the operand's own element; with the steps of the elementwise node
     that produced it (the gdn_gates pattern), that node's value there, computed from its inputs, which lie in the
     operand's shape or (``*_FLAT``) in it without its leading 1 ([H_v, n_t, n_s]). A decay a key row (G_ROW, one
@@ -143,7 +143,7 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
                 G_STEPS: tl.constexpr, G_SIDES: tl.constexpr, G_ROW: tl.constexpr,  # g [S or 1, H_v, n_t, n_s]
                 G_FLAT: tl.constexpr, B_STEPS: tl.constexpr, B_SIDES: tl.constexpr,  # beta [1, H_v, n_t, n_s]
                 B_FLAT: tl.constexpr):
-    # G, B: g's and beta's reads (:func:`_gdn_gates`, triton_elementwise.chain_args)
+    # G, B: g's and beta's reads (:func:`_gdn_gates`, triton_core.chain_args)
     # BLOCK_S: the head size S rounded up to a power of two (tl.arange's), the rows past S masked: any head size
     # llama.cpp accepts runs (80, say); for a power of two the masks are all true and the code is the unmasked one
     wait_for_previous_kernels()
@@ -209,7 +209,7 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     that made it, any shape of as many elements (the operand a packed reshape of that node's output), with its
     steps and other operands ``g_sides`` (``beta_sides``) as ELEMENTWISE_CHAIN takes them (GATED_DELTA_NET_CACHE of
     the gdn_gates pattern): the kernel computes the operand's elements as that node's kernel does, where it reads
-    them (:func:`~gdnpass.kernels.triton_elementwise.chain_at`), and launches no elementwise kernel."""
+    them (:func:`~gdnpass.kernels.triton_core.chain_at`), and launches no elementwise kernel."""
     n_s, n_t, H_v, S = v.shape
     heads = H_v * n_t * n_s
     _require(out.is_contiguous(), "the GDN output must be contiguous")

@@ -33,8 +33,8 @@ from gdnpass.kernels import triton_sort as sort
 from gdnpass.kernels import triton_ssm as ssm
 
 INT_PTRS = {"ids_ptr", "table_ptr", "pos_ptr", "cnt_ptr"}
-TUPLES = {"P": elt.CHAIN_ARGS, "G": elt.CHAIN_ARGS, "B": elt.CHAIN_ARGS}  # tuple arguments: what triton_elementwise.
-#                                                                          chain_args passes (an elementwise chain)
+TUPLES = {"P": core.CHAIN_ARGS, "G": core.CHAIN_ARGS, "B": core.CHAIN_ARGS}  # tuple arguments: what
+#                                                          triton_core.chain_args passes (an elementwise chain)
 FLOATS = {"eps", "scale", "bias", "theta_scale", "freq_scale", "ext_factor", "corr0", "corr_den", "mscale",
           "softcap", "lo", "hi"}
 
@@ -112,7 +112,7 @@ def variants():
     for has_bias in (False, True):
         yield elt._scale_kernel, dict(HAS_BIAS=has_bias, BLOCK=elt.ELT_BLOCK), core.NUM_WARPS
     for steps in (("ADD", "SOFTPLUS", "MUL"), ("SILU", "RMUL"), ("SIGMOID", "RMUL")):  # Qwen3.5's elementwise chains
-        yield (elt._chain_kernel, dict(STEPS=steps, SIDES=elt.chain_sides(list(steps)), BLOCK=elt.ELT_BLOCK),
+        yield (elt._chain_kernel, dict(STEPS=steps, SIDES=core.chain_sides(list(steps)), BLOCK=elt.ELT_BLOCK),
                core.NUM_WARPS)
     # the mat-vec: every tile the models' products take at 1-16 columns (qwen3.5-9b's and -27b's shapes, every
     # weight type: a tile over sm_90's shared memory fails only at launch), and split-K tiles of both forms (the

@@ -2,7 +2,7 @@
 (the GDN gate's ELEMENTWISE_CHAIN, beta's SIGMOID), which then launch nothing. ``matcher.py``: the rule block, the
 rules, the capture and the rewrite. The fused op is gdn_state_cache's (its record carries the steps); the kernel is
 GATED_DELTA_NET's own (:func:`gdnpass.kernels.triton_ssm.gated_delta_net`, ``g_steps`` / ``beta_steps``), which runs
-ELEMENTWISE_CHAIN's steps where it reads its gates (``triton_elementwise.chain_at``).
+ELEMENTWISE_CHAIN's steps where it reads its gates (``triton_core.chain_at``).
 """
 
 from gdnpass.patterns.gdn_gates import matcher

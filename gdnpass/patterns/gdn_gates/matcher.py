@@ -8,7 +8,7 @@ that made them: those nodes launch no kernel.
 Qwen3.5's GDN layer makes its decay ``ssm_a * softplus(alpha + dt_bias)`` and its beta ``sigmoid(beta)`` from the
 alpha/beta mat-vec pair, two launches of a few hundred elements each (2 of a GDN layer's 16). The GDN kernel reads
 each of those elements anyway: it now reads the pair's outputs there and runs the elementwise node's very steps on
-them (``triton_elementwise.chain_at``, ELEMENTWISE_CHAIN's own code), so its gates are the same f32 values. The
+them (``triton_core.chain_at``, ELEMENTWISE_CHAIN's own code), so its gates are the same f32 values. The
 fused node runs at the GDN's place; the elementwise nodes' outputs are never written. It takes a GATED_DELTA_NET_CACHE
 (gdn_state_cache's node, whose op carries the steps): a GDN the cache fusion refused keeps its gates' launches.
 
@@ -223,7 +223,8 @@ class GdnGates:
                 params[key] = x.steps
         sides = [t for x in (c.g, c.beta) if x is not None for t in x.sides]
         params["replaced"] = [*c.gdn.op_params.get("replaced", [c.gdn.name]),
-                              *(n for x in c.gates for n in x.node.op_params.get("replaced", [x.node.name]))]
+                              *(n for x in c.gates for n in (*x.node.op_params.get("replaced", [x.node.name]),
+                                                             *(v.name for v in x.views)))]
         old = c.gdn
         return Tensor(name=old.name, type=old.type, ne=old.ne, nb=old.nb, op=RECORD.op, op_params=params,
                       src=src + sides, outs=list(old.outs), view_src=old.view_src, view_offs=0, layer=m.layer)
