@@ -112,8 +112,9 @@ def _gdn_gates(t, tmask, seq, h, i, imask, G, B, G_STEPS: tl.constexpr, G_SIDES:
 
 @triton.jit
 def _lane(x, lanes, t):
-    """Element t of a vector (over ``lanes``): x + 0.0 elsewhere, exact (the decay and beta are never -0.0)."""
-    return tl.sum(tl.where(lanes == t, x, 0.0), axis=0)
+    """Element t of an f32 vector (over ``lanes``), bit for bit: its bits plus zeros elsewhere (a float sum would
+    turn -0.0 into +0.0)."""
+    return tl.sum(tl.where(lanes == t, x.to(tl.int32, bitcast=True), 0), axis=0).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -501,9 +501,28 @@ def test_gated_delta_net_computes_its_gates_as_their_elementwise_kernels(S, H_v,
     assert_same_bytes(b_ref, b_out, "the torch adapter's beta")
 
 
+def test_gated_delta_net_computed_gates_keep_negative_zero():
+    """A token's computed gate is picked out of its lane bit for bit: a beta of -0.0 (MUL of +0.0 by -1) stays -0.0,
+    so a state of -0.0 times it keeps its sign (a float sum of the lanes would give +0.0: 1568 words differed)."""
+    a = Arena()
+    S, H_v, n_t = 32, 2, 2
+    q, k, v, g, _, _ = gdn_inputs(a, S, 1, H_v, n_t, 1, False)
+    state = a.put(torch.full((1, H_v, S, S), -0.0))
+    beta_x, minus = a.put(torch.zeros(1, n_t, H_v, 1)), a.put(torch.full((1, 1, 1, 1), -1.0))
+    beta = a.view(tuple(beta_x.shape))
+    a.run(lambda: elt.mul(beta_x, minus, beta), beta)
+    assert (beta.view(torch.int32) == torch.tensor(-0.0).view(torch.int32)).all()
+    want, got = (a.view((1, 1, n_t + S, S * H_v)) for _ in range(2))
+    a.run(lambda: ssm.gated_delta_net(q, k, v, g, beta, state, 1, want), want)
+    a.run(lambda: ssm.gated_delta_net(q, k, v, g, beta_x, state, 1, got, beta_steps=("MUL",), beta_sides=(minus,)),
+          got)
+    assert_same_bytes(got, want, "GDN with a -0.0 beta computed")
+
+
 def test_gated_delta_net_refuses_gate_inputs_it_cannot_index():
     """The kernel reads a gate's input in the operand's shape or flat without its leading 1: any other shape of the
-    same elements is refused before launch, named (the gdn_gates matcher's layout rule refuses it first)."""
+    same elements is refused before launch, named (the gdn_gates matcher's layout rule refuses it first: its trip
+    graph ``gdn-gates.layout[input-shape]``)."""
     a = Arena()
     q, k, v, g, beta, state = gdn_inputs(a, 32, 1, 2, 4, 1, False)
     out = a.view((1, 1, 4 + 32, 64))

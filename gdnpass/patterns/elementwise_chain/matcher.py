@@ -151,6 +151,7 @@ def _interior_read_later(c: ChainCapture, ctx):
 
 
 RULES = (_views, _type, _shape, _scope, confined(ChainCapture), _output_overlaps_input, _interior_read_later)
+STEP_RULES = (_shape, _scope)  # what a lone node's step must satisfy as well (gdn_gates' scope.gate-steps)
 
 
 class ElementwiseChain:

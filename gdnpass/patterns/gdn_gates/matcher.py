@@ -15,10 +15,12 @@ fused node runs at the GDN's place; the elementwise nodes' outputs are never wri
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-7):
  1. [gdn-gates.type] the elementwise node's input, output and side operands are f32 (the kernels').
  2. [gdn-gates.layout] the operand is a packed reshape of all of the elementwise node's packed output (through
-    RESHAPE / VIEW nodes), so an element's flat index is the same in both: the kernel computes the node's element
-    at the operand's index.
- 3. [scope.gate-steps] a lone elementwise node is an ADD, MUL (its src1 repeating into its src0, the value) or a
-    UNARY kind the kernel computes, with its value's shape: a step ELEMENTWISE_CHAIN's rules would take.
+    RESHAPE / VIEW nodes), so an element's flat index is the same in both, and the node's input lies in the
+    operand's shape or in it without its leading 1 (``limits.gate_input_flat``: the kernel indexes it by the
+    operand's row, head, token and sequence, never by a flat index): it computes the node's element there.
+ 3. [scope.gate-steps] a lone elementwise node is a step ELEMENTWISE_CHAIN's shape and scope rules take
+    (elementwise_chain's ``STEP_RULES``): an ADD or MUL whose src1 repeats into its src0 (the value), or a UNARY kind
+    the kernel computes; with its value's shape.
  4. [gdn-gate.user-count] the elementwise node's output and the views between it and the operand are read by the
     GDN alone and are not OUTPUT (``patterns.common.confined``).
  5. [gdn-gates.between] no node between the elementwise node and the GDN writes its input or side operands (the
@@ -34,14 +36,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gdnpass.ir import DType, Graph, Op, Tensor
-from gdnpass.opspec.shapes import can_repeat
+from gdnpass.kernels.limits import gate_input_flat
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule)
-from gdnpass.patterns.elementwise_chain.matcher import ChainCapture
+from gdnpass.patterns.elementwise_chain.matcher import STEP_RULES, ChainCapture
 from gdnpass.patterns.elementwise_chain.record import ELEMENTWISE, OP as CHAIN_OP
-from gdnpass.patterns.elementwise_chain.scope import BINARY, UNARY
-from gdnpass.patterns.gdn_state_cache.record import OP as CACHE_OP
 from gdnpass.patterns.gdn_state_cache.matcher import scores_range
+from gdnpass.patterns.gdn_state_cache.record import OP as CACHE_OP
 from gdnpass.patterns.gdn_state_cache.record import RECORD, gate_steps
 
 NAME = "gdn_gates"
@@ -154,19 +155,19 @@ def _layout(c: GatesCapture, ctx):
             if v.view_offs != 0 or not v.is_contiguous() or v.nelements != x.output.nelements:
                 return Why(v, f"{v.name!r} is not a packed reshape of all of {x.output.name!r}: the kernel would "
                               f"compute other elements than it reads")
+        if gate_input_flat(x.x.ne, x.operand.ne) is None:
+            return Why(x.x, f"{x.x.name!r} ne {list(x.x.ne)}: the kernel reads it in the operand's shape "
+                            f"{list(x.operand.ne)} or in it without its leading 1")
 
 
 @rule("scope.gate-steps")
 def _scope(c: GatesCapture, ctx):
     for x in c.gates:
-        if x.node.op is CHAIN_OP:
-            continue  # (the chain's own rules held it to the same scope)
-        step = x.steps[0]
-        if x.node.op is Op.UNARY and step not in UNARY:
-            return Why(x.node, f"UNARY {step}: the kernel computes {', '.join(UNARY)}")
-        if x.node.ne != x.x.ne or step in BINARY and not can_repeat(x.sides[0], x.x):
-            return Why(x.node, f"{x.node.name!r}: {[t.ne for t in x.sides]} into its value {x.x.ne} is not an "
-                               f"elementwise step (the value's shape, each side repeating into it)")
+        if x.node.op is not CHAIN_OP:  # (a chain's own rules held it so)
+            for step_rule in STEP_RULES:
+                why = step_rule.check(ChainCapture([x.node]), ctx)
+                if why:
+                    return why
 
 
 _between = between(

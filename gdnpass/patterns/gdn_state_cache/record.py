@@ -6,9 +6,10 @@ the op's first ``min(n_t, K)`` snapshot slots into the recurrent cache: the stat
 as upstream's ggml-cuda writes them since mid-2026. The op's own slots are never written. op_params: ``K`` (the
 op's snapshot slots) and ``replaced``; after the gdn_gates pattern, ``g_steps`` / ``beta_steps``: g (beta) is then
 the input of the elementwise node that made the op's operand, its steps those of ELEMENTWISE_CHAIN, their side
-operands after ``state`` (g's, then beta's), and the kernel computes the operand where it reads it. The kernel is GATED_DELTA_NET's own (:func:`gdnpass.kernels.triton_ssm.
-gated_delta_net` with ``snapshots``), so the states' bytes are the unfused op's: it stays in the ssm family. Pure
-Python: the adapters and :func:`programs` import torch and Triton when called.
+operands after ``state`` (g's, then beta's, :func:`operands`), and the kernel computes the operand where it reads it.
+The kernel is GATED_DELTA_NET's own (:func:`gdnpass.kernels.triton_ssm.gated_delta_net` with ``snapshots``), so the
+states' bytes are the unfused op's: it stays in the ssm family. Pure Python: the adapters and :func:`programs`
+import torch and Triton when called.
 """
 
 from __future__ import annotations
@@ -45,11 +46,10 @@ def gate_steps(n: Tensor) -> tuple[list[str], list[str]]:
     return list(n.op_params.get("g_steps", [])), list(n.op_params.get("beta_steps", []))
 
 
-def operands(n: Tensor) -> tuple[list[Tensor], tuple[Tensor, ...], tuple[Tensor, ...]]:
-    """(q, k, v, g, beta, state), then g's side operands, then beta's."""
-    g_steps, beta_steps = gate_steps(n)
-    ng = sum(s in BINARY for s in g_steps)
-    return n.src[:6], tuple(n.src[6:6 + ng]), tuple(n.src[6 + ng:])
+def operands(n: Tensor, src: list) -> tuple[list, tuple, tuple]:
+    """``src`` (node ``n``'s sources, or their views) as (q, k, v, g, beta, state), g's side operands, beta's."""
+    ng = sum(s in BINARY for s in gate_steps(n)[0])
+    return list(src[:6]), tuple(src[6:6 + ng]), tuple(src[6 + ng:])
 
 
 def _check(n: Tensor) -> None:
@@ -57,9 +57,10 @@ def _check(n: Tensor) -> None:
     v, dst, K = n.src[2], n.outs[0], n.op_params["K"]
     S, H_v, n_t, n_s = v.ne
     g_steps, beta_steps = gate_steps(n)
-    sides = sum(s in BINARY for s in g_steps + beta_steps)
-    need(len(n.src) == 6 + sides, n, f"steps {g_steps} / {beta_steps} read {sides} side operands after the state, "
-                                     f"the node has {len(n.src) - 6}")
+    _, g_sides, beta_sides = operands(n, n.src)
+    need(len(beta_sides) == sum(s in BINARY for s in beta_steps) and len(g_sides) == sum(s in BINARY for s in g_steps),
+         n, f"steps {g_steps} / {beta_steps} read a side operand each binary step after the state, the node has "
+            f"{len(n.src) - 6}")
     heads = H_v * n_t * n_s
     need(n.src[3].nelements in (heads, S * heads) and n.src[4].nelements == heads, n,
          f"g must hold {heads} or {S * heads} elements and beta {heads}, have {n.src[3].nelements} and "
@@ -82,12 +83,12 @@ def _gates(node: Tensor, src: list) -> list:
     from gdnpass.patterns.elementwise_chain.record import reference as chain
 
     g_steps, beta_steps = gate_steps(node)
-    (q, k, v, g, beta, state), ng = src[:6], sum(s in BINARY for s in g_steps)
+    (q, k, v, g, beta, state), g_sides, beta_sides = operands(node, src)
     n_s, n_t, H_v, S = v.shape
     if g_steps:
-        g = chain(g_steps, g, src[6:6 + ng]).reshape(n_s, n_t, H_v, g.numel() // (H_v * n_t * n_s))
+        g = chain(g_steps, g, list(g_sides)).reshape(n_s, n_t, H_v, g.numel() // (H_v * n_t * n_s))
     if beta_steps:
-        beta = chain(beta_steps, beta, src[6 + ng:]).reshape(n_s, n_t, H_v, 1)
+        beta = chain(beta_steps, beta, list(beta_sides)).reshape(n_s, n_t, H_v, 1)
     return [q, k, v, g, beta, state]
 
 
@@ -107,10 +108,9 @@ def _triton(node: Tensor, views: list, out) -> None:
 
     src, dst = _views(views)
     g_steps, beta_steps = gate_steps(node)
-    ng = sum(s in BINARY for s in g_steps)
-    triton_ssm.gated_delta_net(*src[:6], node.op_params["K"], out, snapshots=dst, g_steps=tuple(g_steps),
-                               g_sides=tuple(src[6:6 + ng]), beta_steps=tuple(beta_steps),
-                               beta_sides=tuple(src[6 + ng:]))
+    six, g_sides, beta_sides = operands(node, src)
+    triton_ssm.gated_delta_net(*six, node.op_params["K"], out, snapshots=dst, g_steps=tuple(g_steps), g_sides=g_sides,
+                               beta_steps=tuple(beta_steps), beta_sides=beta_sides)
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:

@@ -58,6 +58,15 @@ def m_operand_offset(g):
     parts(g)["g"].view_offs += 4
 
 
+def m_alpha_flat(g):
+    """The decay's chain over alpha as one flat row (alpha, the chain and its output [8]: the same packed elements),
+    the GDN's operand still [1, H_v, n_t, 1]: the kernel indexes alpha by head and token, which no longer lie so."""
+    p = parts(g)
+    for t in (p["alpha"], p["chain"], p["decay"]):
+        n = t.nelements
+        t.ne, t.nb = (n, 1, 1, 1), (4, 4 * n, 4 * n, 4 * n)
+
+
 def m_beta_tanh(g):
     """beta made by a UNARY kind the kernel does not compute."""
     parts(g)["sigmoid"].op_params["kind"] = "TANH"
@@ -96,6 +105,7 @@ def m_decay_read_later(g):
 TRIPS = [
     Trip("gdn-gates.type", m_ssm_a_f16),
     Trip("gdn-gates.layout", m_operand_offset),
+    Trip("gdn-gates.layout", m_alpha_flat, name="input-shape"),
     Trip("scope.gate-steps", m_beta_tanh),
     Trip("gdn-gate.user-count", m_beta_output),
     Trip("gdn-gates.between", m_alpha_overwritten_between),
