@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -50,6 +50,9 @@ Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and che
 Part 14 (issue 34): the whole 9B verify with all-Q4_K and all-Q6_K weights, fusion on with and without
 MUL_MAT_ADD (``bench.py --only whole --wtype W --without mul_mat_add``): whether its residual form pays on quantized
 weights; Q4_K also at e91a2a0 (``.ab``, as part 13), before the register cap that gives it 4 programs an SM.
+Part 16 (issue 32): the GDN computing its gates (gdn_gates): its kernel tests compiled, ``run --check`` of 8 layers of
+the 9B at T = 4 and 8, the whole verify with and without it, bf16 and all-Q4_K (``bench.py --only whole --wtype W
+--without gdn_gates``).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

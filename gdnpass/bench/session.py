@@ -170,6 +170,20 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                           "--without", "mul_mat_add", "--json", str(out / f"whole-{w}-mma{tag}.json")),
                150) for w, tag, path in (("q4_k", "", "."), ("q4_k", "-base", BASE), ("q6_k", "", "."))),
         ]
+    if part == 16:
+        return [
+            # issue 32: the GDN computing its gates (gdn_gates, 2026-12-07; its looped kernel and its lane pick fixed
+            # after the one call that timed it): its kernels compiled against the elementwise ones byte for byte,
+            # 8 fused 9B layers checked at T = 4 and 8, then the whole verify with and without it, bf16 and all-Q4_K
+            ("gates-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py", "-k",
+                             "gated_delta_net or chain"], 90),
+            *((f"gates-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
+                                     "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 60)
+              for t in (4, 8)),
+            *((f"gates-whole-{w}", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w,
+                                    "--without", "gdn_gates", "--json", str(out / f"gates-whole-{w}.json")], 130)
+              for w in ("bf16", "q4_k")),
+        ]
     if part == 3:
         return [
             # (2026-12-02: 95 s for one hint mode; the pytest sweep, serial, ran out of 290 s in its second mode)
@@ -193,7 +207,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
