@@ -234,8 +234,9 @@ def test_json_matches_the_schema_and_the_graph(capsys):
     assert doc["summary"]["nodes_before"] == len(pipeline("qwen3.5-9b")[0])
     assert doc["summary"]["launches_after"] < doc["summary"]["launches_before"]
     fused = [n for n in doc["nodes"] if n["fused"]]
-    # (gdn_gates takes a GATED_DELTA_NET_CACHE and an ELEMENTWISE_CHAIN a GDN layer: 23 applications, 19 nodes)
-    assert len(fused) == 19 and len(doc["fusion"]["applied"]) == 23 and all(n["replaced"] for n in fused)
+    # (gdn_gates takes a GATED_DELTA_NET_CACHE and an ELEMENTWISE_CHAIN a GDN layer, gdn_state_gather the
+    # GATED_DELTA_NET_CACHE it leaves: 25 applications, 19 nodes)
+    assert len(fused) == 19 and len(doc["fusion"]["applied"]) == 25 and all(n["replaced"] for n in fused)
     assert {r["rule"] for r in doc["fusion"]["refused"]} == {"pair.different-src1", "mul-mat-add.output-overlaps-input"}
     chain = next(n for n in fused if n["op"] == "GDN_CONV_CHAIN")
     assert chain["writes"] and chain["size"] > 0 and chain["buffer"] == "arena"
@@ -290,7 +291,7 @@ def test_diff_removes_the_replaced_nodes_and_adds_the_fused_ones(capsys):
     fused = [n for n in g.nodes if n.op.is_fused]
     assert [r[3] for r in added] == [n.op.value for n in fused] and all(r[1] == "*" for r in added)
     assert sorted(r[4] for r in removed) == sorted(x for n in fused for x in n.op_params["replaced"])
-    assert out.count("\n@@ -") >= 2
+    assert out.count("\n@@ -") >= 1  # (one hunk since the GDN absorbs its gates and its state's GET_ROWS)
     names = [r[4] for r in listed]  # in order: the chain runs where its CONCAT ran
     assert names.index("conv_input-0") < names.index("gdn_conv_chain-0") < names.index("conv_output_silu-0")
     assert names.index("blk.0.ssm_beta.weight * attn_norm-0") < names.index("alpha-0")

@@ -173,16 +173,17 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     if part == 16:
         return [
             # issue 32: the GDN computing its gates (gdn_gates, 2026-12-07; its looped kernel and its lane pick fixed
-            # after the one call that timed it): its kernels compiled against the elementwise ones byte for byte,
-            # 8 fused 9B layers checked at T = 4 and 8, then the whole verify with and without it, bf16 and all-Q4_K
-            ("gates-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py", "-k",
-                             "gated_delta_net or chain"], 90),
-            *((f"gates-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
-                                     "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 60)
+            # after the one call that timed it) and gathering its state (gdn_state_gather, never run on a GPU): its
+            # kernels compiled against the unfused ones byte for byte, 8 fused 9B layers checked at T = 4 and 8, then
+            # the whole bf16 verify with and without each
+            ("gdn-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py", "-k",
+                           "gated_delta_net or chain"], 90),
+            *((f"gdn-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
+                                   "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 60)
               for t in (4, 8)),
-            *((f"gates-whole-{w}", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", w,
-                                    "--without", "gdn_gates", "--json", str(out / f"gates-whole-{w}.json")], 130)
-              for w in ("bf16", "q4_k")),
+            *((f"whole-without-{p}", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--without", p,
+                                      "--json", str(out / f"whole-without-{p}.json")], 130)
+              for p in ("gdn_gates", "gdn_state_gather")),
         ]
     if part == 3:
         return [

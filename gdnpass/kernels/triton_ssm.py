@@ -134,16 +134,17 @@ def _gdn_step(st, q, kk, v, gate, beta, scale, o_ptrs, snap_ptrs, smask, cmask, 
 
 
 @triton.jit
-def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
+def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, ids_ptr, o_ptr,
                 snap_ptr, snap_seq, snap_slot,  # snapshot slot j of seq s at snap + s*snap_seq + j*snap_slot (f32)
                 n_t, n_s, H_v, H_k, K, scale,
                 qk_s1, qk_s2, qk_s3,        # q, k [S, H_k, n_t, n_s], contiguous rows, same strides
                 v_s1, v_s2, v_s3,           # v    [S, H_v, n_t, n_s], contiguous rows
-                st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]
+                st_s1, st_s2, st_s3,        # state [S, S, H_v, n_s]: (i0=i, i1=col) = S[i][col]; GATHER: a cache of
+                #                             rows [S, S, H_v], sequence seq's the row ids[seq] (gdn_state_gather)
                 S: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_V: tl.constexpr, N_T: tl.constexpr,
                 G_STEPS: tl.constexpr, G_SIDES: tl.constexpr, G_ROW: tl.constexpr,  # g [S or 1, H_v, n_t, n_s]
                 G_FLAT: tl.constexpr, B_STEPS: tl.constexpr, B_SIDES: tl.constexpr,  # beta [1, H_v, n_t, n_s]
-                B_FLAT: tl.constexpr):
+                B_FLAT: tl.constexpr, GATHER: tl.constexpr):
     # G, B: g's and beta's reads (:func:`_gdn_gates`, triton_core.chain_args)
     # BLOCK_S: the head size S rounded up to a power of two (tl.arange's), the rows past S masked: any head size
     # llama.cpp accepts runs (80, say); for a power of two the masks are all true and the code is the unmasked one
@@ -155,7 +156,9 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
     cmask = col < S
     smask = imask[:, None] & cmask[None, :]
     tile = col[None, :] * st_s1 + i[:, None]          # state-layout offsets of the [BLOCK_S, BLOCK_V] slice
-    st = tl.load(s_ptr + seq * st_s3 + h * st_s2 + tile, mask=smask, other=0.0)
+    st_row = tl.load(ids_ptr + seq).to(tl.int64) if GATHER else seq.to(tl.int64)
+    st = tl.load(s_ptr + st_row * st_s3 + h * st_s2 + tile, mask=smask, other=0.0)  # (read before any store: a
+    # gathered row may be a snapshot row, this program's slice of it its own alone)
     slot_size = snap_slot.to(tl.int64)  # (a cache's slots lie whole cache rows apart)
     snap_ptrs = snap_ptr + seq.to(tl.int64) * snap_seq + h * S * S + tile
     o_ptrs = o_ptr + (seq * n_t * H_v + h) * S + col
@@ -195,7 +198,7 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, o_ptr,
 def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v: int = GDN_BLOCK_V,
                     num_warps: int = GDN_WARPS, unrolled: bool = True, snapshots: torch.Tensor | None = None,
                     g_steps: tuple[str, ...] = (), g_sides: tuple = (), beta_steps: tuple[str, ...] = (),
-                    beta_sides: tuple = ()) -> None:
+                    beta_sides: tuple = (), state_ids: torch.Tensor | None = None) -> None:
     """GATED_DELTA_NET into ``out`` (contiguous, ne [S*H_v, n_t*n_s + K*S*n_s]); see the reference for semantics.
     One program per (value-column block, v-head, seq) keeps its [S, block_v] state slice in registers; any head
     size S runs (a tile of the next power of two, the rows past S masked; llama.cpp accepts 80, say). Up to
@@ -210,7 +213,13 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     that made it, any shape of as many elements (the operand a packed reshape of that node's output), with its
     steps and other operands ``g_sides`` (``beta_sides``) as ELEMENTWISE_CHAIN takes them (GATED_DELTA_NET_CACHE of
     the gdn_gates pattern): the kernel computes the operand's elements as that node's kernel does, where it reads
-    them (:func:`~gdnpass.kernels.triton_core.chain_at`), and launches no elementwise kernel."""
+    them (:func:`~gdnpass.kernels.triton_core.chain_at`), and launches no elementwise kernel.
+
+    ``state_ids`` (i32, one a sequence): ``state`` is a cache of rows ([n_rows, H_v, S, S], rows contiguous) and
+    sequence s starts from its row ``state_ids[s]`` (the GET_ROWS before the op, done by the kernel: the
+    gdn_state_gather pattern). With one sequence that row may be one the snapshots overwrite: each program reads its
+    slice of it before it writes any, and no other program touches that slice. With several, a sequence's row may be
+    another's snapshot row (another program's): refused where they overlap."""
     n_s, n_t, H_v, S = v.shape
     heads = H_v * n_t * n_s
     _require(out.is_contiguous(), "the GDN output must be contiguous")
@@ -225,8 +234,13 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     _require(len(g_sides) == sum(x != 0 for x in chain_sides(list(g_steps))) and
              len(beta_sides) == sum(x != 0 for x in chain_sides(list(beta_steps))),
              "GDN gates: one side operand per binary step")
-    reads = (q, k, v, g, beta, state, *g_sides, *beta_sides)
+    reads = (q, k, v, g, beta, state, *g_sides, *beta_sides, *(() if state_ids is None else (state_ids,)))
     _alias_ok("GATED_DELTA_NET", out, *reads, same_ok=False)  # (another program reads them all)
+    if state_ids is not None:
+        _require(state_ids.dtype == torch.int32 and state_ids.numel() == n_s and state.shape[1:] == (H_v, S, S),
+                 f"GDN state gather: {n_s} i32 row ids into rows of [{S}, {S}, {H_v}], got {state_ids.numel()} "
+                 f"{state_ids.dtype} ids into {list(state.shape[::-1])}")
+        check_row_ids(state_ids, state.shape[0], "GATED_DELTA_NET's state gather")
     block_v = min(block_v, triton.next_power_of_2(S))
     D = S * S * H_v
     if snapshots is None:  # the op's own layout: K slots after the scores, each [D, n_s] packed
@@ -236,15 +250,19 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
         _require(tuple(snapshots.shape) == (1, min(n_t, K), n_s, D) and sn[0] == 1,
                  f"GDN snapshots into ne [{D}, {n_s}, {min(n_t, K)}] with contiguous rows, got "
                  f"{list(snapshots.shape[::-1])}")
-        _alias_ok("GATED_DELTA_NET", snapshots, *reads, out, same_ok=False)
+        over_state = state_ids is not None and n_s == 1  # (the gathered row may be a snapshot row: see above)
+        _alias_ok("GATED_DELTA_NET", snapshots, *(r for r in reads if not (over_state and r is state)), out,
+                  same_ok=False)
         snap, snap_seq, snap_slot = snapshots, sn[1], sn[2]
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
-        q, k, v, chain_args(g, list(g_sides)), chain_args(beta, list(beta_sides)), state, out, snap, snap_seq,
+        q, k, v, chain_args(g, list(g_sides)), chain_args(beta, list(beta_sides)), state,
+        state if state_ids is None else state_ids, out, snap, snap_seq,
         snap_slot, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S), qs[1], qs[2], qs[3], vs[1], vs[2], vs[3],
         ss[1], ss[2], ss[3], S=S, BLOCK_S=triton.next_power_of_2(S), BLOCK_V=block_v,
         N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0, G_STEPS=tuple(g_steps),
         G_SIDES=chain_sides(list(g_steps)), G_ROW=row, G_FLAT=g_flat, B_STEPS=tuple(beta_steps),
-        B_SIDES=chain_sides(list(beta_steps)), B_FLAT=b_flat, **{**LAUNCH, "num_warps": num_warps})
+        B_SIDES=chain_sides(list(beta_steps)), B_FLAT=b_flat, GATHER=state_ids is not None,
+        **{**LAUNCH, "num_warps": num_warps})
 
 
 # ---- GDN_CONV_CHAIN (fused) ----------------------------------------------------------------------------------------

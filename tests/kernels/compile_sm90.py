@@ -160,9 +160,11 @@ def variants():
     plain, qwen = dict(G_STEPS=(), G_SIDES=(), G_FLAT=False, B_STEPS=(), B_SIDES=(), B_FLAT=False), dict(
         G_STEPS=("ADD", "SOFTPLUS", "MUL"), G_SIDES=(1, 0, 2), G_FLAT=True, B_STEPS=("SIGMOID",), B_SIDES=(0,),
         B_FLAT=False)
-    for n_t, gates, row in ((8, plain, 0), (0, plain, 0), (8, qwen, 0), (0, qwen, 0), (4, plain, 1)):
-        yield (ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t, G_ROW=row, **gates),
-               ssm.GDN_WARPS)
+    # (and its state gathered from the cache rows: gdn_state_gather)
+    for n_t, gates, row, gather in ((8, plain, 0, False), (0, plain, 0, False), (8, qwen, 0, False),
+                                    (0, qwen, 0, False), (4, plain, 1, False), (8, qwen, 0, True)):
+        yield (ssm._gdn_kernel, dict(S=128, BLOCK_S=128, BLOCK_V=ssm.GDN_BLOCK_V, N_T=n_t, G_ROW=row, GATHER=gather,
+                                     **gates), ssm.GDN_WARPS)
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
         yield (rope._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,

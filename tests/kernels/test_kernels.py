@@ -519,6 +519,30 @@ def test_gated_delta_net_computed_gates_keep_negative_zero():
     assert_same_bytes(got, want, "GDN with a -0.0 beta computed")
 
 
+@pytest.mark.parametrize("row", [0, 1, 2])
+def test_gated_delta_net_gathers_its_state_from_the_cache_rows(row):
+    """``state_ids`` (the gdn_state_gather pattern): the GDN starts from the cache row the ids name, as GET_ROWS into
+    the arena then the plain GDN does, byte for byte, the snapshots going to cache rows 0 and 1: with the gathered
+    row one of them (rows 0, 1) each program reads its slice before it writes it; row 2 is none of them."""
+    a = Arena()
+    S, H_v, n_t, K = 32, 2, 3, 2
+    q, k, v, g, beta, _ = gdn_inputs(a, S, 1, H_v, n_t, 1, False)
+    cache = a.put(0.1 * rnd(1, 3, H_v * S, S))                     # 3 rows of [S, S, H_v]
+    ids = a.put(torch.tensor([[[[row]]]], dtype=torch.int32))
+    gathered = a.view((1, H_v, S, S))
+    a.run(lambda: elt.get_rows(cache.reshape(1, 1, 3, H_v * S * S), ids.reshape(1, 1, 1, 1),
+                               gathered.reshape(1, 1, 1, H_v * S * S)), gathered)
+    D = S * S * H_v
+    snaps = lambda c: c.reshape(-1)[:2 * D].as_strided((1, 2, 1, D), (0, D, D, 1))  # noqa: E731 (rows 0, 1)
+    want, got = (a.view((1, 1, n_t, S * H_v)) for _ in range(2))
+    after = a.put(cache.clone())
+    a.run(lambda: ssm.gated_delta_net(q, k, v, g, beta, gathered, K, want, snapshots=snaps(cache)), want, cache)
+    a.run(lambda: ssm.gated_delta_net(q, k, v, g, beta, after.reshape(3, H_v, S, S), K, got, snapshots=snaps(after),
+                                      state_ids=ids.reshape(1)), got, after)
+    assert_same_bytes(got, want, "scores")
+    assert_same_bytes(after, cache, "the cache rows (snapshots written, the rest left)")
+
+
 def test_gated_delta_net_refuses_gate_inputs_it_cannot_index():
     """The kernel reads a gate's input in the operand's shape or flat without its leading 1: any other shape of the
     same elements is refused before launch, named (the gdn_gates matcher's layout rule refuses it first: its trip

@@ -6,7 +6,9 @@ the op's first ``min(n_t, K)`` snapshot slots into the recurrent cache: the stat
 as upstream's ggml-cuda writes them since mid-2026. The op's own slots are never written. op_params: ``K`` (the
 op's snapshot slots) and ``replaced``; after the gdn_gates pattern, ``g_steps`` / ``beta_steps``: g (beta) is then
 the input of the elementwise node that made the op's operand, its steps those of ELEMENTWISE_CHAIN, their side
-operands after ``state`` (g's, then beta's, :func:`operands`), and the kernel computes the operand where it reads it.
+operands after ``state`` (g's, then beta's, :func:`operands`), and the kernel computes the operand where it reads it;
+after the gdn_state_gather pattern, ``gather``: ``state`` is the recurrent cache's rows ([S*S*H_v, n_rows]) and the
+source after it the i32 row ids (one a sequence) the GET_ROWS before the op gathered by, which the kernel now does.
 The kernel is GATED_DELTA_NET's own (:func:`gdnpass.kernels.triton_ssm.gated_delta_net` with ``snapshots``), so the
 states' bytes are the unfused op's: it stays in the ssm family. Pure Python: the adapters and :func:`programs`
 import torch and Triton when called.
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from gdnpass.ir import DType, Op, Tensor, fused_op, one_to_one
 from gdnpass.patterns.elementwise_chain.scope import BINARY, MAX_SIDES, steps_fit
-from gdnpass.patterns.record import INT, REPLACED, FusedOp, Param, need
+from gdnpass.patterns.record import BOOL, INT, REPLACED, FusedOp, Param, need
 
 OP = fused_op("GATED_DELTA_NET_CACHE")
 KERNEL = "gdnpass.kernels.triton_ssm.gated_delta_net"
@@ -46,10 +48,16 @@ def gate_steps(n: Tensor) -> tuple[list[str], list[str]]:
     return list(n.op_params.get("g_steps", [])), list(n.op_params.get("beta_steps", []))
 
 
-def operands(n: Tensor, src: list) -> tuple[list, tuple, tuple]:
-    """``src`` (node ``n``'s sources, or their views) as (q, k, v, g, beta, state), g's side operands, beta's."""
-    ng = sum(s in BINARY for s in gate_steps(n)[0])
-    return list(src[:6]), tuple(src[6:6 + ng]), tuple(src[6 + ng:])
+def gathers(n: Tensor) -> bool:
+    """Whether the node gathers its state from the cache rows (gdn_state_gather)."""
+    return bool(n.op_params.get("gather", False))
+
+
+def operands(n: Tensor, src: list) -> tuple[list, object, tuple, tuple]:
+    """``src`` (node ``n``'s sources, or their views) as (q, k, v, g, beta, state), the state's row ids (None but
+    where the node gathers), g's side operands, beta's."""
+    at, ng = 6 + gathers(n), sum(s in BINARY for s in gate_steps(n)[0])
+    return list(src[:6]), src[6] if gathers(n) else None, tuple(src[at:at + ng]), tuple(src[at + ng:])
 
 
 def _check(n: Tensor) -> None:
@@ -57,10 +65,16 @@ def _check(n: Tensor) -> None:
     v, dst, K = n.src[2], n.outs[0], n.op_params["K"]
     S, H_v, n_t, n_s = v.ne
     g_steps, beta_steps = gate_steps(n)
-    _, g_sides, beta_sides = operands(n, n.src)
+    _, ids, g_sides, beta_sides = operands(n, n.src)
     need(len(beta_sides) == sum(s in BINARY for s in beta_steps) and len(g_sides) == sum(s in BINARY for s in g_steps),
-         n, f"steps {g_steps} / {beta_steps} read a side operand each binary step after the state, the node has "
-            f"{len(n.src) - 6}")
+         n, f"steps {g_steps} / {beta_steps} read a side operand each binary step after the state (and its ids), the "
+            f"node has {len(n.src) - 6}")
+    if ids is not None:
+        cache = n.src[5]
+        need(ids.type is DType.I32 and ids.nelements == n_s and cache.ne[0] == S * S * H_v
+             and cache.has_contiguous_rows(), n, f"gathers its state: {n_s} i32 ids into contiguous rows of "
+                                                 f"{S * S * H_v}, has {ids.nelements} {ids.type.label} into "
+                                                 f"{list(cache.ne)}")
     heads = H_v * n_t * n_s
     need(n.src[3].nelements in (heads, S * heads) and n.src[4].nelements == heads, n,
          f"g must hold {heads} or {S * heads} elements and beta {heads}, have {n.src[3].nelements} and "
@@ -83,8 +97,10 @@ def _gates(node: Tensor, src: list) -> list:
     from gdnpass.patterns.elementwise_chain.record import reference as chain
 
     g_steps, beta_steps = gate_steps(node)
-    (q, k, v, g, beta, state), g_sides, beta_sides = operands(node, src)
+    (q, k, v, g, beta, state), ids, g_sides, beta_sides = operands(node, src)
     n_s, n_t, H_v, S = v.shape
+    if ids is not None:  # the GET_ROWS the node took: its rows of the cache
+        state = state[0, 0][ids.reshape(-1).long()].reshape(n_s, H_v, S, S)
     if g_steps:
         g = chain(g_steps, g, list(g_sides)).reshape(n_s, n_t, H_v, g.numel() // (H_v * n_t * n_s))
     if beta_steps:
@@ -108,9 +124,12 @@ def _triton(node: Tensor, views: list, out) -> None:
 
     src, dst = _views(views)
     g_steps, beta_steps = gate_steps(node)
-    six, g_sides, beta_sides = operands(node, src)
+    six, ids, g_sides, beta_sides = operands(node, src)
+    if ids is not None:  # the cache's rows, each [S, S, H_v] (a view: the snapshots go into the same rows)
+        S, H_v = six[2].shape[3], six[2].shape[2]
+        six[5], ids = six[5][0, 0].unflatten(-1, (H_v, S, S)), ids.reshape(-1)
     triton_ssm.gated_delta_net(*six, node.op_params["K"], out, snapshots=dst, g_steps=tuple(g_steps), g_sides=g_sides,
-                               beta_steps=tuple(beta_steps), beta_sides=beta_sides)
+                               beta_steps=tuple(beta_steps), beta_sides=beta_sides, state_ids=ids)
 
 
 def programs(node: Tensor) -> list[tuple[str, int, int]]:
@@ -129,19 +148,22 @@ def watch(n: Tensor) -> bool:
 
 RECORD = FusedOp(
     op=OP,
-    src=("q", "k", "v", "g", "beta", "state", *(f"side{i}" for i in range(1, 2 * MAX_SIDES + 1))),
-    optional_src=2 * MAX_SIDES,  # the gates' side operands (g's, then beta's): as many as their binary steps
+    src=("q", "k", "v", "g", "beta", "state", "ids or side1", *(f"side{i}" for i in range(2, 2 * MAX_SIDES + 2))),
+    optional_src=2 * MAX_SIDES + 1,  # the state's ids (gather), then the gates' side operands (g's, then beta's)
     outs="the CPY of the first min(n_t, K) snapshot slots into the recurrent cache (its destination's bytes)",
-    params={"K": INT, "replaced": REPLACED, "g_steps": STEPS, "beta_steps": STEPS},
+    params={"K": INT, "replaced": REPLACED, "g_steps": STEPS, "beta_steps": STEPS,
+            "gather": Param(BOOL.ok, BOOL.what, optional=True)},
     check=_check,
     launches=lambda n: 1,
     torch=_torch,
     triton=_triton,
     scope=fits,
-    doc="GATED_DELTA_NET writing its state snapshots straight into the cache rows (no CPY), and computing its "
-        "gates from their elementwise node's inputs (gdn_gates)",
+    doc="GATED_DELTA_NET writing its state snapshots straight into the cache rows (no CPY), computing its gates "
+        "from their elementwise node's inputs (gdn_gates) and gathering its state row from the cache "
+        "(gdn_state_gather)",
     programs=programs,
     interpreter_s={},  # GATED_DELTA_NET's own ("gdn": gdnpass.cli.INTERPRETER_S)
     watch=watch,
-    variant=lambda n: " ".join(f"{k}={' -> '.join(v)}" for k, v in zip(("g", "beta"), gate_steps(n)) if v),
+    variant=lambda n: " ".join([f"{k}={' -> '.join(v)}" for k, v in zip(("g", "beta"), gate_steps(n)) if v]
+                               + (["state gathered"] if gathers(n) else [])),
 )
