@@ -53,6 +53,15 @@ def gate_input_flat(x_ne: Sequence[int], operand_ne: Sequence[int]) -> bool | No
     return None
 
 
+def snapshots_on_whole_rows(snapshots: Sequence[int], size: int, rows: tuple[int, int], stride: int) -> bool:
+    """GATED_DELTA_NET gathering its state (gdn_state_gather): whether every snapshot row (starting at ``snapshots``,
+    ``size`` long) that overlaps the gathered rows' span ``rows`` (start, end) lies exactly on one of those rows
+    (``stride`` apart, each at least ``size`` long): then each program's slice of a snapshot row is its own slice of a
+    state row, which it reads before it writes any (any address unit, the same for all)."""
+    lo, hi = rows
+    return stride >= size and all((s - lo) % stride == 0 for s in snapshots if s < hi and lo < s + size)
+
+
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM (triton_matvec.mul_mat_gemm); f32
                                 # weights need no conversion (torch's matmul), block types run the mat-vec per 32

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.kernels.limits import CHAIN, check_row_ids, gate_input_flat
+from gdnpass.kernels.limits import CHAIN, check_row_ids, gate_input_flat, snapshots_on_whole_rows
 from gdnpass.kernels.reference import f32, gdn_scale
 from gdnpass.kernels.triton_core import (LAUNCH, _alias_ok, _require, _strides, chain_args, chain_at, chain_sides,
                                          conv_dot, l2_scale_rows, last_to_arrive, rms_scale_rows, silu_f32_unrolled,
@@ -159,6 +159,8 @@ def _gdn_kernel(q_ptr, k_ptr, v_ptr, G, B, s_ptr, ids_ptr, o_ptr,
     st_row = tl.load(ids_ptr + seq).to(tl.int64) if GATHER else seq.to(tl.int64)
     st = tl.load(s_ptr + st_row * st_s3 + h * st_s2 + tile, mask=smask, other=0.0)  # (read before any store: a
     # gathered row may be a snapshot row, this program's slice of it its own alone)
+    if GATHER:
+        tl.debug_barrier()  # (every thread's loads of the slice done before any thread stores, whatever the layout)
     slot_size = snap_slot.to(tl.int64)  # (a cache's slots lie whole cache rows apart)
     snap_ptrs = snap_ptr + seq.to(tl.int64) * snap_seq + h * S * S + tile
     o_ptrs = o_ptr + (seq * n_t * H_v + h) * S + col
@@ -217,9 +219,10 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
 
     ``state_ids`` (i32, one a sequence): ``state`` is a cache of rows ([n_rows, H_v, S, S], rows contiguous) and
     sequence s starts from its row ``state_ids[s]`` (the GET_ROWS before the op, done by the kernel: the
-    gdn_state_gather pattern). With one sequence that row may be one the snapshots overwrite: each program reads its
-    slice of it before it writes any, and no other program touches that slice. With several, a sequence's row may be
-    another's snapshot row (another program's): refused where they overlap."""
+    gdn_state_gather pattern). With one sequence that row may be one the snapshots overwrite, where the snapshot rows
+    lie exactly on the cache's rows (``limits.snapshots_on_whole_rows``): each program reads its slice of it before
+    it writes any, and no other program touches that slice. Otherwise, or with several sequences (a sequence's row
+    may be another's snapshot row, another program's), an overlap of the snapshots with the rows is refused."""
     n_s, n_t, H_v, S = v.shape
     heads = H_v * n_t * n_s
     _require(out.is_contiguous(), "the GDN output must be contiguous")
@@ -250,9 +253,11 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
         _require(tuple(snapshots.shape) == (1, min(n_t, K), n_s, D) and sn[0] == 1,
                  f"GDN snapshots into ne [{D}, {n_s}, {min(n_t, K)}] with contiguous rows, got "
                  f"{list(snapshots.shape[::-1])}")
-        over_state = state_ids is not None and n_s == 1  # (the gathered row may be a snapshot row: see above)
+        over_state = state_ids is not None and n_s == 1 and snapshots_on_whole_rows(
+            [snapshots.data_ptr() + 4 * j * sn[2] for j in range(snapshots.shape[1])], 4 * D,
+            (state.data_ptr(), state.data_ptr() + 4 * state.stride(0) * state.shape[0]), 4 * state.stride(0))
         _alias_ok("GATED_DELTA_NET", snapshots, *(r for r in reads if not (over_state and r is state)), out,
-                  same_ok=False)
+                  same_ok=False)  # (the gathered row may be a snapshot row: whole rows, see above)
         snap, snap_seq, snap_slot = snapshots, sn[1], sn[2]
     _gdn_kernel[(triton.cdiv(S, block_v), H_v, n_s)](
         q, k, v, chain_args(g, list(g_sides)), chain_args(beta, list(beta_sides)), state,

@@ -543,6 +543,23 @@ def test_gated_delta_net_gathers_its_state_from_the_cache_rows(row):
     assert_same_bytes(after, cache, "the cache rows (snapshots written, the rest left)")
 
 
+def test_gated_delta_net_refuses_snapshots_off_the_gathered_rows():
+    """Gathering, snapshot rows that overlap the cache's rows off their row boundaries (half a row on) would have one
+    program store into a slice another gathers: refused before launch, named (the matcher's
+    ``gather.output-overlaps-input`` refuses it first)."""
+    a = Arena()
+    S, H_v, n_t = 32, 2, 2
+    q, k, v, g, beta, _ = gdn_inputs(a, S, 1, H_v, n_t, 1, False)
+    D = S * S * H_v
+    cache = a.put(0.1 * rnd(1, 1, 3, D))
+    ids = a.put(torch.tensor([[[[1]]]], dtype=torch.int32)).reshape(1)
+    out = a.view((1, 1, n_t, S * H_v))
+    half_on = cache.reshape(-1)[D // 2:].as_strided((1, 1, 1, D), (0, D, D, 1))
+    with pytest.raises(KernelError, match="GATED_DELTA_NET: the output overlaps an input"):
+        ssm.gated_delta_net(q, k, v, g, beta, cache[0, 0].unflatten(-1, (H_v, S, S)), 1, out, snapshots=half_on,
+                            state_ids=ids)
+
+
 def test_gated_delta_net_refuses_gate_inputs_it_cannot_index():
     """The kernel reads a gate's input in the operand's shape or flat without its leading 1: any other shape of the
     same elements is refused before launch, named (the gdn_gates matcher's layout rule refuses it first: its trip

@@ -72,7 +72,7 @@ def _check(n: Tensor) -> None:
     if ids is not None:
         cache = n.src[5]
         need(ids.type is DType.I32 and ids.nelements == n_s and cache.ne[0] == S * S * H_v
-             and cache.has_contiguous_rows(), n, f"gathers its state: {n_s} i32 ids into contiguous rows of "
+             and cache.has_contiguous_rows() and cache.ne[2] == cache.ne[3] == 1, n, f"gathers its state: {n_s} i32 ids into contiguous rows of "
                                                  f"{S * S * H_v}, has {ids.nelements} {ids.type.label} into "
                                                  f"{list(cache.ne)}")
     heads = H_v * n_t * n_s

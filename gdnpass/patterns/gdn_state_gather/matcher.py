@@ -9,9 +9,9 @@ reads it once: a launch, and the row written and read again. The fused node read
 copy, at the GDN's place (later than the GET_ROWS did). Which row is runtime data (the cell's, or after a rollback
 another plane's), and it may be one of the rows the node's snapshots overwrite: the kernel's programs each read their
 slice of the state before they write that slice of any snapshot, and no other program touches it, so with one
-sequence any row is safe. With several, one sequence's row may be another's snapshot row, which another program
-writes: refused (the conv chain's kernel, whose programs own channels of every sequence, is built for that; the GDN's
-own sequences).
+sequence any row is safe, where the snapshot rows lie on the cache's rows. With several, one sequence's row may be
+another's snapshot row, which another program writes: refused (the conv chain's kernel is built for that, its
+programs owning channels of every sequence; the GDN's programs each own one sequence).
 
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-3, hazards 4-6):
  1. [gather.state] the GDN's state is a packed RESHAPE of a GET_ROWS's packed output, f32 rows of S*S*H_v elements
@@ -21,9 +21,12 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  3. [gathered-state.user-count] the GET_ROWS's output and its RESHAPE are read by the GDN alone and are not OUTPUT
     (``patterns.common.confined``).
  4. [gather.between] no node between the GET_ROWS and the GDN writes the rows' tensor (any row: the one gathered is
-    runtime data) or the ids: the fused node reads them at the GDN's place.
- 5. [gather.output-overlaps-input] the GDN's scores overlap neither the rows' tensor nor the ids, and its snapshot
-    rows not the ids (the snapshot rows may be the gathered row: rule 2 makes that safe).
+    runtime data) or the ids (the fused node reads them at the GDN's place), or touches the GET_ROWS's output bytes
+    (never written any more).
+ 5. [gather.output-overlaps-input] the GDN's scores overlap neither the rows' tensor nor the ids, its snapshot rows
+    not the ids, and a snapshot row that overlaps the rows' tensor lies exactly on one of its rows
+    (``limits.snapshots_on_whole_rows``): then it is the gathered row only where its slices are the same programs'
+    (with rule 2).
  6. [gathered-state.read-later] no node after the GDN reads the GET_ROWS's output bytes before a node writes them
     again: the fused node never writes them.
 """
@@ -32,7 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Graph, Op, Tensor
+from gdnpass.ir import DType, Graph, Op, Tensor, byte_range
+from gdnpass.kernels.limits import snapshots_on_whole_rows
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule)
 from gdnpass.patterns.gdn_state_cache.matcher import scores_range
@@ -84,10 +88,11 @@ def _state(c: GatherCapture, ctx):
     g = c.get_rows
     if not (g.type is DType.F32 and c.rows.type is DType.F32 and c.ids.type is DType.I32 and g.is_contiguous()
             and c.view.is_contiguous() and c.view.view_offs == 0 and g.ne[0] == D and g.nelements == D * n_s
-            and c.rows.ne[0] == D and c.rows.has_contiguous_rows() and c.rows.ne[2] == c.rows.ne[3] == 1):
+            and c.rows.ne[0] == D and c.rows.has_contiguous_rows() and c.rows.nb[1] >= 4 * D
+            and c.rows.ne[2] == c.rows.ne[3] == 1):
         return Why(g, f"{g.name!r} ({g.type.label} {list(g.ne)} of {c.rows.name!r} {c.rows.type.label} "
                       f"{list(c.rows.ne)}, ids {c.ids.type.label}) is not f32 rows of {D} gathered by i32 ids from "
-                      f"contiguous rows, packed, as the GDN's state")
+                      f"contiguous rows apart from each other, packed, as the GDN's state")
 
 
 @rule("scope.one-sequence")
@@ -101,7 +106,16 @@ def _one_sequence(c: GatherCapture, ctx):
 _between = between(
     "gather.between",
     Clause("before", "w", lambda c: [c.rows, c.ids], "{node} writes {hit}, which the fused node gathers from later"),
+    Clause("before", "rw", lambda c: [c.get_rows], "{node} touches the bytes of {hit}, which the fused node never "
+                                                   "writes"),
 )
+
+
+def _snapshot_rows(c: GatherCapture) -> list[int]:
+    """The plan's byte offset of each snapshot row the node writes (one sequence: a row a slot)."""
+    dst = c.gdn.outs[0]
+    lo = byte_range(dst)[1]
+    return [lo + j * dst.nb[2] for j in range(dst.ne[2])]
 
 
 @rule("gather.output-overlaps-input", HAZARD)
@@ -111,6 +125,12 @@ def _output_overlaps_input(c: GatherCapture, ctx):
            or first_collision(ctx.ranges(c.gdn.outs), ctx.ranges([c.ids])))
     if hit:
         return collision(c.gdn, f"the GDN's results overlap {hit[3].name!r}, which it now gathers by", hit)
+    dst, ((rows, _),) = c.gdn.outs[0], ctx.ranges([c.rows])
+    if byte_range(dst)[0] == rows[0] and not snapshots_on_whole_rows(_snapshot_rows(c), dst.nb[0] * dst.ne[0],
+                                                                     rows[1:], c.rows.nb[1]):
+        hit = first_collision(ctx.ranges([dst]), ctx.ranges([c.rows]))
+        return collision(c.gdn, f"its snapshot rows overlap {c.rows.name!r} off its rows: a program would store "
+                                f"into a slice another program gathers", hit)
 
 
 @rule("gathered-state.read-later", HAZARD)

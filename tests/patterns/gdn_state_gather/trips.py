@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from gdnpass import ops
 from gdnpass.fusion import fuse
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range
 from gdnpass.kernels import backends
 from gdnpass.kernels import triton_ssm
 from gdnpass.patterns.gdn_state_cache import GdnStateCache
@@ -82,6 +82,27 @@ def m_scores_over_the_row(g):
     g.buffers["cache"] = max(g.buffers["cache"], out.offset + out.nbytes)  # (its unwritten slots past the cache)
 
 
+def m_gathered_read_between(g):
+    """Right after the GET_ROWS, a node reads the gathered rows' bytes through a tensor of its own (an arena leaf at
+    their offset: no graph edge), feeding the layer output: fused, nothing writes those bytes any more."""
+    p = parts(g)
+    t = p["get_rows"]
+    at = fresh(g, t)
+    alias = Tensor(name="gathered-bytes", type=DType.F32, ne=t.ne, nb=t.nb, buffer="arena", offset=at)
+    g.leafs.append(alias)
+    feed_layer_output(g, chain(g), insert_after(g, t, ops.scale(alias, 1.0)))
+
+
+def m_snapshots_off_the_rows(g):
+    """The snapshot rows moved 1.5 cache rows on: slot 3 starts half a row (one head) into the gathered row 7, so the
+    program of head 0 stores its state into head 1's slice of row 7, which the program of head 1, after it in the
+    interpreter, gathers (unfused the GET_ROWS copied row 7 first: harmless)."""
+    p = parts(g)
+    dst = p["gdn"].outs[0]
+    dst.view_offs += 3 * p["rows"].nb[1] // 2
+    g.buffers["cache"] = max(g.buffers["cache"], byte_range(dst)[2])
+
+
 def m_gathered_read_later(g):
     """The gathered rows on fresh bytes, and after the GDN a node reading them through a tensor of its own (an arena
     leaf at their offset: no graph edge), feeding the layer output."""
@@ -98,7 +119,9 @@ TRIPS = [
     Trip("scope.one-sequence", config=dict(n_seqs=2, mem_size=3)),
     Trip("gathered-state.user-count", m_gathered_output),
     Trip("gather.between", m_row_written_between),
+    Trip("gather.between", m_gathered_read_between, name="reader"),
     Trip("gather.output-overlaps-input", m_scores_over_the_row, kernels="triton"),
+    Trip("gather.output-overlaps-input", m_snapshots_off_the_rows, kernels="triton", name="off-rows"),
     Trip("gathered-state.read-later", m_gathered_read_later),
 ]
 
