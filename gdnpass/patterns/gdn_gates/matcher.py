@@ -43,7 +43,7 @@ from gdnpass.patterns.elementwise_chain.matcher import STEP_RULES, ChainCapture
 from gdnpass.patterns.elementwise_chain.record import ELEMENTWISE, OP as CHAIN_OP
 from gdnpass.patterns.gdn_state_cache.matcher import scores_range
 from gdnpass.patterns.gdn_state_cache.record import OP as CACHE_OP
-from gdnpass.patterns.gdn_state_cache.record import RECORD, gate_steps
+from gdnpass.patterns.gdn_state_cache.record import gate_steps, operands, rebuilt, rewritten
 
 NAME = "gdn_gates"
 VIEWS = (Op.RESHAPE, Op.VIEW)
@@ -106,8 +106,7 @@ class GatesCapture(Capture):
         return [n for x in self.gates for n in (x.node, *x.views)] + [self.gdn]
 
     def written(self) -> list[Tensor]:
-        """The GDN output (its scores: the node's own memory), the node it replaces (a view of those), the cache."""
-        return [self.gdn.view_src, self.gdn, *self.gdn.outs]
+        return rewritten(self.gdn)
 
     def span(self, ctx: Context) -> tuple[int, int, int]:
         """The first elementwise node .. the GDN; the fused node runs at the GDN."""
@@ -216,19 +215,17 @@ class GdnGates:
         """The GDN node again, reading the elementwise nodes' inputs and computing its gates (the pass puts it in
         place of ``m.removed``)."""
         c = m.capture
-        q, k, v, g, beta, state = c.gdn.src[:6]
-        src, params = [q, k, v, g, beta, state], dict(c.gdn.op_params)
+        old = c.gdn
+        six, ids, _, _ = operands(old, old.src)  # (no steps yet: no sides)
+        params = dict(old.op_params)
         for i, (key, x) in enumerate((("g_steps", c.g), ("beta_steps", c.beta))):
             if x is not None:
-                src[3 + i] = x.x
+                six[3 + i] = x.x
                 params[key] = x.steps
-        sides = [t for x in (c.g, c.beta) if x is not None for t in x.sides]
-        params["replaced"] = [*c.gdn.op_params.get("replaced", [c.gdn.name]),
+        params["replaced"] = [*old.op_params.get("replaced", [old.name]),
                               *(n for x in c.gates for n in (*x.node.op_params.get("replaced", [x.node.name]),
                                                              *(v.name for v in x.views)))]
-        old = c.gdn
-        return Tensor(name=old.name, type=old.type, ne=old.ne, nb=old.nb, op=RECORD.op, op_params=params,
-                      src=src + sides, outs=list(old.outs), view_src=old.view_src, view_offs=0, layer=m.layer)
+        return rebuilt(old, six, ids, c.g.sides if c.g else [], c.beta.sides if c.beta else [], params, m.layer)
 
 
 __all__ = ["NAME", "Gate", "GatesCapture", "GdnGates"]

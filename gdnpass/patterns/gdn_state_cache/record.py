@@ -60,6 +60,20 @@ def operands(n: Tensor, src: list) -> tuple[list, object, tuple, tuple]:
     return list(src[:6]), src[6] if gathers(n) else None, tuple(src[at:at + ng]), tuple(src[at + ng:])
 
 
+def rebuilt(old: Tensor, six: list, ids, g_sides, beta_sides, params: dict, layer) -> Tensor:
+    """The GATED_DELTA_NET_CACHE node ``old`` again (same memory, outputs and name) with other sources, laid out as
+    :func:`operands` reads them, and op_params: what gdn_gates and gdn_state_gather rewrite it to."""
+    src = [*six, *([] if ids is None else [ids]), *g_sides, *beta_sides]
+    return Tensor(name=old.name, type=old.type, ne=old.ne, nb=old.nb, op=OP, op_params=params, src=src,
+                  outs=list(old.outs), view_src=old.view_src, view_offs=0, layer=layer)
+
+
+def rewritten(gdn: Tensor) -> list[Tensor]:
+    """What a rebuilt node writes (a capture's ``written``): the GDN output (its scores, the node's own memory), the
+    node it replaces (a view of those) and the cache rows of its snapshots."""
+    return [gdn.view_src, gdn, *gdn.outs]
+
+
 def _check(n: Tensor) -> None:
     need(len(n.outs) == 1, n, f"outs must hold the cache destination of the snapshots, has {len(n.outs)}")
     v, dst, K = n.src[2], n.outs[0], n.op_params["K"]

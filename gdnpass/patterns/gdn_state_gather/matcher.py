@@ -41,7 +41,7 @@ from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Wh
                                      first_collision, read_before_written, rule)
 from gdnpass.patterns.gdn_state_cache.matcher import scores_range
 from gdnpass.patterns.gdn_state_cache.record import OP as CACHE_OP
-from gdnpass.patterns.gdn_state_cache.record import RECORD, gathers, operands
+from gdnpass.patterns.gdn_state_cache.record import gathers, operands, rebuilt, rewritten
 
 NAME = "gdn_state_gather"
 
@@ -63,8 +63,7 @@ class GatherCapture(Capture):
         return [self.get_rows, self.view, self.gdn]
 
     def written(self) -> list[Tensor]:
-        """The GDN output (its scores: the node's own memory), the node it replaces (a view of those), the cache."""
-        return [self.gdn.view_src, self.gdn, *self.gdn.outs]
+        return rewritten(self.gdn)
 
     def span(self, ctx: Context) -> tuple[int, int, int]:
         """GET_ROWS .. the GDN; the fused node runs at the GDN."""
@@ -170,9 +169,7 @@ class GdnStateGather:
         six[5] = c.rows
         params = {**old.op_params, "gather": True,
                   "replaced": [*old.op_params.get("replaced", [old.name]), c.get_rows.name, c.view.name]}
-        return Tensor(name=old.name, type=old.type, ne=old.ne, nb=old.nb, op=RECORD.op, op_params=params,
-                      src=[*six, c.ids, *g_sides, *beta_sides], outs=list(old.outs), view_src=old.view_src,
-                      view_offs=0, layer=m.layer)
+        return rebuilt(old, six, c.ids, g_sides, beta_sides, params, m.layer)
 
 
 __all__ = ["NAME", "GatherCapture", "GdnStateGather"]
