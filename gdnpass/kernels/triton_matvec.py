@@ -25,8 +25,8 @@ from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYT
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes,
                                          activation_workspace, activations_key, activations_to_fill, chunk_columns,
                                          f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
-                                         product_columns,
-                                         split_workspace, store_activations, wait_for_previous_kernels)
+                                         product_columns, split_workspace, store_activations,
+                                         wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -706,10 +706,10 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 Q8_0_WAVES = (396, 528)
 
 # Q8_0's cap where its wave needs it (Q8_0_WAVES; 72 bytes of spill at 128). The K-quants' registers a thread up to
-# 16 columns, which decide how many programs an SM holds (shared memory allows
-# 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
-# (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
-# was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
+# 16 columns, which decide how many programs an SM holds (shared memory allows 4 or more): Q4_K and Q5_K at 128, 4
+# programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill (uncapped: 200, 2). Held by
+# tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap was worth:
+# docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
 QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168, "q8_0": 128}
 # Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):
 # with 256 programs or fewer it ran 2-4% slower, the spill's cost without an SM's third program to win

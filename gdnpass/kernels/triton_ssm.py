@@ -234,8 +234,8 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
     _require(g_flat is not None and b_flat is not None and (not g_flat or g_steps) and (not b_flat or beta_steps),
              f"GDN gates: g ne {list(g.shape[::-1])} and beta ne {list(beta.shape[::-1])} must be [S or 1, {H_v}, "
              f"{n_t}, {n_s}] and [1, {H_v}, {n_t}, {n_s}] (an elementwise node's input: also [{H_v}, {n_t}, {n_s}])")
-    _require(len(g_sides) == sum(x != 0 for x in chain_sides(list(g_steps))) and
-             len(beta_sides) == sum(x != 0 for x in chain_sides(list(beta_steps))),
+    g_reads, b_reads = chain_sides(list(g_steps)), chain_sides(list(beta_steps))  # (each step's side operand)
+    _require(len(g_sides) == max(g_reads, default=0) and len(beta_sides) == max(b_reads, default=0),
              "GDN gates: one side operand per binary step")
     reads = (q, k, v, g, beta, state, *g_sides, *beta_sides, *(() if state_ids is None else (state_ids,)))
     _alias_ok("GATED_DELTA_NET", out, *reads, same_ok=False)  # (another program reads them all)
@@ -264,9 +264,8 @@ def gated_delta_net(q, k, v, g, beta, state, K: int, out: torch.Tensor, block_v:
         state if state_ids is None else state_ids, out, snap, snap_seq,
         snap_slot, n_t, n_s, H_v, q.shape[2], K, gdn_scale(S), qs[1], qs[2], qs[3], vs[1], vs[2], vs[3],
         ss[1], ss[2], ss[3], S=S, BLOCK_S=triton.next_power_of_2(S), BLOCK_V=block_v,
-        N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0, G_STEPS=tuple(g_steps),
-        G_SIDES=chain_sides(list(g_steps)), G_ROW=row, G_FLAT=g_flat, B_STEPS=tuple(beta_steps),
-        B_SIDES=chain_sides(list(beta_steps)), B_FLAT=b_flat, GATHER=state_ids is not None,
+        N_T=n_t if unrolled and n_t <= MAX_UNROLLED_T else 0, G_STEPS=tuple(g_steps), G_SIDES=g_reads, G_ROW=row,
+        G_FLAT=g_flat, B_STEPS=tuple(beta_steps), B_SIDES=b_reads, B_FLAT=b_flat, GATHER=state_ids is not None,
         **{**LAUNCH, "num_warps": num_warps})
 
 

@@ -86,9 +86,9 @@ def _check(n: Tensor) -> None:
     if ids is not None:
         cache = n.src[5]
         need(ids.type is DType.I32 and ids.nelements == n_s and cache.ne[0] == S * S * H_v
-             and cache.has_contiguous_rows() and cache.ne[2] == cache.ne[3] == 1, n, f"gathers its state: {n_s} i32 ids into contiguous rows of "
-                                                 f"{S * S * H_v}, has {ids.nelements} {ids.type.label} into "
-                                                 f"{list(cache.ne)}")
+             and cache.has_contiguous_rows() and cache.ne[2] == cache.ne[3] == 1, n,
+             f"gathers its state: {n_s} i32 ids into contiguous rows of {S * S * H_v}, has {ids.nelements} "
+             f"{ids.type.label} into {list(cache.ne)}")
     heads = H_v * n_t * n_s
     need(n.src[3].nelements in (heads, S * heads) and n.src[4].nelements == heads, n,
          f"g must hold {heads} or {S * heads} elements and beta {heads}, have {n.src[3].nelements} and "
