@@ -14,8 +14,8 @@ A product P reads the workspace as the node F before it filled it (F: an earlier
 producer's blocks) when:
 
 1. [one-pre-pass] P quantizes its whole activation in one pre-pass, for the quantized mat-vec: a MUL_MAT of a
-   quantized weight over 1..32 columns (a MUL_MAT_VEC_PAIR or MUL_MAT_ADD: the mat-vec's 1..16), or a quantized
-   MUL_MAT_ID on the kernel (its b one row a token, or one a slot); F is such a product, or a producer: an
+   quantized weight over 1..32 columns (a MUL_MAT_VEC_PAIR, MUL_MAT_ADD or MUL_MAT_CHAIN: the mat-vec's 1..16), or
+   a quantized MUL_MAT_ID on the kernel (its b one row a token, or one a slot); F is such a product, or a producer: an
    RMS_NORM_MUL whose rows the kernel quantizes (rms_norm_mul.scope.quantizes_rows: whole blocks of 256) and whose
    output overlaps no byte of its x (the quantizing kernel's programs each read a whole row of x, and store one
    block), or a SWIGLU GLU of rows of whole blocks of 256.
@@ -47,7 +47,7 @@ from gdnpass.ir import DType, Graph, Op, Tensor, byte_range, ranges_overlap, run
 from gdnpass.kernels import limits
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
 
-PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD")  # their sources: the weight, the activation, ...
+PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD", "MUL_MAT_CHAIN")  # their sources: the weight, the activation, ...
 PRODUCERS = ("RMS_NORM_MUL", "GLU")  # write their output quantized where the plan asks
 RULES = ("one-pre-pass", "same-activation", "same-form", "last-pre-pass", "unwritten")
 

@@ -385,40 +385,48 @@ def unary_f32(x, KIND: tl.constexpr):
 
 
 @triton.jit
+def chain_step(v, b, STEPS: tl.constexpr, I: tl.constexpr):
+    """Step I of an elementwise chain's STEPS on its value ``v`` (``ADD`` / ``MUL``: value op side, ``RADD`` /
+    ``RMUL``: side op value, a unary kind), ``b`` the side operand's value there (a binary step's; any tensor of
+    v's shape for a unary one): the very expression of the unfused kernel (_binary_kernel, :func:`unary_f32`),
+    rounded to f32 as the unfused node's output is."""
+    if STEPS[I] == "SILU":  # (each kind by name: a tuple's element is not a constexpr argument)
+        v = unary_f32(v, "SILU")
+    elif STEPS[I] == "SIGMOID":
+        v = unary_f32(v, "SIGMOID")
+    elif STEPS[I] == "SOFTPLUS":
+        v = unary_f32(v, "SOFTPLUS")
+    elif STEPS[I] == "EXP":
+        v = unary_f32(v, "EXP")
+    elif STEPS[I] == "ADD":
+        v = v + b
+    elif STEPS[I] == "MUL":
+        v = v * b
+    elif STEPS[I] == "RADD":
+        v = b + v
+    else:
+        tl.static_assert(STEPS[I] == "RMUL", "an elementwise chain: an unknown step")
+        v = b * v
+    return v
+
+
+@triton.jit
 def chain_at(i0, i1, i2, i3, mask, P, STEPS: tl.constexpr, SIDES: tl.constexpr):
     """An elementwise chain's value at (i0, i1, i2, i3) of the chain input x's shape, hence its output's: x there
-    through STEPS in order (``ADD`` / ``MUL``: value op side, ``RADD`` / ``RMUL``: side op value, a unary kind), side
-    operand SIDES[i] (1 or 2) for a binary step, each step the very expression of its unfused kernel
-    (_binary_kernel, :func:`unary_f32`), each rounded to f32 as the unfused node's output is. ``P``
-    (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand with its ne and strides.
-    ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements; GATED_DELTA_NET_CACHE (triton_ssm) where it
-    reads its gates (the gdn_gates pattern)."""
+    through STEPS in order (:func:`chain_step`), side operand SIDES[i] (1 or 2) for a binary step, repeated into x's
+    shape as ggml broadcasts src1. ``P`` (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand
+    with its ne and strides. ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements; GATED_DELTA_NET_CACHE
+    (triton_ssm) where it reads its gates (the gdn_gates pattern). A product's store runs the same steps on its sums
+    (triton_matvec, MUL_MAT_CHAIN)."""
     x_ptr, _, _, _, x_s0, x_s1, x_s2, x_s3, B1, B2 = P
     v = tl.load(x_ptr + i0 * x_s0 + i1 * x_s1 + i2 * x_s2 + i3 * x_s3, mask=mask)
-    for i in tl.static_range(len(STEPS)):  # (STEPS[i] each time: a constexpr cannot be re-bound in the loop)
-        if SIDES[i] == 0:  # (each kind by name: a tuple's element is not a constexpr argument)
-            if STEPS[i] == "SILU":
-                v = unary_f32(v, "SILU")
-            elif STEPS[i] == "SIGMOID":
-                v = unary_f32(v, "SIGMOID")
-            elif STEPS[i] == "SOFTPLUS":
-                v = unary_f32(v, "SOFTPLUS")
-            else:
-                tl.static_assert(STEPS[i] == "EXP", "an elementwise chain: an unknown step")
-                v = unary_f32(v, "EXP")
-        else:
-            if SIDES[i] == 1:
-                b = _src1_at(B1[0], i0, i1, i2, i3, B1[1], B1[2], B1[3], B1[4], B1[5], B1[6], B1[7], B1[8], mask)
-            else:
-                b = _src1_at(B2[0], i0, i1, i2, i3, B2[1], B2[2], B2[3], B2[4], B2[5], B2[6], B2[7], B2[8], mask)
-            if STEPS[i] == "ADD":
-                v = v + b
-            elif STEPS[i] == "MUL":
-                v = v * b
-            elif STEPS[i] == "RADD":
-                v = b + v
-            else:
-                v = b * v
+    for i in tl.static_range(len(STEPS)):
+        b = v
+        if SIDES[i] == 1:
+            b = _src1_at(B1[0], i0, i1, i2, i3, B1[1], B1[2], B1[3], B1[4], B1[5], B1[6], B1[7], B1[8], mask)
+        elif SIDES[i] == 2:
+            b = _src1_at(B2[0], i0, i1, i2, i3, B2[1], B2[2], B2[3], B2[4], B2[5], B2[6], B2[7], B2[8], mask)
+        v = chain_step(v, b, STEPS, i)
     return v
 
 

@@ -23,8 +23,8 @@ from gdnpass.ir import DType
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES,
                                          QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes,
-                                         activation_workspace, activations_key, activations_to_fill, chunk_columns,
-                                         f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
+                                         activation_workspace, activations_key, activations_to_fill, chain_sides,
+                                         chain_step, chunk_columns, f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
                                          product_columns, split_workspace, store_activations,
                                          wait_for_previous_kernels)
 
@@ -407,14 +407,21 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
 
 
 @triton.jit
-def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
-             RESIDUAL: tl.constexpr):
-    """Store the product, or with RESIDUAL the product + r (MUL_MAT_ADD: r laid out as y, read before y is written,
-    so y may be r itself): the f32 sum the unfused ADD makes of the stored product."""
+def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr, s2_ptr,
+             STEPS: tl.constexpr, SIDES: tl.constexpr):
+    """Store the product, or the product through an elementwise chain's STEPS (:func:`~gdnpass.kernels.triton_core.
+    chain_step`; SIDES as :func:`~gdnpass.kernels.triton_core.chain_at`'s, side operands ``s1_ptr``, ``s2_ptr``
+    laid out as y, each element read before y's is written, so y may be one of them): MUL_MAT_ADD's residual ADD,
+    MUL_MAT_CHAIN's chain, the f32 values the unfused nodes make of the stored product."""
     at = _row_offset(cols, ne1, ne2, y_s1, y_s2, y_s3)[None, :] + rows[:, None] * y_s0
     mask = row_mask[:, None] & col_mask[None, :]
-    if RESIDUAL:
-        acc = acc + tl.load(r_ptr + at, mask=mask)
+    for i in tl.static_range(len(STEPS)):
+        b = acc
+        if SIDES[i] == 1:
+            b = tl.load(s1_ptr + at, mask=mask)
+        elif SIDES[i] == 2:
+            b = tl.load(s2_ptr + at, mask=mask)
+        acc = chain_step(acc, b, STEPS, i)
     tl.store(y_ptr + at, acc, mask=mask)
 
 
@@ -455,9 +462,9 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 @triton.jit
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             RESIDUAL: tl.constexpr, QTYPE: tl.constexpr):
+             STEPS: tl.constexpr, SIDES: tl.constexpr, QTYPE: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s``, [k_lo, k_hi) (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
@@ -474,12 +481,12 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         acc = matvec_cols(w_ptr + k_lo, w_s1, rows, row_mask, x_ptr + k_lo, x_cols, x_mask, k_hi - k_lo, BLOCK_K,
                           DOT, EVICT, terms)
     if SPLIT_K == 1:
-        _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr,
-                 RESIDUAL)
+        _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr,
+                 s2_ptr, STEPS, SIDES)
     else:
         if store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
             _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols - col0, col_mask,
-                     ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+                     ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr, s2_ptr, STEPS, SIDES)
 
 
 @triton.jit
@@ -490,11 +497,11 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         ws_ptr, cnt_ptr,       # split-K partials (f32) and tickets (i32); None when SPLIT_K == 1
                         b2, r2, r3,            # batches (grid axis 2: x's ne2 * ne3, 1 unbatched): ne2, broadcasts
                         w_b2, w_b3, x_b2, x_b3, y_b2, y_b3,  # the batch strides (0 unbatched)
-                        r_ptr,                 # MUL_MAT_ADD's addend, laid out as y (RESIDUAL; unbatched, single)
+                        s1_ptr, s2_ptr,        # the epilogue's side operands, laid out as y (STEPS; unbatched, single)
                         ids_ptr, ids_s0, ids_s1,  # MUL_MAT_ID's expert ids [n_used, n_t] (IDS; None otherwise)
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr, RESIDUAL: tl.constexpr,
+                        SPLIT_K: tl.constexpr, EVICT: tl.constexpr, STEPS: tl.constexpr, SIDES: tl.constexpr,
                         QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr):
     # (only index arithmetic and the L2 prefetch of an unbatched weight, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -506,7 +513,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     i2, i3 = batch % b2, batch // b2
     if product == 1:  # the pair's second product: its pointers into the one call (as the GEMM's: two calls, one in a
         w_ptr = w2_ptr    # branch, inlined the loop twice with its own pipeline buffers, twice the shared memory,
-        y_ptr = y2_ptr    # which capped the programs an SM; a residual launch is a single product)
+        y_ptr = y2_ptr    # which capped the programs an SM; an epilogue's launch is a single product)
     k_lo, k_hi = k_slice(K, s, BLOCK_K, SPLIT_K)
     if IDS:  # MUL_MAT_ID: batch (slot i2, token i3) reads the matrix of expert ids[i2, i3] (known after the wait)
         wait_for_previous_kernels()
@@ -529,8 +536,8 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, r_ptr, col0, x_chunk, COLS, BLOCK_K, DOT,
-             SPLIT_K, EVICT, RESIDUAL, QTYPE)
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, COLS,
+             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE)
 
 
 class MatVecTile(NamedTuple):
@@ -733,13 +740,39 @@ def weight_type(w: torch.Tensor, dtype: DType | None = None) -> DType:
     return DType.parse(WTYPES[w.dtype])
 
 
-def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residual: torch.Tensor | None = None,
+class Epilogue(NamedTuple):
+    """What a single product's store does to its f32 sums (:func:`_store_y`): an elementwise chain's ``steps`` (1 to
+    ``MAX_STEPS``, at most ``MAX_SIDES`` binary: elementwise_chain's scope), ``sides`` its binary steps' operands in
+    order, f32 and laid out as the output. MUL_MAT_ADD's residual is ``Epilogue(("ADD",), (r,))``."""
+
+    steps: tuple[str, ...]
+    sides: tuple[torch.Tensor, ...]
+
+    def args(self, out: torch.Tensor, where: str) -> tuple[tuple, dict]:
+        """The kernels' side pointers (``out`` for a side not read) and STEPS / SIDES, the operands checked."""
+        from gdnpass.patterns.elementwise_chain.scope import sides_fit
+
+        steps = tuple(self.steps)
+        _require(not steps and not self.sides or sides_fit(list(steps), len(self.sides), least=1),
+                 f"{where}: steps {list(steps)} with {len(self.sides)} side operands: outside the epilogue's scope")
+        for b in self.sides:
+            _require(b.dtype == torch.float32 and b.shape == out.shape and b.stride() == out.stride(),
+                     f"{where}: a side operand must be f32 and laid out as the output")
+            _alias_ok(where, out, b)  # (each element read, then written, by one program: out may be the side)
+        s1, s2 = (*self.sides, out, out)[:2]
+        return (s1, s2), {"STEPS": steps, "SIDES": chain_sides(list(steps))}
+
+
+NO_EPILOGUE = Epilogue((), ())
+
+
+def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogue: Epilogue = NO_EPILOGUE,
               dtype: DType | None = None) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
     A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
-    each against the weight matrix ggml's broadcast gives it. ``residual`` (a single unbatched product): out =
-    w·x + residual, residual laid out as out. ``tile``: a benchmark's override of :func:`mat_vec_tile`. ``dtype``:
+    each against the weight matrix ggml's broadcast gives it. ``epilogue`` (a single unbatched product): out =
+    the product through its steps (:class:`Epilogue`). ``tile``: a benchmark's override of :func:`mat_vec_tile`. ``dtype``:
     the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes))."""
     (w, out), (w2, out2) = products[0], products[-1]
     wtype = weight_type(w, dtype)
@@ -754,9 +787,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
     _require(not wtype.is_quantized or not batched and w.shape[-1] == wtype.row_bytes(K),
              f"mul_mat_vec: {wtype.label} rows of whole blocks, unbatched")
     _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
-    _require(residual is None or not batched and len(products) == 1 and residual.dtype == torch.float32
-             and residual.shape == out.shape and residual.stride() == out.stride(),
-             "mul_mat_vec_add: the addend must be f32 laid out as the output, of one unbatched product")
+    _require(not epilogue.steps or not batched and len(products) == 1,
+             "mul_mat_vec: an epilogue is one unbatched product's")
+    sides, consts = epilogue.args(out, "mul_mat_vec")
     _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
     _require(x.dtype == torch.float32, f"mul_mat_vec of {x.dtype} columns")
@@ -790,9 +823,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, residua
         x = quantize_activations(x, wtype, K, N, cols_x)
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
-        out if residual is None else residual, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
+        *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=residual is not None, QTYPE=QTYPES.get(wtype, ""), IDS=False, **t.launch())
+        QTYPE=QTYPES.get(wtype, ""), IDS=False, **consts, **t.launch())
 
 
 def mul_mat_id_tile(M: int, K: int, wtype: str, batches: int) -> MatVecTile:
@@ -829,19 +862,28 @@ def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DTyp
     _mat_vecs([(w, out)], x, dtype=dtype)
 
 
+def mul_mat_vec_chain(w: torch.Tensor, x: torch.Tensor, steps: list[str], sides: list[torch.Tensor],
+                      out: torch.Tensor, dtype: DType | None = None) -> None:
+    """MUL_MAT_CHAIN: out = the product w·x through an elementwise chain's ``steps`` (side operands ``sides``), the
+    mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns; beyond, the GEMM of :func:`mul_mat_gemm`, as
+    MUL_MAT runs it) running them on each sum as it stores it (:class:`Epilogue`), so out holds the bytes of the
+    unfused chain on that product. The sides and out are f32 views of the product's shape (torch: x's column dims,
+    M); out may be a side itself (each element is read before it is written, in one program), and overlaps nothing
+    else the launch reads."""
+    epilogue = Epilogue(tuple(steps), tuple(sides))
+    if runs_as_gemm(weight_type(w, dtype), 1, x.shape[0] * x.shape[1] * x.shape[2]):
+        mul_mat_gemm(w, x, out, epilogue=epilogue)
+        return
+    _alias_ok("mul_mat_vec_chain", out, x, w, same_ok=False)
+    _mat_vecs([(w, out)], x, epilogue=epilogue, dtype=dtype)
+
+
 def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torch.Tensor,
                     dtype: DType | None = None) -> None:
-    """MUL_MAT_ADD: out = w·x + r, the mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns; beyond, the
-    GEMM of :func:`mul_mat_gemm`, as MUL_MAT runs it) adding r to each product as it stores it, so out holds the bytes
-    of the unfused ADD of that product and r. r and out are f32 views of the product's shape (torch: x's column
-    dims, M); out may be r itself (each element is read before it is written, in one program), and overlaps nothing
-    else the launch reads."""
-    if runs_as_gemm(weight_type(w, dtype), 1, x.shape[0] * x.shape[1] * x.shape[2]):
-        mul_mat_gemm(w, x, out, residual=r)
-        return
-    _alias_ok("mul_mat_vec_add", out, x, w, same_ok=False)
-    _alias_ok("mul_mat_vec_add", out, r)
-    _mat_vecs([(w, out)], x, residual=r, dtype=dtype)
+    """MUL_MAT_ADD: out = w·x + r, :func:`mul_mat_vec_chain` of the one step ADD (IEEE addition commutes: which
+    operand of the unfused ADD the product was changes no bit), so out holds the bytes of the unfused ADD of the
+    product and r."""
+    mul_mat_vec_chain(w, x, ["ADD"], [r], out, dtype)
 
 
 def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_a: torch.Tensor,
@@ -900,9 +942,9 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         x_b2, x_b3, x_chunk = xs[1] if n_b > 1 else 0, xs[2], 0
     _mul_mat_vec_kernel[(blocks, t.split_k, batches)](
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
-        n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, ids, i_s[0], i_s[1], x_chunk,
+        n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, out, ids, i_s[0], i_s[1], x_chunk,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        RESIDUAL=False, QTYPE=QTYPES.get(wtype, ""), IDS=True, **t.launch())
+        STEPS=(), SIDES=(), QTYPE=QTYPES.get(wtype, ""), IDS=True, **t.launch())
 
 
 # ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------
@@ -976,9 +1018,9 @@ def _gemm_terms_sum(w_ptr, w_s1, rows, row_mask, t_ptr, t_plane, cols, col_mask,
 
 
 @triton.jit
-def _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, rb, ct, s, tile, M, K, N, ne1, ne2, w_s1, x_s1, x_s2,
-                x_s3, y_s0, y_s1, y_s2, y_s3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                SPLIT_K: tl.constexpr, RESIDUAL: tl.constexpr):
+def _gemm_block(w_ptr, y_ptr, x_ptr, s1_ptr, s2_ptr, ws_ptr, cnt_ptr, rb, ct, s, tile, M, K, N, ne1, ne2, w_s1,
+                x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr, STEPS: tl.constexpr, SIDES: tl.constexpr):
     """Row block ``rb`` x column tile ``ct`` of one product, K slice ``s`` of SPLIT_K (workspace slot ``tile``).
     bf16 weights: ``x_ptr`` is the pre-pass's terms (:func:`_gemm_terms_sum`); f16: x itself, f32 (the mat-vec's
     f32 dot, :func:`matvec_cols` with IEEE)."""
@@ -995,24 +1037,25 @@ def _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, rb, ct, s, tile, M,
         acc = matvec_cols(w_ptr + k0, w_s1, rows, row_mask, x_ptr + k0, x_cols, col_mask,
                           tl.minimum(k_len, K - k0), BLOCK_K, True, IEEE=True)
     if SPLIT_K == 1:
-        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+        _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr, s2_ptr,
+                 STEPS, SIDES)
     elif store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
         _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols, col_mask, ne1, ne2,
-                 y_s0, y_s1, y_s2, y_s3, r_ptr, RESIDUAL)
+                 y_s0, y_s1, y_s2, y_s3, s1_ptr, s2_ptr, STEPS, SIDES)
 
 
 @triton.jit
-def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, M, K, N, ne1, ne2,
+def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, s1_ptr, s2_ptr, ws_ptr, cnt_ptr, M, K, N, ne1, ne2,
                  w_s1,                  # w [K, M], one matrix, contiguous rows (w2 alike)
                  x_s1, x_s2, x_s3,      # f16: x [K, ne1, ne2, ne3], contiguous rows, N = ne1*ne2*ne3 columns
                  y_s0, y_s1, y_s2, y_s3,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                 RESIDUAL: tl.constexpr, PAIR: tl.constexpr):
+                 STEPS: tl.constexpr, SIDES: tl.constexpr, PAIR: tl.constexpr):
     """y[rows, cols] = w[rows]·x[cols] for one (row block, column tile, K slice) (:func:`_gemm_block`). The grid:
     product-major (PAIR, MUL_MAT_VEC_PAIR: a second product w2 -> y2 of the same shape and layouts, each program the
     single GEMM's code), then K slice, row block, column tile (the column tiles of a row block side by side, so its
-    weight rows come from HBM once and from the L2 after). RESIDUAL (MUL_MAT_ADD): y = the sum + r, r laid out as y
-    (the mat-vec's store, :func:`_store_y`). SPLIT_K > 1: the mat-vec's split protocol (:func:`store_slice`)."""
+    weight rows come from HBM once and from the L2 after). STEPS (MUL_MAT_ADD, MUL_MAT_CHAIN): y = the sum through
+    them, their side operands laid out as y (the mat-vec's store, :func:`_store_y`). SPLIT_K > 1: the mat-vec's split protocol (:func:`store_slice`)."""
     wait_for_previous_kernels()
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -1022,9 +1065,9 @@ def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, M,
     if PAIR and product == 1:  # the pair's second product: its pointers into the one call (two calls would each
         w_ptr = w2_ptr         # get shared memory for their pipeline: twice sm_90's at 64 x 32 x 128, 4 stages)
         y_ptr = y2_ptr
-    _gemm_block(w_ptr, y_ptr, x_ptr, r_ptr, ws_ptr, cnt_ptr, t // tiles_n, t % tiles_n, s, product * tiles + t, M, K,
-                N, ne1, ne2, w_s1, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3, BLOCK_M, BLOCK_N, BLOCK_K, SPLIT_K,
-                RESIDUAL)  # (a pair has no residual)
+    _gemm_block(w_ptr, y_ptr, x_ptr, s1_ptr, s2_ptr, ws_ptr, cnt_ptr, t // tiles_n, t % tiles_n, s,
+                product * tiles + t, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3, y_s0, y_s1, y_s2, y_s3, BLOCK_M,
+                BLOCK_N, BLOCK_K, SPLIT_K, STEPS, SIDES)  # (a pair has no epilogue)
 
 
 class GemmTile(NamedTuple):
@@ -1072,15 +1115,15 @@ def gemm_tile(M: int, N: int, K: int, wtype: str) -> GemmTile:
 
 
 def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: GemmTile | None = None,
-                 residual: torch.Tensor | None = None, second: tuple | None = None) -> None:
+                 epilogue: Epilogue = NO_EPILOGUE, second: tuple | None = None) -> None:
     """MUL_MAT of many columns (:func:`gdnpass.kernels.limits.runs_as_gemm`): w ne [K, M] one f16 / bf16 matrix
     (torch (1, 1, M, K), contiguous rows), x f32 ne [K, N1, N2, N3] of any N1·N2·N3 columns (contiguous rows, any
     strides above), out f32 ne [M, N1, N2, N3] (any strides). The weight is read as it is (no f32 copy, as torch's
     matmul needs); the sum is the mat-vec's tensor-core form at f32-level accuracy, K in order within a program and
     K slices added in a fixed order: the same bytes every run. bf16 weights: two launches, x's bf16 terms first
     (:func:`_gemm_terms_kernel`, into the activation workspace), then the GEMM. ``tile``: a test's or benchmark's
-    override of :func:`gemm_tile`. ``residual`` (MUL_MAT_ADD's addend, f32, laid out as out, which may be it): out =
-    w·x + residual, the product's bytes then the unfused ADD's one rounding. ``second`` (MUL_MAT_VEC_PAIR's):
+    override of :func:`gemm_tile`. ``epilogue`` (MUL_MAT_ADD's, MUL_MAT_CHAIN's, :class:`Epilogue`): out = the
+    product through its steps, the product's bytes then the unfused nodes' roundings. ``second`` (MUL_MAT_VEC_PAIR's):
     ``(w2, out2)`` of w's shape, type and strides and out's layout, computed in the same launch with w's tile (and
     the same terms), so each is the single GEMM's bytes."""
     wtype = weight_type(w)
@@ -1093,20 +1136,17 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
     _require(x.shape[3] == K and out.shape[3] == M and out.shape[:3] == x.shape[:3],
              f"mul_mat_gemm: columns {tuple(x.shape)} for K {K}, output {tuple(out.shape)} for M {M}")
     w2, out2 = second if second is not None else (w, out)
-    _require(second is None or residual is None and w2.dtype == w.dtype and w2.shape == w.shape
+    _require(second is None or not epilogue.steps and w2.dtype == w.dtype and w2.shape == w.shape
              and w2.stride() == w.stride() and out2.dtype == out.dtype and out2.shape == out.shape
              and out2.stride() == out.stride(),
-             "mul_mat_gemm: a pair's second weight and output must be laid out as the first (and no residual)")
-    _require(residual is None or residual.dtype == torch.float32 and residual.shape == out.shape
-             and residual.stride() == out.stride(), "mul_mat_gemm: the residual must be f32 and laid out as the output")
+             "mul_mat_gemm: a pair's second weight and output must be laid out as the first (and no epilogue)")
+    sides, consts = epilogue.args(out, "mul_mat_gemm")
     if out.numel() == 0:
         return
     _alias_ok("mul_mat_gemm", out, x, w, same_ok=False)  # (a program writes rows other programs' sums still read)
     if second is not None:
         _alias_ok("mul_mat_gemm", out2, x, w, w2, out, same_ok=False)
         _alias_ok("mul_mat_gemm", out, w2, same_ok=False)
-    if residual is not None:  # (each element read, then written, by one program: out may be the residual itself)
-        _alias_ok("mul_mat_gemm", out, residual)
     t = tile or gemm_tile(M, N, K, wtype.label)
     xs, ys, ne1, ne2 = _strides(x), _strides(out), x.shape[2], x.shape[1]
     products = 1 if second is None else 2
@@ -1118,9 +1158,9 @@ def mul_mat_gemm(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, tile: Gemm
     if pre_pass(wtype, "gemm"):  # x's bf16 terms: the operand the GEMM reads in x's place
         x = gemm_terms(x, activation_workspace(w.device, 6 * N * K, "mul_mat_gemm")[:6 * N * K].view(torch.bfloat16))
     _gemm_kernel[(products * t.split_k * tiles,)](
-        w, out, w2, out2, x, out if residual is None else residual, ws, cnt, M, K, N, ne1, ne2, w.stride(-2),
+        w, out, w2, out2, x, *sides, ws, cnt, M, K, N, ne1, ne2, w.stride(-2),
         xs[1], xs[2], xs[3], *ys, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT_K=t.split_k,
-        RESIDUAL=residual is not None, PAIR=second is not None,
+        PAIR=second is not None, **consts,
         **{**LAUNCH, "num_warps": t.warps, "num_stages": t.stages})
 
 

@@ -13,6 +13,7 @@
       elementwise_chain/ ADD / MUL / UNARY nodes, each reading the one before       => ELEMENTWISE_CHAIN
       gdn_gates/       the elementwise nodes of a GATED_DELTA_NET_CACHE's gates     => GATED_DELTA_NET_CACHE
       gdn_state_gather/ the GET_ROWS of a one-sequence GATED_DELTA_NET_CACHE's state  => GATED_DELTA_NET_CACHE
+      mul_mat_chain/   MUL_MAT -> ELEMENTWISE_CHAIN of its product (the GDN's gate) => MUL_MAT_CHAIN
 
 :data:`REGISTRY` lists the patterns in pass order. Who reads it: the pass (:mod:`gdnpass.fusion`: ``PATTERNS``, the
 order of ``prepare`` and ``fuse``), the IR's fused op list (each record declares its op, ``ir.fused_op``), the shape
@@ -31,14 +32,16 @@ from __future__ import annotations
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op, Tensor
 from gdnpass.patterns import (conv_chain, elementwise_chain, gdn_gates, gdn_state_cache, gdn_state_gather,
-                              mat_vec_pair, moe_router, mul_mat_add, rms_norm_mul)
+                              mat_vec_pair, moe_router, mul_mat_add, mul_mat_chain, rms_norm_mul)
 from gdnpass.patterns.pattern import Pattern
 from gdnpass.patterns.record import FusedOp
 
 REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN, rms_norm_mul.PATTERN,
                                   gdn_state_cache.PATTERN, mul_mat_add.PATTERN, moe_router.PATTERN,
-                                  elementwise_chain.PATTERN, gdn_gates.PATTERN, gdn_state_gather.PATTERN)
-# the pass order: the router before the chain (its CLAMP); the gates after the cache fusion and the chain (their nodes)
+                                  elementwise_chain.PATTERN, gdn_gates.PATTERN, gdn_state_gather.PATTERN,
+                                  mul_mat_chain.PATTERN)
+# the pass order: the router before the chain (its CLAMP); the gates and the product's chain after the cache fusion
+# and the chain (their nodes)
 
 RECORDS: dict[Op, FusedOp] = {p.record.op: p.record for p in REGISTRY}  # (gdn_gates, gdn_state_gather: its op)
 

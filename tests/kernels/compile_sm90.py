@@ -72,6 +72,14 @@ def compile_sm90(kernel, constexprs: dict, num_warps: int = core.NUM_WARPS, ptrs
     return k
 
 
+EPILOGUES = (("ADD",), ("SILU", "RMUL"))  # MUL_MAT_ADD's residual, MUL_MAT_CHAIN's Qwen3.5 output gate
+
+
+def _epilogue(steps: tuple) -> dict:
+    """A product's epilogue constexprs (triton_matvec.Epilogue.args)."""
+    return dict(STEPS=steps, SIDES=core.chain_sides(list(steps)))
+
+
 def variants():
     # a quantized product's pre-passes: the activations as int8 groups (the workspace: bytes, then scales and sums)
     for form in ("q8_1", "q8_K"):
@@ -127,22 +135,23 @@ def variants():
     tiles |= {(mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
               itertools.product(((32, 1), (32, 8), (4096, 1), (4096, 4), (4096, 16), (4096, 32), (12288, 32),
                                  (248320, 32)), core.QTYPES.values())}
-    # (MUL_MAT_ADD's residual store: on the split tiles, both forms)
-    for (t, wt), residual in [(tw, False) for tw in sorted(tiles) + split] + [(tw, True) for tw in split]:
+    # (MUL_MAT_ADD's residual store and MUL_MAT_CHAIN's SiLU-gate chain: on the split tiles, both forms)
+    for (t, wt), steps in [(tw, ()) for tw in sorted(tiles) + split] + [(tw, s) for tw in split for s in EPILOGUES]:
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=residual, QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early)
+                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, **_epilogue(steps))
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, r_ptr="*fp32"), t.options())
+               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr), t.options())
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
             itertools.product(shapes, (17, 32, 33, 128, 1024), mv.GEMM_WEIGHTS)}
-    for (t, wt), (residual, pair) in itertools.product(sorted(gemm), ((False, False), (True, False), (False, True))):
-        ptr = {"bf16": "*bf16", "f16": "*fp16"}[wt]  # (residual: MUL_MAT_ADD's; pair: MUL_MAT_VEC_PAIR's)
-        c = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT_K=t.split_k, RESIDUAL=residual,
-                 PAIR=pair)  # (bf16 reads x's bf16 terms; an unsplit launch passes None for the workspace)
+    for (t, wt), (steps, pair) in itertools.product(sorted(gemm), [((), False), *((s, False) for s in EPILOGUES),
+                                                                   ((), True)]):
+        ptr = {"bf16": "*bf16", "f16": "*fp16"}[wt]  # (steps: MUL_MAT_ADD's, MUL_MAT_CHAIN's; pair: MUL_MAT_VEC_PAIR's)
+        c = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, SPLIT_K=t.split_k, PAIR=pair,
+                 **_epilogue(steps))  # (bf16 reads x's bf16 terms; an unsplit launch passes None for the workspace)
         yield (mv._gemm_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr="*bf16" if wt == "bf16" else "*fp32"), dict(num_stages=t.stages))
     yield mv._gemm_terms_kernel, dict(BLOCK=mv.GEMM_TERMS_BLOCK), core.NUM_WARPS, dict(t_ptr="*bf16")
@@ -152,7 +161,7 @@ def variants():
         t = mv.mul_mat_id_tile(M, K, wt, 16)
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 RESIDUAL=False, QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early)
+                 STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     # GATED_DELTA_NET unrolled (a verify) and looped (a prompt), reading its gates; and computing Qwen3.5's (the

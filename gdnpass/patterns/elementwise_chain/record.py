@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gdnpass.ir import DType, Op, Tensor, fused_op
 from gdnpass.opspec.shapes import can_repeat
-from gdnpass.patterns.elementwise_chain.scope import BINARY, steps_fit
+from gdnpass.patterns.elementwise_chain.scope import BINARY, sides_fit, steps_fit
 from gdnpass.patterns.record import NAMES, REPLACED, FusedOp, need
 
 OP = fused_op("ELEMENTWISE_CHAIN")
@@ -22,7 +22,7 @@ def _check(n: Tensor) -> None:
     x, *sides = n.src
     steps = n.op_params["steps"]
     need(not n.outs, n, "writes only its own memory (the last replaced node's)")
-    need(steps_fit(steps) and len(sides) == sum(s in BINARY for s in steps), n,
+    need(sides_fit(steps, len(sides)), n,
          f"steps {steps} with {len(sides)} side operands: outside the kernel's scope")
     need(all(t.type is DType.F32 for t in (n, *n.src)), n, "every operand must be f32")
     need(n.ne == x.ne, n, f"output {n.ne} is not the chain input's shape {x.ne}")

@@ -9,7 +9,12 @@ UNARY = ("SILU", "SIGMOID", "SOFTPLUS", "EXP")                      # the UNARY 
 
 
 def steps_fit(steps: list[str], least: int = 2) -> bool:
-    """``least`` (a chain: 2; one node's step, as GATED_DELTA_NET_CACHE computes its gates: 1) ..MAX_STEPS known
-    steps, at most MAX_SIDES of them binary."""
+    """``least`` (a chain: 2; one node's step, as GATED_DELTA_NET_CACHE computes its gates, or a product's store
+    runs: 1) ..MAX_STEPS known steps, at most MAX_SIDES of them binary."""
     return (least <= len(steps) <= MAX_STEPS and all(s in BINARY or s in UNARY for s in steps)
             and sum(s in BINARY for s in steps) <= MAX_SIDES)
+
+
+def sides_fit(steps: list[str], sides: int, least: int = 2) -> bool:
+    """:func:`steps_fit`, with one side operand for each binary step."""
+    return steps_fit(steps, least) and sides == sum(s in BINARY for s in steps)

@@ -45,7 +45,7 @@ fits = RECORD.scope  # the kernel's scope
 _VIEWS = (Op.RESHAPE, Op.VIEW)
 
 
-def _product_of(t: Tensor) -> Tensor | None:
+def product_of(t: Tensor) -> Tensor | None:
     """The MUL_MAT ``t`` is, or is a view of (one RESHAPE or VIEW); None otherwise."""
     if t.op is Op.MUL_MAT:
         return t
@@ -57,7 +57,7 @@ def _product_of(t: Tensor) -> Tensor | None:
 def _operand(add: Tensor, pos: dict[int, int]) -> Tensor | None:
     """The ADD's first operand that is a MUL_MAT node (at a position of the graph) or a view of one."""
     for s in add.src[:2]:
-        mm = _product_of(s) if s is not None else None
+        mm = product_of(s) if s is not None else None
         if mm is not None and mm.uid in pos:
             return s
     return None
@@ -191,7 +191,7 @@ class MatMulAdd:
     def capture(self, graph: Graph, add: Tensor, ctx: Context) -> MatAddCapture:
         """The ADD's first operand that is a product (or a view of one) and its MUL_MAT."""
         read = _operand(add, ctx.pos)
-        mm = _product_of(read)
+        mm = product_of(read)
         return MatAddCapture(mm, None if read is mm else read, add)
 
     def plan(self, c: MatAddCapture, ctx: Context) -> None:

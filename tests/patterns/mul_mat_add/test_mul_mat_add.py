@@ -62,7 +62,7 @@ def test_split_k_sum_has_the_bytes_of_the_split_k_product_then_the_add():
     product, want, out = (a.view((1, 1, 4, 8)) for _ in range(3))
     triton_matvec._mat_vecs([(w, product)], x, tile=tile)
     TRITON_BACKEND[Op.ADD](node(Op.ADD), [product, r], want)
-    a.run(lambda: triton_matvec._mat_vecs([(w, out)], x, tile=tile, residual=r), out)
+    a.run(lambda: triton_matvec._mat_vecs([(w, out)], x, tile=tile, epilogue=triton_matvec.Epilogue(("ADD",), (r,))), out)
     assert_same_bytes(out, want, "split-K sum")
 
 
@@ -71,7 +71,7 @@ def test_the_launcher_refuses_a_sum_over_its_input():
     w, x, r = _operands(a, torch.float32, 1)
     from gdnpass.errors import KernelError
 
-    with pytest.raises(KernelError, match="mul_mat_vec_add: the output overlaps an input"):
+    with pytest.raises(KernelError, match="mul_mat_vec_chain: the output overlaps an input"):
         triton_matvec.mul_mat_vec_add(w, x, r, x[..., :12])
 
 

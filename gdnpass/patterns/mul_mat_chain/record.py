@@ -1,0 +1,82 @@
+"""MUL_MAT_CHAIN's record: what the fused node carries and writes, its launches, adapters, scope and cost.
+
+The node reads ``(w, x, b1[, b2])`` — the product's weight and activation, then the chain's side operands in order —
+and writes the chain's memory: w·x through the chain's steps, run by the single mat-vec's (or, beyond 16 columns,
+the GEMM's) store on each sum (:class:`gdnpass.kernels.triton_matvec.Epilogue`, the steps ELEMENTWISE_CHAIN's kernel
+runs: ``triton_core.chain_step``), so the product's bytes are the unfused MUL_MAT's and the output the unfused
+chain's. op_params: ``steps`` (ELEMENTWISE_CHAIN's, the product the chain's value) and ``replaced``. The kernel is
+:func:`gdnpass.kernels.triton_matvec.mul_mat_vec_chain`: it stays in the mat-vec family. Pure Python: the adapters
+and :func:`programs` import torch and Triton when called.
+"""
+
+from __future__ import annotations
+
+from gdnpass.ir import DType, Tensor, fused_op
+from gdnpass.kernels import limits
+from gdnpass.patterns.elementwise_chain.record import reference as chain_reference
+from gdnpass.patterns.elementwise_chain.record import watch
+from gdnpass.patterns.elementwise_chain.scope import sides_fit
+from gdnpass.patterns.mul_mat_add.record import programs as product_programs
+from gdnpass.patterns.record import NAMES, REPLACED, FusedOp, need
+
+OP = fused_op("MUL_MAT_CHAIN")
+KERNEL = "gdnpass.kernels.triton_matvec.mul_mat_vec_chain"
+
+
+def fits(t: Tensor, rows: int, cols: int) -> bool:
+    """The kernel's scope for the output and the sides: packed, the product's ``rows`` x ``cols`` elements in any
+    shape (the chain's: the kernel addresses them as the product's [rows, cols], a packed reshape's same order)."""
+    return t.is_contiguous() and t.nelements == rows * cols
+
+
+def _check(n: Tensor) -> None:
+    w, x, *sides = n.src
+    steps = n.op_params["steps"]
+    need(not n.outs, n, "writes only its own memory (the chain's)")
+    need(sides_fit(steps, len(sides), least=1), n,
+         f"steps {steps} with {len(sides)} side operands: outside the epilogue's scope")
+    M, cols = w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
+    need(w.ne[0] == x.ne[0] and limits.runs_in_one_launch(w.type, w.ne[2] * w.ne[3], M, cols), n,
+         f"{cols} columns of a {w.type.label} {w.ne[:2]} weight: not one launch of a single matrix")
+    need(limits.mat_vec_weight(w.type) and x.type is DType.F32, n,
+         f"weight {w.type.label} and x {x.type.label}: the mat-vec takes f32/f16/bf16 or ggml block weights and f32 "
+         "columns")
+    for t in (n, *sides):
+        need(t.type is DType.F32 and fits(t, M, cols) and t.ne == n.ne, n,
+             f"{t.name!r} must be f32, packed, {M} x {cols} in the output's shape {n.ne}; is {t.type.label} {t.ne}")
+
+
+def _torch(node: Tensor, views: list, out) -> None:
+    from gdnpass.kernels import reference as ref
+
+    w, x, *sides = views
+    product = ref.mul_mat(w, x, node.src[0].type).reshape(out.shape)
+    out.copy_(chain_reference(node.op_params["steps"], product, sides))
+
+
+def _triton(node: Tensor, views: list, out) -> None:
+    from gdnpass.kernels import triton_matvec
+
+    w, x, *sides = views
+    as_product = (*x.shape[:3], w.shape[2])  # (ne3, ne2, ne1, M): the kernel's view of the output and the sides
+    triton_matvec.mul_mat_vec_chain(w, x, node.op_params["steps"], [b.view(as_product) for b in sides],
+                                    out.view(as_product), node.src[0].type)
+
+
+RECORD = FusedOp(
+    op=OP,
+    src=("w", "x", "b1", "b2"),
+    optional_src=2,  # a side operand per binary step: none, one or two
+    outs="nothing: the node is a view of the chain's last node's output",
+    params={"steps": NAMES, "replaced": REPLACED},
+    check=_check,
+    launches=lambda n: limits.mul_mat_launches(n.src[0], n.src[1]),
+    torch=_torch,
+    triton=_triton,
+    scope=fits,  # (the steps: the chain's own scope held them)
+    doc="a MUL_MAT and the elementwise chain of its product, in one mat-vec or GEMM launch",
+    programs=product_programs,
+    interpreter_s={},  # the mat-vec's own ("mat_vec": gdnpass.cli.INTERPRETER_S)
+    watch=watch,  # (what it writes: a chain's last node, as ELEMENTWISE_CHAIN; the product it never writes)
+    variant=lambda n: " -> ".join(n.op_params["steps"]),
+)
