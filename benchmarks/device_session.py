@@ -50,9 +50,10 @@ Part 12 (issue 37 item 4): the GEMM of products over 16 columns compiled and che
 Part 14 (issue 34): the whole 9B verify with all-Q4_K and all-Q6_K weights, fusion on with and without
 MUL_MAT_ADD (``bench.py --only whole --wtype W --without mul_mat_add``): whether its residual form pays on quantized
 weights; Q4_K also at e91a2a0 (``.ab``, as part 13), before the register cap that gives it 4 programs an SM.
-Part 16 (issue 32): the GDN computing its gates (gdn_gates) and gathering its state (gdn_state_gather): its kernel
-tests compiled, ``run --check`` of 8 layers of the 9B at T = 4 and 8, the whole bf16 verify with and without each
-(``bench.py --only whole --without PATTERN``).
+Part 16 (issue 32): the GDN computing its gates (gdn_gates), gathering its state (gdn_state_gather) and the z
+product running the GDN's output gate (mul_mat_chain): the GDN's kernel tests compiled, ``run --check`` of 8 layers of
+the 9B at T = 4 and 8, the whole bf16 verify with and without each of the last two (``bench.py --only whole --without
+PATTERN``).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

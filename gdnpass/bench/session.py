@@ -172,10 +172,11 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 16:
         return [
-            # issue 32: the GDN computing its gates (gdn_gates, 2026-12-07; its looped kernel and its lane pick fixed
-            # after the one call that timed it) and gathering its state (gdn_state_gather, never run on a GPU): its
-            # kernels compiled against the unfused ones byte for byte, 8 fused 9B layers checked at T = 4 and 8, then
-            # the whole bf16 verify with and without each
+            # issue 32: the GDN computing its gates (gdn_gates, timed 2026-12-07; its looped kernel and its lane pick
+            # fixed after the one call that timed it), gathering its state (gdn_state_gather) and the z product
+            # running its output gate (mul_mat_chain), the last two never run on a GPU: the GDN's kernels compiled
+            # against the unfused ones byte for byte, 8 fused 9B layers checked at T = 4 and 8, then the whole bf16
+            # verify with and without each of the last two
             ("gdn-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py", "-k",
                            "gated_delta_net or chain"], 90),
             *((f"gdn-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
@@ -183,7 +184,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
               for t in (4, 8)),
             *((f"whole-without-{p}", [PY, "benchmarks/bench.py", "--quick", "--only", "whole", "--without", p,
                                       "--json", str(out / f"whole-without-{p}.json")], 130)
-              for p in ("gdn_gates", "gdn_state_gather")),
+              for p in ("gdn_state_gather", "mul_mat_chain")),
         ]
     if part == 3:
         return [
