@@ -415,19 +415,25 @@ def chain_at(i0, i1, i2, i3, mask, P, STEPS: tl.constexpr, SIDES: tl.constexpr):
     """An elementwise chain's value at (i0, i1, i2, i3) of the chain input x's shape, hence its output's: x there
     through STEPS in order (:func:`chain_step`), side operand SIDES[i] (1 or 2) for a binary step, repeated into x's
     shape as ggml broadcasts src1. ``P`` (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand
-    with its ne and strides. ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements; GATED_DELTA_NET_CACHE
+    with its ne and strides, one flat tuple. ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements; GATED_DELTA_NET_CACHE
     (triton_ssm) where it reads its gates (the gdn_gates pattern). A product's store runs the same steps on its sums
     (triton_matvec, MUL_MAT_CHAIN)."""
-    x_ptr, _, _, _, x_s0, x_s1, x_s2, x_s3, B1, B2 = P
-    v = tl.load(x_ptr + i0 * x_s0 + i1 * x_s1 + i2 * x_s2 + i3 * x_s3, mask=mask)
+    v = tl.load(P[0] + i0 * P[4] + i1 * P[5] + i2 * P[6] + i3 * P[7], mask=mask)
     for i in tl.static_range(len(STEPS)):
         b = v
         if SIDES[i] == 1:
-            b = _src1_at(B1[0], i0, i1, i2, i3, B1[1], B1[2], B1[3], B1[4], B1[5], B1[6], B1[7], B1[8], mask)
+            b = _side_at(P, 8, i0, i1, i2, i3, mask)
         elif SIDES[i] == 2:
-            b = _src1_at(B2[0], i0, i1, i2, i3, B2[1], B2[2], B2[3], B2[4], B2[5], B2[6], B2[7], B2[8], mask)
+            b = _side_at(P, 8 + _SIDE_LEN, i0, i1, i2, i3, mask)
         v = chain_step(v, b, STEPS, i)
     return v
+
+
+@triton.jit
+def _side_at(P, AT: tl.constexpr, i0, i1, i2, i3, mask):
+    """:func:`chain_at`'s side operand whose pointer is P[AT] (its ne and strides after it) at (i0, i1, i2, i3)."""
+    return _src1_at(P[AT], i0, i1, i2, i3, P[AT + 1], P[AT + 2], P[AT + 3], P[AT + 4], P[AT + 5], P[AT + 6],
+                    P[AT + 7], P[AT + 8], mask)
 
 
 def chain_sides(steps: list[str]) -> tuple[int, ...]:
@@ -441,16 +447,18 @@ def chain_sides(steps: list[str]) -> tuple[int, ...]:
     return tuple(out)
 
 
-_SIDE_ARGS = ("*fp32",) + ("i32",) * 8
-CHAIN_ARGS = ("*fp32",) + ("i32",) * 7 + (_SIDE_ARGS, _SIDE_ARGS)  # chain_args' types, as a compiler signature
+_SIDE_LEN = tl.constexpr(9)  # a side operand's entries in chain_args: its pointer, ne, strides
+CHAIN_ARGS = ("*fp32",) + ("i32",) * 7 + (("*fp32",) + ("i32",) * 8) * 2  # chain_args' types: a compiler signature
 
 
 def chain_args(x: torch.Tensor, sides: list[torch.Tensor]) -> tuple:
-    """:func:`chain_at`'s ``P``: x (its ne0..ne2, strides), then the side operands (each its ne, strides; x again in
-    place of a side a chain lacks: never read)."""
+    """:func:`chain_at`'s ``P``, one flat tuple: x (its ne0..ne2, strides), then the side operands (each its ne,
+    strides; x again in place of a side a chain lacks: never read). Flat, not a tuple a side: Triton 3.6 miscompiles
+    a nested tuple argument holding specialized ints (a stride of 1) passed to a call inside a runtime loop (the GDN's
+    prompt loop: 'NoneType' object has no attribute 'type'), which a flat one does not."""
     b1, b2 = (list(sides) + [x, x])[:2]
     return (x, x.shape[3], x.shape[2], x.shape[1], *_strides(x),
-            *((b, *b.shape[::-1], *_strides(b)) for b in (b1, b2)))
+            *(v for b in (b1, b2) for v in (b, *b.shape[::-1], *_strides(b))))
 
 
 # ---- the expert router's arithmetic (SOFT_MAX, ARGSORT, CLAMP; the fused MOE_ROUTER calls the same) ----------------

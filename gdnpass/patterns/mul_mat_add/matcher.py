@@ -25,8 +25,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  8. [mul-mat-add.output-overlaps-input] the sum overlaps neither x nor the weight, and the addend only element for
     element (in place): a program stores its rows only after reading them, while other programs still read all of
     x.
- 9. [mul-mat-add.product-read-later] no later node reads the product's bytes before a node writes them again: the
-    fused node never writes them.
+ 9. [mul-mat-add.product-read-later] no node after the MUL_MAT but the ones it replaces reads the product's bytes
+    (through a tensor of its own: an alias) before a node writes them again: the fused node never writes them.
 """
 
 from __future__ import annotations
@@ -167,9 +167,22 @@ def _output_overlaps_input(c: MatAddCapture, ctx):
         return collision(c.add, f"{c.add.name!r} overlaps the addend {c.r.name!r}, not element for element", hit)
 
 
+def product_read(c, ctx: Context, at: int) -> Why | None:
+    """The product-read-later hazard of a capture that replaces MUL_MAT ``c.mm`` with a node at index ``at`` that
+    never writes the product: a node in between that reads its bytes (the capture's span), or a later one before a
+    node writes them again (what the fused node writes, ``c.written()``, does)."""
+    product = ctx.ranges([c.mm])
+    for b in c.between(ctx):
+        hit = first_collision(b.reads, product)
+        if hit:
+            return collision(b.node, f"{b.node.name!r} reads the bytes of {c.mm.name!r}, which the fused node never "
+                                     f"writes", hit)
+    return read_before_written(ctx, product, at, ctx.ranges(c.written()))
+
+
 @rule("mul-mat-add.product-read-later", HAZARD)
 def _product_read_later(c: MatAddCapture, ctx):
-    return read_before_written(ctx, ctx.ranges([c.mm]), ctx.pos[c.add.uid], ctx.ranges(c.written()))
+    return product_read(c, ctx, ctx.pos[c.add.uid])
 
 
 RULES = (_product, _addend, _type, _n_cols, _layout, confined(MatAddCapture), _between, _output_overlaps_input,

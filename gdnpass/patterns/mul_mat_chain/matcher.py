@@ -28,8 +28,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  7. [mul-mat-chain.output-overlaps-input] the output overlaps neither x nor the weight, and a side operand only
     element for element (in place): a program stores its rows only after reading them, while other programs still
     read all of x.
- 8. [mul-mat-chain.product-read-later] no later node reads the product's bytes before a node writes them again: the
-    fused node never writes them.
+ 8. [mul-mat-chain.product-read-later] no node after the MUL_MAT but the ones it replaces reads the product's bytes
+    (through a tensor of its own: an alias) before a node writes them again: the fused node never writes them.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ from gdnpass.ir import DType, Graph, Tensor
 from gdnpass.kernels import limits
 from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, runs_in_one_launch
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
-                                     first_collision, read_before_written, rule, same_elements)
+                                     first_collision, rule, same_elements)
 from gdnpass.patterns.elementwise_chain.record import OP as CHAIN_OP
-from gdnpass.patterns.mul_mat_add.matcher import product_of
+from gdnpass.patterns.mul_mat_add.matcher import product_of, product_read
 from gdnpass.patterns.mul_mat_chain.record import RECORD
 
 NAME = "mul_mat_chain"
@@ -149,7 +149,7 @@ def _output_overlaps_input(c: MatChainCapture, ctx):
 
 @rule("mul-mat-chain.product-read-later", HAZARD)
 def _product_read_later(c: MatChainCapture, ctx):
-    return read_before_written(ctx, ctx.ranges([c.mm]), ctx.pos[c.chain.uid], ctx.ranges(c.written()))
+    return product_read(c, ctx, ctx.pos[c.chain.uid])
 
 
 RULES = (_product, _type, _n_cols, _layout, confined(MatChainCapture), _between, _output_overlaps_input,

@@ -77,20 +77,22 @@ def test_fuses_byte_identically(backend, device):
 def test_the_chains_of_a_qwen35_graph():
     """tiny-qwen35's whole verify, after the other patterns: per GDN layer the gate (ADD -> SOFTPLUS -> MUL, which
     gdn_gates then has the GDN compute, with beta's SIGMOID) and the output gate (SILU -> MUL by the normed output,
-    its src0), in the attention layer the output's SIGMOID gate."""
+    its src0, which mul_mat_chain then has the z product's store run), in the attention layer the output's SIGMOID
+    gate."""
     from gdnpass import pipeline
     from gdnpass.patterns import matchers
 
     cfg = VerifyConfig("tiny-qwen35", 4, 3, whole=True)
     g = pipeline.run(cfg, pipeline.PassOptions(fusion=True), fuse_now=False).graph
-    fuse(g, enabled=True, patterns=[m for m in matchers() if m.name != "gdn_gates"])
+    fuse(g, enabled=True, patterns=[m for m in matchers() if m.name not in ("gdn_gates", "mul_mat_chain")])
     chains = [n.op_params["steps"] for n in g.nodes if n.op is Op.ELEMENTWISE_CHAIN]
     assert chains == [["ADD", "SOFTPLUS", "MUL"], ["SILU", "RMUL"]] * 3 + [["SIGMOID", "RMUL"]]
     res = pipeline.run(cfg, pipeline.PassOptions(fusion=True))
     chains = [n.op_params["steps"] for n in res.graph.nodes if n.op is Op.ELEMENTWISE_CHAIN]
     gates = [(n.op_params["g_steps"], n.op_params["beta_steps"]) for n in res.graph.nodes
              if n.op is Op.GATED_DELTA_NET_CACHE]
-    assert chains == [["SILU", "RMUL"]] * 3 + [["SIGMOID", "RMUL"]]
+    products = [n.op_params["steps"] for n in res.graph.nodes if n.op is Op.MUL_MAT_CHAIN]
+    assert chains == [["SIGMOID", "RMUL"]] and products == [["SILU", "RMUL"]] * 3
     assert gates == [(["ADD", "SOFTPLUS", "MUL"], ["SIGMOID"])] * 3
 
 

@@ -107,6 +107,16 @@ def m_product_read_later(g):
     insert_after(g, p["add"], ops.add(alias, alias)).flags |= Flag.OUTPUT
 
 
+def m_product_read_between(g):
+    """Between the product and the ADD a node reads the product's bytes through a tensor of its own (as
+    m_product_read_later: no graph edge, so the user count does not see it); fused, they are never written."""
+    p = parts(g)
+    alias = ops.new_tensor("product-bytes", DType.F32, (p["mm"].nelements,), buffer="arena")
+    alias.offset = p["mm"].offset
+    g.leafs.append(alias)
+    insert_after(g, p["mm"], ops.add(alias, alias)).flags |= Flag.OUTPUT
+
+
 TRIPS = [
     Trip("mul-mat-add.product", m_permuted_view, name="view"),
     Trip("mul-mat-add.product", m_add_in_place, name="in-place"),
@@ -118,7 +128,8 @@ TRIPS = [
     Trip("mul-mat.user-count", m_product_read, name="reader"),
     Trip("between.writes-input", m_x_written_between),
     Trip("mul-mat-add.output-overlaps-input", m_sum_over_x, name="ffn", kernels="triton"),
-    Trip("mul-mat-add.product-read-later", m_product_read_later),
+    Trip("mul-mat-add.product-read-later", m_product_read_later, name="later"),
+    Trip("mul-mat-add.product-read-later", m_product_read_between, name="between"),
 ]
 
 
