@@ -170,6 +170,18 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                           "--without", "mul_mat_add", "--json", str(out / f"whole-{w}-mma{tag}.json")),
                150) for w, tag, path in (("q4_k", "", "."), ("q4_k", "-base", BASE), ("q6_k", "", "."))),
         ]
+    if part == 17:
+        return [
+            # issues 32, 34: the two tiles the twelfth session's tables point at (docs/performance.md, 2026-12-07,
+            # twelfth): bf16 4096 x 4096 (z and ssm_out, 48 launches a 9B verify) at 55% of the read bandwidth, and
+            # Q8_0's alpha/beta pair (32 rows: the 128-row tile masks 3/4 of it) at twice upstream's time
+            ("tune-bf16-4096", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16", "--shapes", "4096x4096",
+                                "--cols", "4,8", "--deep", "--budget-s", "200",
+                                "--json", str(out / "tune-bf16-4096.json")], 260),
+            ("tune-q8_0-thin", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q8_0", "--shapes", "32x4096",
+                                "--cols", "4,8", "--pair", "--budget-s", "120",
+                                "--json", str(out / "tune-q8_0-thin.json")], 170),
+        ]
     if part == 16:
         return [
             # issue 32: the GDN computing its gates (gdn_gates, timed 2026-12-07; its looped kernel and its lane pick
@@ -209,7 +221,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
