@@ -47,7 +47,8 @@ from gdnpass.ir import DType, Graph, Op, Tensor, byte_range, ranges_overlap, run
 from gdnpass.kernels import limits
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
 
-PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD", "MUL_MAT_CHAIN")  # their sources: the weight, the activation, ...
+# the products: their sources the weight, the activation, ...
+PRODUCTS = ("MUL_MAT", "MUL_MAT_VEC_PAIR", "MUL_MAT_ADD", "MUL_MAT_CHAIN")
 PRODUCERS = ("RMS_NORM_MUL", "GLU")  # write their output quantized where the plan asks
 RULES = ("one-pre-pass", "same-activation", "same-form", "last-pre-pass", "unwritten")
 

@@ -97,8 +97,8 @@ def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel(wtype
     for n in g.nodes:
         if n.uid in p.shared:
             readers.setdefault(stem(p.shared[n.uid]), set()).add(product_name(n))
-    assert readers == {"attn_norm": {"attn_qkv", "z", "attn_q", "attn_v+attn_k"}, "attn_post_norm": {"ffn_gate+ffn_up"},
-                       "ffn_swiglu": {"ffn_down"}}
+    assert readers == {"attn_norm": {"attn_qkv", "attn_gate", "attn_q", "attn_v+attn_k"},
+                       "attn_post_norm": {"ffn_gate+ffn_up"}, "ffn_swiglu": {"ffn_down"}}
     assert (len(p.shared), len(p.producing), p.pre_passes, p.refused) == (128, 96, 33, [])
     assert all(g.nodes[g.index(q)].op.value in prepasses.PRODUCERS and n.src[1].base is q.base
                for n in g.nodes if (q := p.shared.get(n.uid)) is not None)
@@ -111,10 +111,9 @@ def stem(n) -> str:
 
 
 def product_name(n) -> str:
-    """A product's weights' names ("attn_qkv", "attn_v+attn_k"), or its own ("z": the z product's node)."""
+    """A product's weights' names ("attn_qkv", "attn_v+attn_k"; the GDN's z product: "attn_gate")."""
     ws = [n.src[0]] + ([n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [])
-    names = [w.base.name.split(".")[2] for w in ws]
-    return "z" if n.name.startswith("z-") else "+".join(names)
+    return "+".join(w.base.name.split(".")[2] for w in ws)
 
 
 def _run(g: Graph, share: bool, monkeypatch, ids=None) -> tuple[list[bytes], int]:

@@ -184,13 +184,13 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 16:
         return [
-            # issue 32: the GDN computing its gates (gdn_gates, timed 2026-12-07; its looped kernel and its lane pick
-            # fixed after the one call that timed it), gathering its state (gdn_state_gather) and the z product
-            # running its output gate (mul_mat_chain), the last two never run on a GPU: the GDN's kernels compiled
-            # against the unfused ones byte for byte, 8 fused 9B layers checked at T = 4 and 8, then the whole bf16
-            # verify with and without each of the last two
-            ("gdn-tests", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_kernels.py", "-k",
-                           "gated_delta_net or chain"], 90),
+            # issue 32: the GDN computing its gates (gdn_gates), gathering its state (gdn_state_gather) and the z
+            # product running its output gate (mul_mat_chain; the last two first timed 2026-12-07, twelfth session):
+            # the GDN's and the product stores' kernels compiled against the unfused ones byte for byte, 8 fused 9B
+            # layers checked at T = 4 and 8, then the whole bf16 verify with and without each of the last two
+            ("gdn-tests", [PY, "-m", "pytest", "-q", "-x", "-k", "gated_delta_net or chain or mul_mat_add",
+                           "tests/kernels/test_kernels.py", "tests/patterns/mul_mat_chain/test_mul_mat_chain.py",
+                           "tests/patterns/mul_mat_add/test_mul_mat_add.py"], 120),
             *((f"gdn-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
                                    "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 60)
               for t in (4, 8)),

@@ -5,7 +5,7 @@
   and unfused kernels share and the launch conventions;
 - the Triton kernels and their launchers, by family: :mod:`~gdnpass.kernels.triton_elementwise` (data movement and
   elementwise ops), :mod:`~gdnpass.kernels.triton_norms` (and SUM_ROWS), :mod:`~gdnpass.kernels.triton_sort`
-  (ARGSORT), :mod:`~gdnpass.kernels.triton_matvec` (the mat-vec and its pair, MUL_MAT_ID),
+  (ARGSORT), :mod:`~gdnpass.kernels.triton_matvec` (the mat-vec, its pair and its store's epilogue, MUL_MAT_ID),
   :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET, the fused conv chain),
   :mod:`~gdnpass.kernels.triton_rope`, :mod:`~gdnpass.kernels.triton_attention`;
 - :mod:`~gdnpass.kernels.limits`: what the kernels can do (read by the patterns' matchers and records);

@@ -102,7 +102,8 @@ def runs_as_gemm(dtype, w_batches: int, cols: int) -> bool:
 
 def runs_in_one_launch(dtype, w_batches: int, rows: int, cols: int) -> bool:
     """Whether a MUL_MAT of one weight matrix runs as one launch of the Triton mat-vec (:func:`runs_as_mat_vec`)
-    or of the GEMM (:func:`runs_as_gemm`): the products MUL_MAT_ADD fuses with their residual ADD."""
+    or of the GEMM (:func:`runs_as_gemm`): the products whose store runs an epilogue (MUL_MAT_ADD's residual ADD,
+    MUL_MAT_CHAIN's chain)."""
     return w_batches == 1 and (runs_as_mat_vec(rows, cols) or runs_as_gemm(dtype, w_batches, cols))
 
 
@@ -136,7 +137,8 @@ def pre_pass(dtype, path: str) -> bool:
 
 
 def mul_mat_launches(w, x) -> int:
-    """Kernel launches of one MUL_MAT of weight ``w`` over ``x`` (graph tensors; a pair's or a MUL_MAT_ADD's alike)
+    """Kernel launches of one MUL_MAT of weight ``w`` over ``x`` (graph tensors; a pair's, a MUL_MAT_ADD's or a
+    MUL_MAT_CHAIN's alike)
     on :func:`mul_mat_path`'s kernel: the mat-vec or the GEMM, each after a pre-pass of the activations where it
     takes one (a quantized weight's q8 activations; a bf16 weight's three bf16 terms for the GEMM: triton_matvec),
     a "chunks" product's per :data:`QUANT_MAT_VEC_COLS` columns; torch's matmul one."""

@@ -5,7 +5,8 @@ The kernels run the ops the executor runs, one launch per graph node (as ggml-cu
 (possibly strided) output view. They live by family: :mod:`~gdnpass.kernels.triton_elementwise` (the data movement,
 GET_ROWS, CONCAT, CPY/CONT and SET_ROWS, and the elementwise ops, ADD, MUL, DIV, UNARY, GLU, SCALE and CLAMP),
 :mod:`~gdnpass.kernels.triton_norms` (L2_NORM, RMS_NORM, SUM_ROWS), :mod:`~gdnpass.kernels.triton_sort` (ARGSORT),
-:mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT: the mat-vec of 1-16 columns, the GEMM beyond; the pair, MUL_MAT_ID),
+:mod:`~gdnpass.kernels.triton_matvec` (MUL_MAT: the mat-vec of 1-16 columns, the GEMM beyond; the pair, a store's
+epilogue, MUL_MAT_ID),
 :mod:`~gdnpass.kernels.triton_ssm` (SSM_CONV, GATED_DELTA_NET and the fused
 GDN_CONV_CHAIN), :mod:`~gdnpass.kernels.triton_rope` (ROPE) and :mod:`~gdnpass.kernels.triton_attention` (SOFT_MAX,
 FLASH_ATTN_EXT). Wide MUL_MATs of f32 weights stay on torch (its matmul). Each family module holds its kernels,
@@ -415,9 +416,9 @@ def chain_at(i0, i1, i2, i3, mask, P, STEPS: tl.constexpr, SIDES: tl.constexpr):
     """An elementwise chain's value at (i0, i1, i2, i3) of the chain input x's shape, hence its output's: x there
     through STEPS in order (:func:`chain_step`), side operand SIDES[i] (1 or 2) for a binary step, repeated into x's
     shape as ggml broadcasts src1. ``P`` (:func:`chain_args`): x and its ne0..ne2 and strides, then each side operand
-    with its ne and strides, one flat tuple. ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements; GATED_DELTA_NET_CACHE
-    (triton_ssm) where it reads its gates (the gdn_gates pattern). A product's store runs the same steps on its sums
-    (triton_matvec, MUL_MAT_CHAIN)."""
+    with its ne and strides, one flat tuple. ELEMENTWISE_CHAIN (triton_elementwise) runs it over its elements;
+    GATED_DELTA_NET_CACHE (triton_ssm) where it reads its gates (the gdn_gates pattern). A product's store runs the
+    same steps on its sums (triton_matvec, MUL_MAT_CHAIN)."""
     v = tl.load(P[0] + i0 * P[4] + i1 * P[5] + i2 * P[6] + i3 * P[7], mask=mask)
     for i in tl.static_range(len(STEPS)):
         b = v

@@ -5,7 +5,9 @@ columns, tensor cores at f32-level accuracy for many, K split across programs wh
 idle (:class:`MatVecTile`). Beyond 16 columns (several sequences' verify: S x T columns; a prompt's ubatch) a single
 f16 / bf16 weight runs the GEMM (:func:`mul_mat_gemm`): the mat-vec's tensor-core sum on a grid of row blocks x
 column tiles, reading the weight as it is where torch's matmul would first convert all of it to f32 on every call
-(49 ms for a 9B verify of 8 sequences, 7.1 ms for one: H100). Conventions: :mod:`gdnpass.kernels.triton_core`.
+(49 ms for a 9B verify of 8 sequences, 7.1 ms for one: H100). A single product's store may run an epilogue of
+elementwise chain steps on each sum (:class:`Epilogue`: MUL_MAT_ADD's residual, MUL_MAT_CHAIN's chain).
+Conventions: :mod:`gdnpass.kernels.triton_core`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,8 @@ from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYT
                                          QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes,
                                          activation_workspace, activations_key, activations_to_fill, chain_sides,
-                                         chain_step, chunk_columns, f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
-                                         product_columns, split_workspace, store_activations,
+                                         chain_step, chunk_columns, f16_bits, held_activations, last_to_arrive,
+                                         prefetch_l2, PREFETCH, product_columns, split_workspace, store_activations,
                                          wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
@@ -771,9 +773,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
     A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
-    each against the weight matrix ggml's broadcast gives it. ``epilogue`` (a single unbatched product): out =
-    the product through its steps (:class:`Epilogue`). ``tile``: a benchmark's override of :func:`mat_vec_tile`. ``dtype``:
-    the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes))."""
+    each against the weight matrix ggml's broadcast gives it. ``epilogue`` (a single unbatched product): out = the
+    product through its steps (:class:`Epilogue`). ``tile``: a benchmark's override of :func:`mat_vec_tile`.
+    ``dtype``: the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes))."""
     (w, out), (w2, out2) = products[0], products[-1]
     wtype = weight_type(w, dtype)
     M, K = w.shape[-2], w.shape[-1] // wtype.size * wtype.block if wtype.is_quantized else w.shape[-1]
@@ -1055,7 +1057,8 @@ def _gemm_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, s1_ptr, s2_ptr, ws_ptr, cn
     product-major (PAIR, MUL_MAT_VEC_PAIR: a second product w2 -> y2 of the same shape and layouts, each program the
     single GEMM's code), then K slice, row block, column tile (the column tiles of a row block side by side, so its
     weight rows come from HBM once and from the L2 after). STEPS (MUL_MAT_ADD, MUL_MAT_CHAIN): y = the sum through
-    them, their side operands laid out as y (the mat-vec's store, :func:`_store_y`). SPLIT_K > 1: the mat-vec's split protocol (:func:`store_slice`)."""
+    them, their side operands laid out as y (the mat-vec's store, :func:`_store_y`). SPLIT_K > 1: the mat-vec's split
+    protocol (:func:`store_slice`)."""
     wait_for_previous_kernels()
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)

@@ -13,7 +13,8 @@
       elementwise_chain/ ADD / MUL / UNARY nodes, each reading the one before       => ELEMENTWISE_CHAIN
       gdn_gates/       the elementwise nodes of a GATED_DELTA_NET_CACHE's gates     => GATED_DELTA_NET_CACHE
       gdn_state_gather/ the GET_ROWS of a one-sequence GATED_DELTA_NET_CACHE's state  => GATED_DELTA_NET_CACHE
-      mul_mat_chain/   MUL_MAT -> ELEMENTWISE_CHAIN of its product (the GDN's gate) => MUL_MAT_CHAIN
+      mul_mat_chain/   MUL_MAT -> ELEMENTWISE_CHAIN of its product (GDN output gate) => MUL_MAT_CHAIN
+      product_store.py the checks mul_mat_add and mul_mat_chain share (a product's store epilogue)
 
 :data:`REGISTRY` lists the patterns in pass order. Who reads it: the pass (:mod:`gdnpass.fusion`: ``PATTERNS``, the
 order of ``prepare`` and ``fuse``), the IR's fused op list (each record declares its op, ``ir.fused_op``), the shape
@@ -40,8 +41,8 @@ REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN, rms_n
                                   gdn_state_cache.PATTERN, mul_mat_add.PATTERN, moe_router.PATTERN,
                                   elementwise_chain.PATTERN, gdn_gates.PATTERN, gdn_state_gather.PATTERN,
                                   mul_mat_chain.PATTERN)
-# the pass order: the router before the chain (its CLAMP); the gates and the product's chain after the cache fusion
-# and the chain (their nodes)
+# the pass order: the router before the chain (its CLAMP); the gates after the cache fusion and the chain, the
+# product's chain after the chain and after the pair and the residual ADD (their nodes, and the products they take)
 
 RECORDS: dict[Op, FusedOp] = {p.record.op: p.record for p in REGISTRY}  # (gdn_gates, gdn_state_gather: its op)
 

@@ -106,7 +106,8 @@ def main() -> int:
     launches = [f for f in found if f[0] == "_mul_mat_vec_kernel"]
     assert len(launches) == len(shapes), (len(launches), len(shapes))
     for (M, K), (name, c, regs, stack, shared, warps) in zip(shapes, launches):
-        print(json.dumps(dict(qtype=c["QTYPE"], M=M, K=K, cols=c["COLS"], split=c["SPLIT_K"], residual=c["STEPS"] == ("ADD",),
+        print(json.dumps(dict(qtype=c["QTYPE"], M=M, K=K, cols=c["COLS"], split=c["SPLIT_K"],
+                              residual=c["STEPS"] == ("ADD",),
                               ids=c["IDS"], regs=regs, stack=stack, shared=shared,
                               programs=programs_per_sm(regs, shared, warps))), flush=True)
     return 0

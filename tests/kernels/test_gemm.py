@@ -146,14 +146,15 @@ def test_a_pair_and_a_residual_beyond_16_columns_are_the_single_gemms_bytes(wtyp
     r = a.put(rnd(1, 1, 20, 40))
     y, y2, p, p2, s = (a.view((1, 1, 20, 40)) for _ in range(5))
     tile = mv.GemmTile(16, 16, 32, 4, 1, split_k=2)  # (row blocks, column tiles and K slices on a small product)
+    residual = mv.Epilogue(("ADD",), (r,))
     a.run(lambda: (mv.mul_mat_gemm(w, x, y, tile), mv.mul_mat_gemm(w2, x, y2, tile),
-                   mv.mul_mat_gemm(w, x, p, tile, second=(w2, p2)), mv.mul_mat_gemm(w, x, s, tile, epilogue=mv.Epilogue(("ADD",), (r,)))),
+                   mv.mul_mat_gemm(w, x, p, tile, second=(w2, p2)), mv.mul_mat_gemm(w, x, s, tile, epilogue=residual)),
           y, y2, p, p2, s)
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
     assert_same_bytes(s, ref.add(y, r), "product + residual")
     in_place = r.clone()
-    mv.mul_mat_gemm(w, x, r, tile, epilogue=mv.Epilogue(("ADD",), (r,)))
+    mv.mul_mat_gemm(w, x, r, tile, epilogue=residual)
     assert_same_bytes(r, ref.add(y, in_place), "product + residual, in place")
     with pytest.raises(KernelError, match="second weight and output must be laid out as the first"):
         mv.mul_mat_gemm(w, x, p, tile, second=(w2[..., :32], p2))

@@ -19,6 +19,7 @@ from gdnpass import fusion, models, ops
 from gdnpass.alloc import plan
 from gdnpass.check import CheckResult, check_fusion
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor, byte_range, inputs, outputs, ranges_overlap, runs_kernel
+from gdnpass.patterns import REGISTRY, by_name
 from gdnpass.patterns.common import Refusal, Rule
 from gdnpass.patterns.mat_vec_pair import MatVecPair
 from gdnpass.models import VerifyConfig, build_verify_graph, default_ids
@@ -514,9 +515,15 @@ class Run:
 
 
 def run(s: Sample, between: str = "narrow", force: bool = False, only: str | None = None) -> Run:
-    """check_fusion on a fresh build of ``s`` (``only``: just that one candidate)."""
-    pats = tracked(only)
-    res = check_fusion(build(s), ids=list(s.ids), seed=s.seed, between=between, force=force, patterns=pats)
+    """check_fusion on a fresh build of ``s`` (``only``: just that one candidate). A candidate of a pattern that
+    takes other patterns' fused nodes (``Pattern.needs``) is one of the graph as the pass hands it to that pattern:
+    the patterns before it applied first (unforced; check_fusion then compares their fused nodes' outputs too)."""
+    g, pats = build(s), tracked(only)
+    if only is not None and by_name(pattern_of(only)).needs:
+        names = [p.name for p in REGISTRY]
+        before = [p.matcher() for p in REGISTRY[:names.index(pattern_of(only))]]
+        fusion.fuse(g, enabled=True, between=between, patterns=before)
+    res = check_fusion(g, ids=list(s.ids), seed=s.seed, between=between, force=force, patterns=pats)
     return Run(res, {k: d for p in pats for k, d in p.decisions.items()})
 
 

@@ -25,8 +25,11 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  8. [mul-mat-add.output-overlaps-input] the sum overlaps neither x nor the weight, and the addend only element for
     element (in place): a program stores its rows only after reading them, while other programs still read all of
     x.
- 9. [mul-mat-add.product-read-later] no node after the MUL_MAT but the ones it replaces reads the product's bytes
-    (through a tensor of its own: an alias) before a node writes them again: the fused node never writes them.
+ 9. [mul-mat-add.product-read-later] nothing reads the product's bytes where the fused node leaves them unwritten:
+    not the addend (the product itself, ADD(p, p)), no node between the MUL_MAT and the ADD, no later node before a
+    node writes them again (a reader through a tensor of its own, an alias, which the user count does not see).
+
+The checks shared with mul_mat_chain (rules 1, 3, 4, 7, 8, 9) are ``patterns.product_store``'s.
 """
 
 from __future__ import annotations
@@ -34,24 +37,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Op, Tensor
-from gdnpass.kernels import limits
-from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, runs_in_one_launch
-from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
-                                     first_collision, read_before_written, rule, same_elements)
+from gdnpass.patterns.common import (HAZARD, Capture, Context, Match, Why, between, collision, confined,
+                                     first_collision, rule, same_elements)
 from gdnpass.patterns.mul_mat_add.record import RECORD
+from gdnpass.patterns.product_store import (one_launch, over_input, product_of, product_read, readable, whole_product,
+                                            writes_input)
 
 NAME = "mul_mat_add"
 fits = RECORD.scope  # the kernel's scope
-_VIEWS = (Op.RESHAPE, Op.VIEW)
-
-
-def product_of(t: Tensor) -> Tensor | None:
-    """The MUL_MAT ``t`` is, or is a view of (one RESHAPE or VIEW); None otherwise."""
-    if t.op is Op.MUL_MAT:
-        return t
-    if t.op in _VIEWS and t.view_src is not None and t.view_src.op is Op.MUL_MAT and t.src[0] is t.view_src:
-        return t.view_src
-    return None
 
 
 def _operand(add: Tensor, pos: dict[int, int]) -> Tensor | None:
@@ -115,10 +108,7 @@ class MatAddCapture(Capture):
 def _product(c: MatAddCapture, ctx):
     if c.add.view_src is not None:
         return Why(c.add, f"{c.add.name!r} is a view of {c.add.view_src.name!r} (an in-place ADD)")
-    v = c.view
-    if v is not None and (v.view_offs != 0 or not v.is_contiguous() or v.nelements != c.mm.nelements):
-        return Why(v, f"{v.name!r} (ne {list(v.ne)}, nb {list(v.nb)}, at byte {v.view_offs}) is not all of "
-                      f"{c.mm.name!r} in its element order")
+    return whole_product(c)
 
 
 @rule("mul-mat-add.addend")
@@ -129,19 +119,17 @@ def _addend(c: MatAddCapture, ctx):
 
 @rule("mul-mat-add.type")
 def _type(c: MatAddCapture, ctx):
-    if not limits.mat_vec_weight(c.w.type):
-        return Why(c.w, f"{c.w.name!r} is {c.w.type.label}: the mat-vec does not read that type")
-    for t in (c.x, c.mm, c.r, c.add):
+    why = readable(c)
+    if why:
+        return why
+    for t in (c.mm, c.r, c.add):
         if t.type is not DType.F32:
-            return Why(t, f"{t.name!r} is {t.type.label}: the mat-vec's columns and sum are f32")
+            return Why(t, f"{t.name!r} is {t.type.label}: the mat-vec's sum is f32")
 
 
 @rule("mul-mat-add.n-cols")
 def _n_cols(c: MatAddCapture, ctx):
-    w = c.w
-    if not runs_in_one_launch(w.type, w.ne[2] * w.ne[3], w.ne[1], c.cols):
-        return Why(c.mm, f"{c.cols} columns of a {w.type.label} {list(w.ne)} weight: not one launch of a single "
-                         f"matrix (the mat-vec: 1..{MAT_VEC_COLS} columns; the GEMM: more, {'/'.join(GEMM_WEIGHTS)})")
+    return one_launch(c)
 
 
 @rule("mul-mat-add.layout")
@@ -153,36 +141,22 @@ def _layout(c: MatAddCapture, ctx):
                           f"{c.w.ne[1]} x {c.cols}")
 
 
-_between = between("between.writes-input", Clause("before", "w", lambda c: [c.x, c.w],
-                                                  "{node} writes {hit}, which the fused node reads at the ADD"))
+_between = between("between.writes-input", writes_input("the ADD"))
 
 
 @rule("mul-mat-add.output-overlaps-input", HAZARD)
 def _output_overlaps_input(c: MatAddCapture, ctx):
-    hit = first_collision(ctx.ranges([c.add]), ctx.ranges([c.x, c.w]))
-    if hit:
-        return collision(c.add, f"{c.add.name!r} overlaps {hit[3].name!r}, which other programs still read", hit)
+    why = over_input(c, ctx, c.add, c.add)
+    if why:
+        return why
     hit = first_collision(ctx.ranges([c.add]), ctx.ranges([c.r]))
     if hit and not same_elements(c.add, c.r):
         return collision(c.add, f"{c.add.name!r} overlaps the addend {c.r.name!r}, not element for element", hit)
 
 
-def product_read(c, ctx: Context, at: int) -> Why | None:
-    """The product-read-later hazard of a capture that replaces MUL_MAT ``c.mm`` with a node at index ``at`` that
-    never writes the product: a node in between that reads its bytes (the capture's span), or a later one before a
-    node writes them again (what the fused node writes, ``c.written()``, does)."""
-    product = ctx.ranges([c.mm])
-    for b in c.between(ctx):
-        hit = first_collision(b.reads, product)
-        if hit:
-            return collision(b.node, f"{b.node.name!r} reads the bytes of {c.mm.name!r}, which the fused node never "
-                                     f"writes", hit)
-    return read_before_written(ctx, product, at, ctx.ranges(c.written()))
-
-
 @rule("mul-mat-add.product-read-later", HAZARD)
 def _product_read_later(c: MatAddCapture, ctx):
-    return product_read(c, ctx, ctx.pos[c.add.uid])
+    return product_read(c, ctx, ctx.pos[c.add.uid], [c.r])
 
 
 RULES = (_product, _addend, _type, _n_cols, _layout, confined(MatAddCapture), _between, _output_overlaps_input,

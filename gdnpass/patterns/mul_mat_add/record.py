@@ -1,42 +1,28 @@
 """MUL_MAT_ADD's record: what the fused node carries and writes, its launches, adapters, scope and cost.
 
 The node reads ``(w, x, r)`` and writes the ADD's memory: w·x + r, the product with the addend (the residual) added
-as the mat-vec (or, beyond 16 columns, the GEMM) stores it. op_params: ``replaced``. The kernel is :func:`gdnpass.kernels.triton_matvec.
-mul_mat_vec_add`, the single mat-vec's (or the GEMM's) own kernel with that one add at its store (so the product's bytes are the
-unfused MUL_MAT's, and their sum the unfused ADD's: IEEE addition is commutative, so which operand of the ADD the
-product was does not change a bit): it stays in the mat-vec family. Pure Python: the adapters and :func:`programs`
-import torch and Triton when called.
+as the mat-vec (or, beyond 16 columns, the GEMM) stores it. op_params: ``replaced``. The kernel is
+:func:`gdnpass.kernels.triton_matvec.mul_mat_vec_add`, the single mat-vec's (or the GEMM's) own kernel with that one
+add at its store, the one-step epilogue MUL_MAT_CHAIN's store generalises (so the product's bytes are the unfused
+MUL_MAT's, and their sum the unfused ADD's: IEEE addition is commutative, so which operand of the ADD the product was
+does not change a bit): it stays in the mat-vec family. The scope and the check it shares with MUL_MAT_CHAIN are
+``patterns.product_store``'s. Pure Python: the adapters and :func:`programs` import torch and Triton when called.
 """
 
 from __future__ import annotations
 
-from gdnpass.ir import DType, Op, Tensor, fused_op
+from gdnpass.ir import Op, Tensor, fused_op
 from gdnpass.kernels import limits
+from gdnpass.patterns.product_store import check_product, fits
 from gdnpass.patterns.record import REPLACED, FusedOp, need
 
 OP = fused_op("MUL_MAT_ADD")
 KERNEL = "gdnpass.kernels.triton_matvec.mul_mat_vec_add"
 
 
-def fits(t: Tensor, rows: int, cols: int) -> bool:
-    """The kernel's scope for the sum and the addend: packed, ``rows`` (the product's) per column, ``cols`` columns
-    (the kernel addresses both as the product's [rows, cols])."""
-    return t.is_contiguous() and t.ne[0] == rows and t.nelements == rows * cols
-
-
 def _check(n: Tensor) -> None:
-    w, x, r = n.src
     need(not n.outs, n, "writes only its own memory (the ADD's)")
-    M, cols = w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
-    need(w.ne[0] == x.ne[0] and limits.runs_in_one_launch(w.type, w.ne[2] * w.ne[3], M, cols), n,
-         f"{cols} columns of a {w.type.label} {w.ne[:2]} weight: not one launch of a single matrix")
-    need(limits.mat_vec_weight(w.type) and x.type is DType.F32, n,
-         f"weight {w.type.label} and x {x.type.label}: the mat-vec takes f32/f16/bf16 or ggml block weights and f32 "
-         "columns")
-    for t in (n, r):
-        need(t.type is DType.F32 and fits(t, M, cols), n,
-             f"{t.name!r} must be f32, packed, {M} x {cols}; is {t.type.label} {t.ne}")
-    need(r.ne == n.ne, n, f"the addend {r.ne} must have the sum's shape {n.ne}")
+    check_product(n, n, [n.src[2]])  # (the addend in the sum's shape)
 
 
 def _torch(node: Tensor, views: list, out) -> None:

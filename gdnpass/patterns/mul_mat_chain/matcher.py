@@ -1,7 +1,7 @@
 """A MUL_MAT and the elementwise chain that starts from its product, fused into one MUL_MAT_CHAIN node.
 
-    p = MUL_MAT(w, x) [; v = RESHAPE(p)]; y = ELEMENTWISE_CHAIN(p or v, b1[, b2])      ->      MUL_MAT_CHAIN(w, x, b1[,
-    b2]) writes y
+    p = MUL_MAT(w, x) [; v = RESHAPE(p)]; y = ELEMENTWISE_CHAIN(p or v, b1[, b2])
+                                                        ->      MUL_MAT_CHAIN(w, x, b1[, b2]) writes y
 
 Qwen3.5's GDN layer gates its normalised output with its z projection, ``MUL(norm, SILU(z))``: an ELEMENTWISE_CHAIN
 of a product just written (24 launches of a qwen3.5-9b verify, each reading back 4096 x T floats). The mat-vec (1-16
@@ -16,8 +16,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  2. [mul-mat-chain.type] the weight is one the mat-vec reads (f32, f16, bf16 or a block type) and x is f32 (the
     product and the chain are f32: the chain's own rules).
  3. [mul-mat-chain.n-cols] the weight is one matrix and the product runs as one launch of the Triton mat-vec or GEMM
-    unfused (``kernels.limits.runs_in_one_launch``), whose store runs the steps: the chain reads the unfused
-    product's bytes.
+    unfused (``kernels.limits.runs_in_one_launch``), whose store runs the steps: the output holds the unfused
+    product's bytes through them.
  4. [mul-mat-chain.layout] the chain's output is packed, the product's rows per column (the record's scope), and
     each side operand is packed in the output's shape: the store reads a side's element where it writes the
     output's (no broadcast).
@@ -25,11 +25,15 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     chain node by no one, and none is OUTPUT (``patterns.common.confined``).
  6. [between.writes-input] no node between the MUL_MAT and the chain writes x or the weight: the fused node reads
     them at the chain's place.
- 7. [mul-mat-chain.output-overlaps-input] the output overlaps neither x nor the weight, and a side operand only
-    element for element (in place): a program stores its rows only after reading them, while other programs still
-    read all of x.
- 8. [mul-mat-chain.product-read-later] no node after the MUL_MAT but the ones it replaces reads the product's bytes
-    (through a tensor of its own: an alias) before a node writes them again: the fused node never writes them.
+ 7. [mul-mat-chain.output-overlaps-input] the output overlaps neither x nor the weight: a program stores its rows
+    while other programs still read all of x. (Over a side operand only element for element: the chain's own
+    elt-chain.output-overlaps-input held that on this plan.)
+ 8. [mul-mat-chain.product-read-later] nothing reads the product's bytes where the fused node leaves them unwritten:
+    not a side operand (the product itself: ``MUL(p, SIGMOID(p))``), no node between the MUL_MAT and the chain, no
+    later node before a node writes them again (a reader through a tensor of its own, an alias, which the user
+    count does not see).
+
+The checks shared with mul_mat_add (rules 1-3, 6-8) are ``patterns.product_store``'s.
 """
 
 from __future__ import annotations
@@ -37,13 +41,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Tensor
-from gdnpass.kernels import limits
-from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, runs_in_one_launch
-from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
-                                     first_collision, rule, same_elements)
+from gdnpass.patterns.common import HAZARD, Capture, Context, Match, Why, between, confined, rule
 from gdnpass.patterns.elementwise_chain.record import OP as CHAIN_OP
-from gdnpass.patterns.mul_mat_add.matcher import product_of, product_read
 from gdnpass.patterns.mul_mat_chain.record import RECORD
+from gdnpass.patterns.product_store import (one_launch, over_input, product_of, product_read, readable, whole_product,
+                                            writes_input)
 
 NAME = "mul_mat_chain"
 fits = RECORD.scope  # the kernel's scope
@@ -98,26 +100,17 @@ class MatChainCapture(Capture):
 
 @rule("mul-mat-chain.product")
 def _product(c: MatChainCapture, ctx):
-    v = c.view
-    if v is not None and (v.view_offs != 0 or not v.is_contiguous() or v.nelements != c.mm.nelements):
-        return Why(v, f"{v.name!r} (ne {list(v.ne)}, nb {list(v.nb)}, at byte {v.view_offs}) is not all of "
-                      f"{c.mm.name!r} in its element order")
+    return whole_product(c)
 
 
 @rule("mul-mat-chain.type")
 def _type(c: MatChainCapture, ctx):
-    if not limits.mat_vec_weight(c.w.type):
-        return Why(c.w, f"{c.w.name!r} is {c.w.type.label}: the mat-vec does not read that type")
-    if c.x.type is not DType.F32:
-        return Why(c.x, f"{c.x.name!r} is {c.x.type.label}: the mat-vec's columns are f32")
+    return readable(c)
 
 
 @rule("mul-mat-chain.n-cols")
 def _n_cols(c: MatChainCapture, ctx):
-    w = c.w
-    if not runs_in_one_launch(w.type, w.ne[2] * w.ne[3], w.ne[1], c.cols):
-        return Why(c.mm, f"{c.cols} columns of a {w.type.label} {list(w.ne)} weight: not one launch of a single "
-                         f"matrix (the mat-vec: 1..{MAT_VEC_COLS} columns; the GEMM: more, {'/'.join(GEMM_WEIGHTS)})")
+    return one_launch(c)
 
 
 @rule("mul-mat-chain.layout")
@@ -131,25 +124,17 @@ def _layout(c: MatChainCapture, ctx):
                           f"the output's shape {list(c.out.ne)}")
 
 
-_between = between("between.writes-input", Clause("before", "w", lambda c: [c.x, c.w],
-                                                  "{node} writes {hit}, which the fused node reads at the chain"))
+_between = between("between.writes-input", writes_input("the chain"))
 
 
 @rule("mul-mat-chain.output-overlaps-input", HAZARD)
 def _output_overlaps_input(c: MatChainCapture, ctx):
-    hit = first_collision(ctx.ranges([c.out]), ctx.ranges([c.x, c.w]))
-    if hit:
-        return collision(c.chain, f"{c.out.name!r} overlaps {hit[3].name!r}, which other programs still read", hit)
-    for b in c.sides:
-        hit = first_collision(ctx.ranges([c.out]), ctx.ranges([b]))
-        if hit and not same_elements(c.out, b):
-            return collision(c.chain, f"{c.out.name!r} overlaps the side operand {b.name!r}, not element for "
-                                      f"element", hit)
+    return over_input(c, ctx, c.out, c.chain)
 
 
 @rule("mul-mat-chain.product-read-later", HAZARD)
 def _product_read_later(c: MatChainCapture, ctx):
-    return product_read(c, ctx, ctx.pos[c.chain.uid])
+    return product_read(c, ctx, ctx.pos[c.chain.uid], c.sides)
 
 
 RULES = (_product, _type, _n_cols, _layout, confined(MatChainCapture), _between, _output_overlaps_input,

@@ -11,39 +11,25 @@ and :func:`programs` import torch and Triton when called.
 
 from __future__ import annotations
 
-from gdnpass.ir import DType, Tensor, fused_op
+from gdnpass.ir import Tensor, fused_op
 from gdnpass.kernels import limits
 from gdnpass.patterns.elementwise_chain.record import reference as chain_reference
 from gdnpass.patterns.elementwise_chain.record import watch
 from gdnpass.patterns.elementwise_chain.scope import sides_fit
 from gdnpass.patterns.mul_mat_add.record import programs as product_programs
+from gdnpass.patterns.product_store import check_product, fits
 from gdnpass.patterns.record import NAMES, REPLACED, FusedOp, need
 
 OP = fused_op("MUL_MAT_CHAIN")
 KERNEL = "gdnpass.kernels.triton_matvec.mul_mat_vec_chain"
 
 
-def fits(t: Tensor, rows: int, cols: int) -> bool:
-    """The kernel's scope for the output and the sides: packed, the product's ``rows`` x ``cols`` elements in any
-    shape (the chain's: the kernel addresses them as the product's [rows, cols], a packed reshape's same order)."""
-    return t.is_contiguous() and t.nelements == rows * cols
-
-
 def _check(n: Tensor) -> None:
-    w, x, *sides = n.src
-    steps = n.op_params["steps"]
+    steps, sides = n.op_params["steps"], n.src[2:]
     need(not n.outs, n, "writes only its own memory (the chain's)")
     need(sides_fit(steps, len(sides), least=1), n,
          f"steps {steps} with {len(sides)} side operands: outside the epilogue's scope")
-    M, cols = w.ne[1], x.ne[1] * x.ne[2] * x.ne[3]
-    need(w.ne[0] == x.ne[0] and limits.runs_in_one_launch(w.type, w.ne[2] * w.ne[3], M, cols), n,
-         f"{cols} columns of a {w.type.label} {w.ne[:2]} weight: not one launch of a single matrix")
-    need(limits.mat_vec_weight(w.type) and x.type is DType.F32, n,
-         f"weight {w.type.label} and x {x.type.label}: the mat-vec takes f32/f16/bf16 or ggml block weights and f32 "
-         "columns")
-    for t in (n, *sides):
-        need(t.type is DType.F32 and fits(t, M, cols) and t.ne == n.ne, n,
-             f"{t.name!r} must be f32, packed, {M} x {cols} in the output's shape {n.ne}; is {t.type.label} {t.ne}")
+    check_product(n, n, sides)
 
 
 def _torch(node: Tensor, views: list, out) -> None:

@@ -62,7 +62,8 @@ def test_split_k_sum_has_the_bytes_of_the_split_k_product_then_the_add():
     product, want, out = (a.view((1, 1, 4, 8)) for _ in range(3))
     triton_matvec._mat_vecs([(w, product)], x, tile=tile)
     TRITON_BACKEND[Op.ADD](node(Op.ADD), [product, r], want)
-    a.run(lambda: triton_matvec._mat_vecs([(w, out)], x, tile=tile, epilogue=triton_matvec.Epilogue(("ADD",), (r,))), out)
+    residual = triton_matvec.Epilogue(("ADD",), (r,))
+    a.run(lambda: triton_matvec._mat_vecs([(w, out)], x, tile=tile, epilogue=residual), out)
     assert_same_bytes(out, want, "split-K sum")
 
 

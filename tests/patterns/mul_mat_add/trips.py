@@ -27,7 +27,8 @@ def parts(g: Graph) -> dict:
     add = g.find("l_out-0")
     read = next(s for s in add.src if s.op is Op.MUL_MAT or s.view_src is not None and s.view_src.op is Op.MUL_MAT)
     mm = read if read.op is Op.MUL_MAT else read.view_src
-    return dict(add=add, mm=mm, read=read, x=mm.src[1], w=mm.src[0], r=next(s for s in add.src if s is not read))
+    r = next((s for s in add.src if s is not read), read)  # (the product itself, where the ADD adds it to itself)
+    return dict(add=add, mm=mm, read=read, x=mm.src[1], w=mm.src[0], r=r)
 
 
 def _fresh(g: Graph, t, nbytes: int) -> None:
@@ -117,6 +118,14 @@ def m_product_read_between(g):
     insert_after(g, p["mm"], ops.add(alias, alias)).flags |= Flag.OUTPUT
 
 
+def m_product_as_addend(g):
+    """The ADD adds the product to itself (the sum moved to fresh bytes): the fused node would read the product's
+    bytes as its addend, which it never writes."""
+    p = parts(g)
+    _fresh(g, p["add"], p["add"].nbytes)
+    p["add"].src[:2] = [p["read"], p["read"]]
+
+
 TRIPS = [
     Trip("mul-mat-add.product", m_permuted_view, name="view"),
     Trip("mul-mat-add.product", m_add_in_place, name="in-place"),
@@ -128,6 +137,7 @@ TRIPS = [
     Trip("mul-mat.user-count", m_product_read, name="reader"),
     Trip("between.writes-input", m_x_written_between),
     Trip("mul-mat-add.output-overlaps-input", m_sum_over_x, name="ffn", kernels="triton"),
+    Trip("mul-mat-add.product-read-later", m_product_as_addend, name="addend"),
     Trip("mul-mat-add.product-read-later", m_product_read_later, name="later"),
     Trip("mul-mat-add.product-read-later", m_product_read_between, name="between"),
 ]

@@ -8,10 +8,9 @@ bytes.
 ``mul-mat-chain.output-overlaps-input`` is a race between the programs of one Triton launch (a program storing its
 rows of the gated output over the x later programs still read): its proof runs the z product, the chain and the fused
 node on Triton in the interpreter (the rest of the graph on torch), with the launcher's own overlap guard switched
-off (``unguard``), on the smallest z at hand (tiny-dc4-h32's: the interpreter pays per program). Its other clause, an
-output over a side operand not element for element, has no proof here: the unfused chain's own Triton launcher
-refuses such an output (the proof's unforced run comes before ``unguard``), and on the torch kernels it changes no
-byte.
+off (``unguard``), on the smallest z at hand (tiny-dc4-h32's: the interpreter pays per program). (An output over a
+side operand, not element for element, is the chain's own elt-chain.output-overlaps-input: this pattern takes the
+chain on the plan where that rule held.)
 """
 
 from __future__ import annotations
@@ -151,6 +150,13 @@ def m_product_read_between(g):
     insert_after(g, p["mm"], ops.add(alias, alias)).flags |= Flag.OUTPUT
 
 
+def m_product_as_side(g):
+    """The chain's side operand is the product's own view (the gate as ``MUL(z, SILU(z))``): the fused node would
+    read the product's bytes, which it never writes."""
+    p = parts(g)
+    p["chain"].src[1] = p["view"] if p["view"] is not None else p["mm"]
+
+
 TRIPS = [
     Trip("mul-mat-chain.product", m_permuted_view),
     Trip("mul-mat-chain.type", m_x_f16),
@@ -166,6 +172,7 @@ TRIPS = [
     # (z of tiny-dc4-h32 is 64 rows, 8 tokens two rows a program: a grid of 32, not tiny-dc4-h64's 128 at 4 tokens)
     Trip("mul-mat-chain.output-overlaps-input", m_out_over_x, config=dict(model="tiny-dc4-h32", n_tokens=8),
          kernels="triton"),
+    Trip("mul-mat-chain.product-read-later", m_product_as_side, name="side"),
     Trip("mul-mat-chain.product-read-later", m_product_read_later, name="later"),
     Trip("mul-mat-chain.product-read-later", m_product_read_between, name="between"),
 ]
