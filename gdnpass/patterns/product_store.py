@@ -1,9 +1,8 @@
 """What a product's store epilogue asks, whatever runs in it: the facts mul_mat_add (the residual ADD) and
 mul_mat_chain (an elementwise chain) share. Both replace a MUL_MAT ``p`` (and one view of it) with a node that runs
 the single mat-vec's or GEMM's kernel at a later node's place, runs that node's work on each f32 sum as it stores it
-(``triton_matvec.Epilogue``) and never writes ``p``. A capture here has ``mm`` (the MUL_MAT), ``view`` (the view of
-it its reader reads, or None), ``w``, ``x`` and ``cols``; each pattern names the rules these checks make (its rule
-block). Pure Python.
+(``triton_matvec.Epilogue``) and never writes ``p``. Their captures are :class:`ProductCapture` s; each pattern
+names the rules these checks make (its rule block). Pure Python.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from gdnpass.ir import DType, Op, Tensor
 from gdnpass.kernels import limits
 from gdnpass.kernels.limits import GEMM_WEIGHTS, MAT_VEC_COLS, runs_in_one_launch
-from gdnpass.patterns.common import Clause, Context, Why, collision, first_collision, read_before_written
+from gdnpass.patterns.common import Capture, Clause, Context, Why, collision, first_collision, read_before_written
 from gdnpass.patterns.record import need
 
 _VIEWS = (Op.RESHAPE, Op.VIEW)
@@ -24,6 +23,26 @@ def product_of(t: Tensor) -> Tensor | None:
     if t.op in _VIEWS and t.view_src is not None and t.view_src.op is Op.MUL_MAT and t.src[0] is t.view_src:
         return t.view_src
     return None
+
+
+class ProductCapture(Capture):
+    """A capture whose fused node runs MUL_MAT ``mm`` (a dataclass field of the subclass, as ``view``: the view of it
+    the reader reads, or None) with an epilogue: the operands the checks below read."""
+
+    mm: Tensor
+    view: Tensor | None
+
+    @property
+    def w(self) -> Tensor:
+        return self.mm.src[0]
+
+    @property
+    def x(self) -> Tensor:
+        return self.mm.src[1]
+
+    @property
+    def cols(self) -> int:
+        return self.x.ne[1] * self.x.ne[2] * self.x.ne[3]
 
 
 def fits(t: Tensor, rows: int, cols: int) -> bool:

@@ -55,6 +55,15 @@ def arena_tensor(name, nbytes):
     return ops.new_tensor(name, DType.F32, (nbytes // 4,), buffer="arena")
 
 
+def read_bytes_of(g: Graph, t, after) -> None:
+    """Right after ``after``, a node reads ``t``'s bytes through a tensor of its own (an arena leaf at their offset:
+    no graph edge, so no user count sees it): an ADD of them to themselves, OUTPUT (run --check compares every ADD)."""
+    alias = ops.new_tensor(f"{t.name} bytes", DType.F32, (t.nelements,), buffer="arena")
+    alias.offset = t.offset
+    g.leafs.append(alias)
+    insert_after(g, after, ops.add(alias, alias)).flags |= Flag.OUTPUT
+
+
 def feed_layer_output(g: Graph, c: dict, t):
     """Make ``t``'s first (up to) 64 elements flow into the layer output (l_out = ffn_out + (attn_residual + t)), so a
     stale read in ``t`` shows in the compared bytes."""

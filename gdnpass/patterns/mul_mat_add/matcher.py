@@ -37,11 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Op, Tensor
-from gdnpass.patterns.common import (HAZARD, Capture, Context, Match, Why, between, collision, confined,
+from gdnpass.patterns.common import (HAZARD, Context, Match, Why, between, collision, confined,
                                      first_collision, rule, same_elements)
 from gdnpass.patterns.mul_mat_add.record import RECORD
-from gdnpass.patterns.product_store import (one_launch, over_input, product_of, product_read, readable, whole_product,
-                                            writes_input)
+from gdnpass.patterns.product_store import (ProductCapture, one_launch, over_input, product_of, product_read,
+                                            readable, whole_product, writes_input)
 
 NAME = "mul_mat_add"
 fits = RECORD.scope  # the kernel's scope
@@ -57,7 +57,7 @@ def _operand(add: Tensor, pos: dict[int, int]) -> Tensor | None:
 
 
 @dataclass
-class MatAddCapture(Capture):
+class MatAddCapture(ProductCapture):
     mm: Tensor
     view: Tensor | None  # the view of the product the ADD reads, or None (it reads the product)
     add: Tensor
@@ -88,20 +88,8 @@ class MatAddCapture(Capture):
         return self.view if self.view is not None else self.mm
 
     @property
-    def w(self) -> Tensor:
-        return self.mm.src[0]
-
-    @property
-    def x(self) -> Tensor:
-        return self.mm.src[1]
-
-    @property
     def r(self) -> Tensor:
         return self.add.src[1] if self.add.src[0] is self.read else self.add.src[0]
-
-    @property
-    def cols(self) -> int:
-        return self.x.ne[1] * self.x.ne[2] * self.x.ne[3]
 
 
 @rule("mul-mat-add.product")

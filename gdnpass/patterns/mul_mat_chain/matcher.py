@@ -41,18 +41,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Graph, Tensor
-from gdnpass.patterns.common import HAZARD, Capture, Context, Match, Why, between, confined, rule
+from gdnpass.patterns.common import HAZARD, Context, Match, Why, between, confined, rule
 from gdnpass.patterns.elementwise_chain.record import OP as CHAIN_OP
 from gdnpass.patterns.mul_mat_chain.record import RECORD
-from gdnpass.patterns.product_store import (one_launch, over_input, product_of, product_read, readable, whole_product,
-                                            writes_input)
+from gdnpass.patterns.product_store import (ProductCapture, one_launch, over_input, product_of, product_read,
+                                            readable, whole_product, writes_input)
 
 NAME = "mul_mat_chain"
 fits = RECORD.scope  # the kernel's scope
 
 
 @dataclass
-class MatChainCapture(Capture):
+class MatChainCapture(ProductCapture):
     mm: Tensor
     view: Tensor | None  # the view of the product the chain reads, or None (it reads the product)
     chain: Tensor        # the ELEMENTWISE_CHAIN node
@@ -82,20 +82,8 @@ class MatChainCapture(Capture):
         return self.chain.view_src
 
     @property
-    def w(self) -> Tensor:
-        return self.mm.src[0]
-
-    @property
-    def x(self) -> Tensor:
-        return self.mm.src[1]
-
-    @property
     def sides(self) -> list[Tensor]:
         return list(self.chain.src[1:])
-
-    @property
-    def cols(self) -> int:
-        return self.x.ne[1] * self.x.ne[2] * self.x.ne[3]
 
 
 @rule("mul-mat-chain.product")

@@ -17,7 +17,7 @@ from gdnpass.ir import DType, Flag, Graph, Op
 from gdnpass.kernels import backends, triton_matvec
 from gdnpass.patterns.mul_mat_add import MatMulAdd
 from support.graphs import triton_for
-from support.surgery import insert_after, insert_before, planned
+from support.surgery import insert_after, insert_before, planned, read_bytes_of
 from support.trips import Trip
 
 
@@ -102,20 +102,14 @@ def m_product_read_later(g):
     check compares every ADD)."""
     p = parts(g)
     _fresh(g, p["add"], p["add"].nbytes)
-    alias = ops.new_tensor("product-bytes", DType.F32, (p["mm"].nelements,), buffer="arena")
-    alias.offset = p["mm"].offset
-    g.leafs.append(alias)
-    insert_after(g, p["add"], ops.add(alias, alias)).flags |= Flag.OUTPUT
+    read_bytes_of(g, p["mm"], p["add"])
 
 
 def m_product_read_between(g):
     """Between the product and the ADD a node reads the product's bytes through a tensor of its own (as
     m_product_read_later: no graph edge, so the user count does not see it); fused, they are never written."""
     p = parts(g)
-    alias = ops.new_tensor("product-bytes", DType.F32, (p["mm"].nelements,), buffer="arena")
-    alias.offset = p["mm"].offset
-    g.leafs.append(alias)
-    insert_after(g, p["mm"], ops.add(alias, alias)).flags |= Flag.OUTPUT
+    read_bytes_of(g, p["mm"], p["mm"])
 
 
 def m_product_as_addend(g):

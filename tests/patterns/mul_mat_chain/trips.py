@@ -23,7 +23,7 @@ from gdnpass.patterns import REGISTRY
 from gdnpass.patterns.mul_mat_add.matcher import product_of
 from gdnpass.patterns.mul_mat_chain import RECORD, MatMulChain
 from support.graphs import triton_for
-from support.surgery import insert_after, planned
+from support.surgery import insert_after, planned, read_bytes_of
 from support.trips import Trip, fresh
 
 BEFORE = [p.matcher for p in REGISTRY[:[p.name for p in REGISTRY].index("mul_mat_chain")]]  # the earlier patterns
@@ -134,20 +134,14 @@ def m_product_read_later(g):
     """After the chain a node reads the product's bytes through a tensor of its own (an arena leaf at their offset:
     no graph edge): an ADD of them to themselves (an ADD: the check compares every ADD)."""
     p = parts(g)
-    alias = ops.new_tensor("product-bytes", DType.F32, (p["mm"].nelements,), buffer="arena")
-    alias.offset = p["mm"].offset
-    g.leafs.append(alias)
-    insert_after(g, p["chain"], ops.add(alias, alias)).flags |= Flag.OUTPUT
+    read_bytes_of(g, p["mm"], p["chain"])
 
 
 def m_product_read_between(g):
     """Between the product and the chain a node reads the product's bytes through a tensor of its own (as
     m_product_read_later: no graph edge, so the user count does not see it); fused, they are never written."""
     p = parts(g)
-    alias = ops.new_tensor("product-bytes", DType.F32, (p["mm"].nelements,), buffer="arena")
-    alias.offset = p["mm"].offset
-    g.leafs.append(alias)
-    insert_after(g, p["mm"], ops.add(alias, alias)).flags |= Flag.OUTPUT
+    read_bytes_of(g, p["mm"], p["mm"])
 
 
 def m_product_as_side(g):
