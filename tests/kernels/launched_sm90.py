@@ -6,6 +6,7 @@ SM holds. compile_sm90.py compiles every kernel with uniform hints, so its regis
 quantized variants timed there (128, 130, 138, 186).
 
     PYTHONPATH=. python tests/kernels/launched_sm90.py     # the block types' mat-vec production variants, a JSON line each
+    PYTHONPATH=. python tests/kernels/launched_sm90.py --epilogues   # the GDN computing its gates, a store's chain
 
 Run by tests/kernels/test_occupancy.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds
 interpreter objects).
@@ -35,6 +36,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
 RESIDUAL = ((4096, 12288), (4096, 4096))
 MOE_DOWN = (8, 2048, 512)  # MUL_MAT_ID's Q4_K experts, rows, K: the 35B-A3B experts' down shape
+EPILOGUE_KEYS = ("N_T", "G_STEPS", "B_STEPS", "GATHER", "STEPS", "SPLIT_K")  # what --epilogues reports of a launch
 
 
 def programs_per_sm(regs: int, shared: int, warps: int) -> int:
@@ -78,12 +80,56 @@ def compiled_as_launched():
         JITFunction.run = run
 
 
+def epilogues() -> list[tuple[str, dict]]:
+    """The kernels that run elementwise chain steps inside another kernel, compiled as launched: the GDN computing
+    its gates (gdn_gates: a verify's unrolled tokens, a prompt's loop, gathering its state too) and a product's store
+    running the GDN's output gate (mul_mat_chain: the bf16 mat-vec, split). A launch specializes ints of 1 as
+    constants, which compile_sm90.py's uniform hints do not: Triton 3.6 miscompiled the prompt loop's nested tuple
+    of them (docs/performance.md, 2026-12-07, twelfth session). Returns (kernel name, constexprs) per launch."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the GDN test's inputs
+    from kernels.test_kernels import gdn_inputs  # (before the GPU is faked below: the arena stays on the CPU)
+    from support.arena import Arena, rnd
+
+    _fake_sm90()
+    from gdnpass.kernels import triton_matvec as mv
+    from gdnpass.kernels import triton_ssm as ssm
+
+    with compiled_as_launched() as found:
+        for n_t, unrolled, gather in ((4, True, False), (20, False, False), (4, True, True)):
+            a = Arena()
+            S, H_v, n_s = 32, 2, 1
+            q, k, v, _, _, state = gdn_inputs(a, S, 1, H_v, n_t, n_s, False)
+            alpha, beta_x = a.put(rnd(1, n_s, n_t, H_v)), a.put(rnd(n_s, n_t, H_v, 1))
+            dt_bias, ssm_a = a.put(rnd(1, 1, 1, H_v)), a.put(rnd(1, 1, 1, H_v))
+            out = a.view((1, 1, n_t * n_s + 2 * S * n_s, S * H_v))
+            ids = torch.zeros(n_s, dtype=torch.int32) if gather else None
+            ssm.gated_delta_net(q, k, v, alpha, beta_x, state, 2, out, unrolled=unrolled, g_sides=(dt_bias, ssm_a),
+                                g_steps=("ADD", "SOFTPLUS", "MUL"), beta_steps=("SIGMOID",), state_ids=ids)
+        w = torch.empty(1, 1, 4096, 4096, dtype=torch.bfloat16)
+        x, side, y = torch.zeros(1, 1, 4, 4096), torch.zeros(1, 1, 4, 4096), torch.empty(1, 1, 4, 4096)
+        mv.mul_mat_vec_chain(w, x, ["SILU", "RMUL"], [side], y)
+    return [(name, c) for name, c, *_ in found]
+
+
+def _fake_sm90() -> None:
+    """The GPU the launches are compiled for, as gdnpass sees it when imported (programmatic dependent launch on)."""
+    torch.cuda.is_available = lambda: True
+    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+
+
 def main() -> int:
     if not triton.__version__.startswith(TRITON):
         raise SystemExit(f"launched_sm90.py: written against Triton {TRITON}'s launch steps, found {triton.__version__}")
-    # the GPU the launches are compiled for, as gdnpass sees it when imported (programmatic dependent launch on)
-    torch.cuda.is_available = lambda: True
-    torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+    import sys
+
+    if sys.argv[1:] == ["--epilogues"]:
+        for name, c in epilogues():
+            print(json.dumps(dict(kernel=name, **{k: v for k, v in c.items() if k in EPILOGUE_KEYS})), flush=True)
+        return 0
+    _fake_sm90()
     from gdnpass.ir import DType
     from gdnpass.kernels import triton_matvec as mv
 

@@ -6,13 +6,13 @@ import sys
 from pathlib import Path
 
 
-def compile_sm90(*args):
+def compile_sm90(*args, script: str = "compile_sm90.py"):
     root = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # the repository's gdnpass, installed or not (a script's own folder, tests/kernels/, is what python puts on
     # sys.path)
     env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run([sys.executable, "tests/kernels/compile_sm90.py", *args], cwd=root, env=env,
+    return subprocess.run([sys.executable, f"tests/kernels/{script}", *args], cwd=root, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -30,3 +30,18 @@ def test_the_compile_check_refuses_what_only_the_interpreter_accepts():
     kernel of the package without a variant."""
     r = compile_sm90("--negative-control")
     assert r.returncode == 0 and r.stdout.count("refused as expected") == 3, r.stdout + r.stderr[-2000:]
+
+
+def test_kernels_running_chain_steps_compile_as_launched():
+    """The GDN computing its gates (a verify's unrolled tokens, a prompt's loop, gathering its state) and a product's
+    store running the GDN's output gate, each compiled for sm_90 specialized as its launch is (launched_sm90.py
+    --epilogues): ints of 1 become constants there, not in compile_sm90.py's uniform hints, and the prompt loop's
+    gates failed on the GPU that way until chain_args was flattened (docs/performance.md, 2026-12-07, twelfth)."""
+    import json
+
+    r = compile_sm90("--epilogues", script="launched_sm90.py")
+    assert r.returncode == 0, r.stderr[-3000:]
+    found = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    gdn = [(v["N_T"], v["GATHER"]) for v in found if v["kernel"] == "_gdn_kernel" and v["G_STEPS"] and v["B_STEPS"]]
+    assert gdn == [(4, False), (0, False), (4, True)], found  # (N_T 0: the loop)
+    assert [v["STEPS"] for v in found if v["kernel"] == "_mul_mat_vec_kernel"] == [["SILU", "RMUL"]], found
