@@ -86,25 +86,21 @@ def epilogues() -> list[tuple[str, dict]]:
     running the GDN's output gate (mul_mat_chain: the bf16 mat-vec, split). A launch specializes ints of 1 as
     constants, which compile_sm90.py's uniform hints do not: Triton 3.6 miscompiled the prompt loop's nested tuple
     of them (docs/performance.md, 2026-12-07, twelfth session). Returns (kernel name, constexprs) per launch."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the GDN test's inputs
-    from kernels.test_kernels import gdn_inputs  # (before the GPU is faked below: the arena stays on the CPU)
-    from support.arena import Arena, rnd
-
     _fake_sm90()
     from gdnpass.kernels import triton_matvec as mv
     from gdnpass.kernels import triton_ssm as ssm
 
     with compiled_as_launched() as found:
         for n_t, unrolled, gather in ((4, True, False), (20, False, False), (4, True, True)):
-            a = Arena()
-            S, H_v, n_s = 32, 2, 1
-            q, k, v, _, _, state = gdn_inputs(a, S, 1, H_v, n_t, n_s, False)
-            alpha, beta_x = a.put(rnd(1, n_s, n_t, H_v)), a.put(rnd(n_s, n_t, H_v, 1))
-            dt_bias, ssm_a = a.put(rnd(1, 1, 1, H_v)), a.put(rnd(1, 1, 1, H_v))
-            out = a.view((1, 1, n_t * n_s + 2 * S * n_s, S * H_v))
+            S, H_v, n_s = 32, 2, 1  # (compiled, never run: zeros; q, k, v head views of one buffer, as in the graph)
+            C = 2 * S + S * H_v
+            qkv = torch.zeros(n_s * n_t * C)
+            q, k, v = (qkv[off:].as_strided((n_s, n_t, h, S), (n_t * C, C, S, 1))
+                       for off, h in ((0, 1), (S, 1), (2 * S, H_v)))
+            state = torch.zeros(n_s, H_v, S, S)
+            alpha, beta_x = torch.zeros(1, n_s, n_t, H_v), torch.zeros(n_s, n_t, H_v, 1)
+            dt_bias, ssm_a = torch.zeros(1, 1, 1, H_v), torch.zeros(1, 1, 1, H_v)
+            out = torch.empty(1, 1, n_t * n_s + 2 * S * n_s, S * H_v)
             ids = torch.zeros(n_s, dtype=torch.int32) if gather else None
             ssm.gated_delta_net(q, k, v, alpha, beta_x, state, 2, out, unrolled=unrolled, g_sides=(dt_bias, ssm_a),
                                 g_steps=("ADD", "SOFTPLUS", "MUL"), beta_steps=("SIGMOID",), state_ids=ids)
