@@ -22,7 +22,8 @@ shapes (``bench.py --quick --only quant``), the whole 9B verify with Q4_K and wi
 (``one_matvec.py``).
 Part 5 (issue 34, after part 4): the quantized tiles re-swept (``tune_matvec.py --wtypes q4_k,q6_k,q8_0``).
 Part 6 (issue 34): ours and upstream llama.cpp on one real Q4_K_M file, the whole verify in one run (``bench.py
---quick --only whole,upstream --quantize q4_k_m``; carry ``.llama-src`` as for part 1).
+--quick --only whole,upstream --quantize q4_k_m``; carry ``.llama-src`` as for part 1), then the issue's acceptance on
+that file: ``gdnpass generate --check`` on the GPU, fused and unfused identical.
 Part 15 (issue 34): part 6 on the 9B quantized to Q8_0 (``--quantize q8_0``), the issue's other file.
 Part 7 (issue 35): the MTP loop, gdnpass (fusion off and on) next to llama.cpp's ``--spec-type draft-mtp`` on one
 file, the 9B shape as a cycle model with an MTP head (``generate_bench.py --draft mtp``; carry ``.llama-src``).
