@@ -17,7 +17,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  4. [mul-mat-add.n-cols] the weight is one matrix and the product runs as one launch of the Triton mat-vec or
     GEMM unfused (``kernels.limits.runs_in_one_launch``: 1..MAT_VEC_COLS columns, or more of an f16 / bf16
     weight), whose store adds r: the sum holds the unfused product's bytes.
- 5. [mul-mat-add.layout] the sum and the addend are packed, the product's rows per column (the record's scope).
+ 5. [mul-mat-add.layout] the sum and the addend are packed, as many elements as the product (the record's scope: the
+    store addresses them as the product's rows x columns).
  6. [mul-mat.user-count] the product and its view are read by the ADD alone and are not OUTPUT
     (``patterns.common.confined``).
  7. [between.writes-input] no node between the MUL_MAT and the ADD writes x or the weight: the fused node reads

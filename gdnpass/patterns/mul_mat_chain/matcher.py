@@ -18,9 +18,9 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  3. [mul-mat-chain.n-cols] the weight is one matrix and the product runs as one launch of the Triton mat-vec or GEMM
     unfused (``kernels.limits.runs_in_one_launch``), whose store runs the steps: the output holds the unfused
     product's bytes through them.
- 4. [mul-mat-chain.layout] the chain's output is packed, the product's rows per column (the record's scope), and
-    each side operand is packed in the output's shape: the store reads a side's element where it writes the
-    output's (no broadcast).
+ 4. [mul-mat-chain.layout] the chain's output is packed, as many elements as the product (the record's scope: the
+    store addresses it as the product's rows x columns), and each side operand is packed in the output's shape: the
+    store reads a side's element where it writes the output's (no broadcast).
  5. [mul-mat.user-count] / [elt-chain.user-count] the product and its view are read by the chain alone, and the
     chain node by no one, and none is OUTPUT (``patterns.common.confined``).
  6. [between.writes-input] no node between the MUL_MAT and the chain writes x or the weight: the fused node reads
