@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from gdnpass import ir, prepasses
 from gdnpass.fusion import Applied, FusionReport
 from gdnpass.launches import nodes_launches
-from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, runs_kernel, written
+from gdnpass.ir import Graph, GraphError, Op, Tensor, byte_range, inputs, outputs, written
 from gdnpass.patterns import RECORDS
 from gdnpass.patterns.common import Refusal, fmt_range
 from gdnpass.opspec import ROPE_MODES, SPECS

@@ -143,7 +143,7 @@ def test_builder_layout_and_tile_description(layout, n_t, n_rs, kv_head):
     node's tile covers CONCAT columns max(0, n_t - n_rs) .. n_t + dc - 3."""
     cfg, g = planned(layout, n_t=n_t, n_rs=n_rs, kv_head=kv_head, mem_size=3)
     cache_w = g.find("cache_w_l0")
-    W, C, dc = n_t + 2, 256, 4
+    W, C = n_t + 2, 256
     assert cache_w.ne[:2] == (W * C, 3) and cache_w.buffer == "cache"
     fuse(g, enabled=True, patterns=CHAIN)
     f = fused_node(g)

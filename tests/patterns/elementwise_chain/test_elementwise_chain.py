@@ -4,7 +4,6 @@ order; the launcher's own guard against rule 6's overlap; the plain graph (an in
 on the torch references and on the Triton kernels; the chains of a Qwen3.5 graph; launches and programs."""
 
 import pytest
-import torch
 
 from gdnpass.check import check_fusion
 from gdnpass.errors import KernelError
@@ -17,7 +16,7 @@ from gdnpass.patterns.elementwise_chain import ElementwiseChain
 from gdnpass.patterns.elementwise_chain.record import reference
 from patterns.elementwise_chain.trips import NE0, OPS, ROWS, TRIPS, candidate, kernels, nodes
 from patterns.elementwise_chain.trips import build as build_trip
-from support.arena import DEVICE, Arena, rnd
+from support.arena import Arena, rnd
 from support.compare import assert_bits
 from support.graphs import triton_for
 from support.trips import Only
