@@ -34,13 +34,14 @@ class Product(NamedTuple):
 
 @functools.lru_cache(maxsize=None)
 def product_weights(n) -> list:
-    """The weights a node multiplies: a MUL_MAT's, a MUL_MAT_ADD's or MUL_MAT_CHAIN's (its product), a pair's two
-    (its sources: w_a, x, w_b); none for any other node."""
+    """The weights a node multiplies: a product's (``prepasses.PRODUCTS``: the weight its first source), a pair's
+    two (its sources: w_a, x, w_b); none for any other node."""
     from gdnpass.ir import Op
+    from gdnpass.prepasses import PRODUCTS
 
-    if n.op is Op.MUL_MAT_VEC_PAIR:
-        return [n.src[0], n.src[2]]
-    return [n.src[0]] if n.op in (Op.MUL_MAT, Op.MUL_MAT_ADD, Op.MUL_MAT_CHAIN) else []
+    if n.op.value not in PRODUCTS:
+        return []
+    return [n.src[0], n.src[2]] if n.op is Op.MUL_MAT_VEC_PAIR else [n.src[0]]
 
 
 def product_shapes(model: str) -> tuple[Product, ...]:
