@@ -18,6 +18,7 @@ import math
 import os
 import re
 import subprocess
+import sys
 import tempfile
 
 import torch
@@ -119,8 +120,6 @@ def _fake_sm90() -> None:
 def main() -> int:
     if not triton.__version__.startswith(TRITON):
         raise SystemExit(f"launched_sm90.py: written against Triton {TRITON}'s launch steps, found {triton.__version__}")
-    import sys
-
     if sys.argv[1:] == ["--epilogues"]:
         for name, c in epilogues():
             print(json.dumps(dict(kernel=name, **{k: v for k, v in c.items() if k in EPILOGUE_KEYS})), flush=True)

@@ -6,7 +6,8 @@ import sys
 from pathlib import Path
 
 
-def compile_sm90(*args, script: str = "compile_sm90.py"):
+def sm90_script(script: str, *args):
+    """Run tests/kernels/``script`` (compile_sm90.py, launched_sm90.py) without the interpreter."""
     root = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     # the repository's gdnpass, installed or not (a script's own folder, tests/kernels/, is what python puts on
@@ -17,7 +18,7 @@ def compile_sm90(*args, script: str = "compile_sm90.py"):
 
 
 def test_every_kernel_compiles_for_sm90():
-    r = compile_sm90()
+    r = sm90_script("compile_sm90.py")
     assert r.returncode == 0, r.stderr[-3000:]
     n = int(r.stdout.rsplit("compiled ", 1)[1].split()[0])
     assert n >= 14 and r.stdout.count("sm_90 ok") == n, r.stdout
@@ -28,7 +29,7 @@ def test_every_kernel_compiles_for_sm90():
 def test_the_compile_check_refuses_what_only_the_interpreter_accepts():
     """A kernel the compiler refuses, a tile that compiles but needs more shared memory than sm_90 gives, and a
     kernel of the package without a variant."""
-    r = compile_sm90("--negative-control")
+    r = sm90_script("compile_sm90.py", "--negative-control")
     assert r.returncode == 0 and r.stdout.count("refused as expected") == 3, r.stdout + r.stderr[-2000:]
 
 
@@ -39,7 +40,7 @@ def test_kernels_running_chain_steps_compile_as_launched():
     gates failed on the GPU that way until chain_args was flattened (docs/performance.md, 2026-12-07, twelfth)."""
     import json
 
-    r = compile_sm90("--epilogues", script="launched_sm90.py")
+    r = sm90_script("launched_sm90.py", "--epilogues")
     assert r.returncode == 0, r.stderr[-3000:]
     found = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     gdn = [(v["N_T"], v["GATHER"]) for v in found if v["kernel"] == "_gdn_kernel" and v["G_STEPS"] and v["B_STEPS"]]
