@@ -612,7 +612,9 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
     one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9 columns three dots,
     :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K
     steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on qwen3.5-9b, K 4096 and
-    12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns). f32 and f16 weights: up to 4 columns the FMA form
+    12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
+    of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8: 8% faster than the tiles
+    before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights: up to 4 columns the FMA form
     (one column of up to 1024 rows with two rows and K steps of 2048, as the thin products), beyond it 3xTF32
     tensor-core tiles (split up to 8192 rows). f16 weights take f32's tiles (not timed apart). With fusion on, FFN
     gate / up and attention k / v run only as pairs (twice the programs of one product): their bf16 tiles were timed
@@ -648,10 +650,12 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
         if M >= 4096 and c == 4:  # one K step of 128 for 8192+ rows (and the FFN gate / up pair); split below
             if M >= 8192:
                 return MatVecTile(64, c, 128, True, 4, 1, 4, True)
-            return MatVecTile(128, c, 64, True, 4, _split(K, 64, 8)) if K <= 4096 else \
+            return MatVecTile(64, c, 128, True, 4, _split(K, 128, 4), 3, True) if K <= 4096 else \
                 MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
-        if M >= 4096:  # 8 columns: 256-row blocks
-            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
+        if M >= 8192:  # 8 columns: 256-row blocks
+            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4))
+        if M >= 4096:  # 4096 x 4096 at 8 columns: 128-row blocks in K steps of 128 split 4
+            return MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
         if M >= 1024:  # attention k / v (timed as the pair)
             return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16)) if c == 4 else \
                 MatVecTile(64, c, 64, True, 4, _split(K, 64, 8))
@@ -682,7 +686,8 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K
     split into the most slices whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does
     not hold them (the H100 sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before)."""
-    block_m = 128 if wtype == "q8_0" else 64
+    thin = wtype == "q8_0" and M <= Q8_0_THIN_ROWS
+    block_m = Q8_0_THIN_ROWS if thin else 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)
     if wtype == "q8_0":
         while blocks * want * 2 <= Q8_0_WAVES[1] and want < 16:
@@ -696,7 +701,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
     capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k")
                              or wtype == "q8_0" and Q8_0_WAVES[0] < programs <= Q8_0_WAVES[1])
-    return MatVecTile(block_m, max(QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split,
+    return MatVecTile(block_m, max(8 if thin else QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split,
                       regs=QUANT_REGS[wtype] if capped else 0)
 
 
@@ -713,6 +718,12 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 # 46.5; 4096 x 12288 in 16 (512) capped 45.0, in 8 (256) 51.5, in 16 uncapped (512 over 396) 57.7; 4096 x 4096 in 16
 # capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
 Q8_0_WAVES = (396, 528)
+
+# Q8_0's thin products (alpha / beta, 32 rows): one 32-row block, 8 columns, K split to one step a program. Their
+# launch of 16-32 programs is bound by each program's latency (a K step ~3.7 us: 1 slice 59.7 us, 16 slices 6.3), not
+# by occupancy; the pair at 4 and 8 columns 6.34 us against 9.98 with the 128-row block at 16 columns (H100, 2026-12-07,
+# thirteenth session). The K-quants' thin tiles were not timed: 64-row blocks.
+Q8_0_THIN_ROWS = 32
 
 # Q8_0's cap where its wave needs it (Q8_0_WAVES; 72 bytes of spill at 128). The K-quants' registers a thread up to
 # 16 columns, which decide how many programs an SM holds (shared memory allows 4 or more): Q4_K and Q5_K at 128, 4
