@@ -67,13 +67,14 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         return [
             # issue 34: ours and upstream on one real Q4_K_M file (the 9B written in bf16, quantized by llama.cpp's
             # own quantizer), the whole verify of both in one run (2026-12-07, H100: 386 s with the CUDA build), then
-            # the issue's acceptance on that file: the loop fused and unfused, identical tokens and logits bytes
+            # the issue's acceptance on that file: the loop fused and unfused, identical tokens and logits bytes (the
+            # planted drafter: the n-gram one drafts nothing on random weights, and a verify of one token is no test)
             ("quant-upstream", [PY, "benchmarks/bench.py", "--quick", "--only", "whole,upstream", "--quantize",
                                 "q4_k_m", "--gguf", QUANT_BASE, *(["--source", source] if source else []),
                                 "--json", str(out / "quant-upstream.json")], 430),
             ("quant-generate-check", [PY, "-m", "gdnpass.cli", "generate", "--gguf",
                                       QUANT_BASE.replace(".gguf", "-q4_k_m.gguf"), "--prompt", "The quick brown fox",
-                                      "--n-predict", "32", "--device", "cuda", "--check"], 100),
+                                      "--n-predict", "48", "--draft", "planted", "--device", "cuda", "--check"], 100),
         ]
     if part == 15:
         return [
