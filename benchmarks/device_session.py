@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17|18 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -58,6 +58,9 @@ PATTERN``).
 Part 17 (issues 32, 34): the two tiles the twelfth session's tables point at, swept (``tune_matvec.py``): bf16 4096 x
 4096 at 4 and 8 columns (``--deep``; 55% of the read bandwidth in the whole verify) and Q8_0's 32-row alpha/beta pair
 (twice upstream's time).
+Part 18 (issues 32, 34): part 17's bf16 tiles in the whole verify against the package before them, in one run
+(``.ab/7edac5d``, made as the step's comment says, carried); then the thin pairs part 17 left: f32, Q4_K and Q6_K
+alpha/beta (32 x 4096) and bf16 attention k / v (1024 x 4096).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

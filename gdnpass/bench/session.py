@@ -17,6 +17,8 @@ from gdnpass.patterns import REGISTRY
 
 PY = sys.executable
 BASE = ".ab/e91a2a0"  # parts 13 and 14's A/B: the package before the Q4_K register cap (3e590c0), carried
+PREV = ".ab/7edac5d"  # part 18's A/B: the package before part 17's tiles (ac91785), carried; made with
+# `mkdir -p .ab/7edac5d && git archive 7edac5d gdnpass | tar -x -C .ab/7edac5d`
 
 
 def _at(package: str, script: str, *args: str) -> list[str]:
@@ -190,6 +192,22 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                 "--cols", "4,8", "--pair", "--budget-s", "120",
                                 "--json", str(out / "tune-q8_0-thin.json")], 170),
         ]
+    if part == 18:
+        return [
+            # issue 32: part 17's bf16 4096 x 4096 tiles in the whole verify, against the package before them in one
+            # run (the thirteenth session measured them only across runs); 110 s each
+            *((f"whole-tiles{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
+                                        str(out / f"whole-tiles{tag}.json")), 140)
+              for tag, path in (("", "."), ("-prev", PREV))),
+            # issues 32, 34: the thin pairs part 17 did not sweep: the bf16 files' f32 alpha/beta (issue 32's 1.3x of
+            # an empty kernel plus its bytes, missed), the Q4_K_M file's K-quant alpha/beta (64-row blocks half
+            # masked, where Q8_0's 32-row block ran 36% faster), and bf16 attention k / v (51% of the read bandwidth)
+            ("tune-thin", [PY, "benchmarks/tune_matvec.py", "--wtypes", "f32,q4_k,q6_k", "--shapes", "32x4096",
+                           "--cols", "1,4,8", "--pair", "--budget-s", "60", "--json", str(out / "tune-thin.json")], 100),
+            ("tune-bf16-kv", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16", "--shapes", "1024x4096",
+                              "--cols", "4,8", "--pair", "--deep", "--budget-s", "90",
+                              "--json", str(out / "tune-bf16-kv.json")], 150),
+        ]
     if part == 16:
         return [
             # issue 32: the GDN computing its gates (gdn_gates), gathering its state (gdn_state_gather) and the z
@@ -229,7 +247,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

@@ -685,7 +685,8 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     Q6_K's split from the H100 sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096
     x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K
     split into the most slices whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does
-    not hold them (the H100 sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before)."""
+    not hold them (the H100 sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before); its thin products
+    (:data:`Q8_0_THIN_ROWS`) one block of their rows at 8 columns."""
     thin = wtype == "q8_0" and M <= Q8_0_THIN_ROWS
     block_m = Q8_0_THIN_ROWS if thin else 128 if wtype == "q8_0" else 64
     want, blocks = 1, triton.cdiv(M, block_m)

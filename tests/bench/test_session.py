@@ -26,6 +26,12 @@ def test_each_part_fits_one_device_call(tmp_path):
         assert sum(limit for _, _, limit in session.steps(part, ".llama-src", tmp_path)) < 540
 
 
+def test_step_names_are_unique_across_parts(tmp_path):
+    # (--steps finds a step by its name among every part's: a second step of the same name would hide the first)
+    names = [name for part in session.PARTS for name, _, _ in session.steps(part, ".llama-src", tmp_path)]
+    assert len(names) == len(set(names)), sorted(n for n in set(names) if names.count(n) > 1)
+
+
 def test_a_step_past_its_limit_is_stopped_with_its_children(tmp_path):
     # compute-sanitizer and multiprocessing pools run the work in children, which keep the output pipe open
     child = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); " \
