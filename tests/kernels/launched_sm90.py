@@ -7,11 +7,13 @@ quantized variants timed there (128, 130, 138, 186).
 
     PYTHONPATH=. python tests/kernels/launched_sm90.py     # the block types' mat-vec production variants, a JSON line each
     PYTHONPATH=. python tests/kernels/launched_sm90.py --epilogues   # the GDN computing its gates, a store's chain
+    PYTHONPATH=. python tests/kernels/launched_sm90.py --sass q8_0 12288 4096 4   # one mat-vec's SASS opcodes, counted
 
 Run by tests/kernels/test_occupancy.py in a subprocess without TRITON_INTERPRET (under it, @triton.jit builds
 interpreter objects).
 """
 
+import collections
 import contextlib
 import json
 import math
@@ -59,9 +61,10 @@ def _resources(cubin: bytes) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def compiled_as_launched():
+def compiled_as_launched(binaries: list | None = None):
     """Inside the block every Triton launch is compiled for sm_90 as it would be specialized, not run; yields the list
-    that collects a (kernel name, constexprs, registers, stack bytes, shared bytes, warps) per launch."""
+    that collects a (kernel name, constexprs, registers, stack bytes, shared bytes, warps) per launch (and
+    ``binaries``, if given, each launch's compiled kernel: its ``asm``)."""
     backend, found, run = make_backend(SM90), [], JITFunction.run
 
     def compile_launch(self, *args, grid, warmup, **kwargs):  # JITFunction.run's own steps, up to the compile
@@ -70,6 +73,8 @@ def compiled_as_launched():
         bound, spec, options = create_function_from_signature(self.signature, self.params, backend)(*args, **kwargs)
         options, signature, constexprs, attrs = self._pack_args(backend, kwargs, bound, spec, options)
         k = triton_compile(ASTSource(self, signature, constexprs, attrs), target=SM90, options=options.__dict__)
+        if binaries is not None:
+            binaries.append(k)
         names = [p.name for p in self.params]
         found.append((self.__name__, {names[p[0]]: v for p, v in constexprs.items() if len(p) == 1},
                       *_resources(k.asm["cubin"]), k.metadata.shared, k.metadata.num_warps))
@@ -111,6 +116,30 @@ def epilogues() -> list[tuple[str, dict]]:
     return [(name, c) for name, c, *_ in found]
 
 
+def sass_opcodes(qtype: str, M: int, K: int, N: int) -> collections.Counter:
+    """The SASS opcodes (``LDG``, ``STS``, ``BAR``, ...; suffixes dropped) of one mat-vec launch of an M x K weight of
+    ``qtype`` (a block type or bf16 / f16 / f32) at N columns, compiled for sm_90 as launched: what its loop does
+    besides its loads (docs/performance.md, 2026-12-07, thirteenth session: Q8_0's quants moved through shared memory
+    into the dot's operand layout)."""
+    _fake_sm90()
+    from gdnpass.ir import DType
+    from gdnpass.kernels import triton_matvec as mv
+
+    wt, binaries = DType.parse(qtype), []
+    with compiled_as_launched(binaries):
+        if wt.is_quantized:
+            w = torch.empty(1, 1, M, wt.row_bytes(K), dtype=torch.uint8)  # (compiled, never read)
+        else:
+            w = torch.empty(1, 1, M, K, dtype={"bf16": torch.bfloat16, "f16": torch.float16}.get(qtype, torch.float32))
+        mv.mul_mat_vec(w, torch.zeros(1, 1, N, K), torch.empty(1, 1, N, M), wt if wt.is_quantized else None)
+    cubin = [k for k in binaries if k.name == "_mul_mat_vec_kernel"][-1].asm["cubin"]
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    return collections.Counter(m.split(".")[0] for m in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass))
+
+
 def _fake_sm90() -> None:
     """The GPU the launches are compiled for, as gdnpass sees it when imported (programmatic dependent launch on)."""
     torch.cuda.is_available = lambda: True
@@ -120,6 +149,11 @@ def _fake_sm90() -> None:
 def main() -> int:
     if not triton.__version__.startswith(TRITON):
         raise SystemExit(f"launched_sm90.py: written against Triton {TRITON}'s launch steps, found {triton.__version__}")
+    if sys.argv[1:2] == ["--sass"]:
+        qtype, *mkn = sys.argv[2:]
+        for op, n in sass_opcodes(qtype, *map(int, mkn)).most_common():
+            print(f"{n:6d} {op}")
+        return 0
     if sys.argv[1:] == ["--epilogues"]:
         for name, c in epilogues():
             print(json.dumps(dict(kernel=name, **{k: v for k, v in c.items() if k in EPILOGUE_KEYS})), flush=True)

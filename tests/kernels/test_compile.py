@@ -46,3 +46,16 @@ def test_kernels_running_chain_steps_compile_as_launched():
     gdn = [(v["N_T"], v["GATHER"]) for v in found if v["kernel"] == "_gdn_kernel" and v["G_STEPS"] and v["B_STEPS"]]
     assert gdn == [(4, False), (0, False), (4, True)], found  # (N_T 0: the loop)
     assert [v["STEPS"] for v in found if v["kernel"] == "_mul_mat_vec_kernel"] == [["SILU", "RMUL"]], found
+
+
+
+def test_k_quant_weights_copy_ahead_as_launched():
+    """launched_sm90.py --sass: a mat-vec's SASS opcodes as launched. Q4_K's 144-byte blocks lie on 16-byte words, so
+    Triton's pipeline copies them ahead (LDGSTS) and the dot reads them from shared memory with few barriers. Q8_0's
+    34-byte blocks do not: its quants load into registers and move through shared memory into the dot's layout group
+    by group, 141 STS and 39 BAR at 12288 x 4096 (docs/performance.md, 2026-12-07, thirteenth session), what a faster
+    Q8_0 form would avoid."""
+    r = sm90_script("launched_sm90.py", "--sass", "q4_k", "4096", "4096", "4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    ops = {op: int(n) for n, op in (line.split() for line in r.stdout.splitlines())}
+    assert ops.get("LDGSTS", 0) >= 32 and ops.get("BAR", 0) <= 16 and ops.get("STS", 0) <= 16, ops
