@@ -613,8 +613,8 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
     :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K
     steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on qwen3.5-9b, K 4096 and
     12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
-    of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8: 8% faster than the tiles
-    before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights: up to 4 columns the FMA form
+    of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8 (also ffn_down's 4096 x
+    12288 there): 8% faster than the tiles before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights: up to 4 columns the FMA form
     (one column of up to 1024 rows with two rows and K steps of 2048, as the thin products), beyond it 3xTF32
     tensor-core tiles (split up to 8192 rows). f16 weights take f32's tiles (not timed apart). With fusion on, FFN
     gate / up and attention k / v run only as pairs (twice the programs of one product): their bf16 tiles were timed
@@ -654,7 +654,8 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
                 MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
         if M >= 8192:  # 8 columns: 256-row blocks
             return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4))
-        if M >= 4096:  # 4096 x 4096 at 8 columns: 128-row blocks in K steps of 128 split 4
+        if M >= 4096:  # 4096 rows at 8 columns: 128-row blocks in K steps of 128 split 4 (swept at 4096 x 4096;
+            # ffn_down's 4096 x 12288 timed in the verify only: 41.1 -> 39.1 us a launch, across runs)
             return MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
         if M >= 1024:  # attention k / v (timed as the pair)
             return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16)) if c == 4 else \
