@@ -203,7 +203,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # an empty kernel plus its bytes, missed), the Q4_K_M file's K-quant alpha/beta (64-row blocks half
             # masked, where Q8_0's 32-row block ran 36% faster), and bf16 attention k / v (51% of the read bandwidth)
             ("tune-thin", [PY, "benchmarks/tune_matvec.py", "--wtypes", "f32,q4_k,q6_k", "--shapes", "32x4096",
-                           "--cols", "1,4,8", "--pair", "--budget-s", "60", "--json", str(out / "tune-thin.json")], 100),
+                           "--cols", "1,4,8", "--pair", "--budget-s", "60",
+                           "--json", str(out / "tune-thin.json")], 100),
             ("tune-bf16-kv", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16", "--shapes", "1024x4096",
                               "--cols", "4,8", "--pair", "--deep", "--budget-s", "90",
                               "--json", str(out / "tune-bf16-kv.json")], 150),

@@ -614,11 +614,11 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
     steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on qwen3.5-9b, K 4096 and
     12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
     of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8 (also ffn_down's 4096 x
-    12288 there): 8% faster than the tiles before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights: up to 4 columns the FMA form
-    (one column of up to 1024 rows with two rows and K steps of 2048, as the thin products), beyond it 3xTF32
-    tensor-core tiles (split up to 8192 rows). f16 weights take f32's tiles (not timed apart). With fusion on, FFN
-    gate / up and attention k / v run only as pairs (twice the programs of one product): their bf16 tiles were timed
-    as pairs."""
+    12288 there): 8% faster than the tiles before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights:
+    up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the thin
+    products), beyond it 3xTF32 tensor-core tiles (split up to 8192 rows). f16 weights take f32's tiles (not timed
+    apart). With fusion on, FFN gate / up and attention k / v run only as pairs (twice the programs of one product):
+    their bf16 tiles were timed as pairs."""
     cols = triton.next_power_of_2(N)
     if wtype in _QUANTIZED:
         return _quantized_tile(M, cols, K, wtype, products)

@@ -137,7 +137,8 @@ def sass_opcodes(qtype: str, M: int, K: int, N: int) -> collections.Counter:
         f.write(cubin)
         f.flush()
         sass = subprocess.run([CUOBJDUMP, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return collections.Counter(m.split(".")[0] for m in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass))
+    opcode = r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)"  # after the address, past a predicate
+    return collections.Counter(m.split(".")[0] for m in re.findall(opcode, sass))
 
 
 def _fake_sm90() -> None:
@@ -150,6 +151,8 @@ def main() -> int:
     if not triton.__version__.startswith(TRITON):
         raise SystemExit(f"launched_sm90.py: written against Triton {TRITON}'s launch steps, found {triton.__version__}")
     if sys.argv[1:2] == ["--sass"]:
+        if len(sys.argv) != 6 or not all(v.isdigit() for v in sys.argv[3:]):
+            raise SystemExit("usage: launched_sm90.py --sass WTYPE M K N (rows, K, columns; e.g. q8_0 12288 4096 4)")
         qtype, *mkn = sys.argv[2:]
         for op, n in sass_opcodes(qtype, *map(int, mkn)).most_common():
             print(f"{n:6d} {op}")
