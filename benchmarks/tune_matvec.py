@@ -1,6 +1,7 @@
 """Sweep the mat-vec tile (triton_matvec.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
 tile per (weight type, shape, columns) with its share of the read bandwidth measured in the same process
-(gdnpass.bench.ceilings).
+(gdnpass.bench.ceilings) and the time a streaming read of its bytes takes (``bench.matvec.read_us``: at 33 MB the
+launch's ramp and tail alone keep a read from the bandwidth).
 
     python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--pair]
                                      [--budget-s 420] [--deep] [--procs 16] [--regs 128,152]
@@ -33,7 +34,8 @@ import torch
 import triton
 
 from gdnpass.bench import ceilings
-from gdnpass.bench.matvec import DTYPES, QUANTIZED, column_counts, operands, product_shapes, rotation, shape_list
+from gdnpass.bench.matvec import (DTYPES, QUANTIZED, column_counts, operands, product_shapes, read_us, rotation,
+                                  shape_list)
 from gdnpass.kernels import triton_matvec as mv
 from gdnpass.kernels.triton_core import programmatic_launch
 
@@ -230,12 +232,14 @@ def main() -> int:
         default = dict((t, us) for t, us, _ in timed).get(tiles[0], float("nan"))
         wbytes = M * QUANTIZED[wt].row_bytes(K) if wt in QUANTIZED else M * K * DTYPES[wt].itemsize
         nbytes = n_w * (wbytes + N * M * 4) + N * K * 4
+        pure = read_us(nbytes)  # a streaming read of as many bytes: what this size allows, ramp and tail included
         rows += [dict(wtype=wt, M=M, K=K, N=N, pair=a.pair, tile=list(t), us=us, GBps=nbytes / (us * 1e3),
-                      default=t == tiles[0]) for t, us, _ in timed]
+                      read_us=pure, default=t == tiles[0]) for t, us, _ in timed]
         for t, us, err in sorted(timed, key=lambda r: r[1])[:3]:
             gbps = nbytes / (us * 1e3)
             print(f"{wt:>5}{'x2' if a.pair else ''} {M:>6}x{K:<6} N={N:<2} {us:7.2f} us {gbps:6.0f} GB/s "
-                  f"({gbps / bw:4.0%}) {t} err {err:.1e}  default {default:7.2f} us", flush=True)
+                  f"({gbps / bw:4.0%}; a read of its bytes {pure:.2f} us) {t} err {err:.1e}  default {default:7.2f} us",
+                  flush=True)
     if a.json:
         Path(a.json).write_text(json.dumps(dict(read_GBps=bw, ceilings=dataclasses.asdict(ceil), tiles=rows), indent=1))
     return 0
