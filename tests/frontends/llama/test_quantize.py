@@ -10,6 +10,7 @@ loads and runs a K-quant file. The error paths are one line each, before llama.c
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -175,11 +176,15 @@ def test_bad_requests_are_refused_before_llama_cpp_is_built(capsys, tmp_path, mo
 
 def test_generate_runs_a_q4_k_m_file_identically_fused_and_unfused(quantized, capsys):
     """`gdnpass generate --gguf <llama.cpp's Q4_K_M file> --check`: the blocks held as the file has them, the loop's
-    tokens, accepted counts and logits bytes identical with fusion off and on; the header says the types' shares."""
+    tokens, accepted counts and logits bytes identical with fusion off and on; the header says the types' shares. The
+    planted drafter drafts (the n-gram one finds nothing to draft in a random model's text, and a verify of one token
+    rolls nothing back), so verifies of several tokens and their rollbacks are compared too."""
     res = quantized("k256", "q4_k_m")
     rc, out, err = cli_run(capsys, "generate", "--gguf", res.dst, "--prompt", "The quick brown fox",
-                           "--n-predict", "6", "--check")
+                           "--n-predict", "12", "--draft", "planted", "--check")
     assert rc == 0, err
+    drafted = re.search(r"n_drafted (\d+), n_accept (\d+)", out)
+    assert drafted and int(drafted[1]) > int(drafted[2]), out  # drafts made, and some rolled back
     assert "weights Q4_K x28 (" in out and "Q6_K x5 (" in out, out
     assert "fusion off vs on: identical tokens, accepted counts and logits bytes at every step" in out, out
 
