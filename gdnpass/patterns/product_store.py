@@ -27,11 +27,32 @@ def product_of(t: Tensor) -> Tensor | None:
 
 class ProductCapture(Capture):
     """A capture whose fused node runs MUL_MAT ``mm`` (a dataclass field of the subclass, as ``view``: the view of it
-    the reader reads, or None) with an epilogue: the operands the checks below read."""
+    the reader reads, or None) with an epilogue, the work of the node that reads the product (:attr:`epilogue`): the
+    rewrite and the operands the checks below read."""
 
     mm: Tensor
     view: Tensor | None
 
+    @property
+    def epilogue(self) -> Tensor:
+        """The node reading the product whose work the store runs (the ADD, the chain): the subclass's."""
+        raise NotImplementedError
+
+    # ---- what the rewrite does (patterns.common.Capture): the fused node replaces the product, its view and the
+    # epilogue's node, at that node's place
+    @property
+    def anchor(self) -> Tensor:
+        return self.epilogue
+
+    def removed(self) -> list[Tensor]:
+        return [t for t in (self.mm, self.view, self.epilogue) if t is not None]
+
+    def span(self, ctx: Context) -> tuple[int, int, int]:
+        """MUL_MAT .. the epilogue's node, where the fused node runs."""
+        at = ctx.pos[self.epilogue.uid]
+        return ctx.pos[self.mm.uid], at, at
+
+    # ---- the operands ----------------------------------------------------------------------------------------------
     @property
     def w(self) -> Tensor:
         return self.mm.src[0]

@@ -128,6 +128,14 @@ def fresh(g: Graph, t: Tensor, offset: int | None = None) -> int:
     return t.offset
 
 
+def spread_columns(g: Graph, t: Tensor) -> None:
+    """Non-view f32 ``t`` with its columns (dims 1-3) twice as far apart as its rows need, on bytes of its own: a
+    layout no packed kernel store may assume."""
+    n0, n1, n2 = t.ne[:3]
+    t.nb = (4, 8 * n0, 8 * n0 * n1, 8 * n0 * n1 * n2)
+    fresh(g, t)
+
+
 def insert_after(g: Graph, anchor: Tensor, node: Tensor) -> Tensor:
     node.buffer = "arena"
     fresh(g, node)

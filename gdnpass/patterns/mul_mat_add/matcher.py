@@ -65,22 +65,14 @@ class MatAddCapture(ProductCapture):
 
     ROLES = (("mul-mat", ("mm", "view")),)
 
-    # ---- what the rewrite does (patterns.common.Capture) -----------------------------------------------------------
+    # ---- what the rewrite does (patterns.common.Capture; the rest: ProductCapture) ----------------------------------
     @property
-    def anchor(self) -> Tensor:
+    def epilogue(self) -> Tensor:
         return self.add
-
-    def removed(self) -> list[Tensor]:
-        return [t for t in (self.mm, self.view, self.add) if t is not None]
 
     def written(self) -> list[Tensor]:
         """The sum: the fused node's only output."""
         return [self.add]
-
-    def span(self, ctx: Context) -> tuple[int, int, int]:
-        """MUL_MAT .. ADD; the fused node runs at the ADD."""
-        at = ctx.pos[self.add.uid]
-        return ctx.pos[self.mm.uid], at, at
 
     # ---- the operands ----------------------------------------------------------------------------------------------
     @property

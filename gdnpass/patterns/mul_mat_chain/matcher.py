@@ -59,22 +59,14 @@ class MatChainCapture(ProductCapture):
 
     ROLES = (("mul-mat", ("mm", "view")), ("elt-chain", ("chain",)))
 
-    # ---- what the rewrite does (patterns.common.Capture) -----------------------------------------------------------
+    # ---- what the rewrite does (patterns.common.Capture; the rest: ProductCapture) ----------------------------------
     @property
-    def anchor(self) -> Tensor:
+    def epilogue(self) -> Tensor:
         return self.chain
-
-    def removed(self) -> list[Tensor]:
-        return [t for t in (self.mm, self.view, self.chain) if t is not None]
 
     def written(self) -> list[Tensor]:
         """The chain's output: the fused node's only one."""
         return [self.out]
-
-    def span(self, ctx: Context) -> tuple[int, int, int]:
-        """MUL_MAT .. the chain; the fused node runs at the chain."""
-        at = ctx.pos[self.chain.uid]
-        return ctx.pos[self.mm.uid], at, at
 
     # ---- the operands ----------------------------------------------------------------------------------------------
     @property

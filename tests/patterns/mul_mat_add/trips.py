@@ -18,7 +18,7 @@ from gdnpass.kernels import backends, triton_matvec
 from gdnpass.patterns.mul_mat_add import MatMulAdd
 from support.graphs import triton_for
 from support.surgery import insert_after, insert_before, planned, read_bytes_of
-from support.trips import Trip
+from support.trips import Trip, spread_columns
 
 
 def parts(g: Graph) -> dict:
@@ -67,10 +67,7 @@ def m_x_f16(g):
 
 def m_sum_strided(g):
     """The sum's columns twice as far apart as its rows need (fresh bytes)."""
-    add = parts(g)["add"]
-    M, N = add.ne[:2]
-    add.nb = (4, 8 * M, 8 * M * N, 8 * M * N)
-    _fresh(g, add, 8 * M * N)
+    spread_columns(g, parts(g)["add"])
 
 
 def m_product_output(g):

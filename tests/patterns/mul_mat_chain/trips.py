@@ -24,7 +24,7 @@ from gdnpass.patterns.mul_mat_add.matcher import product_of
 from gdnpass.patterns.mul_mat_chain import RECORD, MatMulChain
 from support.graphs import triton_for
 from support.surgery import insert_after, planned, read_bytes_of
-from support.trips import Trip, fresh
+from support.trips import Trip, fresh, spread_columns
 
 BEFORE = [p.matcher for p in REGISTRY[:[p.name for p in REGISTRY].index("mul_mat_chain")]]  # the earlier patterns
 GATE = "attn_gate"  # z's weight: blk.<i>.attn_gate.weight
@@ -64,21 +64,13 @@ def m_x_f16(g):
 
 def m_out_strided(g):
     """The chain's output with its columns twice as far apart as its rows need (fresh bytes)."""
-    out = parts(g)["out"]
-    n0, n1, n2 = out.ne[:3]
-    out.nb = (4, 8 * n0, 8 * n0 * n1, 8 * n0 * n1 * n2)
-    out.offset = g.buffers["arena"]
-    g.buffers["arena"] += 8 * n0 * n1 * n2
+    spread_columns(g, parts(g)["out"])
 
 
 def m_side_strided(g):
     """The side operand (the RMS_NORM_MUL's output, which the chain's output was in place on) with its columns twice
     as far apart as its rows need (fresh bytes)."""
-    side = parts(g)["side"]
-    n0, n1, n2 = side.ne[:3]
-    side.nb = (4, 8 * n0, 8 * n0 * n1, 8 * n0 * n1 * n2)
-    side.offset = g.buffers["arena"]
-    g.buffers["arena"] += 8 * n0 * n1 * n2
+    spread_columns(g, parts(g)["side"])
 
 
 def m_side_shape(g):
