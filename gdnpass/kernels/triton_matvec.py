@@ -272,6 +272,29 @@ def _nibbles(qb, high: tl.constexpr):
 
 
 @triton.jit
+def _load_b16(ptr, mask):
+    """``tl.load(ptr, mask, other=0)`` of 16-bit words, written as an elementwise op so that Triton places it in the
+    layout its use asks for (the int8 dot's operand). A ``tl.load`` of Q8_0's and Q6_K's quants, whose blocks (34 and
+    210 bytes) lie 2 bytes off a word every other block, cannot be copied ahead by Triton's pipeline; it is placed in
+    a coalesced layout and each group's quants move through shared memory into the dot's (Q8_0 at 12288 x 4096: 141
+    ``STS`` and 39 ``BAR`` a kernel, against 13 and 23 this way; ``tests/kernels/launched_sm90.py --sass``)."""
+    if not PACKED_DECODE:  # (the interpreter runs no PTX)
+        return tl.load(ptr, mask=mask, other=0)
+    on = mask.to(tl.int32) + tl.zeros(ptr.shape, tl.int32)
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b16 $0, 0; @p ld.global.nc.b16 $0, [$1]; }",
+        "=h,l,r", [ptr, on], dtype=tl.int16, is_pure=True, pack=1)
+
+
+@triton.jit
+def _quant_bytes(w16, at, mask, dtype: tl.constexpr):
+    """SUB bytes a row from the 16-bit word ``at`` (a [rows] tensor, in words of ``w16``) on: [rows, SUB] of ``dtype``,
+    loaded as 16-bit words (:func:`_load_b16`), zeros where not ``mask``."""
+    h = _load_b16(w16 + at[:, None] + tl.arange(0, SUB // 2)[None, :], mask)
+    return tl.reshape(tl.join(h.to(dtype), (h >> 8).to(dtype)), (at.shape[0], SUB))
+
+
+@triton.jit
 def _q5_quants(qb, qh, j: tl.constexpr):
     """Q5_K's quants of sub-block ``j``: the nibbles of ``qb`` (low for even j) and bit j of ``qh`` as the fifth."""
     if not PACKED_DECODE:
@@ -345,7 +368,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 on = g * SUB < k_hi
                 blk = w_row + g * Q8_0_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
-                q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
+                q = _quant_bytes(w16, blk // 2 + 1, rm & on, tl.int8)
                 t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
                 dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
@@ -389,9 +412,9 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 half_on = ((j2 // 2 >= col0) & (j2 // 2 < col0 + N))[None, :]
                 halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
-                    qh = tl.load(w_ptr + blk[:, None] + 128 + 32 * n + e[None, :], mask=rm, other=0)
+                    qh = _quant_bytes(w16, blk // 2 + 64 + 16 * n, rm, tl.uint8)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
-                        ql = tl.load(w_ptr + blk[:, None] + 64 * n + 32 * i + e[None, :], mask=rm, other=0)
+                        ql = _quant_bytes(w16, blk // 2 + 32 * n + 16 * i, rm, tl.uint8)
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
                             g = sb * GROUPS_K + 4 * n + 2 * h + i
