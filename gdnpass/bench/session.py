@@ -19,6 +19,8 @@ PY = sys.executable
 BASE = ".ab/e91a2a0"  # parts 13 and 14's A/B: the package before the Q4_K register cap (3e590c0), carried
 PREV = ".ab/7edac5d"  # part 18's A/B: the package before part 17's tiles (ac91785), carried; made with
 # `mkdir -p .ab/7edac5d && git archive 7edac5d gdnpass | tar -x -C .ab/7edac5d`
+SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K quants went through shared memory (as
+# PREV's line says how)
 
 
 def _at(package: str, script: str, *args: str) -> list[str]:
@@ -209,6 +211,20 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                               "--cols", "4,8", "--pair", "--deep", "--budget-s", "90",
                               "--json", str(out / "tune-bf16-kv.json")], 150),
         ]
+    if part == 19:
+        return [
+            # issues 34, 32: Q8_0's and Q6_K's quants loaded as 16-bit words in the dot's layout (af8add2; the SASS
+            # without their trip through shared memory): the quantized kernels compiled (exactness), then the products
+            # at the 9B's shapes at the tree and at the package before, each output's bytes hashed, and ncu's reading
+            # of one Q8_0 launch of each
+            ("quant-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_triton_quants.py"], 120),
+            *((f"probe-q8q6{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0,q6_k", "--cols", "4,8"),
+               150) for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
+            *((f"ncu-q8_0{tag}", ["env", f"PYTHONPATH={path}:{os.environ.get('PYTHONPATH', '')}", "ncu", "--section",
+                                  "SpeedOfLight", "--section", "Occupancy", "--section", "WarpStateStats", "-k",
+                                  "regex:mul_mat_vec", "-c", "1", PY, "benchmarks/one_matvec.py", "q8_0", "12288",
+                                  "4096", "4"], 40) for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
+        ]
     if part == 16:
         return [
             # issue 32: the GDN computing its gates (gdn_gates), gathering its state (gdn_state_gather) and the z
@@ -248,7 +264,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 def sm90_script(script: str, *args):
     """Run tests/kernels/``script`` (compile_sm90.py, launched_sm90.py) without the interpreter."""
@@ -49,13 +51,25 @@ def test_kernels_running_chain_steps_compile_as_launched():
 
 
 
+def _sass(qtype: str) -> dict[str, int]:
+    r = sm90_script("launched_sm90.py", "--sass", qtype, "12288", "4096", "4")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return {op: int(n) for n, op in (line.split() for line in r.stdout.splitlines())}
+
+
 def test_k_quant_weights_copy_ahead_as_launched():
     """launched_sm90.py --sass: a mat-vec's SASS opcodes as launched. Q4_K's 144-byte blocks lie on 16-byte words, so
-    Triton's pipeline copies them ahead (LDGSTS) and the dot reads them from shared memory with few barriers. Q8_0's
-    34-byte blocks do not: its quants load into registers and move through shared memory into the dot's layout group
-    by group, 141 STS and 39 BAR at 12288 x 4096 (docs/performance.md, 2026-12-07, thirteenth session), what a faster
-    Q8_0 form would avoid."""
-    r = sm90_script("launched_sm90.py", "--sass", "q4_k", "4096", "4096", "4")
-    assert r.returncode == 0, r.stderr[-3000:]
-    ops = {op: int(n) for n, op in (line.split() for line in r.stdout.splitlines())}
+    Triton's pipeline copies them ahead (LDGSTS) and the dot reads them from shared memory with few barriers."""
+    ops = _sass("q4_k")
     assert ops.get("LDGSTS", 0) >= 32 and ops.get("BAR", 0) <= 16 and ops.get("STS", 0) <= 16, ops
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q6_k"])
+def test_misaligned_quants_skip_shared_memory_as_launched(qtype):
+    """Q8_0's 34-byte and Q6_K's 210-byte blocks lie 2 bytes off a word every other block, so nothing copies them
+    ahead. Loaded by ``tl.load``, their quants went through shared memory into the dot's layout group by group (Q8_0:
+    141 STS and 39 BAR, Q6_K: 53 and 18 at 12288 x 4096; docs/performance.md, fourteenth session); loaded as 16-bit
+    words by an elementwise op (``triton_matvec._load_b16``) they land in it. What is left in shared memory: the
+    activations' copies and Q8_0's scales."""
+    ops = _sass(qtype)
+    assert ops.get("STS", 0) <= 16 and ops.get("BAR", 0) <= 24 and ops.get("LDG", 0) >= 64, ops
