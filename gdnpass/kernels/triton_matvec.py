@@ -726,8 +726,10 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
     capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k")
                              or wtype == "q8_0" and Q8_0_WAVES[0] < programs <= Q8_0_WAVES[1])
-    return MatVecTile(block_m, max(8 if thin else QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split,
-                      regs=QUANT_REGS[wtype] if capped else 0)
+    regs = QUANT_REGS[wtype] if capped else 0
+    if wtype == "q8_0" and cols <= 16 and products == 1 and programs > Q8_0_WAVES[1]:
+        regs = Q8_0_MANY_WAVES_REGS
+    return MatVecTile(block_m, max(8 if thin else QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split, regs=regs)
 
 
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
@@ -743,6 +745,10 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 # 46.5; 4096 x 12288 in 16 (512) capped 45.0, in 8 (256) 51.5, in 16 uncapped (512 over 396) 57.7; 4096 x 4096 in 16
 # capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
 Q8_0_WAVES = (396, 528)
+# Q8_0's launches of many waves (the lm head: 1940 programs), capped to hold 3 an SM: uncapped, the form whose quants
+# load in the dot's layout (_load_b16) takes 184 registers, 2 an SM, where the form before took 163, 3 an SM; capped
+# it spills 56 bytes. Untimed (fourteenth session: no device time).
+Q8_0_MANY_WAVES_REGS = 168
 
 # Q8_0's thin products (alpha / beta, 32 rows): one 32-row block, 8 columns, K split to one step a program. Their
 # launch of 16-32 programs is bound by each program's latency (a K step ~3.7 us: 1 slice 59.7 us, 16 slices 6.3), not
