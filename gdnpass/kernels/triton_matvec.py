@@ -274,10 +274,12 @@ def _nibbles(qb, high: tl.constexpr):
 @triton.jit
 def _load_b16(ptr, mask):
     """``tl.load(ptr, mask, other=0)`` of 16-bit words, written as an elementwise op so that Triton places it in the
-    layout its use asks for (the int8 dot's operand). A ``tl.load`` of Q8_0's and Q6_K's quants, whose blocks (34 and
-    210 bytes) lie 2 bytes off a word every other block, cannot be copied ahead by Triton's pipeline; it is placed in
-    a coalesced layout and each group's quants move through shared memory into the dot's (Q8_0 at 12288 x 4096: 141
-    ``STS`` and 39 ``BAR`` a kernel, against 13 and 23 this way; ``tests/kernels/launched_sm90.py --sass``)."""
+    layout its use asks for. Q6_K's 210-byte blocks lie 2 bytes off a word every other block, so Triton's pipeline
+    cannot copy its quants ahead; as ``tl.load``s they were placed in a coalesced layout and moved through shared
+    memory into the decode's layout (12288 x 4096: 53 ``STS`` and 18 ``BAR`` a kernel, against 5 and 8 this way, and
+    151-157 registers against 96-126: 4-5 programs an SM, not 3; ``tests/kernels/launched_sm90.py --sass``): 11-18%
+    faster a launch (H100, docs/performance.md, fourteenth session). Q8_0's quants, loaded so into the dot's layout,
+    ran 8-26% slower (more long-scoreboard stalls, the same 3 programs an SM) and stay ``tl.load``s."""
     if not PACKED_DECODE:  # (the interpreter runs no PTX)
         return tl.load(ptr, mask=mask, other=0)
     on = mask.to(tl.int32) + tl.zeros(ptr.shape, tl.int32)
@@ -368,7 +370,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 on = g * SUB < k_hi
                 blk = w_row + g * Q8_0_BYTES
                 d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
-                q = _quant_bytes(w16, blk // 2 + 1, rm & on, tl.int8)
+                q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
                 t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
                 dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
@@ -726,10 +728,8 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
     capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k")
                              or wtype == "q8_0" and Q8_0_WAVES[0] < programs <= Q8_0_WAVES[1])
-    regs = QUANT_REGS[wtype] if capped else 0
-    if wtype == "q8_0" and cols <= 16 and products == 1 and programs > Q8_0_WAVES[1]:
-        regs = Q8_0_MANY_WAVES_REGS
-    return MatVecTile(block_m, max(8 if thin else QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split, regs=regs)
+    return MatVecTile(block_m, max(8 if thin else QUANT_MIN_COLS[wtype], cols), QK_K.value, True, 4, split,
+                      regs=QUANT_REGS[wtype] if capped else 0)
 
 
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
@@ -745,10 +745,6 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 # 46.5; 4096 x 12288 in 16 (512) capped 45.0, in 8 (256) 51.5, in 16 uncapped (512 over 396) 57.7; 4096 x 4096 in 16
 # capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
 Q8_0_WAVES = (396, 528)
-# Q8_0's launches of many waves (the lm head: 1940 programs), capped to hold 3 an SM: uncapped, the form whose quants
-# load in the dot's layout (_load_b16) takes 184 registers, 2 an SM, where the form before took 163, 3 an SM; capped
-# it spills 56 bytes. Untimed (fourteenth session: no device time).
-Q8_0_MANY_WAVES_REGS = 168
 
 # Q8_0's thin products (alpha / beta, 32 rows): one 32-row block, 8 columns, K split to one step a program. Their
 # launch of 16-32 programs is bound by each program's latency (a K step ~3.7 us: 1 slice 59.7 us, 16 slices 6.3), not
