@@ -213,8 +213,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 19:
         return [
-            # issues 34, 32: Q8_0's and Q6_K's quants loaded as 16-bit words in the dot's layout (af8add2; the SASS
-            # without their trip through shared memory): the quantized kernels compiled (exactness), then the products
+            # issues 34, 32: Q8_0's and Q6_K's quants loaded as 16-bit words in the dot's layout (af8add2; run
+            # 2026-12-07, fourteenth session: Q6_K kept, Q8_0 undone): the quantized kernels compiled, then the products
             # at the 9B's shapes at the tree and at the package before, each output's bytes hashed, and ncu's reading
             # of one Q8_0 launch of each
             ("quant-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_triton_quants.py"], 120),
