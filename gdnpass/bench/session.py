@@ -23,9 +23,14 @@ SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K qu
 # PREV's line says how)
 
 
+def _on_path(package: str, *command: str) -> list[str]:
+    """``command`` run with ``package``'s gdnpass first on the path (``.``: the working tree's)."""
+    return ["env", f"PYTHONPATH={package}:{os.environ.get('PYTHONPATH', '')}", *command]
+
+
 def _at(package: str, script: str, *args: str) -> list[str]:
-    """A benchmark script run with ``package``'s gdnpass first on the path (``.``: the working tree's)."""
-    return ["env", f"PYTHONPATH={package}:{os.environ.get('PYTHONPATH', '')}", PY, script, *args]
+    """A benchmark script run with ``package``'s gdnpass first on the path (:func:`_on_path`)."""
+    return _on_path(package, PY, script, *args)
 
 
 QUANT_BASE = "/dev/shm/q9b.gguf"  # parts 6 and 15: the 9B in bf16, which llama.cpp's quantizer makes their files of
@@ -220,10 +225,10 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("quant-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "tests/kernels/test_triton_quants.py"], 120),
             *((f"probe-q8q6{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0,q6_k", "--cols", "4,8"),
                150) for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
-            *((f"ncu-q8_0{tag}", ["env", f"PYTHONPATH={path}:{os.environ.get('PYTHONPATH', '')}", "ncu", "--section",
-                                  "SpeedOfLight", "--section", "Occupancy", "--section", "WarpStateStats", "-k",
-                                  "regex:mul_mat_vec", "-c", "1", PY, "benchmarks/one_matvec.py", "q8_0", "12288",
-                                  "4096", "4"], 40) for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
+            *((f"ncu-q8_0{tag}", _on_path(path, "ncu", "--section", "SpeedOfLight", "--section", "Occupancy",
+                                          "--section", "WarpStateStats", "-k", "regex:mul_mat_vec", "-c", "1", PY,
+                                          "benchmarks/one_matvec.py", "q8_0", "12288", "4096", "4"), 40)
+              for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
         ]
     if part == 16:
         return [

@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 
-
 def sm90_script(script: str, *args):
     """Run tests/kernels/``script`` (compile_sm90.py, launched_sm90.py) without the interpreter."""
     root = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
@@ -47,7 +46,6 @@ def test_kernels_running_chain_steps_compile_as_launched():
     gdn = [(v["N_T"], v["GATHER"]) for v in found if v["kernel"] == "_gdn_kernel" and v["G_STEPS"] and v["B_STEPS"]]
     assert gdn == [(4, False), (0, False), (4, True)], found  # (N_T 0: the loop)
     assert [v["STEPS"] for v in found if v["kernel"] == "_mul_mat_vec_kernel"] == [["SILU", "RMUL"]], found
-
 
 
 def _sass(qtype: str) -> dict[str, int]:
