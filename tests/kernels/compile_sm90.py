@@ -177,7 +177,7 @@ def variants():
     # ROPE: qwen3.5's IMROPE (64 of 256 rotated, f32), and NORMAL with YaRN and freq factors into f16
     for norm, mrope, ff, yarn, y in ((False, True, False, False, "*fp32"), (True, False, True, True, "*fp16")):
         yield (rope._rope_kernel, dict(N_DIMS=64, N_OFFS=0, NORMAL=norm, MROPE=mrope, IMROPE=mrope, S0=11, S1=11, S2=10,
-                                       S3=0, HAS_FF=ff, YARN=yarn, BLOCK_R=rope.ROPE_ROWS, HALF_B=32, BLOCK_D=256),
+                                       S3=0, HAS_FF=ff, YARN=yarn, BLOCK_H=rope.ROPE_HEADS, HALF_B=32, BLOCK_D=256),
                core.NUM_WARPS, dict(y_ptr=y))
     # SET_ROWS: f32 rows into the F16 KV cache at i64 cells (as bits), and f32 into f32 at i32 ids
     for mode, ids, y in (("f16", "*i64", "*i16"), ("bits", "*i32", "*i32")):

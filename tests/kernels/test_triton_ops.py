@@ -451,13 +451,15 @@ def test_the_interpreter_cost_model_knows_every_kernel_of_a_whole_forward(model,
 
 @pytest.mark.parametrize("case", ROPE_CASES, ids=[c[0] for c in ROPE_CASES])
 @pytest.mark.parametrize("dtype", [F32, F16])
-def test_rope(case, dtype):
+@pytest.mark.parametrize("H", [3, rope.ROPE_HEADS + 3], ids=["heads-3", "heads-past-a-program"])
+def test_rope(case, dtype, H):
     """ROPE (every implemented mode, YaRN, freq_factors, a partial rotation, f32 and f16 rows with gaps between
-    them, positions far into a context) byte for byte against the reference: the same angles (repeated f32
-    multiplication), cos and sin of double rounded once, the rotation rounded as written."""
+    them, positions far into a context, a token's heads in one program or more) byte for byte against the
+    reference: the same angles (repeated f32 multiplication), cos and sin of double rounded once, the rotation
+    rounded as written."""
     name, mode, hd, n_dims, sections, prm = case
     mrope = bool(mode & ref.ROPE_MROPE)
-    T, H = 5, 3
+    T = 5
     p = [0, 1, 5, 17, 63] if prm["ext_factor"] else [0, 1, 17, 4096, 100003]
     pos = p + [v // 3 + 1 for v in p] + [v % 7 + 2 for v in p] + [v % 5 for v in p] if mrope else p
     a = Arena()
