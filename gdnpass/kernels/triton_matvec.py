@@ -27,8 +27,8 @@ from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYT
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes,
                                          activation_workspace, activations_key, activations_to_fill, chain_sides,
                                          chain_step, chunk_columns, f16_bits, held_activations, last_to_arrive,
-                                         prefetch_l2, PREFETCH, product_columns, split_workspace, store_activations,
-                                         wait_for_previous_kernels)
+                                         prefetch_l2, PREFETCH, product_columns, silu_f32, split_workspace,
+                                         store_activations, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -453,28 +453,41 @@ def _store_y(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y
 
 
 @triton.jit
-def store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K: tl.constexpr):
-    """Split-K, first half: store K slice ``s``'s partial ``acc`` [R, C] of ``tile`` into the split workspace (the
-    tile's SPLIT_K partials side by side, each packed [R, C]; masked rows and columns are 0) and draw a ticket: True
-    for the program that stores the last (:func:`~gdnpass.kernels.triton_core.last_to_arrive`)."""
+def _slot(ws_ptr, tile, R: tl.constexpr, C: tl.constexpr, SPLIT_K: tl.constexpr):
+    """The split workspace's slot of ``tile``: its SPLIT_K partials side by side, each packed [R, C]."""
+    return ws_ptr + tile * (SPLIT_K * R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+
+
+@triton.jit
+def store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K: tl.constexpr, ticket=None, parts: tl.constexpr = 0):
+    """Split-K, first half: store K slice ``s``'s partial ``acc`` [R, C] of ``tile`` into the split workspace (masked
+    rows and columns are 0) and draw a ticket: True for the program that stores the last
+    (:func:`~gdnpass.kernels.triton_core.last_to_arrive`). The ticket is the tile's own, of SPLIT_K parts, or
+    ``ticket``'s of ``parts`` (a pair's SwiGLU: both products' slices of a row block on one counter)."""
+    tl.store(_slot(ws_ptr, tile, acc.shape[0], acc.shape[1], SPLIT_K) + s * (acc.shape[0] * acc.shape[1]), acc)
+    if parts == 0:
+        return last_to_arrive(cnt_ptr, tile, SPLIT_K)
+    return last_to_arrive(cnt_ptr, ticket, parts)
+
+
+@triton.jit
+def _slices(acc, ws_ptr, tile, SPLIT_K: tl.constexpr):
+    """``tile``'s partials (``acc``'s shape) added in the fixed order 0..SPLIT_K-1 (read with .cg: at L2)."""
     R: tl.constexpr = acc.shape[0]
     C: tl.constexpr = acc.shape[1]
-    part = ws_ptr + tile * (SPLIT_K * R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
-    tl.store(part + s * (R * C), acc)
-    return last_to_arrive(cnt_ptr, tile, SPLIT_K)
+    part = _slot(ws_ptr, tile, R, C, SPLIT_K)
+    total = tl.load(part, cache_modifier=".cg")
+    for j in tl.static_range(1, SPLIT_K):
+        total += tl.load(part + j * (R * C), cache_modifier=".cg")
+    return total
 
 
 @triton.jit
 def sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K: tl.constexpr):
-    """Split-K, second half, in the program :func:`store_slice` chose: ``tile``'s partials (``acc``'s shape) added in
-    the fixed order 0..SPLIT_K-1, whichever program finished last, so the bytes do not depend on the schedule; the
-    tile's counter zeroed for the next launch (and the next CUDA-graph replay)."""
-    R: tl.constexpr = acc.shape[0]
-    C: tl.constexpr = acc.shape[1]
-    part = ws_ptr + tile * (SPLIT_K * R * C) + tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
-    total = tl.load(part, cache_modifier=".cg")
-    for j in tl.static_range(1, SPLIT_K):
-        total += tl.load(part + j * (R * C), cache_modifier=".cg")
+    """Split-K, second half, in the program :func:`store_slice` chose: ``tile``'s partials added in the fixed order
+    0..SPLIT_K-1, whichever program finished last, so the bytes do not depend on the schedule; the tile's counter
+    zeroed for the next launch (and the next CUDA-graph replay)."""
+    total = _slices(acc, ws_ptr, tile, SPLIT_K)
     tl.store(cnt_ptr + tile, 0)
     return total
 
@@ -491,11 +504,12 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             STEPS: tl.constexpr, SIDES: tl.constexpr, QTYPE: tl.constexpr):
+             STEPS: tl.constexpr, SIDES: tl.constexpr, QTYPE: tl.constexpr, GLU: tl.constexpr = 0):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s``, [k_lo, k_hi) (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
-    quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16)."""
+    quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16). ``GLU`` (a pair, :func:`_glu_store`): y is
+    SwiGLU of the two products, 1 silu(A)·B, 2 silu(B)·A."""
     cols = tl.arange(0, COLS)
     col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
@@ -507,13 +521,39 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     else:
         acc = matvec_cols(w_ptr + k_lo, w_s1, rows, row_mask, x_ptr + k_lo, x_cols, x_mask, k_hi - k_lo, BLOCK_K,
                           DOT, EVICT, terms)
-    if SPLIT_K == 1:
+    if GLU != 0:
+        _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, s,
+                   SPLIT_K, GLU)
+    elif SPLIT_K == 1:
         _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr,
                  s2_ptr, STEPS, SIDES)
     else:
         if store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
             _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols - col0, col_mask,
                      ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr, s2_ptr, STEPS, SIDES)
+
+
+@triton.jit
+def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, s,
+               SPLIT_K: tl.constexpr, GLU: tl.constexpr):
+    """A pair's SwiGLU epilogue (the pair_glu pattern): every program stores its K slice of its product into the
+    split workspace, as a split-K program does (at any SPLIT_K, 1 too), and draws a ticket on its row block's one
+    counter for both products' 2·SPLIT_K slices. The program that draws the last adds each product's slices in the
+    fixed order 0..SPLIT_K-1 (so each is the single product's bytes), and stores SwiGLU's expression of them, the
+    GLU kernel's (:func:`~gdnpass.kernels.triton_core.silu_f32` of the gate times the up), into y; neither product
+    is stored. Unbatched: product p's slot is tile p·blocks + row block."""
+    blocks = tl.num_programs(0)
+    block = tl.program_id(0)
+    product = tl.program_id(1) // SPLIT_K
+    if store_slice(acc, ws_ptr, cnt_ptr, product * blocks + block, s, SPLIT_K, block, 2 * SPLIT_K):
+        a = _slices(acc, ws_ptr, block, SPLIT_K)
+        b = _slices(acc, ws_ptr, blocks + block, SPLIT_K)
+        tl.store(cnt_ptr + block, 0)
+        if GLU == 1:
+            y = silu_f32(a) * b
+        else:
+            y = silu_f32(b) * a
+        _store_y(y_ptr, y, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, None, None, (), ())
 
 
 @triton.jit
@@ -529,7 +569,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, STEPS: tl.constexpr, SIDES: tl.constexpr,
-                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr):
+                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr, GLU: tl.constexpr = 0):
     # (only index arithmetic and the L2 prefetch of an unbatched weight, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -564,7 +604,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, COLS,
-             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE)
+             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, GLU)
 
 
 class MatVecTile(NamedTuple):
@@ -807,13 +847,14 @@ NO_EPILOGUE = Epilogue((), ())
 
 
 def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogue: Epilogue = NO_EPILOGUE,
-              dtype: DType | None = None) -> None:
+              dtype: DType | None = None, glu: int = 0) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
     A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
     each against the weight matrix ggml's broadcast gives it. ``epilogue`` (a single unbatched product): out = the
     product through its steps (:class:`Epilogue`). ``tile``: a benchmark's override of :func:`mat_vec_tile`.
-    ``dtype``: the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes))."""
+    ``dtype``: the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes)). ``glu`` (an
+    unbatched pair of plain weights, both outputs the one tensor): the pair's SwiGLU epilogue (:func:`_glu_store`)."""
     (w, out), (w2, out2) = products[0], products[-1]
     wtype = weight_type(w, dtype)
     M, K = w.shape[-2], w.shape[-1] // wtype.size * wtype.block if wtype.is_quantized else w.shape[-1]
@@ -829,6 +870,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
     _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
     _require(not epilogue.steps or not batched and len(products) == 1,
              "mul_mat_vec: an epilogue is one unbatched product's")
+    _require(not glu or len(products) == 2 and not batched and not wtype.is_quantized and out is out2,
+             "mul_mat_vec: SwiGLU's epilogue is an unbatched pair's of plain weights, into one output")
     sides, consts = epilogue.args(out, "mul_mat_vec")
     _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
@@ -848,7 +891,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
              f"tiles of >= 16 rows and {' or '.join(map(str, sorted(widths)))} columns for {N}")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
-    if t.split_k > 1:
+    if t.split_k > 1 or glu:
         tiles = blocks * len(products) * batches
         ws, cnt = split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles, "mul_mat_vec")
     xs, ys = _strides(x), _strides(out)
@@ -865,7 +908,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        QTYPE=QTYPES.get(wtype, ""), IDS=False, **consts, **t.launch())
+        QTYPE=QTYPES.get(wtype, ""), IDS=False, GLU=glu, **consts, **t.launch())
 
 
 def mul_mat_id_tile(M: int, K: int, wtype: str, batches: int) -> MatVecTile:
@@ -935,6 +978,17 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
         mul_mat_gemm(w_a, x, out_a, second=(w_b, out_b))
         return
     _mat_vecs([(w_a, out_a), (w_b, out_b)], x, dtype=dtype)
+
+
+def mul_mat_vec_pair_glu(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
+                         swapped: bool = False) -> None:
+    """MUL_MAT_VEC_PAIR with SwiGLU's epilogue (the pair_glu pattern): out = silu(w_a·x)·(w_b·x), or
+    silu(w_b·x)·(w_a·x) when ``swapped``, in one launch of the pair's kernel and tile, for plain weights at mat-vec
+    widths: each product's sum is the single product's bytes and the expression the GLU kernel's, so ``out`` holds
+    the unfused GLU's bytes (:func:`_glu_store`). Neither product is stored."""
+    N = x.shape[0] * x.shape[1] * x.shape[2]
+    _require(runs_as_mat_vec(w_a.shape[-2], N), f"MUL_MAT_VEC_PAIR with SwiGLU: {N} columns are not the mat-vec's")
+    _mat_vecs([(w_a, out), (w_b, out)], x, glu=2 if swapped else 1)
 
 
 def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,

@@ -304,6 +304,66 @@ def test_mul_mat_vec_split_k(form, wtype, split_k):
     assert not tickets.any(), "tickets left non-zero"
 
 
+GLU_CASES = [("dot", torch.bfloat16, 1, False), ("dot-one", torch.bfloat16, 4, True), ("fma", torch.float32, 4, False),
+             ("fma-empty-slice", torch.float32, 4, True), ("fma", torch.bfloat16, 1, True)]
+
+
+@pytest.mark.parametrize("form,wtype,split_k,swapped", GLU_CASES,
+                         ids=[f"{f}-{mv.WTYPES[w]}-split{s}{'-swapped' if sw else ''}" for f, w, s, sw in GLU_CASES])
+def test_mul_mat_vec_pair_glu_is_the_glu_of_the_pair(form, wtype, split_k, swapped):
+    """The pair with SwiGLU's epilogue (one ticket a row block for both products' slices, at split 1 too) writes the
+    bytes the GLU kernel makes of the pair's two products, gate and up either way round, and leaves the tickets
+    zero (a second launch would otherwise store nothing). The ticket's count is the GPU test's
+    (test_gpu_pair_glu_at_the_ffn_shape): in the interpreter's order a wrong one still ends right."""
+    base, M, K, n = SPLIT_FORMS[form]
+    tile = base._replace(split_k=split_k)
+    a = Arena(1 << 24)
+    w, w2 = (a.put(rnd(1, 1, M, K).to(wtype)) for _ in range(2))
+    x = a.put(rnd(1, 1, n, K), row_stride=K + 24)
+    p, p2, want, y, again = (a.view((1, 1, n, M)) for _ in range(5))
+    poison = lambda: core.split_workspace(w.device, 1, 1, "test")[0].fill_(float("nan"))  # (no stale partials)
+    a.run(lambda: (mv._mat_vecs([(w, p), (w2, p2)], x, tile), elt.glu("SWIGLU", p, p2, swapped, want), poison(),
+                   mv._mat_vecs([(w, y), (w2, y)], x, tile, glu=2 if swapped else 1), poison(),
+                   mv._mat_vecs([(w, again), (w2, again)], x, tile, glu=2 if swapped else 1)), p, p2, want, y, again)
+    # (the GLU kernel's exp is numpy's in the interpreter, torch's compiled: its own bytes only there)
+    assert_close(want, ref.swiglu(p2, p) if swapped else ref.swiglu(p, p2), rtol=1e-6)
+    assert_same_bytes(y, want, "the pair's SwiGLU")
+    assert_same_bytes(again, want, "a second launch")
+    assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("wtype", [torch.float32, torch.bfloat16])
+def test_gpu_pair_glu_at_the_ffn_shape(wtype):
+    """Compiled, the programs of a row block run concurrently and either product's may draw the last ticket (the
+    interpreter runs them in order, which hides a wrong ticket count: the last program's store comes last and is
+    right): qwen3.5-9b's FFN gate / up shape at every mat-vec width with its model tile, the GLU kernel's bytes of the
+    pair's products over 10 launches each, tickets zero after."""
+    M, K = 12288, 4096
+    w, w2 = ((torch.randn(1, 1, M, K, device="cuda") / 64).to(wtype) for _ in range(2))
+    for n in range(1, 17):
+        x = torch.randn(1, 1, n, K, device="cuda")
+        p, p2, want, y = (torch.full((1, 1, n, M), float("nan"), device="cuda") for _ in range(4))
+        mv.mul_mat_vec_pair(w, w2, x, p, p2)
+        elt.glu("SWIGLU", p, p2, False, want)
+        for _ in range(10):
+            y.fill_(float("nan"))
+            mv.mul_mat_vec_pair_glu(w, w2, x, y)
+            assert_same_bytes(y, want, f"the pair's SwiGLU at {n} columns")
+    assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+
+
+def test_mul_mat_vec_pair_glu_refusals():
+    """SwiGLU's epilogue is a plain pair's, into one output, at the mat-vec's widths."""
+    a = Arena()
+    w, w2, x = a.put(rnd(1, 1, 8, 64)), a.put(rnd(1, 1, 8, 64)), a.put(rnd(1, 1, 1, 64))
+    y, y2 = a.view((1, 1, 1, 8)), a.view((1, 1, 1, 8))
+    with pytest.raises(KernelError, match="into one output"):
+        mv._mat_vecs([(w, y), (w2, y2)], x, glu=1)
+    with pytest.raises(KernelError, match="not the mat-vec's"):
+        mv.mul_mat_vec_pair_glu(w, w2, a.put(rnd(1, 1, 17, 64)), a.view((1, 1, 17, 8)))
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("wtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("n,split_k", [(2, 8), (12, 4)], ids=["fma-split8", "dot-split4"])
