@@ -14,6 +14,7 @@
       gdn_gates/       the elementwise nodes of a GATED_DELTA_NET_CACHE's gates     => GATED_DELTA_NET_CACHE
       gdn_state_gather/ the GET_ROWS of a one-sequence GATED_DELTA_NET_CACHE's state  => GATED_DELTA_NET_CACHE
       mul_mat_chain/   MUL_MAT -> ELEMENTWISE_CHAIN of its product (GDN output gate) => MUL_MAT_CHAIN
+      pair_glu/        MUL_MAT_VEC_PAIR -> GLU (SWIGLU) of its two products         => MUL_MAT_VEC_PAIR
       product_store.py the checks mul_mat_add and mul_mat_chain share (a product's store epilogue)
 
 :data:`REGISTRY` lists the patterns in pass order. Who reads it: the pass (:mod:`gdnpass.fusion`: ``PATTERNS``, the
@@ -33,16 +34,17 @@ from __future__ import annotations
 from gdnpass.errors import GraphError
 from gdnpass.ir import Op, Tensor
 from gdnpass.patterns import (conv_chain, elementwise_chain, gdn_gates, gdn_state_cache, gdn_state_gather,
-                              mat_vec_pair, moe_router, mul_mat_add, mul_mat_chain, rms_norm_mul)
+                              mat_vec_pair, moe_router, mul_mat_add, mul_mat_chain, pair_glu, rms_norm_mul)
 from gdnpass.patterns.pattern import Pattern
 from gdnpass.patterns.record import FusedOp
 
 REGISTRY: tuple[Pattern, ...] = (conv_chain.PATTERN, mat_vec_pair.PATTERN, rms_norm_mul.PATTERN,
                                   gdn_state_cache.PATTERN, mul_mat_add.PATTERN, moe_router.PATTERN,
                                   elementwise_chain.PATTERN, gdn_gates.PATTERN, gdn_state_gather.PATTERN,
-                                  mul_mat_chain.PATTERN)
+                                  mul_mat_chain.PATTERN, pair_glu.PATTERN)
 # the pass order: the router before the chain (its CLAMP); the gates after the cache fusion and the chain, the
-# product's chain after the chain and after the pair and the residual ADD (their nodes, and the products they take)
+# product's chain after the chain and after the pair and the residual ADD (their nodes, and the products they take);
+# the pair's GLU after the pair
 
 RECORDS: dict[Op, FusedOp] = {p.record.op: p.record for p in REGISTRY}  # (gdn_gates, gdn_state_gather: its op)
 

@@ -1,0 +1,173 @@
+"""A MUL_MAT_VEC_PAIR whose two products only a SwiGLU reads (Qwen3.5's FFN gate / up), the GLU run in the pair's
+own launch, which then writes the GLU's output and neither product.
+
+    PAIR(w_gate, x, w_up) writes gate, up                      PAIR(w_gate, x, w_up; glu) writes y
+    y = GLU(SWIGLU, gate, up)                         ->
+
+The pair's programs store their partial sums into the split workspace and draw one ticket a row block for both
+products; the program that draws the last adds each product's slices as the single product does and stores
+silu(gate)·up, the GLU kernel's expression (``triton_matvec.mul_mat_vec_pair_glu``). One launch fewer a layer, and the
+two products never reach memory. The fused node runs at the pair's place: it writes the GLU's output early.
+
+Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-7):
+ 1. [pair-glu.type] the pair's weights are a plain type (f32, f16, bf16: a block type's pair leaves ffn_down's
+    quantized activations to the GLU that makes them, ``gdnpass.prepasses``) and the products and y are f32.
+ 2. [pair-glu.n-cols] the pair runs as the mat-vec (1..MAT_VEC_COLS columns): the GEMM has no such epilogue.
+ 3. [pair-glu.layout] y lies as the products do (the same shape and strides): the kernel stores it where it would
+    store a product.
+ 4. [pair-product.user-count] the products and the pair node are read by the GLU alone and are not OUTPUT
+    (``patterns.common.confined``).
+ 5. [pair-glu.output-overlaps-input] y overlaps none of x and the two weights: a program stores its rows of y while
+    other programs still read them.
+ 6. [pair-glu.between] no node between the pair and the GLU reads or writes y's bytes (the fused node writes y at
+    the pair's place, before them) or reads the products' bytes (never written now).
+ 7. [pair-glu.product-read-later] no node after the GLU reads the products' bytes before a node writes them again:
+    the fused node never writes them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gdnpass.ir import DType, Flag, Graph, Op, Tensor
+from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
+from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
+                                     first_collision, read_before_written, rule)
+from gdnpass.patterns.mat_vec_pair.record import OP as PAIR_OP
+from gdnpass.patterns.mat_vec_pair.record import glu_of
+
+NAME = "pair_glu"
+PLAIN = ("f32", "f16", "bf16")
+
+
+@dataclass
+class PairGluCapture(Capture):
+    pair: Tensor      # the MUL_MAT_VEC_PAIR node (a view of its first product)
+    glu: Tensor       # the GLU node, y
+    swapped: bool     # the gate is the second product
+
+    ROLES = (("pair-product", ("pair", "a", "b")),)
+
+    @property
+    def a(self) -> Tensor:
+        return self.pair.view_src
+
+    @property
+    def b(self) -> Tensor:
+        return self.pair.outs[0]
+
+    @property
+    def x(self) -> Tensor:
+        return self.pair.src[1]
+
+    @property
+    def weights(self) -> list[Tensor]:
+        return [self.pair.src[0], self.pair.src[2]]
+
+    # ---- what the rewrite does (patterns.common.Capture) -----------------------------------------------------------
+    @property
+    def anchor(self) -> Tensor:
+        return self.pair
+
+    def removed(self) -> list[Tensor]:
+        return [self.pair, self.glu]
+
+    def written(self) -> list[Tensor]:
+        return [self.glu]
+
+    def span(self, ctx: Context) -> tuple[int, int, int]:
+        """The pair .. the GLU; the fused node runs at the pair."""
+        at = ctx.pos[self.pair.uid]
+        return at, at, ctx.pos[self.glu.uid]
+
+
+def _reader(ctx: Context, pair: Tensor) -> tuple[Tensor, bool] | None:
+    """The SWIGLU node of two sources that reads the pair's products, one each (and whether the gate is the second
+    product), or None."""
+    a, b = pair.view_src, pair.outs[0]
+    for n in ctx.users(a):
+        if n.op is Op.GLU and n.op_params.get("kind") == "SWIGLU" and len(n.src) == 2:
+            gate, up = n.src[::-1] if n.op_params.get("swapped") else n.src
+            if (gate, up) in ((a, b), (b, a)):
+                return n, gate is b
+    return None
+
+
+@rule("pair-glu.type")
+def _type(c: PairGluCapture, ctx):
+    w = c.weights[0]
+    if w.type.label not in PLAIN:
+        return Why(c.pair, f"{w.name!r} is {w.type.label}: the epilogue is the plain types' ({', '.join(PLAIN)})")
+    for t in (c.a, c.b, c.glu):
+        if t.type is not DType.F32:
+            return Why(t, f"{t.name!r} is {t.type.label}: the epilogue computes SwiGLU in f32")
+
+
+@rule("pair-glu.n-cols")
+def _n_cols(c: PairGluCapture, ctx):
+    cols = c.x.ne[1] * c.x.ne[2] * c.x.ne[3]
+    if not runs_as_mat_vec(c.a.ne[0], cols):
+        return Why(c.pair, f"{cols} columns: the pair runs as the GEMM (the mat-vec takes 1..{MAT_VEC_COLS}), which "
+                           f"has no SwiGLU epilogue")
+
+
+@rule("pair-glu.layout")
+def _layout(c: PairGluCapture, ctx):
+    if c.glu.ne != c.a.ne or c.glu.nb != c.a.nb:
+        return Why(c.glu, f"{c.glu.name!r} ne {list(c.glu.ne)} nb {list(c.glu.nb)} does not lie as the products "
+                          f"({list(c.a.ne)}, {list(c.a.nb)}): the kernel stores it where it would store them")
+
+
+@rule("pair-glu.output-overlaps-input", HAZARD)
+def _output_overlaps_input(c: PairGluCapture, ctx):
+    hit = first_collision(ctx.ranges([c.glu]), ctx.ranges([c.x, *c.weights]))
+    if hit:
+        return collision(c.glu, f"{c.glu.name!r} overlaps {hit[3].name!r}, which other programs of the launch read "
+                                f"while one stores y", hit)
+
+
+_between = between(
+    "pair-glu.between",
+    Clause("after", "rw", lambda c: [c.glu], "{node} touches the bytes of {hit}, which the fused node writes before "
+                                             "it"),
+    Clause("after", "r", lambda c: [c.a, c.b], "{node} reads the bytes of {hit}, which the fused node never writes"),
+)
+
+
+@rule("pair-glu.product-read-later", HAZARD)
+def _product_read_later(c: PairGluCapture, ctx):
+    return read_before_written(ctx, ctx.ranges([c.a, c.b]), ctx.pos[c.glu.uid], ctx.ranges([c.glu]))
+
+
+RULES = (_type, _n_cols, _layout, confined(PairGluCapture), _output_overlaps_input, _between, _product_read_later)
+
+
+class PairGlu:
+    name = NAME
+
+    def rules(self, ctx: Context) -> tuple:
+        return RULES
+
+    def candidates(self, graph: Graph) -> list[Tensor]:
+        """Every MUL_MAT_VEC_PAIR that still stores its products."""
+        return [n for n in graph.nodes if n.op is PAIR_OP and glu_of(n) is None]
+
+    def capture(self, graph: Graph, pair: Tensor, ctx: Context) -> PairGluCapture | None:
+        """The pair and the SwiGLU of its products; None when no GLU reads them so."""
+        found = _reader(ctx, pair)
+        return PairGluCapture(pair, *found) if found else None
+
+    def plan(self, c: PairGluCapture, ctx: Context) -> None:
+        return None  # one variant
+
+    def rewrite(self, graph: Graph, m: Match) -> Tensor:
+        """The pair node again, writing y (the pass puts it in place of ``m.removed``)."""
+        c = m.capture
+        params = dict(c.pair.op_params, glu="SWIGLU", swapped=c.swapped)
+        params["replaced"] = [*c.pair.op_params.get("replaced", [c.pair.name]), c.glu.name]
+        return Tensor(name=f"{c.pair.name.split(')-')[0]}+swiglu)-{c.pair.name.rsplit('-', 1)[-1]}", type=DType.F32,
+                      ne=c.glu.ne, nb=c.glu.nb, op=PAIR_OP, op_params=params, src=list(c.pair.src), outs=[],
+                      view_src=c.glu, view_offs=0, layer=m.layer)
+
+
+__all__ = ["NAME", "PairGlu", "PairGluCapture"]
