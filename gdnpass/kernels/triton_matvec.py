@@ -988,6 +988,7 @@ def mul_mat_vec_pair_glu(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, 
     the unfused GLU's bytes (:func:`_glu_store`). Neither product is stored."""
     N = x.shape[0] * x.shape[1] * x.shape[2]
     _require(runs_as_mat_vec(w_a.shape[-2], N), f"MUL_MAT_VEC_PAIR with SwiGLU: {N} columns are not the mat-vec's")
+    _alias_ok("mul_mat_vec_pair_glu", out, x, w_a, w_b, same_ok=False)  # (a row block's y while others read x)
     _mat_vecs([(w_a, out), (w_b, out)], x, glu=2 if swapped else 1)
 
 
