@@ -466,8 +466,10 @@ def store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K: tl.constexpr, ticket=Non
     ``ticket``'s of ``parts`` (a pair's SwiGLU: both products' slices of a row block on one counter)."""
     tl.store(_slot(ws_ptr, tile, acc.shape[0], acc.shape[1], SPLIT_K) + s * (acc.shape[0] * acc.shape[1]), acc)
     if parts == 0:
-        return last_to_arrive(cnt_ptr, tile, SPLIT_K)
-    return last_to_arrive(cnt_ptr, ticket, parts)
+        last = last_to_arrive(cnt_ptr, tile, SPLIT_K)
+    else:
+        last = last_to_arrive(cnt_ptr, ticket, parts)
+    return last
 
 
 @triton.jit

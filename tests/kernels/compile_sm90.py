@@ -140,9 +140,17 @@ def variants():
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, **_epilogue(steps))
+                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, GLU=0, **_epilogue(steps))
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr), t.options())
+    # the FFN pair's SwiGLU (pair_glu: the workspace at every split): the models' gate / up tiles, plain types
+    ffn = {(p.M, p.K) for model in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(model) if "ffn_gate" in p.names}
+    for t, wt in sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
+                         itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))}):
+        ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
+        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
+                 QTYPE="", IDS=False, ids_ptr=None, EARLY=t.early, GLU=1, **_epilogue(()))
+        yield mv._mul_mat_vec_kernel, c, t.warps, dict(w_ptr=ptr, w2_ptr=ptr, x_ptr="*fp32"), t.options()
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
@@ -161,7 +169,7 @@ def variants():
         t = mv.mul_mat_id_tile(M, K, wt, 16)
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early)
+                 STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early, GLU=0)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     # GATED_DELTA_NET unrolled (a verify) and looped (a prompt), reading its gates; and computing Qwen3.5's (the

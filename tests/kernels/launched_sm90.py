@@ -39,7 +39,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
 RESIDUAL = ((4096, 12288), (4096, 4096))
 MOE_DOWN = (8, 2048, 512)  # MUL_MAT_ID's Q4_K experts, rows, K: the 35B-A3B experts' down shape
-EPILOGUE_KEYS = ("N_T", "G_STEPS", "B_STEPS", "GATHER", "STEPS", "SPLIT_K")  # what --epilogues reports of a launch
+EPILOGUE_KEYS = ("N_T", "G_STEPS", "B_STEPS", "GATHER", "STEPS", "SPLIT_K", "GLU")  # what --epilogues reports of a launch
 
 
 def programs_per_sm(regs: int, shared: int, warps: int) -> int:
@@ -88,8 +88,9 @@ def compiled_as_launched(binaries: list | None = None):
 
 def epilogues() -> list[tuple[str, dict]]:
     """The kernels that run elementwise chain steps inside another kernel, compiled as launched: the GDN computing
-    its gates (gdn_gates: a verify's unrolled tokens, a prompt's loop, gathering its state too) and a product's store
-    running the GDN's output gate (mul_mat_chain: the bf16 mat-vec, split). A launch specializes ints of 1 as
+    its gates (gdn_gates: a verify's unrolled tokens, a prompt's loop, gathering its state too), a product's store
+    running the GDN's output gate (mul_mat_chain: the bf16 mat-vec, split) and the FFN pair's SwiGLU (pair_glu: the
+    bf16 pair at 4 columns, unsplit, and 8, split). A launch specializes ints of 1 as
     constants, which compile_sm90.py's uniform hints do not: Triton 3.6 miscompiled the prompt loop's nested tuple
     of them (docs/performance.md, 2026-12-07, twelfth session). Returns (kernel name, constexprs) per launch."""
     _fake_sm90()
@@ -113,6 +114,9 @@ def epilogues() -> list[tuple[str, dict]]:
         w = torch.empty(1, 1, 4096, 4096, dtype=torch.bfloat16)
         x, side, y = torch.zeros(1, 1, 4, 4096), torch.zeros(1, 1, 4, 4096), torch.empty(1, 1, 4, 4096)
         mv.mul_mat_vec_chain(w, x, ["SILU", "RMUL"], [side], y)
+        w, w2 = (torch.empty(1, 1, 12288, 4096, dtype=torch.bfloat16) for _ in range(2))
+        for n in (4, 8):
+            mv.mul_mat_vec_pair_glu(w, w2, torch.zeros(1, 1, n, 4096), torch.empty(1, 1, n, 12288))
     return [(name, c) for name, c, *_ in found]
 
 

@@ -34,8 +34,9 @@ def test_the_compile_check_refuses_what_only_the_interpreter_accepts():
 
 
 def test_kernels_running_chain_steps_compile_as_launched():
-    """The GDN computing its gates (a verify's unrolled tokens, a prompt's loop, gathering its state) and a product's
-    store running the GDN's output gate, each compiled for sm_90 specialized as its launch is (launched_sm90.py
+    """The GDN computing its gates (a verify's unrolled tokens, a prompt's loop, gathering its state), a product's
+    store running the GDN's output gate and the FFN pair's SwiGLU (unsplit and split), each compiled for sm_90
+    specialized as its launch is (launched_sm90.py
     --epilogues): ints of 1 become constants there, not in compile_sm90.py's uniform hints, and the prompt loop's
     gates failed on the GPU that way until chain_args was flattened (docs/performance.md, 2026-12-07, twelfth)."""
     import json
@@ -45,7 +46,8 @@ def test_kernels_running_chain_steps_compile_as_launched():
     found = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
     gdn = [(v["N_T"], v["GATHER"]) for v in found if v["kernel"] == "_gdn_kernel" and v["G_STEPS"] and v["B_STEPS"]]
     assert gdn == [(4, False), (0, False), (4, True)], found  # (N_T 0: the loop)
-    assert [v["STEPS"] for v in found if v["kernel"] == "_mul_mat_vec_kernel"] == [["SILU", "RMUL"]], found
+    products = [(v["STEPS"], v["GLU"], v["SPLIT_K"]) for v in found if v["kernel"] == "_mul_mat_vec_kernel"]
+    assert products == [(["SILU", "RMUL"], 0, 4), ([], 1, 1), ([], 1, 4)], found
 
 
 def _sass(qtype: str) -> dict[str, int]:
