@@ -144,7 +144,8 @@ def variants():
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr), t.options())
     # the FFN pair's SwiGLU (pair_glu: the workspace at every split): the models' gate / up tiles, plain types
-    ffn = {(p.M, p.K) for model in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(model) if "ffn_gate" in p.names}
+    ffn = {(p.M, p.K) for model in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(model)
+           if "ffn_gate" in p.names}
     for t, wt in sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
                          itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))}):
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
