@@ -21,6 +21,7 @@ PREV = ".ab/7edac5d"  # part 18's A/B: the package before part 17's tiles (ac917
 # `mkdir -p .ab/7edac5d && git archive 7edac5d gdnpass | tar -x -C .ab/7edac5d`
 SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K quants went through shared memory (as
 # PREV's line says how)
+BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROPE's per-token angles (as PREV's)
 
 
 def _on_path(package: str, *command: str) -> list[str]:
@@ -230,6 +231,19 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                           "benchmarks/one_matvec.py", "q8_0", "12288", "4096", "4"), 40)
               for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
         ]
+    if part == 20:
+        return [
+            # issue 32: the FFN pair's SwiGLU in its launch (pair_glu) and ROPE's angles made once a token: their GPU
+            # tests (the ticket of both products' slices, compiled, at the 9B's FFN shape), the fused 9B layers checked
+            # byte for byte, then the whole bf16 verify against the package before both, in one run; 140 s each
+            ("glu-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k or rope",
+                               "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 100),
+            ("glu-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
+                           "--tokens", "4", "--rs-seq", "3", "--device", "cuda", "--check"], 80),
+            *((f"whole-glu{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
+                                      str(out / f"whole-glu{tag}.json")), 140)
+              for tag, path in (("", "."), ("-prev", BEFORE_GLU))),
+        ]
     if part == 16:
         return [
             # issue 32: the GDN computing its gates (gdn_gates), gathering its state (gdn_state_gather) and the z
@@ -269,7 +283,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

@@ -99,4 +99,5 @@ RECORD = FusedOp(
     programs=programs,
     interpreter_s={},  # the mat-vec's own ("mat_vec": gdnpass.cli.INTERPRETER_S)
     watch=watch,
+    variant=lambda n: f"{glu_of(n)}({'up, gate' if n.op_params['swapped'] else 'gate, up'})" if glu_of(n) else "",
 )
