@@ -31,19 +31,14 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
     node writes them again (a reader through a tensor of its own, an alias, which the user count does not see).
 
 The checks shared with mul_mat_chain (rules 1, 3, 4, 7, 8, 9) are ``patterns.product_store``'s.
-
-``prepare``, before planning, keeps x allocated until the ADD (an allocator hint) for each candidate the structural
-rules (1-6) take: otherwise
-gallocr may give the sum the block x vacated at the product, which the unfused graph may do and rule 8 refuses
-(4 of qwen3.5-9b's 64 residual ADDs, the GDN output projection's, before the hint).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Graph, Op, Tensor, keep_alive
-from gdnpass.patterns.common import (HAZARD, STRUCTURAL, Context, Match, Why, between, collision, confined,
+from gdnpass.ir import DType, Graph, Op, Tensor
+from gdnpass.patterns.common import (HAZARD, Context, Match, Why, between, collision, confined,
                                      first_collision, rule, same_elements)
 from gdnpass.patterns.mul_mat_add.record import RECORD
 from gdnpass.patterns.product_store import (ProductCapture, one_launch, over_input, product_of, product_read,
@@ -160,21 +155,6 @@ class MatMulAdd:
         rewrite replaced: the pair's A stays as the memory its node writes)."""
         pos = graph.positions()
         return [n for n in graph.nodes if n.op is Op.ADD and _operand(n, pos) is not None]
-
-    def prepare(self, graph: Graph) -> int:
-        """Keep x allocated until the ADD (an allocator hint after it and the run of nodes each reading the one before
-        that it starts) for each candidate the structural rules take (not, say, the GDN gate's ADD of alpha at 4
-        tokens, whose addend broadcasts); returns how many."""
-        ctx = Context(graph)
-        structural = [r for r in RULES if r.kind == STRUCTURAL]
-        captures = [self.capture(graph, add, ctx) for add in self.candidates(graph)]
-        adds = [(c.add, c.x) for c in captures if not any(r.check(c, ctx) for r in structural)]
-        for add, x in adds:
-            at = graph.index(add) + 1
-            while at < len(graph.nodes) and graph.nodes[at - 1] in graph.nodes[at].src:  # (past the run the sum
-                at += 1                                       # feeds, which other patterns take as consecutive nodes)
-            graph.nodes.insert(at, keep_alive(f"keep_x-{add.name}", x))
-        return len(adds)
 
     def capture(self, graph: Graph, add: Tensor, ctx: Context) -> MatAddCapture:
         """The ADD's first operand that is a product (or a view of one) and its MUL_MAT."""
