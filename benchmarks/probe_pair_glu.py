@@ -53,6 +53,7 @@ def main() -> None:
             u, f = graph_time_us(unfused), graph_time_us(fused)
             print(f"{mv.WTYPES[wt]} | {n} | {tile.split_k} | {u:.2f} | {f:.2f} | {f / u:.3f} | "
                   f"{'equal' if same else 'DIFFER'}", flush=True)
+            del weights
 
 
 if __name__ == "__main__":
