@@ -538,9 +538,9 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
 @triton.jit
 def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, s,
                SPLIT_K: tl.constexpr, GLU: tl.constexpr):
-    """A pair's SwiGLU epilogue (the pair_glu pattern) where the tile splits K (else :func:`_glu_both`): every program
-    stores its K slice of its product into the split workspace, as a split-K program does, and draws a ticket on
-    its row block's one counter for both products' 2·SPLIT_K slices. The program that draws the last adds each product's slices in the
+    """A pair's SwiGLU epilogue (the pair_glu pattern): every program stores its K slice of its product into the
+    split workspace, as a split-K program does (at any SPLIT_K, 1 too), and draws a ticket on its row block's one
+    counter for both products' 2·SPLIT_K slices. The program that draws the last adds each product's slices in the
     fixed order 0..SPLIT_K-1 (so each is the single product's bytes), and stores SwiGLU's expression of them, the
     GLU kernel's (:func:`~gdnpass.kernels.triton_core.silu_f32` of the gate times the up), into y; neither product
     is stored. Unbatched: product p's slot is tile p·blocks + row block."""
@@ -556,27 +556,6 @@ def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1,
         else:
             y = silu_f32(b) * a
         _store_y(y_ptr, y, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, None, None, (), ())
-
-
-@triton.jit
-def _glu_both(w_ptr, w2_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-              y_s0, y_s1, y_s2, y_s3, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
-              EVICT: tl.constexpr, GLU: tl.constexpr):
-    """A pair's SwiGLU epilogue where the tile does not split K: the program sums its row block of both products
-    (:func:`matvec_cols`, each as the single product's unsplit program does), then stores SwiGLU's expression of
-    them, as :func:`_glu_store` does; no workspace, no ticket (their round trip in every program cost more than the
-    GLU's launch: H100, docs/performance.md, fifteenth session)."""
-    cols = tl.arange(0, COLS)
-    col_mask = cols < N
-    terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
-    x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
-    a = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
-    b = matvec_cols(w2_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
-    if GLU == 1:
-        y = silu_f32(a) * b
-    else:
-        y = silu_f32(b) * a
-    _store_y(y_ptr, y, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, None, None, (), ())
 
 
 @triton.jit
@@ -615,9 +594,6 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
             row0 = tl.program_id(0) * BLOCK_M
             prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo,
                              tl.minimum(k_lo + EARLY * BLOCK_K, k_hi), QTYPE)
-            if GLU != 0 and SPLIT_K == 1:  # (its program sums the second product too: _glu_both)
-                prefetch_weights(w2_ptr, w_s1, row0, M - row0, BLOCK_M, k_lo,
-                                 tl.minimum(k_lo + EARLY * BLOCK_K, k_hi), QTYPE)
         wait_for_previous_kernels()
     tl.static_assert(not IDS or QTYPE == "" or COLS >= XCOLS, "MUL_MAT_ID: a quantized tile of its chunk's 16")
     if IDS and QTYPE != "":  # x_b2, x_b3 in columns of the pre-pass's chunks: this batch's column is col0 of one
@@ -628,13 +604,9 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
-    if GLU != 0 and SPLIT_K == 1:
-        _glu_both(w_ptr, w2_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                  y_s0, y_s1, y_s2, y_s3, COLS, BLOCK_K, DOT, EVICT, GLU)
-    else:
-        _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-                 y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, COLS,
-                 BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, GLU)
+    _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, COLS,
+             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, GLU)
 
 
 class MatVecTile(NamedTuple):
@@ -921,7 +893,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
              f"tiles of >= 16 rows and {' or '.join(map(str, sorted(widths)))} columns for {N}")
     blocks, batches = triton.cdiv(M, t.block_m), x.shape[0] * x.shape[1] if batched else 1
     ws = cnt = None
-    if t.split_k > 1:
+    if t.split_k > 1 or glu:
         tiles = blocks * len(products) * batches
         ws, cnt = split_workspace(w.device, tiles * t.split_k * t.block_m * t.cols, tiles, "mul_mat_vec")
     xs, ys = _strides(x), _strides(out)
@@ -934,7 +906,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
     if wtype.is_quantized:
         x = quantize_activations(x, wtype, K, N, cols_x)
-    _mul_mat_vec_kernel[(blocks, 1 if glu and t.split_k == 1 else len(products) * t.split_k, batches)](
+    _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,

@@ -311,9 +311,9 @@ GLU_CASES = [("dot", torch.bfloat16, 1, False), ("dot-one", torch.bfloat16, 4, T
 @pytest.mark.parametrize("form,wtype,split_k,swapped", GLU_CASES,
                          ids=[f"{f}-{mv.WTYPES[w]}-split{s}{'-swapped' if sw else ''}" for f, w, s, sw in GLU_CASES])
 def test_mul_mat_vec_pair_glu_is_the_glu_of_the_pair(form, wtype, split_k, swapped):
-    """The pair with SwiGLU's epilogue (split: one ticket a row block for both products' slices; unsplit: a program
-    sums its row block of both) writes the bytes the GLU kernel makes of the pair's two products, gate and up either
-    way round, and leaves the tickets zero (a second launch would otherwise store nothing). The ticket's count is the GPU test's
+    """The pair with SwiGLU's epilogue (one ticket a row block for both products' slices, at split 1 too) writes the
+    bytes the GLU kernel makes of the pair's two products, gate and up either way round, and leaves the tickets
+    zero (a second launch would otherwise store nothing). The ticket's count is the GPU test's
     (test_gpu_pair_glu_at_the_ffn_shape): in the interpreter's order a wrong one still ends right."""
     base, M, K, n = SPLIT_FORMS[form]
     tile = base._replace(split_k=split_k)
@@ -350,8 +350,7 @@ def test_gpu_pair_glu_at_the_ffn_shape(wtype):
             y.fill_(float("nan"))
             mv.mul_mat_vec_pair_glu(w, w2, x, y)
             assert_same_bytes(y, want, f"the pair's SwiGLU at {n} columns")
-    if split_k > 1:
-        assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+    assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
 
 
 def test_mul_mat_vec_pair_glu_refusals():
