@@ -12,7 +12,9 @@ two products never reach memory. The fused node runs at the pair's place: it wri
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-7):
  1. [pair-glu.type] the pair's weights are a plain type (f32, f16, bf16: a block type's pair leaves ffn_down's
     quantized activations to the GLU that makes them, ``gdnpass.prepasses``) and the products and y are f32.
- 2. [pair-glu.n-cols] the pair runs as the mat-vec (1..MAT_VEC_COLS columns): the GEMM has no such epilogue.
+ 2. [pair-glu.n-cols] the pair runs as the mat-vec, at GLU_EPILOGUE_MIN_COLS..MAT_VEC_COLS columns
+    (``kernels.limits``): the GEMM has no such epilogue, and below, where the pair's tile does not split K, the
+    epilogue's workspace round trip cost more than the GLU's launch.
  3. [pair-glu.layout] y lies as the products do (the same shape and strides): the kernel stores it where it would
     store a product.
  4. [pair-product.user-count] the products and the pair node are read by the GLU alone and are not OUTPUT
@@ -30,7 +32,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
-from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
+from gdnpass.kernels.limits import GLU_EPILOGUE_MIN_COLS, MAT_VEC_COLS, runs_as_mat_vec
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule)
 from gdnpass.patterns.mat_vec_pair.record import OP as PAIR_OP
@@ -109,6 +111,9 @@ def _n_cols(c: PairGluCapture, ctx):
     if not runs_as_mat_vec(c.a.ne[0], cols):
         return Why(c.pair, f"{cols} columns: the pair runs as the GEMM (the mat-vec takes 1..{MAT_VEC_COLS}), which "
                            f"has no SwiGLU epilogue")
+    if cols < GLU_EPILOGUE_MIN_COLS:
+        return Why(c.pair, f"{cols} columns: below {GLU_EPILOGUE_MIN_COLS} the epilogue cost more than the GLU's "
+                           f"launch (kernels.limits.GLU_EPILOGUE_MIN_COLS)")
 
 
 @rule("pair-glu.layout")

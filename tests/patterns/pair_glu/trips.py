@@ -1,5 +1,5 @@
 """Trip graphs of the pair_glu rules (tests/patterns/test_rules.py runs them, with every registered pattern's): the
-small planned verify graph (tests/support/surgery.py: one layer, n_t 4) with its FFN gate / up fused into a
+small planned verify graph (tests/support/surgery.py: one layer, here n_t 8) with its FFN gate / up fused into a
 MUL_MAT_VEC_PAIR (the pattern that runs before this one), then one mutation per rule that breaks that rule and no
 other; for every hazard a graph where forcing the rewrite past it corrupts bytes.
 
@@ -24,8 +24,9 @@ OPS = (Op.MUL_MAT_VEC_PAIR, Op.GLU)  # the Triton kernels of a "triton" force pr
 
 
 def prepared(**config) -> Graph:
-    """The planned graph with the pairs fused (what this pattern's candidates come from)."""
-    g = planned(**config)
+    """The planned graph at 8 tokens (the epilogue's scope: limits.GLU_EPILOGUE_MIN_COLS) with the pairs fused
+    (what this pattern's candidates come from)."""
+    g = planned(**{"n_tokens": 8, **config})
     fuse(g, enabled=True, patterns=[MatVecPair()])
     return g
 
@@ -84,7 +85,8 @@ def m_product_read_later(g):
 
 TRIPS = [
     Trip("pair-glu.type", config=dict(wtype="q8_0")),
-    Trip("pair-glu.n-cols", config=dict(n_tokens=17)),  # (bf16 over 16 columns: the GEMM's pair)
+    Trip("pair-glu.n-cols", config=dict(n_tokens=17), name="gemm"),  # (bf16 over 16 columns: the GEMM's pair)
+    Trip("pair-glu.n-cols", config=dict(n_tokens=4), name="few"),
     Trip("pair-glu.layout", m_y_strided),
     Trip("pair-product.user-count", m_product_output, name="output"),
     Trip("pair-product.user-count", m_product_read, name="reader"),
