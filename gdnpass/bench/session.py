@@ -236,16 +236,16 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issue 32: the FFN pair's SwiGLU in its launch (pair_glu) and ROPE's angles made once a token: their GPU
             # tests (the ticket of both products' slices, compiled, at the 9B's FFN shape), the fused 9B layers checked
             # byte for byte at 8 tokens (pair_glu's scope), then the whole bf16 verify against the package before
-            # both, in one run (140 s each; the two whole steps ran 2026-12-07 at a5f551e, fifteenth session)
+            # both, in one run (130 s each: they took 99 and 61 s on 2026-12-07 at a5f551e, fifteenth session)
             ("glu-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k or rope",
-                               "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 100),
+                               "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 80),
             ("glu-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
                            "--tokens", "8", "--rs-seq", "7", "--device", "cuda", "--check"], 80),
             # the pair and the GLU against the fused launch at 1-16 columns, bf16 and f32, in one process (where
             # limits.GLU_EPILOGUE_MIN_COLS should lie; run 2026-12-07 only in the whole verify, at 4 and 8)
-            ("probe-pair-glu", [PY, "benchmarks/probe_pair_glu.py", "--cols", "1,2,4,5,8,16"], 100),
+            ("probe-pair-glu", [PY, "benchmarks/probe_pair_glu.py", "--cols", "1,2,4,5,8,16"], 90),
             *((f"whole-glu{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
-                                      str(out / f"whole-glu{tag}.json")), 140)
+                                      str(out / f"whole-glu{tag}.json")), 130)
               for tag, path in (("", "."), ("-prev", BEFORE_GLU))),
         ]
     if part == 16:
