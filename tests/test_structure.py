@@ -325,9 +325,10 @@ def test_every_fused_op_has_a_record_and_backends_run_it():
 @pytest.fixture(scope="module")
 def fused_files() -> dict[str, dict]:
     """Fused graph files of a dense and a MoE layer: between them a node of every fused op (MOE_ROUTER needs the
-    experts; the dense layer's MUL_MAT_ADD is the one the MoE plan refuses)."""
-    runs = {m: run(VerifyConfig(m, 4, 3, n_layers=1), PassOptions(fusion=True)) for m in ("tiny-dc4-h64",
-                                                                                          "tiny-qwen35moe")}
+    experts; the dense layer's MUL_MAT_ADD is the one the MoE plan refuses; the dense layer at 8 tokens, where the
+    pair's SwiGLU fuses: limits.GLU_EPILOGUE_MIN_COLS)."""
+    runs = {m: run(VerifyConfig(m, n_t, 3, n_layers=1), PassOptions(fusion=True))
+            for m, n_t in (("tiny-dc4-h64", 8), ("tiny-qwen35moe", 4))}
     assert {a.pattern for r in runs.values() for a in r.report.applied} == {p.name for p in REGISTRY}
     return {m: serialize.to_dict(r.graph) for m, r in runs.items()}
 
@@ -351,7 +352,7 @@ def test_a_fused_graph_file_round_trips(fused_files):
 
 
 @pytest.mark.parametrize("key, value, says", [
-    ("n_tokens", 5, "projection"),
+    ("n_tokens", 9, "projection"),  # (the file: 8 tokens)
     ("n_tokens", 17, "n_tokens 17 is outside"),
     ("d_conv", 3, "weight"),
     ("d_conv", 9, "d_conv 9 is not one of"),
