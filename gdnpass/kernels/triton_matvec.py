@@ -459,17 +459,18 @@ def _slot(ws_ptr, tile, R: tl.constexpr, C: tl.constexpr, SPLIT_K: tl.constexpr)
 
 
 @triton.jit
-def store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K: tl.constexpr, ticket=None, parts: tl.constexpr = 0):
-    """Split-K, first half: store K slice ``s``'s partial ``acc`` [R, C] of ``tile`` into the split workspace (masked
-    rows and columns are 0) and draw a ticket: True for the program that stores the last
-    (:func:`~gdnpass.kernels.triton_core.last_to_arrive`). The ticket is the tile's own, of SPLIT_K parts, or
-    ``ticket``'s of ``parts`` (a pair's SwiGLU: both products' slices of a row block on one counter)."""
+def _store_part(acc, ws_ptr, tile, s, SPLIT_K: tl.constexpr):
+    """Store K slice ``s``'s partial ``acc`` [R, C] of ``tile`` into the split workspace (masked rows and columns
+    are 0)."""
     tl.store(_slot(ws_ptr, tile, acc.shape[0], acc.shape[1], SPLIT_K) + s * (acc.shape[0] * acc.shape[1]), acc)
-    if parts == 0:
-        last = last_to_arrive(cnt_ptr, tile, SPLIT_K)
-    else:
-        last = last_to_arrive(cnt_ptr, ticket, parts)
-    return last
+
+
+@triton.jit
+def store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K: tl.constexpr):
+    """Split-K, first half: :func:`_store_part`, then draw a ticket on the tile's counter: True for the program that
+    stores the last (:func:`~gdnpass.kernels.triton_core.last_to_arrive`)."""
+    _store_part(acc, ws_ptr, tile, s, SPLIT_K)
+    return last_to_arrive(cnt_ptr, tile, SPLIT_K)
 
 
 @triton.jit
@@ -524,8 +525,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
         acc = matvec_cols(w_ptr + k_lo, w_s1, rows, row_mask, x_ptr + k_lo, x_cols, x_mask, k_hi - k_lo, BLOCK_K,
                           DOT, EVICT, terms)
     if GLU != 0:
-        _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, s,
-                   SPLIT_K, GLU)
+        _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile,
+                   s, SPLIT_K, GLU)
     elif SPLIT_K == 1:
         _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr,
                  s2_ptr, STEPS, SIDES)
@@ -536,18 +537,18 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
 
 
 @triton.jit
-def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, s,
-               SPLIT_K: tl.constexpr, GLU: tl.constexpr):
+def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile,
+               s, SPLIT_K: tl.constexpr, GLU: tl.constexpr):
     """A pair's SwiGLU epilogue (the pair_glu pattern): every program stores its K slice of its product into the
     split workspace, as a split-K program does (at any SPLIT_K, 1 too), and draws a ticket on its row block's one
     counter for both products' 2·SPLIT_K slices. The program that draws the last adds each product's slices in the
     fixed order 0..SPLIT_K-1 (so each is the single product's bytes), and stores SwiGLU's expression of them, the
     GLU kernel's (:func:`~gdnpass.kernels.triton_core.silu_f32` of the gate times the up), into y; neither product
-    is stored. Unbatched: product p's slot is tile p·blocks + row block."""
-    blocks = tl.num_programs(0)
+    is stored. Unbatched: product p's ``tile`` is p·blocks + row block, and the row block's counter product 0's."""
     block = tl.program_id(0)
-    product = tl.program_id(1) // SPLIT_K
-    if store_slice(acc, ws_ptr, cnt_ptr, product * blocks + block, s, SPLIT_K, block, 2 * SPLIT_K):
+    _store_part(acc, ws_ptr, tile, s, SPLIT_K)
+    if last_to_arrive(cnt_ptr, block, 2 * SPLIT_K):
+        blocks = tl.num_programs(0)
         a = _slices(acc, ws_ptr, block, SPLIT_K)
         b = _slices(acc, ws_ptr, blocks + block, SPLIT_K)
         tl.store(cnt_ptr + block, 0)

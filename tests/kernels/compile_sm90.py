@@ -135,23 +135,20 @@ def variants():
     tiles |= {(mv.mat_vec_tile(M, N, 4096, wt), wt) for (M, N), wt in
               itertools.product(((32, 1), (32, 8), (4096, 1), (4096, 4), (4096, 16), (4096, 32), (12288, 32),
                                  (248320, 32)), core.QTYPES.values())}
-    # (MUL_MAT_ADD's residual store and MUL_MAT_CHAIN's SiLU-gate chain: on the split tiles, both forms)
-    for (t, wt), steps in [(tw, ()) for tw in sorted(tiles) + split] + [(tw, s) for tw in split for s in EPILOGUES]:
+    # (MUL_MAT_ADD's residual store and MUL_MAT_CHAIN's SiLU-gate chain: on the split tiles, both forms; the FFN
+    # pair's SwiGLU, pair_glu, the workspace at every split: the models' gate / up tiles, plain types)
+    ffn = {(p.M, p.K) for model in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(model)
+           if "ffn_gate" in p.names}
+    glu = sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
+                  itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))})
+    for (t, wt), steps, g in ([(tw, (), 0) for tw in sorted(tiles) + split]
+                              + [(tw, s, 0) for tw in split for s in EPILOGUES] + [(tw, (), 1) for tw in glu]):
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, GLU=0, **_epilogue(steps))
-        yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
+                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, GLU=g, **_epilogue(steps))
+        yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 or g else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr), t.options())
-    # the FFN pair's SwiGLU (pair_glu: the workspace at every split): the models' gate / up tiles, plain types
-    ffn = {(p.M, p.K) for model in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(model)
-           if "ffn_gate" in p.names}
-    for t, wt in sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
-                         itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))}):
-        ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}[wt]
-        c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 QTYPE="", IDS=False, ids_ptr=None, EARLY=t.early, GLU=1, **_epilogue(()))
-        yield mv._mul_mat_vec_kernel, c, t.warps, dict(w_ptr=ptr, w2_ptr=ptr, x_ptr="*fp32"), t.options()
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in

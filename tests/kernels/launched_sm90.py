@@ -39,7 +39,8 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
 RESIDUAL = ((4096, 12288), (4096, 4096))
 MOE_DOWN = (8, 2048, 512)  # MUL_MAT_ID's Q4_K experts, rows, K: the 35B-A3B experts' down shape
-EPILOGUE_KEYS = ("N_T", "G_STEPS", "B_STEPS", "GATHER", "STEPS", "SPLIT_K", "GLU")  # what --epilogues reports of a launch
+# what --epilogues reports of a launch
+EPILOGUE_KEYS = ("N_T", "G_STEPS", "B_STEPS", "GATHER", "STEPS", "SPLIT_K", "GLU")
 
 
 def programs_per_sm(regs: int, shared: int, warps: int) -> int:
@@ -90,9 +91,9 @@ def epilogues() -> list[tuple[str, dict]]:
     """The kernels that run elementwise chain steps inside another kernel, compiled as launched: the GDN computing
     its gates (gdn_gates: a verify's unrolled tokens, a prompt's loop, gathering its state too), a product's store
     running the GDN's output gate (mul_mat_chain: the bf16 mat-vec, split) and the FFN pair's SwiGLU (pair_glu: the
-    bf16 pair at 4 columns, unsplit, and 8, split). A launch specializes ints of 1 as
-    constants, which compile_sm90.py's uniform hints do not: Triton 3.6 miscompiled the prompt loop's nested tuple
-    of them (docs/performance.md, 2026-12-07, twelfth session). Returns (kernel name, constexprs) per launch."""
+    bf16 pair at 4 columns, unsplit, and 8, split). A launch specializes ints of 1 as constants, which
+    compile_sm90.py's uniform hints do not: Triton 3.6 miscompiled the prompt loop's nested tuple of them
+    (docs/performance.md, 2026-12-07, twelfth session). Returns (kernel name, constexprs) per launch."""
     _fake_sm90()
     from gdnpass.kernels import triton_matvec as mv
     from gdnpass.kernels import triton_ssm as ssm

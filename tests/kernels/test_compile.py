@@ -36,9 +36,9 @@ def test_the_compile_check_refuses_what_only_the_interpreter_accepts():
 def test_kernels_running_chain_steps_compile_as_launched():
     """The GDN computing its gates (a verify's unrolled tokens, a prompt's loop, gathering its state), a product's
     store running the GDN's output gate and the FFN pair's SwiGLU (unsplit and split), each compiled for sm_90
-    specialized as its launch is (launched_sm90.py
-    --epilogues): ints of 1 become constants there, not in compile_sm90.py's uniform hints, and the prompt loop's
-    gates failed on the GPU that way until chain_args was flattened (docs/performance.md, 2026-12-07, twelfth)."""
+    specialized as its launch is (launched_sm90.py --epilogues): ints of 1 become constants there, not in
+    compile_sm90.py's uniform hints, and the prompt loop's gates failed on the GPU that way until chain_args was
+    flattened (docs/performance.md, 2026-12-07, twelfth)."""
     import json
 
     r = sm90_script("launched_sm90.py", "--epilogues")

@@ -509,10 +509,10 @@ def test_check_tiny_qwen35_through_the_new_kernels(launches):
     from gdnpass.patterns import matchers
 
     backend = {**TRITON_BACKEND, **{op: TORCH_BACKEND[op] for op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR, Op.MUL_MAT_ADD)}}
-    # (not mul_mat_chain nor pair_glu: on torch their SiLU would be torch's, the unfused one the Triton kernel's; their
-    # own tests run them against the unfused kernels on Triton, the CLI test below in the whole graph)
+    # (not mul_mat_chain: on torch its SiLU would be torch's, the unfused one the Triton kernel's; its own tests run
+    # it against the unfused kernels on Triton, the CLI test below in the whole graph)
     res = check_fusion(g, device=DEVICE, backend=backend, ids=default_ids(cfg),
-                       patterns=[m for m in matchers() if m.name not in ("mul_mat_chain", "pair_glu")])
+                       patterns=[m for m in matchers() if m.name != "mul_mat_chain"])
     assert res.identical, [c.to_json() for c in res.compared if not c.identical]
     assert {"_get_rows_kernel", "_concat_kernel", "_cpy_kernel", "_binary_kernel", "_unary_kernel",
             "_swiglu_kernel", "_gdn_conv_chain_kernel"} <= set(launches)

@@ -51,7 +51,7 @@ def _torch(node: Tensor, views: list, out) -> None:
     wtype = node.src[0].type
     a, b = ref.mul_mat(w_a, x, wtype), ref.mul_mat(w_b, x, wtype)
     if glu_of(node):
-        out.copy_(ref.glu(glu_of(node), a.reshape(out.shape), b.reshape(out.shape), node.op_params["swapped"]))
+        out.copy_(ref.glu(glu_of(node), a, b, node.op_params["swapped"]))
         return
     out.copy_(a)
     out_b[0].copy_(b)
