@@ -241,8 +241,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 80),
             ("glu-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
                            "--tokens", "8", "--rs-seq", "7", "--device", "cuda", "--check"], 80),
-            # the pair and the GLU against the fused launch at 1-16 columns, bf16 and f32, in one process (where
-            # limits.GLU_EPILOGUE_MIN_COLS should lie; run 2026-12-07 only in the whole verify, at 4 and 8)
+            # the pair and the GLU against the fused launch at 1-16 columns, bf16 and f32, in one process (which
+            # tiles the epilogue pays on: pair-glu.tile; run 2026-12-07, sixteenth session)
             ("probe-pair-glu", [PY, "benchmarks/probe_pair_glu.py", "--cols", "1,2,4,5,8,16"], 90),
             *((f"whole-glu{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
                                       str(out / f"whole-glu{tag}.json")), 130)

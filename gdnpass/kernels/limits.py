@@ -65,11 +65,6 @@ def snapshots_on_whole_rows(snapshots: Sequence[int], size: int, rows: tuple[int
 MAT_VEC_COLS = 16        # MUL_MAT of 1..16 activation columns (a verify of up to 16 tokens) runs the mat-vec
 GEMM_WEIGHTS = ("f16", "bf16")  # beyond, a single matrix of these runs the GEMM (triton_matvec.mul_mat_gemm); f32
                                 # weights need no conversion (torch's matmul), block types run the mat-vec per 32
-# The pair's SwiGLU epilogue (pair_glu) where it paid: 5..MAT_VEC_COLS columns. There the FFN pair's tile already
-# splits K and the epilogue only adds the ticket of both products (H100, qwen3.5-9b, 8 columns: the pair and the GLU
-# 2685 -> 2629 us a verify); at 4 columns the tile does not split, and every program's workspace round trip and
-# ticket cost more than the GLU's launch (2292 -> 2323 us). docs/performance.md, fifteenth session.
-GLU_EPILOGUE_MIN_COLS = 5
 QUANT_MAT_VEC_COLS = 32  # columns of one quantized mat-vec launch (two chunks of its activation workspace): the
                          # weight read and decoded once for all of them
 

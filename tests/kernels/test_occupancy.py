@@ -2,7 +2,7 @@
 the quantized mat-vec it decides the time: a Q4_K form with 130 registers held 3 programs an SM where 128 held 4, and
 its 512-program down projection ran 24% slower on the H100; the Q5_K, Q6_K and Q8_0 caps paid too (docs/performance.md,
 2026-12-06 and -07). Compiled on the CPU exactly as the launches specialize them
-(launched_sm90.py), the block types' production variants with a register cap (triton_matvec.QUANT_REGS), MUL_MAT_ADD's
+(launched_sm90.py), the block types' production variants with a register cap (tiles.QUANT_REGS), MUL_MAT_ADD's
 residual form and MUL_MAT_ID's among them, must hold as many programs an SM as the cap was chosen for, at no more
 spill than it was timed with."""
 
@@ -41,7 +41,7 @@ def test_programs_per_sm_counts_registers_by_the_warp_and_shared_memory_by_the_b
 
 @pytest.mark.slow
 def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
-    from gdnpass.kernels.triton_matvec import QUANT_MIN_COLS, QUANT_REGS, mat_vec_tile
+    from gdnpass.kernels.tiles import QUANT_MIN_COLS, QUANT_REGS, mat_vec_tile
 
     found = _launched()
     # each block type's tiles of the 9B (K split 1-16), the residual form of two of them, MUL_MAT_ID's (Q4_K, split 2)
@@ -56,7 +56,7 @@ def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
                                                        ("q6_k", 248320)}, capped
     assert ("q6_k", 4096) not in {(v["qtype"], v["M"]) for v in capped}, capped
     # Q8_0: capped where its 512 programs need a fourth an SM (4096 rows), not in one uncapped wave of 3 an SM (the 384
-    # of 12288 rows; triton_matvec.Q8_0_WAVES counts on the 3) nor in the lm head's many waves
+    # of 12288 rows; tiles.Q8_0_WAVES counts on the 3) nor in the lm head's many waves
     assert {v["M"] for v in capped if v["qtype"] == "q8_0"} == {4096}, capped
     assert all(v["programs"] == 3 for v in found if v["qtype"] == "q8_0" and v not in capped), found
     for v in capped:

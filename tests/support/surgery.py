@@ -10,6 +10,7 @@ from gdnpass.models import VerifyConfig
 from gdnpass.pipeline import PassOptions, run
 
 BASE = dict(model="tiny-dc4-h64", n_tokens=4, n_rs_seq=3, n_layers=1, mem_size=2)
+SPLIT_FFN = "tiny-dc4-h64-ff1024"  # BASE's model with an FFN whose pair's tile splits K (pair_glu's scope)
 IDS = [1]  # s_copy: plane 0 of cell 1 (the ubatch's cell is 0): a row none of the snapshots writes
 
 

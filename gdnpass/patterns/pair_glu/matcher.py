@@ -12,9 +12,11 @@ two products never reach memory. The fused node runs at the pair's place: it wri
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-7):
  1. [pair-glu.type] the pair's weights are a plain type (f32, f16, bf16: a block type's pair leaves ffn_down's
     quantized activations to the GLU that makes them, ``gdnpass.prepasses``) and the products and y are f32.
- 2. [pair-glu.n-cols] the pair runs as the mat-vec, at GLU_EPILOGUE_MIN_COLS..MAT_VEC_COLS columns
-    (``kernels.limits``): the GEMM has no such epilogue, and below, where the pair's tile does not split K, the
-    epilogue's workspace round trip cost more than the GLU's launch.
+ 2. [pair-glu.tile] the pair runs as the mat-vec (1..MAT_VEC_COLS columns: the GEMM has no such epilogue) on a tile
+    that splits K (``kernels.tiles.mat_vec_tile``): its programs already meet in the workspace, the epilogue adds only
+    the shared ticket. On an unsplit tile every program pays a round trip and a ticket, which cost more than the
+    GLU's launch (H100, the 9B's 12288 x 4096 pair and its GLU: split in 4, 0.96-0.99 of the two launches; unsplit,
+    bf16 at 1-4 columns and f32 at 1-16, 1.00-1.07; docs/performance.md, sixteenth session).
  3. [pair-glu.layout] y lies as the products do (the same shape and strides): the kernel stores it where it would
     store a product.
  4. [pair-product.user-count] the products and the pair node are read by the GLU alone and are not OUTPUT
@@ -32,7 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gdnpass.ir import DType, Flag, Graph, Op, Tensor
-from gdnpass.kernels.limits import GLU_EPILOGUE_MIN_COLS, MAT_VEC_COLS, runs_as_mat_vec
+from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
+from gdnpass.kernels.tiles import mat_vec_tile
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,
                                      first_collision, read_before_written, rule)
 from gdnpass.patterns.mat_vec_pair.record import OP as PAIR_OP
@@ -104,15 +107,17 @@ def _type(c: PairGluCapture, ctx):
             return Why(t, f"{t.name!r} is {t.type.label}: the epilogue computes SwiGLU in f32")
 
 
-@rule("pair-glu.n-cols")
-def _n_cols(c: PairGluCapture, ctx):
+@rule("pair-glu.tile")
+def _tile(c: PairGluCapture, ctx):
     cols = c.x.ne[1] * c.x.ne[2] * c.x.ne[3]
     if not runs_as_mat_vec(c.a.ne[0], cols):
         return Why(c.pair, f"{cols} columns: the pair runs as the GEMM (the mat-vec takes 1..{MAT_VEC_COLS}), which "
                            f"has no SwiGLU epilogue")
-    if cols < GLU_EPILOGUE_MIN_COLS:
-        return Why(c.pair, f"{cols} columns: below {GLU_EPILOGUE_MIN_COLS} the epilogue cost more than the GLU's "
-                           f"launch (kernels.limits.GLU_EPILOGUE_MIN_COLS)")
+    w = c.weights[0]
+    tile = mat_vec_tile(w.ne[1], cols, w.ne[0], w.type.label, products=2)
+    if tile.split_k == 1:
+        return Why(c.pair, f"the pair's tile at {cols} columns of {w.ne[1]} x {w.ne[0]} {w.type.label} does not split "
+                           f"K: there the epilogue's round trip costs more than the GLU's launch")
 
 
 @rule("pair-glu.layout")
@@ -143,7 +148,7 @@ def _product_read_later(c: PairGluCapture, ctx):
     return read_before_written(ctx, ctx.ranges([c.a, c.b]), ctx.pos[c.glu.uid], ctx.ranges([c.glu]))
 
 
-RULES = (_type, _n_cols, _layout, confined(PairGluCapture), _output_overlaps_input, _between, _product_read_later)
+RULES = (_type, _tile, _layout, confined(PairGluCapture), _output_overlaps_input, _between, _product_read_later)
 
 
 class PairGlu:

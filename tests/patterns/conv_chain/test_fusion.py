@@ -105,8 +105,8 @@ def test_gdn_fusion_env(monkeypatch):
     # one layer, unprepared: its conv chain, its GDN's snapshot CPY and its state's GET_ROWS, the FFN's gate/up pair
     # (alpha/beta alias in this plan, which keeps the GDN's gates out too), the FFN's down projection + residual
     # (ssm_out's residual lands on its x in this plan), its 3 RMS norms, its gate and output gate (elementwise chains),
-    # the output gate's chain then run by the z product's store (mul_mat_chain); at 4 tokens the FFN's SwiGLU keeps
-    # its launch (pair-glu.n-cols)
+    # the output gate's chain then run by the z product's store (mul_mat_chain); the FFN's SwiGLU keeps its launch
+    # (pair-glu.tile: this FFN's tile does not split K)
     assert r.enabled and sorted(a.pattern for a in r.applied) == ["elementwise_chain"] * 2 + [
         "gdn_conv_chain", "gdn_state_cache", "gdn_state_gather", "mul_mat_add", "mul_mat_chain",
         "mul_mat_vec_pair"] + ["rms_norm_mul"] * 3

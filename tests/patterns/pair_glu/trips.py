@@ -1,5 +1,6 @@
 """Trip graphs of the pair_glu rules (tests/patterns/test_rules.py runs them, with every registered pattern's): the
-small planned verify graph (tests/support/surgery.py: one layer, here n_t 8) with its FFN gate / up fused into a
+small planned verify graph (tests/support/surgery.py: one layer, here n_t 8 and an FFN whose tile splits K,
+``SPLIT_FFN``) with its FFN gate / up fused into a
 MUL_MAT_VEC_PAIR (the pattern that runs before this one), then one mutation per rule that breaks that rule and no
 other; for every hazard a graph where forcing the rewrite past it corrupts bytes.
 
@@ -17,16 +18,16 @@ from gdnpass.kernels import backends, triton_matvec
 from gdnpass.patterns.mat_vec_pair import MatVecPair
 from gdnpass.patterns.pair_glu import PairGlu
 from support.graphs import triton_for
-from support.surgery import insert_after, planned, read_bytes_of
+from support.surgery import SPLIT_FFN, insert_after, planned, read_bytes_of
 from support.trips import Trip, fresh, spread_columns
 
 OPS = (Op.MUL_MAT_VEC_PAIR, Op.GLU)  # the Triton kernels of a "triton" force proof
 
 
 def prepared(**config) -> Graph:
-    """The planned graph at 8 tokens (the epilogue's scope: limits.GLU_EPILOGUE_MIN_COLS) with the pairs fused
-    (what this pattern's candidates come from)."""
-    g = planned(**{"n_tokens": 8, **config})
+    """The planned graph at 8 tokens of an FFN whose pair's tile splits K (the epilogue's scope: pair-glu.tile) with
+    the pairs fused (what this pattern's candidates come from)."""
+    g = planned(**{"model": SPLIT_FFN, "n_tokens": 8, **config})
     fuse(g, enabled=True, patterns=[MatVecPair()])
     return g
 
@@ -85,8 +86,8 @@ def m_product_read_later(g):
 
 TRIPS = [
     Trip("pair-glu.type", config=dict(wtype="q8_0")),
-    Trip("pair-glu.n-cols", config=dict(n_tokens=17), name="gemm"),  # (bf16 over 16 columns: the GEMM's pair)
-    Trip("pair-glu.n-cols", config=dict(n_tokens=4), name="few"),
+    Trip("pair-glu.tile", config=dict(n_tokens=17), name="gemm"),  # (bf16 over 16 columns: the GEMM's pair)
+    Trip("pair-glu.tile", config=dict(model="tiny-dc4-h64"), name="unsplit"),  # (192 x 64: one K step)
     Trip("pair-glu.layout", m_y_strided),
     Trip("pair-product.user-count", m_product_output, name="output"),
     Trip("pair-product.user-count", m_product_read, name="reader"),
