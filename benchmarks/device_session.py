@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17|18|19|20 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17|18|19|20|21 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -68,6 +68,10 @@ as part 18's, carried; ``probe_quant.py``, bytes hashed), and ncu's reading of o
 Part 20 (issue 32): the FFN pair's SwiGLU in its launch (pair_glu) and ROPE's angles made once a token: their GPU
 tests, the fused 9B layers checked, and the whole bf16 verify against the package before both (``.ab/8b61a0b``, made
 as part 18's, carried).
+
+Part 21 (issue 32): the 8-column bf16 tiles of 8192+ rows (the FFN pair, qkv) from the sixteenth session's sweep:
+the pair's GPU tests, the fused 9B layers checked at 8 tokens, and the whole bf16 verify against the package before
+them (``.ab/bd422b0``, made as part 18's, carried).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

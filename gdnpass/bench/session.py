@@ -21,6 +21,7 @@ PREV = ".ab/7edac5d"  # part 18's A/B: the package before part 17's tiles (ac917
 # `mkdir -p .ab/7edac5d && git archive 7edac5d gdnpass | tar -x -C .ab/7edac5d`
 SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K quants went through shared memory (as
 # PREV's line says how)
+BEFORE_TILES = ".ab/bd422b0"  # part 21's A/B: the package before the 8-column tiles of 8192+ rows (as PREV's)
 BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROPE's per-token angles (as PREV's)
 
 
@@ -231,6 +232,20 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                           "benchmarks/one_matvec.py", "q8_0", "12288", "4096", "4"), 40)
               for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
         ]
+    if part == 21:
+        return [
+            # issue 32: the 8-column bf16 tiles of 8192+ rows (the FFN pair split 2 in K steps of 64, qkv split 2 in
+            # steps of 128; tune_matvec.py's H100 sweep of 2026-12-07, sixteenth session): the pair and the GLU
+            # compiled against the unfused bytes at the FFN's shape, 8 fused 9B layers checked at 8 tokens, then the
+            # whole bf16 verify against the package before them, in one run
+            ("tile-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k", "tests/kernels/test_kernels.py",
+                                "tests/kernels/test_triton_ops.py"], 80),
+            ("tile-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
+                            "--tokens", "8", "--rs-seq", "7", "--device", "cuda", "--check"], 80),
+            *((f"whole-tiles{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
+                                        str(out / f"whole-tiles{tag}.json")), 130)
+              for tag, path in (("", "."), ("-prev", BEFORE_TILES))),
+        ]
     if part == 20:
         return [
             # issue 32: the FFN pair's SwiGLU in its launch (pair_glu) and ROPE's angles made once a token: their GPU
@@ -287,7 +302,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

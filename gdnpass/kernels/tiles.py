@@ -90,8 +90,10 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
     first from the L2 (each is read once); from 2 columns the tensor-core form with its three activation terms in
     one operand up to 8 columns (one dot per K step; 8-28% faster than three dots; from 9 columns three dots,
     :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K
-    steps of 128 for 8192+ rows at 2-4 columns, 256-row blocks at 5-8, 128 at 9-16 (tuned on qwen3.5-9b, K 4096 and
-    12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
+    steps of 128 for 8192+ rows at 2-4 columns, 128-row at 5-8 in K split 2 (the FFN pair's 12288 x 4096 in K steps
+    of 64, 4 warps: 72.1 us a pair against 78.0 for the 256-row blocks split 4 before; qkv's 8192 x 4096 in steps of
+    128, 8 warps: 26.4 against 27.7; H100 sweep, 2026-12-07, sixteenth session), 128 at 9-16 (tuned on qwen3.5-9b, K
+    4096 and 12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
     of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8 (also ffn_down's 4096 x
     12288 there): 8% faster than the tiles before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights:
     up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the thin
@@ -131,8 +133,10 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
                 return MatVecTile(64, c, 128, True, 4, 1, 4, True)
             return MatVecTile(64, c, 128, True, 4, _split(K, 128, 4), 3, True) if K <= 4096 else \
                 MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
-        if M >= 8192:  # 8 columns: 256-row blocks
-            return MatVecTile(256, c, 64, True, 8, _split(K, 64, 4))
+        if M > 8192:  # 8 columns, the FFN gate / up pair (12288 rows): 128-row blocks in K steps of 64 split 2
+            return MatVecTile(128, c, 64, True, 4, _split(K, 64, 2))
+        if M >= 8192:  # 8 columns, qkv (8192 rows): 128-row blocks of 8 warps in K steps of 128 split 2
+            return MatVecTile(128, c, 128, True, 8, _split(K, 128, 2))
         if M >= 4096:  # 4096 rows at 8 columns: 128-row blocks in K steps of 128 split 4 (swept at 4096 x 4096;
             # ffn_down's 4096 x 12288 timed in the verify only: 41.1 -> 39.1 us a launch, across runs)
             return MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
