@@ -69,9 +69,9 @@ Part 20 (issue 32): the FFN pair's SwiGLU in its launch (pair_glu) and ROPE's an
 tests, the fused 9B layers checked, and the whole bf16 verify against the package before both (``.ab/8b61a0b``, made
 as part 18's, carried).
 
-Part 21 (issue 32): the 8-column bf16 tiles of 8192+ rows (the FFN pair, qkv) from the sixteenth session's sweep:
-the pair's GPU tests, the fused 9B layers checked at 8 tokens, and the whole bf16 verify against the package before
-them (``.ab/bd422b0``, made as part 18's, carried).
+Part 21 (issue 32): the bf16 tiles of the sixteenth session's sweeps (8 columns of 8192+ rows and of attention k / v,
+9-16 columns): the pair's GPU tests, the fused 9B layers checked at 8 and 16 tokens, and the whole bf16 verify
+against the package before them (``.ab/bd422b0``, made as part 18's, carried).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

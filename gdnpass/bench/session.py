@@ -234,14 +234,15 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
         ]
     if part == 21:
         return [
-            # issue 32: the 8-column bf16 tiles of 8192+ rows (the FFN pair split 2 in K steps of 64, qkv split 2 in
-            # steps of 128; tune_matvec.py's H100 sweep of 2026-12-07, sixteenth session): the pair and the GLU
-            # compiled against the unfused bytes at the FFN's shape, 8 fused 9B layers checked at 8 tokens, then the
+            # issue 32: the bf16 tiles of tune_matvec.py's H100 sweeps of 2026-12-07 (sixteenth session: 8 columns
+            # of 8192+ rows and of attention k / v, 9-16 columns of 4096+ rows): the pair and the GLU compiled
+            # against the unfused bytes at the FFN's shape, 8 fused 9B layers checked at 8 and 16 tokens, then the
             # whole bf16 verify against the package before them, in one run
             ("tile-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k", "tests/kernels/test_kernels.py",
                                 "tests/kernels/test_triton_ops.py"], 80),
-            ("tile-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
-                            "--tokens", "8", "--rs-seq", "7", "--device", "cuda", "--check"], 80),
+            *((f"tile-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
+                                    "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 80)
+              for t in (8, 16)),
             *((f"whole-tiles{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
                                         str(out / f"whole-tiles{tag}.json")), 130)
               for tag, path in (("", "."), ("-prev", BEFORE_TILES))),

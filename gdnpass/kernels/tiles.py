@@ -92,8 +92,10 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
     :data:`ONE_DOT_COLS`), K split where the row blocks alone leave SMs idle (:func:`_split`), 64-row blocks in K
     steps of 128 for 8192+ rows at 2-4 columns, 128-row at 5-8 in K split 2 (the FFN pair's 12288 x 4096 in K steps
     of 64, 4 warps: 72.1 us a pair against 78.0 for the 256-row blocks split 4 before; qkv's 8192 x 4096 in steps of
-    128, 8 warps: 26.4 against 27.7; H100 sweep, 2026-12-07, sixteenth session), 128 at 9-16 (tuned on qwen3.5-9b, K
-    4096 and 12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
+    128, 8 warps: 26.4 against 27.7; H100 sweep, 2026-12-07, sixteenth session), at 9-16 in K steps of 128, the
+    FFN pair unsplit in 256-row blocks (72.6 us a pair against 79.8), 4096-8192 rows in 128-row blocks split 4 or 2
+    (6-9% faster; the same sweep), 128-row blocks in K steps of 64 at -27b's K (tuned on qwen3.5-9b, K 4096 and
+    12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
     of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8 (also ffn_down's 4096 x
     12288 there): 8% faster than the tiles before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights:
     up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the thin
@@ -116,8 +118,12 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
         c = max(4, cols)
         if M > 65536:  # the lm head fills the GPU unsplit
             return MatVecTile(256, c, 64, True, 8) if c == 8 else MatVecTile(128, c, 64, True, 4)
-        if c > ONE_DOT_COLS:  # 9-16 columns, three dots (ONE_DOT_COLS): the tiles timed for it on 2026-12-02
-            if M >= 4096:
+        if c > ONE_DOT_COLS:  # 9-16 columns, three dots (ONE_DOT_COLS)
+            if M >= 4096 and K % 4096 == 0:  # qwen3.5-9b's K: the FFN pair unsplit, 256-row blocks; else 128-row
+                # blocks in K steps of 128, split 2 (8192 rows) or 4 (4096) (H100 sweep, 2026-12-07, sixteenth session)
+                return MatVecTile(256, c, 128, True, 8) if M > 8192 else \
+                    MatVecTile(128, c, 128, True, 4, _split(K, 128, 2 if M >= 8192 else 4))
+            if M >= 4096:  # other K (-27b's): the tiles timed for 16 columns on 2026-12-02
                 return MatVecTile(128, c, 64, True, 8, _split(K, 64, 4 if M >= 8192 else 8))
             if M >= 1024:
                 return MatVecTile(128, c, 128, True, 8, _split(K, 128, 8))
@@ -140,8 +146,11 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
         if M >= 4096:  # 4096 rows at 8 columns: 128-row blocks in K steps of 128 split 4 (swept at 4096 x 4096;
             # ffn_down's 4096 x 12288 timed in the verify only: 41.1 -> 39.1 us a launch, across runs)
             return MatVecTile(128, c, 128, True, 4, _split(K, 128, 4))
-        if M >= 1024:  # attention k / v (timed as the pair)
-            return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16)) if c == 4 else \
+        if M >= 1024:  # attention k / v (timed as the pair; at 8 columns and the 9B's K, 128-row blocks of 8 warps in
+            # K steps of 128: 9.2 us a pair against 10.6, H100 sweep, 2026-12-07, sixteenth session)
+            if c == 4:
+                return MatVecTile(128, c, 64, True, 8, _split(K, 64, 16))
+            return MatVecTile(128, c, 128, True, 8, _split(K, 128, 8)) if K % 4096 == 0 else \
                 MatVecTile(64, c, 64, True, 4, _split(K, 64, 8))
     if wtype != "bf16" and cols >= 8 and M >= 8192:
         return MatVecTile(64, 16, 64, True, 4, _split(K, 64, 1 if M > 8192 else 2))
