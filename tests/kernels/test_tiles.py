@@ -1,0 +1,77 @@
+"""The tile table (gdnpass/kernels/tiles.py) against the promises the kernels and the matchers build on: a pair's (or
+MUL_MAT_ID's batched) launch sums as its single product does, so a tile's bytes may not depend on how many products
+share the launch; every split is a power of two the launcher accepts and no more slices than K has steps; and the
+module stays pure Python (pair_glu's matcher asks it at fuse time)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gdnpass.bench.matvec import product_shapes
+from gdnpass.ir import DType
+from gdnpass.kernels.tiles import GEMM_MIN_STEPS, gemm_tile, mat_vec_tile
+
+WTYPES = ("f32", "f16", "bf16", *(t.label for t in DType if t.is_quantized))
+MODELS = ("qwen3.5-9b", "qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b", "tiny-dc4-h64-ff1024")
+
+
+def _byte_fields(t):
+    """What the sum's bytes may depend on: everything but the speed-only register cap (MatVecTile.regs)."""
+    return t._replace(regs=0)
+
+
+def _check(M: int, N: int, K: int, wtype: str) -> None:
+    single = mat_vec_tile(M, N, K, wtype)
+    for products in (2, 8, 64):
+        assert _byte_fields(mat_vec_tile(M, N, K, wtype, products)) == _byte_fields(single), (M, N, K, wtype, products)
+    s = single.split_k
+    assert s >= 1 and s & (s - 1) == 0, single
+    assert (s - 1) * single.block_k < K, single  # no slice without a K step
+    assert single.cols >= N and single.cols & (single.cols - 1) == 0, single
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_the_models_tiles_do_not_depend_on_the_launchs_products(model):
+    shapes = {(p.M, p.K) for p in product_shapes(model)}
+    assert shapes
+    for (M, K) in shapes:
+        for wtype in WTYPES:
+            if DType.parse(wtype).is_quantized and K % DType.parse(wtype).block:
+                continue  # (a block type's K is whole blocks)
+            for N in range(1, 17):
+                _check(M, N, K, wtype)
+
+
+@settings(max_examples=300, deadline=None)
+@given(M=st.integers(1, 300_000), N=st.integers(1, 16), K=st.integers(1, 40_000),
+       wtype=st.sampled_from(("f32", "f16", "bf16")))
+def test_any_plain_shape_keeps_the_promises(M, N, K, wtype):
+    _check(M, N, K, wtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(M=st.integers(1, 300_000), N=st.integers(1, 16), blocks=st.integers(1, 80),
+       wtype=st.sampled_from([t.label for t in DType if t.is_quantized]))
+def test_any_quantized_shape_keeps_the_promises(M, N, blocks, wtype):
+    _check(M, N, 256 * blocks, wtype)
+
+
+@settings(max_examples=200, deadline=None)
+@given(M=st.integers(1, 300_000), N=st.integers(17, 4096), K=st.integers(1, 40_000),
+       wtype=st.sampled_from(("f16", "bf16")))
+def test_the_gemm_splits_k_into_whole_steps(M, N, K, wtype):
+    t = gemm_tile(M, N, K, wtype)
+    s = t.split_k
+    assert s >= 1 and s & (s - 1) == 0 and (s == 1 or K // (t.block_k * s) >= GEMM_MIN_STEPS), t
+
+
+def test_tiles_import_neither_torch_nor_triton():
+    code = ("import sys; import gdnpass.kernels.tiles\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
