@@ -243,8 +243,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             *((f"tile-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
                                     "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 80)
               for t in (8, 16)),
-            *((f"whole-tiles{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
-                                        str(out / f"whole-tiles{tag}.json")), 130)
+            *((f"whole-sweep{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
+                                        str(out / f"whole-sweep{tag}.json")), 130)
               for tag, path in (("", "."), ("-prev", BEFORE_TILES))),
         ]
     if part == 20:

@@ -47,7 +47,7 @@ def test_kernels_running_chain_steps_compile_as_launched():
     gdn = [(v["N_T"], v["GATHER"]) for v in found if v["kernel"] == "_gdn_kernel" and v["G_STEPS"] and v["B_STEPS"]]
     assert gdn == [(4, False), (0, False), (4, True)], found  # (N_T 0: the loop)
     products = [(v["STEPS"], v["GLU"], v["SPLIT_K"]) for v in found if v["kernel"] == "_mul_mat_vec_kernel"]
-    assert products == [(["SILU", "RMUL"], 0, 4), ([], 1, 1), ([], 1, 4)], found
+    assert products == [(["SILU", "RMUL"], 0, 4), ([], 1, 1), ([], 1, 2)], found
 
 
 def _sass(qtype: str) -> dict[str, int]:
