@@ -1,4 +1,4 @@
-"""Each product's chosen tile (triton_matvec.mat_vec_tile) launched twice, the first a warm-up, for ncu:
+"""Each product's chosen tile (tiles.mat_vec_tile) launched twice, the first a warm-up, for ncu:
 
     ncu -k regex:_mul_mat_vec --section SpeedOfLight --section Occupancy --section LaunchStats \\
         --section WarpStateStats \\

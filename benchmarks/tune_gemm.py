@@ -1,10 +1,10 @@
-"""Sweep the GEMM's tile (triton_matvec.GemmTile: MUL_MAT of over 16 columns of a bf16 weight) over qwen3.5-9b's
+"""Sweep the GEMM's tile (tiles.GemmTile: MUL_MAT of over 16 columns of a bf16 weight) over qwen3.5-9b's
 product shapes at several sequences' widths, on the GPU, next to the production tile, the torch reference it replaced
 and cuBLAS; print the best tile per (shape, columns) with its share of the read bandwidth.
 
     python benchmarks/tune_gemm.py [--shapes 12288x4096,...] [--cols 32,64,128] [--budget-s 300] [--json FILE]
 
-This is how :func:`gdnpass.kernels.triton_matvec.gemm_tile` is to be chosen (its tiles are untimed until then).
+This is how :func:`gdnpass.kernels.tiles.gemm_tile` is to be chosen (its tiles are untimed until then).
 Method: each candidate is checked first (every element written, within the mat-vec's tensor-core tolerance of a
 float64 product on sampled rows, the same bytes on a second run), then timed as ``gdnpass.bench.timing.kernel_us``
 times a launch: profiler kernel durations of a CUDA-graph replay, median of 10, over enough copies of the weight that

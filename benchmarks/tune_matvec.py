@@ -1,4 +1,4 @@
-"""Sweep the mat-vec tile (triton_matvec.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
+"""Sweep the mat-vec tile (tiles.MatVecTile) over qwen3.5-9b's product shapes, on the GPU, and print the best
 tile per (weight type, shape, columns) with its share of the read bandwidth measured in the same process
 (gdnpass.bench.ceilings) and the time a streaming read of its bytes takes (``bench.matvec.read_us``: at 33 MB the
 launch's ramp and tail alone keep a read from the bandwidth).
@@ -6,7 +6,7 @@ launch's ramp and tail alone keep a read from the bandwidth).
     python benchmarks/tune_matvec.py [--wtypes bf16,f32] [--shapes 4096x4096,...] [--cols 8,16] [--pair]
                                      [--budget-s 420] [--deep] [--procs 16] [--regs 128,152]
 
-This is how :func:`gdnpass.kernels.triton_matvec.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
+This is how :func:`gdnpass.kernels.tiles.mat_vec_tile` was chosen; ``bench.py`` measures the chosen tiles.
 Method: every candidate is compiled first by ``--procs`` worker processes (into Triton's disk cache), checked
 against cuBLAS's f32 product, captured as a CUDA graph of one launch per copy of the weights (enough copies that
 each launch reads its weights from memory, as in a forward: ``gdnpass.bench.matvec.rotation``), and then all

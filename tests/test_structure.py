@@ -24,6 +24,7 @@ from gdnpass.patterns import RECORDS, REGISTRY
 from gdnpass.patterns.conv_chain.record import RECORD as CONV_CHAIN
 from gdnpass.models import VerifyConfig
 from gdnpass.pipeline import PassOptions, run
+from support.surgery import SPLIT_FFN
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "gdnpass"
 ROOT = PACKAGE.parent
@@ -328,14 +329,14 @@ def fused_files() -> dict[str, dict]:
     experts; the dense layer's MUL_MAT_ADD is the one the MoE plan refuses; the dense layer at 8 tokens of an FFN
     whose pair's tile splits K, where the pair's SwiGLU fuses: pair-glu.tile)."""
     runs = {m: run(VerifyConfig(m, n_t, 3, n_layers=1), PassOptions(fusion=True))
-            for m, n_t in (("tiny-dc4-h64-ff1024", 8), ("tiny-qwen35moe", 4))}
+            for m, n_t in ((SPLIT_FFN, 8), ("tiny-qwen35moe", 4))}
     assert {a.pattern for r in runs.values() for a in r.report.applied} == {p.name for p in REGISTRY}
     return {m: serialize.to_dict(r.graph) for m, r in runs.items()}
 
 
 @pytest.fixture(scope="module")
 def fused_file(fused_files) -> dict:
-    return fused_files["tiny-dc4-h64-ff1024"]
+    return fused_files[SPLIT_FFN]
 
 
 def _entry(d: dict, op: Op) -> dict:
@@ -346,7 +347,7 @@ def test_a_fused_graph_file_round_trips(fused_files):
     for d in fused_files.values():
         g = serialize.from_dict(d)
         assert serialize.to_dict(g) == d
-    chain = next(n for n in serialize.from_dict(fused_files["tiny-dc4-h64-ff1024"]).nodes if n.op is Op.GDN_CONV_CHAIN)
+    chain = next(n for n in serialize.from_dict(fused_files[SPLIT_FFN]).nodes if n.op is Op.GDN_CONV_CHAIN)
     assert len(chain.src) == 4 and len(chain.outs) == 2 + len(chain.op_params["columns"])
     assert "n_inputs" not in chain.op_params  # a file detail, not a parameter
 

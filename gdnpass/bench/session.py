@@ -21,7 +21,7 @@ PREV = ".ab/7edac5d"  # part 18's A/B: the package before part 17's tiles (ac917
 # `mkdir -p .ab/7edac5d && git archive 7edac5d gdnpass | tar -x -C .ab/7edac5d`
 SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K quants went through shared memory (as
 # PREV's line says how)
-BEFORE_TILES = ".ab/bd422b0"  # part 21's A/B: the package before the 8-column tiles of 8192+ rows (as PREV's)
+BEFORE_TILES = ".ab/bd422b0"  # part 21's A/B: the package before the sixteenth session's tiles (as PREV's)
 BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROPE's per-token angles (as PREV's)
 
 
@@ -237,14 +237,14 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issue 32: the bf16 tiles of tune_matvec.py's H100 sweeps of 2026-12-07 (sixteenth session: 8 columns
             # of 8192+ rows and of attention k / v, 9-16 columns of 4096+ rows): the pair and the GLU compiled
             # against the unfused bytes at the FFN's shape, 8 fused 9B layers checked at 8 and 16 tokens, then the
-            # whole bf16 verify against the package before them, in one run
-            ("tile-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k", "tests/kernels/test_kernels.py",
-                                "tests/kernels/test_triton_ops.py"], 80),
+            # whole bf16 verify against the package before them, in one run (98 and 96 s on 2026-12-07)
+            ("tile-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k or every_model_tile",
+                                "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 120),
             *((f"tile-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
                                     "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 80)
               for t in (8, 16)),
             *((f"whole-sweep{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
-                                        str(out / f"whole-sweep{tag}.json")), 130)
+                                        str(out / f"whole-sweep{tag}.json")), 120)
               for tag, path in (("", "."), ("-prev", BEFORE_TILES))),
         ]
     if part == 20:

@@ -33,12 +33,14 @@ class MatVecTile(NamedTuple):
     ``evict``, the weight loads marked evict-first in the L2, ``regs``, a cap on a thread's registers (ptxas's
     .maxnreg; 0: ptxas's own count), which decides how many programs an SM holds, and ``early``, how many of its
     slice's first K steps a program asks the L2 for before it waits for the kernel before it (:data:`EARLY_BYTES`;
-    0: none; :data:`~gdnpass.kernels.triton_core.PREFETCH`). Only split_k changes the bytes: the rest is speed.
+    0: none; :data:`~gdnpass.kernels.triton_core.PREFETCH`). split_k, block_k, the form and the columns decide how a
+    sum is grouped, so its bytes; regs, stages, evict and early are speed alone. A pair or a batch shares its single
+    product's whole tile but regs (tests/kernels/test_tiles.py).
 
     split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
     (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
-    S equal K slices (whole BLOCK_K steps, :func:`~gdnpass.kernels.triton_matvec.matvec_cols` over the sub-range) into an f32 workspace slot, then
-    drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the last ticket, whichever
+    S equal K slices (whole BLOCK_K steps, :func:`~gdnpass.kernels.triton_matvec.matvec_cols` over the sub-range)
+    into an f32 workspace slot, then drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the last ticket, whichever
     it is, adds the S partials in the fixed order 0..S-1 in f32, stores y and zeroes the counter. One launch, and
     bytes that depend on (shape, type, tile) only: run to run, and a pair's product against its single mat-vec. The
     workspace (:func:`~gdnpass.kernels.triton_core.split_workspace`) is shared by all launches on a device, so they
@@ -47,7 +49,7 @@ class MatVecTile(NamedTuple):
     block_m: int
     cols: int
     block_k: int
-    dot: bool   # tensor cores instead of CUDA-core FMAs: see matvec_cols
+    dot: bool   # tensor cores instead of CUDA-core FMAs: see triton_matvec.matvec_cols
     warps: int
     split_k: int = 1
     stages: int = 3
@@ -94,8 +96,9 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
     of 64, 4 warps: 72.1 us a pair against 78.0 for the 256-row blocks split 4 before; qkv's 8192 x 4096 in steps of
     128, 8 warps: 26.4 against 27.7; H100 sweep, 2026-12-07, sixteenth session), at 9-16 in K steps of 128, the
     FFN pair unsplit in 256-row blocks (72.6 us a pair against 79.8), 4096-8192 rows in 128-row blocks split 4 or 2
-    (6-9% faster; the same sweep), 128-row blocks in K steps of 64 at -27b's K (tuned on qwen3.5-9b, K 4096 and
-    12288; -27b's K, 5120-17408, swept apart at 4 and 8 columns); 4096 x 4096 (z, ssm_out, attn_output) in K steps
+    (5-7% faster; the same sweep); attention k / v (1024 rows) at 8 columns in 128-row blocks of K steps of 128 (the
+    same sweep). Those are qwen3.5-9b's K (4096, 12288); -27b's K (5120-17408) keeps its own tiles, swept apart at 4
+    and 8 columns, and at 9-16 the 2026-12-02 ones; 4096 x 4096 (z, ssm_out, attn_output) in K steps
     of 128 split 4, 64-row blocks (the weight evicted first) at 2-4 columns, 128-row at 5-8 (also ffn_down's 4096 x
     12288 there): 8% faster than the tiles before (H100 sweep, 2026-12-07, thirteenth session). f32 and f16 weights:
     up to 4 columns the FMA form (one column of up to 1024 rows with two rows and K steps of 2048, as the thin
@@ -120,7 +123,7 @@ def _sum_tile(M: int, N: int, K: int, wtype: str, products: int = 1) -> MatVecTi
             return MatVecTile(256, c, 64, True, 8) if c == 8 else MatVecTile(128, c, 64, True, 4)
         if c > ONE_DOT_COLS:  # 9-16 columns, three dots (ONE_DOT_COLS)
             if M >= 4096 and K % 4096 == 0:  # qwen3.5-9b's K: the FFN pair unsplit, 256-row blocks; else 128-row
-                # blocks in K steps of 128, split 2 (8192 rows) or 4 (4096) (H100 sweep, 2026-12-07, sixteenth session)
+                # blocks, split 2 (8192 rows) or 4 (4096)
                 return MatVecTile(256, c, 128, True, 8) if M > 8192 else \
                     MatVecTile(128, c, 128, True, 4, _split(K, 128, 2 if M >= 8192 else 4))
             if M >= 4096:  # other K (-27b's): the tiles timed for 16 columns on 2026-12-02
@@ -166,8 +169,8 @@ _QUANTIZED = frozenset(t.label for t in DType if t.is_quantized)
 
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
-    """A quantized weight's tile (:func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, its columns padded to 8, 16 or 32): a K-quant block (8
-    groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
+    """A quantized weight's tile (:func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, its columns padded to 8, 16
+    or 32): a K-quant block (8 groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
     launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
     slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
     only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the cap
@@ -201,7 +204,7 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
 
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
 # activation chunk's 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide:
-# _group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch); Q8_0
+# triton_matvec._group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch); Q8_0
 # stays at 16, where it compiles to 3 programs an SM (2 at 8).
 QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 

@@ -106,7 +106,7 @@ else:
 # L2 prefetch (Hopper's bulk prefetch, ``cp.async.bulk.prefetch.L2``): a kernel asks the L2 to fetch bytes it will read
 # soon, one instruction a range, no register or shared memory held. A mat-vec program asks for its weight's first K
 # steps before :func:`wait_for_previous_kernels`, so under programmatic dependent launch they come while the kernel
-# before it still runs (:class:`~gdnpass.kernels.triton_matvec.MatVecTile`'s ``early``; only weights, which no kernel
+# before it still runs (:class:`~gdnpass.kernels.tiles.MatVecTile`'s ``early``; only weights, which no kernel
 # writes). A hint only, safe even for bytes being written: the L2 is where every write lands, and the loads come after
 # the wait. Off in the interpreter, below sm_90, and when GDN_PREFETCH=0;
 # :func:`l2_prefetch` switches it per capture (the benchmarks' A/B).

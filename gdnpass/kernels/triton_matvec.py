@@ -1,6 +1,6 @@
 """Triton kernels of MUL_MAT for 1-16 columns (the mat-vec: every such MUL_MAT, attention's batched KQ / KQV too) and
 of MUL_MAT_VEC_PAIR, which is the same kernel with a second product on the grid, so each product of a pair is
-byte-identical to its single mat-vec. A tile per shape and weight type (:func:`mat_vec_tile`): CUDA-core FMAs for few
+byte-identical to its single mat-vec. A tile per shape and weight type (:func:`~gdnpass.kernels.tiles.mat_vec_tile`): CUDA-core FMAs for few
 columns, tensor cores at f32-level accuracy for many, K split across programs where the row blocks alone leave SMs
 idle (:class:`MatVecTile`). Beyond 16 columns (several sequences' verify: S x T columns; a prompt's ubatch) a single
 f16 / bf16 weight runs the GEMM (:func:`mul_mat_gemm`): the mat-vec's tensor-core sum on a grid of row blocks x
@@ -348,7 +348,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     The quants of the product's columns [col0, col0 + N) only are read, the others' dot operand is the loads' zero
     fill (12 of 16 columns' bytes not fetched at 4 tokens); a column's sum is its own either way, and only the
     product's are stored. (Their scales and group sums are read for every column.) COLS may be 8 where the product
-    has 8 columns or fewer (:data:`QUANT_MIN_COLS`; col0 then 0), the dot 16 wide all the same (:func:`_group_dots`).
+    has 8 columns or fewer (:data:`~gdnpass.kernels.tiles.QUANT_MIN_COLS`; col0 then 0), the dot 16 wide all the same (:func:`_group_dots`).
     Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)

@@ -258,8 +258,8 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("tiny-dc5-h128", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=1, head_dim=128, d_conv=5),
         ModelShape("tiny-dc4-h32", n_embd=96, n_layer=4, n_k_heads=2, n_v_heads=2, head_dim=32, d_conv=4),
         ModelShape("tiny-dc4-h128", n_embd=64, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=128, d_conv=4),
-        # tiny-dc4-h64 with an FFN of 1024 x 128, whose gate / up pair's tile splits K (two steps of 64) at 4-16
-        # columns: the shape the pair's SwiGLU epilogue fuses on (pair_glu's rule pair-glu.tile)
+        # tiny-dc4-h64 at n_embd 128 with an FFN of 1024 x 128, whose gate / up pair's tile splits K (two steps of
+        # 64) at 2-8 columns in bf16: a shape the pair's SwiGLU epilogue fuses on (pair_glu's rule pair-glu.tile)
         ModelShape("tiny-dc4-h64-ff1024", n_embd=128, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=64, d_conv=4,
                    n_ff=1024),
         # whole tiny models for llama.cpp captures (GGUF files of 9.6 and 7.4 MiB in f32): layers 3 (and 7) are full

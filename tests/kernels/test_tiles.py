@@ -1,12 +1,10 @@
 """The tile table (gdnpass/kernels/tiles.py) against the promises the kernels and the matchers build on: a pair's (or
 MUL_MAT_ID's batched) launch sums as its single product does, so a tile's bytes may not depend on how many products
 share the launch; every split is a power of two the launcher accepts and no more slices than K has steps; and the
-module stays pure Python (pair_glu's matcher asks it at fuse time)."""
+shapes pair_glu's tests and documents rely on split K where they say (the pattern asks the tile: pair-glu.tile).
+That tiles.py stays pure Python is tests/test_structure.py's (the matcher imports it at fuse time)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -14,10 +12,12 @@ from hypothesis import strategies as st
 
 from gdnpass.bench.matvec import product_shapes
 from gdnpass.ir import DType
-from gdnpass.kernels.tiles import GEMM_MIN_STEPS, gemm_tile, mat_vec_tile
+from gdnpass.kernels.tiles import GEMM_MAX_SPLIT, GEMM_MIN_STEPS, gemm_tile, mat_vec_tile
+from gdnpass.models.hparams import get_model
+from support.surgery import BASE, SPLIT_FFN
 
-WTYPES = ("f32", "f16", "bf16", *(t.label for t in DType if t.is_quantized))
-MODELS = ("qwen3.5-9b", "qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b", "tiny-dc4-h64-ff1024")
+TYPES = ("f32", "f16", "bf16", *(t.label for t in DType if t.is_quantized))
+MODELS = ("qwen3.5-9b", "qwen3.5-27b", "qwen3.5-4b", "qwen3.5-35b-a3b", SPLIT_FFN)
 
 
 def _byte_fields(t):
@@ -40,7 +40,7 @@ def test_the_models_tiles_do_not_depend_on_the_launchs_products(model):
     shapes = {(p.M, p.K) for p in product_shapes(model)}
     assert shapes
     for (M, K) in shapes:
-        for wtype in WTYPES:
+        for wtype in TYPES:
             if DType.parse(wtype).is_quantized and K % DType.parse(wtype).block:
                 continue  # (a block type's K is whole blocks)
             for N in range(1, 17):
@@ -64,14 +64,20 @@ def test_any_quantized_shape_keeps_the_promises(M, N, blocks, wtype):
 @settings(max_examples=200, deadline=None)
 @given(M=st.integers(1, 300_000), N=st.integers(17, 4096), K=st.integers(1, 40_000),
        wtype=st.sampled_from(("f16", "bf16")))
-def test_the_gemm_splits_k_into_whole_steps(M, N, K, wtype):
+def test_the_gemm_splits_k_in_few_slices_of_several_steps(M, N, K, wtype):
     t = gemm_tile(M, N, K, wtype)
     s = t.split_k
-    assert s >= 1 and s & (s - 1) == 0 and (s == 1 or K // (t.block_k * s) >= GEMM_MIN_STEPS), t
+    assert s & (s - 1) == 0 and 1 <= s <= GEMM_MAX_SPLIT, t
+    assert s == 1 or K // (t.block_k * s) >= GEMM_MIN_STEPS, t
 
 
-def test_tiles_import_neither_torch_nor_triton():
-    code = ("import sys; import gdnpass.kernels.tiles\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton')))\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"
+def _ffn_splits(model: str, cols: int, wtype: str = "bf16") -> bool:
+    m = get_model(model)
+    return mat_vec_tile(m.n_ff, cols, m.n_embd, wtype, products=2).split_k > 1
+
+
+def test_the_ffn_pairs_split_where_pair_glu_relies_on_it():
+    """pair_glu's trip graphs and example (SPLIT_FFN at 8 columns) need a pair that splits, its "unsplit" trip (BASE's
+    model) one that does not; docs/patterns.md says the 9B's bf16 pair fuses its GLU at 5-8 columns."""
+    assert _ffn_splits(SPLIT_FFN, 8) and not _ffn_splits(BASE["model"], 8)
+    assert [c for c in range(1, 17) if _ffn_splits("qwen3.5-9b", c)] == [5, 6, 7, 8]

@@ -7,10 +7,11 @@ from __future__ import annotations
 from gdnpass import ops
 from gdnpass.ir import DType, Flag, Graph, Op
 from gdnpass.models import VerifyConfig
+from gdnpass.patterns.pair_glu import PATTERN as PAIR_GLU
 from gdnpass.pipeline import PassOptions, run
 
 BASE = dict(model="tiny-dc4-h64", n_tokens=4, n_rs_seq=3, n_layers=1, mem_size=2)
-SPLIT_FFN = "tiny-dc4-h64-ff1024"  # BASE's model with an FFN whose pair's tile splits K (pair_glu's scope)
+SPLIT_FFN = PAIR_GLU.example["model"]  # a model whose FFN pair's tile splits K at 8 columns (pair_glu's scope)
 IDS = [1]  # s_copy: plane 0 of cell 1 (the ubatch's cell is 0): a row none of the snapshots writes
 
 

@@ -11,6 +11,7 @@ from gdnpass.patterns.pattern import Pattern
 
 PATTERN = Pattern(NAME, PairGlu, PairGluCapture, RECORD, matcher.__doc__,
                   "gdnpass.kernels.triton_matvec.mul_mat_vec_pair_glu",
-                  example=dict(model="tiny-dc4-h64-ff1024", n_tokens=8, n_rs_seq=3, n_layers=1, mem_size=2), needs=("mul_mat_vec_pair",))
+                  example=dict(model="tiny-dc4-h64-ff1024", n_tokens=8, n_rs_seq=3, n_layers=1,
+                               mem_size=2), needs=("mul_mat_vec_pair",))
 
 __all__ = ["NAME", "PATTERN", "PairGlu", "PairGluCapture"]

@@ -15,8 +15,8 @@ Legality rules, in the order they run (the bracketed name is what a refusal repo
  2. [pair-glu.tile] the pair runs as the mat-vec (1..MAT_VEC_COLS columns: the GEMM has no such epilogue) on a tile
     that splits K (``kernels.tiles.mat_vec_tile``): its programs already meet in the workspace, the epilogue adds only
     the shared ticket. On an unsplit tile every program pays a round trip and a ticket, which cost more than the
-    GLU's launch (H100, the 9B's 12288 x 4096 pair and its GLU: split in 4, 0.96-0.99 of the two launches; unsplit,
-    bf16 at 1-4 columns and f32 at 1-16, 1.00-1.07; docs/performance.md, sixteenth session).
+    GLU's launch (the H100 probe of the sixteenth session, docs/performance.md: faster than the two launches on every
+    split tile, slower on every unsplit one).
  3. [pair-glu.layout] y lies as the products do (the same shape and strides): the kernel stores it where it would
     store a product.
  4. [pair-product.user-count] the products and the pair node are read by the GLU alone and are not OUTPUT

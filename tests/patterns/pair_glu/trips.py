@@ -1,8 +1,8 @@
 """Trip graphs of the pair_glu rules (tests/patterns/test_rules.py runs them, with every registered pattern's): the
 small planned verify graph (tests/support/surgery.py: one layer, here n_t 8 and an FFN whose tile splits K,
-``SPLIT_FFN``) with its FFN gate / up fused into a
-MUL_MAT_VEC_PAIR (the pattern that runs before this one), then one mutation per rule that breaks that rule and no
-other; for every hazard a graph where forcing the rewrite past it corrupts bytes.
+``SPLIT_FFN``) with its FFN gate / up fused into a MUL_MAT_VEC_PAIR (the pattern that runs before this one), then one
+mutation per rule that breaks that rule and no other; for every hazard a graph where forcing the rewrite past it
+corrupts bytes.
 
 ``pair-glu.output-overlaps-input`` is a race between the programs of one Triton launch (the last program of a row
 block storing its rows of y over x while later programs still read x): its proof runs the pair's and the GLU's
