@@ -239,10 +239,13 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # against the unfused bytes at the FFN's shape, 8 fused 9B layers checked at 8 and 16 tokens, then the
             # whole bf16 verify against the package before them, in one run (98 and 96 s on 2026-12-07)
             ("tile-tests-gpu", [PY, "-m", "pytest", "-q", "-k", "pair_glu or split_k or every_model_tile",
-                                "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 120),
+                                "tests/kernels/test_kernels.py", "tests/kernels/test_triton_ops.py"], 95),
             *((f"tile-check-t{t}", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers",
                                     "8", "--tokens", str(t), "--rs-seq", str(t - 1), "--device", "cuda", "--check"], 80)
               for t in (8, 16)),
+            # the pair's SwiGLU epilogue on the new split-2 tile at 5 and 8 columns, fused against unfused (8 s for 12
+            # cases on 2026-12-07)
+            ("probe-glu-split2", [PY, "benchmarks/probe_pair_glu.py", "--cols", "5,8"], 35),
             *((f"whole-sweep{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--json",
                                         str(out / f"whole-sweep{tag}.json")), 120)
               for tag, path in (("", "."), ("-prev", BEFORE_TILES))),
