@@ -37,14 +37,14 @@ class MatVecTile(NamedTuple):
     sum is grouped, so its bytes; regs, stages, evict and early are speed alone. A pair or a batch shares its single
     product's whole tile but regs (tests/kernels/test_tiles.py).
 
-    split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1
-    (a power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of
-    S equal K slices (whole BLOCK_K steps, :func:`~gdnpass.kernels.triton_matvec.matvec_cols` over the sub-range)
-    into an f32 workspace slot, then drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the last ticket, whichever
-    it is, adds the S partials in the fixed order 0..S-1 in f32, stores y and zeroes the counter. One launch, and
-    bytes that depend on (shape, type, tile) only: run to run, and a pair's product against its single mat-vec. The
-    workspace (:func:`~gdnpass.kernels.triton_core.split_workspace`) is shared by all launches on a device, so they
-    must run on one stream in order, as the executor's do."""
+    split_k = 1: one program per row block sums all of K and stores y (no workspace, no atomics). split_k = S > 1 (a
+    power of two) fills the GPU when the row blocks alone do not: S programs per row block, each summing one of S equal
+    K slices (whole BLOCK_K steps, :func:`~gdnpass.kernels.triton_matvec.matvec_cols` over the sub-range) into an f32
+    workspace slot, then drawing a ticket on the block's counter (an acq_rel atomic add). The program that draws the
+    last ticket, whichever it is, adds the S partials in the fixed order 0..S-1 in f32, stores y and zeroes the counter.
+    One launch, and bytes that depend on (shape, type, tile) only: run to run, and a pair's product against its single
+    mat-vec. The workspace (:func:`~gdnpass.kernels.triton_core.split_workspace`) is shared by all launches on a device,
+    so they must run on one stream in order, as the executor's do."""
 
     block_m: int
     cols: int
@@ -169,20 +169,20 @@ _QUANTIZED = frozenset(t.label for t in DType if t.is_quantized)
 
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
-    """A quantized weight's tile (:func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, its columns padded to 8, 16
-    or 32): a K-quant block (8 groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages, K split until the
-    launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096, Q4_K in no more
-    slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns (:data:`QUANT_REGS`), Q6_K's
-    only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row blocks and K slices); the cap
-    changes no byte. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a probe of this kernel with 16
-    tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10% of each case's best;
-    docs/performance.md), Q8_0 as below; the 32-column tiles are the
-    16-column ones, untuned. Q4_K's K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and
-    Q6_K's split from the H100 sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096
-    x 12288: each type at its best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K
-    split into the most slices whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does
-    not hold them (the H100 sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before); its thin products
-    (:data:`Q8_0_THIN_ROWS`) one block of their rows at 8 columns."""
+    """A quantized weight's tile (:func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, its columns padded to 8, 16 or
+    32): a K-quant block (8 groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages,
+    K split until the launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096,
+    Q4_K in no more slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns
+    (:data:`QUANT_REGS`), Q6_K's only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row
+    blocks and K slices); the cap changes no byte. The K-quants from the H200 sweep of 2026-12-04 of the q8_K form (a
+    probe of this kernel with 16 tiles: 1, 4 and 16 columns of 4096 x 4096, 12288 x 4096, 4096 x 12288; within 10% of
+    each case's best; docs/performance.md), Q8_0 as below; the 32-column tiles are the 16-column ones, untuned. Q4_K's
+    K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and Q6_K's split from the H100
+    sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096 x 12288: each type at its
+    best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K split into the most slices
+    whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does not hold them (the H100
+    sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before); its thin products (:data:`Q8_0_THIN_ROWS`) one
+    block of their rows at 8 columns."""
     thin = wtype == "q8_0" and M <= Q8_0_THIN_ROWS
     block_m = Q8_0_THIN_ROWS if thin else 128 if wtype == "q8_0" else 64
     want, blocks = 1, _cdiv(M, block_m)
@@ -204,8 +204,8 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
 
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
 # activation chunk's 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide:
-# triton_matvec._group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch); Q8_0
-# stays at 16, where it compiles to 3 programs an SM (2 at 8).
+# triton_matvec._group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a
+# launch); Q8_0 stays at 16, where it compiles to 3 programs an SM (2 at 8).
 QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 
 

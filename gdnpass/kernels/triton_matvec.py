@@ -1,13 +1,13 @@
-"""Triton kernels of MUL_MAT for 1-16 columns (the mat-vec: every such MUL_MAT, attention's batched KQ / KQV too) and
-of MUL_MAT_VEC_PAIR, which is the same kernel with a second product on the grid, so each product of a pair is
-byte-identical to its single mat-vec. A tile per shape and weight type (:func:`~gdnpass.kernels.tiles.mat_vec_tile`): CUDA-core FMAs for few
-columns, tensor cores at f32-level accuracy for many, K split across programs where the row blocks alone leave SMs
-idle (:class:`MatVecTile`). Beyond 16 columns (several sequences' verify: S x T columns; a prompt's ubatch) a single
-f16 / bf16 weight runs the GEMM (:func:`mul_mat_gemm`): the mat-vec's tensor-core sum on a grid of row blocks x
-column tiles, reading the weight as it is where torch's matmul would first convert all of it to f32 on every call
-(49 ms for a 9B verify of 8 sequences, 7.1 ms for one: H100). A single product's store may run an epilogue of
-elementwise chain steps on each sum (:class:`Epilogue`: MUL_MAT_ADD's residual, MUL_MAT_CHAIN's chain).
-Conventions: :mod:`gdnpass.kernels.triton_core`.
+"""Triton kernels of MUL_MAT for 1-16 columns (the mat-vec: every such MUL_MAT, attention's batched KQ / KQV too) and of
+MUL_MAT_VEC_PAIR, which is the same kernel with a second product on the grid, so each product of a pair is
+byte-identical to its single mat-vec. A tile per shape and weight type (:func:`~gdnpass.kernels.tiles.mat_vec_tile`):
+CUDA-core FMAs for few columns, tensor cores at f32-level accuracy for many, K split across programs where the row
+blocks alone leave SMs idle (:class:`MatVecTile`). Beyond 16 columns (several sequences' verify: S x T columns; a
+prompt's ubatch) a single f16 / bf16 weight runs the GEMM (:func:`mul_mat_gemm`): the mat-vec's tensor-core sum on a
+grid of row blocks x column tiles, reading the weight as it is where torch's matmul would first convert all of it to f32
+on every call (49 ms for a 9B verify of 8 sequences, 7.1 ms for one: H100). A single product's store may run an epilogue
+of elementwise chain steps on each sum (:class:`Epilogue`: MUL_MAT_ADD's residual, MUL_MAT_CHAIN's chain). Conventions:
+:mod:`gdnpass.kernels.triton_core`.
 """
 
 from __future__ import annotations
@@ -345,11 +345,12 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
     f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
-    The quants of the product's columns [col0, col0 + N) only are read, the others' dot operand is the loads' zero
-    fill (12 of 16 columns' bytes not fetched at 4 tokens); a column's sum is its own either way, and only the
-    product's are stored. (Their scales and group sums are read for every column.) COLS may be 8 where the product
-    has 8 columns or fewer (:data:`~gdnpass.kernels.tiles.QUANT_MIN_COLS`; col0 then 0), the dot 16 wide all the same (:func:`_group_dots`).
-    Returns [BLOCK_M, COLS] f32; the torch reference is :func:`gdnpass.kernels.quants.mul_mat_q`."""
+    The quants of the product's columns [col0, col0 + N) only are read, the others' dot operand is the loads' zero fill
+    (12 of 16 columns' bytes not fetched at 4 tokens); a column's sum is its own either way, and only the product's are
+    stored. (Their scales and group sums are read for every column.) COLS may be 8 where the product has 8 columns or
+    fewer (:data:`~gdnpass.kernels.tiles.QUANT_MIN_COLS`; col0 then 0), the dot 16 wide all the same
+    (:func:`_group_dots`). Returns [BLOCK_M, COLS] f32; the torch reference is
+    :func:`gdnpass.kernels.quants.mul_mat_q`."""
     # each column's words after its quants (4 K words in): the f32 scales, then the K-quants' i32 group sums
     cols = tl.arange(0, COLS)
     word, slot = _x_words(cols, chunk)
