@@ -140,6 +140,26 @@ def dequantize(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     return (v if offset is None else v - offset.unsqueeze(-1)).flatten(-2)
 
 
+Q8_0_RUN = 8  # Q8_0 blocks a run of the x8 layout (a K-quant block's 256 elements)
+
+
+def to_q8_0x8(raw: torch.Tensor) -> torch.Tensor:
+    """Q8_0 rows (uint8 [..., n_blocks * 34], n_blocks a multiple of 8) in the x8 layout: each run of 8 blocks as
+    their 8 f16 scales (16 bytes) then their 8 x 32 quants (256 bytes), so every run and its quants lie on 16 bytes
+    where the file's blocks put every other group's quants 2 bytes off a word. The same bytes, moved: ggml-cpu's
+    repacked ``block_q8_0x4`` keeps 4 rows' scales first likewise. :func:`from_q8_0x8` undoes it."""
+    runs = raw.unflatten(-1, (-1, Q8_0_RUN, DType.Q8_0.size))
+    return torch.cat([runs[..., :2].flatten(-2), runs[..., 2:].flatten(-2)], -1).flatten(-2)
+
+
+def from_q8_0x8(raw: torch.Tensor) -> torch.Tensor:
+    """The file's Q8_0 rows from :func:`to_q8_0x8`'s."""
+    runs = raw.unflatten(-1, (-1, Q8_0_RUN * DType.Q8_0.size))
+    d = runs[..., :2 * Q8_0_RUN].unflatten(-1, (Q8_0_RUN, 2))
+    q = runs[..., 2 * Q8_0_RUN:].unflatten(-1, (Q8_0_RUN, DType.Q8_0.block))
+    return torch.cat([d, q], -1).flatten(-3)
+
+
 # where each type's f16 fields lie in its block (ggml-common.h): d first (q4_K / q5_K: dmin after it), q6_K's d last
 F16_FIELDS: dict[DType, tuple[int, ...]] = {
     DType.Q8_0: (0,), DType.Q4_K: (0, 2), DType.Q5_K: (0, 2), DType.Q6_K: (DType.Q6_K.size - 2,),
