@@ -140,24 +140,28 @@ def dequantize(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     return (v if offset is None else v - offset.unsqueeze(-1)).flatten(-2)
 
 
-Q8_0_RUN = 8  # Q8_0 blocks a run of the x8 layout (a K-quant block's 256 elements)
+def held_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """The bytes gdnpass holds for ``dtype`` rows given as ggml's file has them (uint8 [..., row bytes]): Q8_0's rows
+    split, every block's 32 quants in order (element k's quant at byte k), then every block's f16 scale (byte K + 2g
+    for group g); every other type's as they are. The same bytes, moved within each row, so every group's quants lie
+    on 16 bytes where the row does: the file's 34-byte blocks put every other group's quants 2 bytes off a word,
+    which the mat-vec could only load 16 bits at a time and move through shared memory (docs/quantized.md). ggml-cpu
+    repacks Q8_0 for its kernels likewise (``block_q8_0x4``: scales apart from quants). The kernels, the reference
+    ops and the executor's weights take held rows; :func:`file_rows` undoes it for ggml's own functions here
+    (:func:`dequantize`, :func:`mul_mat_q`, ...), which take the file's."""
+    if dtype is not DType.Q8_0:
+        return raw
+    blocks = raw.unflatten(-1, (-1, DType.Q8_0.size))
+    return torch.cat([blocks[..., 2:].flatten(-2), blocks[..., :2].flatten(-2)], -1)
 
 
-def to_q8_0x8(raw: torch.Tensor) -> torch.Tensor:
-    """Q8_0 rows (uint8 [..., n_blocks * 34], n_blocks a multiple of 8) in the x8 layout: each run of 8 blocks as
-    their 8 f16 scales (16 bytes) then their 8 x 32 quants (256 bytes), so every run and its quants lie on 16 bytes
-    where the file's blocks put every other group's quants 2 bytes off a word. The same bytes, moved: ggml-cpu's
-    repacked ``block_q8_0x4`` keeps 4 rows' scales first likewise. :func:`from_q8_0x8` undoes it."""
-    runs = raw.unflatten(-1, (-1, Q8_0_RUN, DType.Q8_0.size))
-    return torch.cat([runs[..., :2].flatten(-2), runs[..., 2:].flatten(-2)], -1).flatten(-2)
-
-
-def from_q8_0x8(raw: torch.Tensor) -> torch.Tensor:
-    """The file's Q8_0 rows from :func:`to_q8_0x8`'s."""
-    runs = raw.unflatten(-1, (-1, Q8_0_RUN * DType.Q8_0.size))
-    d = runs[..., :2 * Q8_0_RUN].unflatten(-1, (Q8_0_RUN, 2))
-    q = runs[..., 2 * Q8_0_RUN:].unflatten(-1, (Q8_0_RUN, DType.Q8_0.block))
-    return torch.cat([d, q], -1).flatten(-3)
+def file_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
+    """ggml's bytes of ``dtype`` rows that gdnpass holds (:func:`held_rows`)."""
+    if dtype is not DType.Q8_0:
+        return raw
+    n = raw.shape[-1] // DType.Q8_0.size
+    q, d = raw[..., :n * DType.Q8_0.block], raw[..., n * DType.Q8_0.block:]
+    return torch.cat([d.unflatten(-1, (n, 2)), q.unflatten(-1, (n, DType.Q8_0.block))], -1).flatten(-2)
 
 
 # where each type's f16 fields lie in its block (ggml-common.h): d first (q4_K / q5_K: dmin after it), q6_K's d last

@@ -124,7 +124,7 @@ def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, Q
         at = w_ptr + rows.to(tl.int64) * w_stride + k0
         nbytes = (k1 - k0) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
     else:
-        STEP: tl.constexpr = (GROUPS_K * Q8_0_BYTES if QTYPE == "q8_0" or QTYPE == "q8_0x8" else Q4_K_BYTES if QTYPE == "q4_k" else
+        STEP: tl.constexpr = (GROUPS_K * Q8_0_BYTES if QTYPE == "q8_0" or QTYPE == "q8_0s" else Q4_K_BYTES if QTYPE == "q4_k" else
                               Q5_K_BYTES if QTYPE == "q5_k" else Q6_K_BYTES)  # a block of 256's bytes
         at = w_ptr + rows.to(tl.int64) * w_stride + (k0 // QK_K) * STEP
         nbytes = (k1 - k0) // QK_K * STEP
@@ -376,14 +376,14 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
                 dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
-        elif QTYPE == "q8_0x8":  # runs of 8 blocks {f16 d[8]; i8 qs[8][32]} (quants.to_q8_0x8): all on 16 bytes
-            run = w_row + sb * (GROUPS_K * Q8_0_BYTES)
+        elif QTYPE == "q8_0s":  # split rows (quants.split_q8_0): element k's quant at byte k, group g's f16 at K + 2g
             for j in tl.static_range(GROUPS_K):
                 g = sb * GROUPS_K + j
-                d = f16_bits(tl.load(w16 + run // 2 + j, mask=row_mask, other=0).to(tl.int32))
-                q = tl.load(w_ptr + run[:, None] + 2 * GROUPS_K + SUB * j + e[None, :], mask=rm, other=0).to(tl.int8)
-                t = _group_dots(q, ws_ptr, chunk, g, col0, N, True, COLS).to(tl.float32)
-                dx = tl.load(xd + g * XCOLS)
+                on = g * SUB < k_hi
+                d = f16_bits(tl.load(w16 + (w_row + K) // 2 + g, mask=row_mask & on, other=0).to(tl.int32))
+                q = tl.load(w_ptr + w_row[:, None] + SUB * g + e[None, :], mask=rm & on, other=0).to(tl.int8)
+                t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
+                dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
                 acc += d[:, None] * dx[None, :] * t
         else:
             isum = tl.zeros([rows.shape[0], COLS], tl.int32)
