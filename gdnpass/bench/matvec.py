@@ -177,11 +177,11 @@ def bench_mat_vec(models: list[str], cols: list[int], ceil: Ceilings) -> list[di
 
 
 def quantized_weight(dtype, M: int, K: int, seed: int = 0) -> torch.Tensor:
-    """An M x K weight of block type ``dtype`` on the GPU, its bytes (1, 1, M, row bytes): 64 rows of
-    :func:`gdnpass.kernels.quants.random_blocks`, repeated (drawing gigabytes on the CPU would dominate)."""
-    from gdnpass.kernels.quants import random_blocks
+    """An M x K weight of block type ``dtype`` on the GPU, its bytes as gdnpass holds them (1, 1, M, row bytes): 64
+    rows of :func:`gdnpass.kernels.quants.random_blocks`, repeated (drawing gigabytes on the CPU would dominate)."""
+    from gdnpass.kernels.quants import held_rows, random_blocks
 
-    tile = random_blocks(min(M, 64), K, dtype, torch.Generator().manual_seed(seed), K ** -0.5).cuda()
+    tile = held_rows(random_blocks(min(M, 64), K, dtype, torch.Generator().manual_seed(seed), K ** -0.5), dtype).cuda()
     return tile.repeat(-(-M // tile.shape[0]), 1)[:M].reshape(1, 1, M, -1).contiguous()
 
 

@@ -31,17 +31,18 @@ def gdn_scale(S: int) -> float:
 
 def get_rows(a: torch.Tensor, ids: torch.Tensor, dtype=None) -> torch.Tensor:
     """GET_ROWS: ids I32 ne [n, e1, e2]; ``out[:, i, j, k] = a[:, ids[i, j, k], j, k]`` (f32 unless a is I32). A
-    quantized ``dtype`` (a :class:`gdnpass.ir.DType`): ``a`` holds the rows' bytes, and the rows taken are ggml's
-    dequantization of them (:func:`gdnpass.kernels.quants.dequantize`)."""
+    quantized ``dtype`` (a :class:`gdnpass.ir.DType`): ``a`` holds the rows' bytes (as gdnpass holds them:
+    :func:`gdnpass.kernels.quants.held_rows`), and the rows taken are ggml's dequantization of them
+    (:func:`gdnpass.kernels.quants.dequantize`)."""
     check_row_ids(ids, a.shape[2])  # (ggml asserts it; torch's indexing would raise IndexError, or wrap -1)
     e2, e1 = ids.shape[1], ids.shape[2]
     k = torch.arange(e2, device=a.device).view(-1, 1, 1)
     j = torch.arange(e1, device=a.device).view(1, -1, 1)
     rows = a[k, j, ids[0].long()]  # advanced indexing copies: (e2, e1, n, ne0)
     if dtype is not None and dtype.is_quantized:
-        from gdnpass.kernels.quants import dequantize
+        from gdnpass.kernels.quants import dequantize, file_rows
 
-        return dequantize(rows, dtype)
+        return dequantize(file_rows(rows, dtype), dtype)
     return rows if a.dtype == torch.int32 else rows.to(F32)
 
 
@@ -159,12 +160,13 @@ def l2_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 def mul_mat(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
     """MUL_MAT: w ne [K, M, W2, W3], x ne [K, N, B2, B3] -> ne [M, N, B2, B3], out = x @ wᵀ in f32.
     Batch broadcast as ggml: x batch i2 uses weight batch i2 // (B2 // W2) (likewise dim 3). A quantized ``dtype``
-    (w: the bytes of one matrix): the activations quantized to int8 as llama.cpp does, in the kernels' scheme
-    (:func:`gdnpass.kernels.quants.mul_mat_q`: ggml-cpu's q8_K blocks for the K-quants, CUDA's q8_1 for Q8_0)."""
+    (w: the bytes of one matrix, as gdnpass holds them: :func:`gdnpass.kernels.quants.held_rows`): the activations
+    quantized to int8 as llama.cpp does, in the kernels' scheme (:func:`gdnpass.kernels.quants.mul_mat_q`: ggml-cpu's
+    q8_K blocks for the K-quants, CUDA's q8_1 for Q8_0)."""
     if dtype is not None and dtype.is_quantized:
-        from gdnpass.kernels.quants import mul_mat_q
+        from gdnpass.kernels.quants import file_rows, mul_mat_q
 
-        return mul_mat_q(w, x, dtype)
+        return mul_mat_q(file_rows(w, dtype), x, dtype)
     w, r1, r0 = w.to(F32), x.shape[1] // w.shape[1], x.shape[0] // w.shape[0]
     # (repeat_interleave copies even by 1: a whole f32 weight more, 4 GB for the 9B's lm head; contiguous() gives a
     # single weight the layout the copy gave it, so the product's bytes are the same)
@@ -600,7 +602,7 @@ def mul_mat_cpu(w: torch.Tensor, x: torch.Tensor, dtype=None) -> torch.Tensor:
     x in q8_0 / q8_K blocks, :func:`gdnpass.kernels.quants.quantize_x_ggml_cpu`), then the f32 product of
     :func:`mul_mat` (the CPU's f32 sums run in its own order: SIMD lanes or llamafile tiles)."""
     if dtype is not None and dtype.is_quantized:  # the activation in ggml-cpu's q8_0 / q8_K blocks
-        from gdnpass.kernels.quants import mul_mat_q
+        from gdnpass.kernels.quants import file_rows, mul_mat_q
 
-        return mul_mat_q(w, x, dtype, cpu=True)
+        return mul_mat_q(file_rows(w, dtype), x, dtype, cpu=True)
     return mul_mat(w, _round_to(x, w.dtype if w.dtype in (torch.float16, torch.bfloat16) else F32))

@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, Q8_0_BYTES, QK_K,
+from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
                                          QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
                                          _src1_at, XCOLS, _scale_min_k4, _strides, activations_to_fill, chain_args,
                                          chain_at, chain_sides, clamp_f32, product_columns, silu_f32,
@@ -115,19 +115,19 @@ ROWS_NS = 8  # sub-blocks per GET_ROWS program: 256 elements (a K-quant block)
 
 
 @triton.jit
-def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
-    """Groups ``g`` ([G] indices: elements [32g, 32g + 32)) of the weight rows at byte offsets ``row_off`` ([BLOCK_M]
-    int64) from ``w_ptr`` (uint8): (q, scale, scale2, offset), q the int32 quants [G, BLOCK_M, 32], the others
-    [G, BLOCK_M]; element l's value is ``scale * q - offset`` (Q6_K: ``scale`` for l < 16, ``scale2`` after; no
-    offset: zero). Masked rows and groups read nothing (zeros)."""
+def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, K, QTYPE: tl.constexpr):
+    """Groups ``g`` ([G] indices: elements [32g, 32g + 32)) of the ``K``-element weight rows at byte offsets
+    ``row_off`` ([BLOCK_M] int64) from ``w_ptr`` (uint8, the rows as gdnpass holds them: quants.held_rows):
+    (q, scale, scale2, offset), q the int32 quants [G, BLOCK_M, 32], the others [G, BLOCK_M]; element l's value is
+    ``scale * q - offset`` (Q6_K: ``scale`` for l < 16, ``scale2`` after; no offset: zero). Masked rows and groups
+    read nothing (zeros)."""
     lane = tl.arange(0, SUB)[None, None, :]
     rows = (w_ptr + row_off)[None, :]                             # [1, BLOCK_M]
     mask = g_mask[:, None] & row_mask[None, :]                    # [G, BLOCK_M]
     m3 = mask[:, :, None]
-    if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block per group, value d * q
-        blk = rows + g[:, None] * Q8_0_BYTES
-        q = _byte(blk[:, :, None] + 2 + lane, m3).to(tl.int8).to(tl.int32)
-        a = _f16(blk, mask)
+    if QTYPE == "q8_0":  # held rows split (quants.held_rows): element k's quant at byte k, group g's f16 d at K + 2g
+        q = _byte(rows[:, :, None] + (g * SUB)[:, None, None] + lane, m3).to(tl.int8).to(tl.int32)
+        a = _f16(rows + K + 2 * g[:, None], mask)
         a2, b = a, tl.zeros_like(a)
     elif QTYPE == "q4_k" or QTYPE == "q5_k":
         # {f16 d, dmin; u8 scales[12]; (Q5_K: u8 qh[32];) u8 qs[128]}: sub-block j's element l is nibble j % 2 of
@@ -165,9 +165,9 @@ def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
 
 
 @triton.jit
-def dequantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE: tl.constexpr):
+def dequantized_groups(w_ptr, row_off, row_mask, g, g_mask, K, QTYPE: tl.constexpr):
     """Groups ``g`` of the rows as their f32 values [G, BLOCK_M, 32]: ggml's dequantization, bit for bit."""
-    q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, QTYPE)
+    q, a, a2, b = quantized_groups(w_ptr, row_off, row_mask, g, g_mask, K, QTYPE)
     scale = tl.where(tl.arange(0, SUB)[None, None, :] < 16, a[:, :, None], a2[:, :, None])
     return scale * q.to(tl.float32) - b[:, :, None]
 
@@ -187,14 +187,15 @@ def _get_rows_q_kernel(a_ptr, ids_ptr, y_ptr, K, n_ids, e1, n_rows, a_s1, a_s2, 
     y_row = y_ptr + i.to(tl.int64) * y_s1 + j.to(tl.int64) * y_s2 + k.to(tl.int64) * y_s3
     g = tl.program_id(1) * NS + tl.arange(0, NS)                 # its groups of 32
     ks = g[:, None] * SUB + tl.arange(0, SUB)[None, :]           # [NS, 32]
-    v = dequantized_groups(a_ptr, at, ok, g, g * SUB < K, QTYPE)  # [NS, 1, 32]
+    v = dequantized_groups(a_ptr, at, ok, g, g * SUB < K, K, QTYPE)  # [NS, 1, 32]
     v = tl.where(ok[None, :, None], v, float("nan"))
     tl.store(y_row + ks[:, None, :], v, mask=(ks < K)[:, None, :])
 
 
 def _get_rows_quantized(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, dtype) -> None:
-    """GET_ROWS of ``dtype`` rows (``a``: their bytes, ne [row bytes, rows, e1, e2] with contiguous rows) into f32
-    ``out`` ne [ne0, n, e1, e2] with contiguous rows: each row decoded as :func:`quants.dequantize` decodes it."""
+    """GET_ROWS of ``dtype`` rows (``a``: their bytes as gdnpass holds them, quants.held_rows, ne [row bytes, rows,
+    e1, e2] with contiguous rows) into f32 ``out`` ne [ne0, n, e1, e2] with contiguous rows: each row decoded as
+    :func:`quants.dequantize` decodes the file's."""
     _require(dtype in QTYPES and a.dtype == torch.uint8 and a.stride(3) == 1, f"GET_ROWS of {dtype.label} rows")
     _require(ids.dtype == torch.int32 and ids.shape[0] == 1 and tuple(a.shape[:2]) == tuple(ids.shape[1:3]),
              f"GET_ROWS ids {tuple(ids.shape)} do not match rows {tuple(a.shape)}")

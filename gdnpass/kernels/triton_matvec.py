@@ -120,15 +120,20 @@ def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, Q
     that holds the row: more than once where the program has more threads than rows (the same fetch asked again)."""
     i = tl.arange(0, ROWS)
     rows = row0 + i
+    ask = (i < nrows) & (k0 < k1)
     if QTYPE == "":
         at = w_ptr + rows.to(tl.int64) * w_stride + k0
         nbytes = (k1 - k0) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
+    elif QTYPE == "q8_0":  # held rows split (quants.held_rows): the range's quants here, its scales after the row's K
+        at = w_ptr + rows.to(tl.int64) * w_stride + k0
+        nbytes = k1 - k0
+        prefetch_l2(at + (w_stride // Q8_0_BYTES * SUB - k0) + k0 // 16, (k1 - k0) // 16, ask)
     else:
-        STEP: tl.constexpr = (GROUPS_K * Q8_0_BYTES if QTYPE == "q8_0" or QTYPE == "q8_0s" else Q4_K_BYTES if QTYPE == "q4_k" else
-                              Q5_K_BYTES if QTYPE == "q5_k" else Q6_K_BYTES)  # a block of 256's bytes
+        STEP: tl.constexpr = (Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES if QTYPE == "q5_k" else
+                              Q6_K_BYTES)  # a block of 256's bytes
         at = w_ptr + rows.to(tl.int64) * w_stride + (k0 // QK_K) * STEP
         nbytes = (k1 - k0) // QK_K * STEP
-    prefetch_l2(at, nbytes, (i < nrows) & (k0 < k1))
+    prefetch_l2(at, nbytes, ask)
 
 
 @triton.jit
@@ -279,8 +284,8 @@ def _load_b16(ptr, mask):
     cannot copy its quants ahead; as ``tl.load``s they were placed in a coalesced layout and moved through shared
     memory into the decode's layout (12288 x 4096: 53 ``STS`` and 18 ``BAR`` a kernel, against 5 and 8 this way, and
     151-157 registers against 96-126: 4-5 programs an SM, not 3; ``tests/kernels/launched_sm90.py --sass``): 11-18%
-    faster a launch (H100, docs/performance.md, fourteenth session). Q8_0's quants, loaded so into the dot's layout,
-    ran 8-26% slower (more long-scoreboard stalls, the same 3 programs an SM) and stay ``tl.load``s."""
+    faster a launch (H100, docs/performance.md, fourteenth session). (Q8_0's quants, loaded so from the file's
+    blocks, ran 8-26% slower; gdnpass holds Q8_0's rows split instead, quants.held_rows, whose quants copy ahead.)"""
     if not PACKED_DECODE:  # (the interpreter runs no PTX)
         return tl.load(ptr, mask=mask, other=0)
     on = mask.to(tl.int32) + tl.zeros(ptr.shape, tl.int32)
@@ -334,7 +339,8 @@ def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, col0, N, QTYPE: tl.constexpr,
                   COLS: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
-    (``w_ptr`` its bytes, rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into the
+    (``w_ptr`` its bytes as gdnpass holds them, :func:`~gdnpass.kernels.quants.held_rows`, rows ``w_stride`` bytes
+    apart), on the activations the pre-pass quantized into the
     workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks of 16 from
     ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer
     dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
@@ -366,17 +372,7 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
-        if QTYPE == "q8_0":  # {f16 d; i8 qs[32]}: a block a group
-            for j in tl.static_range(GROUPS_K):
-                g = sb * GROUPS_K + j
-                on = g * SUB < k_hi
-                blk = w_row + g * Q8_0_BYTES
-                d = f16_bits(tl.load(w16 + blk // 2, mask=row_mask & on, other=0).to(tl.int32))
-                q = tl.load(w_ptr + blk[:, None] + 2 + e[None, :], mask=rm & on, other=0).to(tl.int8)
-                t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
-                dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
-                acc += d[:, None] * dx[None, :] * t
-        elif QTYPE == "q8_0s":  # split rows (quants.split_q8_0): element k's quant at byte k, group g's f16 at K + 2g
+        if QTYPE == "q8_0":  # held rows split (quants.held_rows): element k's quant at byte k, group g's f16 at K + 2g
             for j in tl.static_range(GROUPS_K):
                 g = sb * GROUPS_K + j
                 on = g * SUB < k_hi

@@ -102,13 +102,13 @@ def _init_into(dst: torch.Tensor, t: Tensor, g: torch.Generator) -> None:
     """Write ``t``'s initial values (:func:`_init_values`) into its view ``dst``. A big contiguous leaf is written
     in one broadcast copy of its block (cache-resident source: a fill of gigabytes runs at memory bandwidth). A
     quantized leaf gets random blocks (:func:`gdnpass.kernels.quants.random_blocks`) at its role's magnitude, up to
-    _QROWS rows of them repeated."""
+    _QROWS rows of them repeated, as gdnpass holds them (:func:`~gdnpass.kernels.quants.held_rows`)."""
     if t.type.is_quantized:
-        from gdnpass.kernels.quants import random_blocks
+        from gdnpass.kernels.quants import held_rows, random_blocks
 
         rows = dst.reshape(-1, dst.shape[-1])  # (a leaf's rows: packed)
         std = float(_role(t, torch.ones(1)))
-        tile = random_blocks(min(rows.shape[0], _QROWS), t.ne[0], t.type, g, std).to(rows.device)
+        tile = held_rows(random_blocks(min(rows.shape[0], _QROWS), t.ne[0], t.type, g, std), t.type).to(rows.device)
         rows.copy_(tile.repeat(-(-rows.shape[0] // tile.shape[0]), 1)[: rows.shape[0]])
         return
     if t.nelements > _TILE and dst.is_contiguous():

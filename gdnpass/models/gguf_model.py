@@ -91,22 +91,27 @@ class GgufModel:
 
     def load_extra_bytes(self, graph: Graph) -> int:
         """Memory :meth:`load_weights` holds besides the executor's buffers: one weight at a time, its copy out of
-        the file (f32 when dequantized, then converted to the buffer's type when that differs): the largest
-        such copy, for the executor's memory check (``Executor(..., extra=...)``)."""
+        the file (f32 when dequantized, then converted to the buffer's type when that differs; Q8_0's rows then
+        split, :func:`~gdnpass.kernels.quants.held_rows`): the largest such copy, for the executor's memory check
+        (``Executor(..., extra=...)``)."""
         most = 0
         for t in graph.leafs:
             if t.buffer == "weights" and t.view_src is None and t.name in self.types:
                 file_t = self.types[t.name]
                 held = t.nelements * 4 if file_t in DEQUANTIZED else _PLAIN[file_t].row_bytes(t.nelements)
-                most = max(most, held + (t.nbytes if _PLAIN.get(file_t, DType.F32) is not t.type else 0))
+                converted = _PLAIN.get(file_t, DType.F32) is not t.type or t.type is DType.Q8_0
+                most = max(most, held + (t.nbytes if converted else 0))
         return most
 
     def load_weights(self, executor, graph: Graph, skip: Collection[str] = ()) -> int:
         """Write every weight leaf of ``graph`` but those named in ``skip`` (loaded already into a buffer the
-        executor shares) from the file into ``executor``'s buffers (dequantizing quantized ones); returns the bytes
+        executor shares) from the file into ``executor``'s buffers (the block types the kernels read as gdnpass holds
+        them, :func:`~gdnpass.kernels.quants.held_rows`; the other quantized types dequantized); returns the bytes
         written."""
         import numpy as np
         import torch
+
+        from gdnpass.kernels.quants import held_rows
 
         gguf = _gguf()
         reader = open_reader(self.path)  # (a 248k-token vocabulary: 1 s, not GGUFReader's 24)
@@ -121,12 +126,12 @@ class GgufModel:
             else:
                 arr = np.array(src.data, copy=True)  # (the memmap is read-only; torch wants a writable array)
             view = executor.view(t)
-            if t.type.is_quantized:  # the blocks, byte for byte (the view: the rows' bytes)
+            if t.type.is_quantized:  # the blocks' bytes, as gdnpass holds them (the view: the rows' bytes)
                 value = torch.from_numpy(arr.view(np.uint8).reshape(-1))
                 if value.numel() != t.nbytes:
                     raise GgufError(f"{self.path}: tensor {t.name!r} has {value.numel()} bytes, the graph "
                                     f"{t.nbytes}")
-                view.copy_(value.reshape(view.shape))
+                view.copy_(held_rows(value.reshape(view.shape), t.type))
                 done += t.nbytes
                 continue
             if src.tensor_type.name == "BF16":  # numpy has no bfloat16: the file's uint16 words are the bits

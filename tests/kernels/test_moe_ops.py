@@ -436,7 +436,7 @@ def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, 
     read would spread); within f32 summation accuracy of the reference (quants.mul_mat_q, the kernels' activation
     scheme)."""
     from gdnpass.kernels import triton_matvec as mv
-    from gdnpass.kernels.quants import random_blocks
+    from gdnpass.kernels.quants import held_rows, random_blocks
     from support.arena import Arena, assert_close, rnd
     from support.compare import assert_bits
 
@@ -448,7 +448,7 @@ def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, 
     assert unused == [3, 5]
     experts[0, unused] = 0xFF
     a = Arena(1 << 22)
-    w = a.put(experts.to(device))
+    w = a.put(held_rows(experts, dtype).to(device))
     x = a.put(rnd(1, n_t, n_b, K), row_stride=K + 32)
     ids = a.put(chosen.view(1, 1, n_t, n_used).to(device))
     out = a.view((1, n_t, n_used, M))
@@ -467,15 +467,16 @@ def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, 
 
 
 def _expert_blocks(n: int, M: int, K: int, dtype: DType, gen) -> torch.Tensor:
-    """``n`` experts' matrices of ``dtype`` blocks (1, n, M, row bytes), each its own random quants, with the f16
-    scales of one quants.random_blocks matrix (which sizes them; finding them for each expert takes seconds)."""
-    from gdnpass.kernels.quants import F16_FIELDS, random_blocks
+    """``n`` experts' matrices of ``dtype`` blocks (1, n, M, row bytes) as gdnpass holds them, each its own random
+    quants, with the f16 scales of one quants.random_blocks matrix (which sizes them; finding them for each expert
+    takes seconds)."""
+    from gdnpass.kernels.quants import F16_FIELDS, held_rows, random_blocks
 
     base = random_blocks(M, K, dtype, gen, 0.02).view(M, -1, dtype.size)
     experts = torch.randint(0, 256, (n, *base.shape), dtype=torch.uint8, generator=gen)
     for off in F16_FIELDS[dtype]:
         experts[..., off:off + 2] = base[..., off:off + 2]
-    return experts.view(1, n, M, -1)
+    return held_rows(experts.view(1, n, M, -1), dtype)
 
 
 @pytest.mark.gpu

@@ -17,7 +17,8 @@ from gdnpass.kernels import reference as ref
 from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
 from gdnpass.kernels import triton_matvec as mv
-from gdnpass.kernels.quants import dequantize, mul_mat_q, quantize_x, quantize_x_ggml_cpu, random_blocks
+from gdnpass.kernels.quants import (dequantize, file_rows, held_rows, mul_mat_q, quantize_x, quantize_x_ggml_cpu,
+                                    random_blocks)
 from gdnpass.launches import node_launches
 from support.arena import DEVICE, Arena, assert_close, rnd
 from support.compare import assert_bits, assert_same_bytes
@@ -26,8 +27,14 @@ QTYPES = [t for t in DType if t.is_quantized]
 
 
 def _weights(a: Arena, dtype: DType, rows: int, K: int, seed: int = 0) -> torch.Tensor:
+    """Random ``dtype`` rows as gdnpass holds them (quants.held_rows), in the arena; quants' own functions take
+    them as the file has them (:func:`_file`)."""
     g = torch.Generator().manual_seed(seed)
-    return a.put(random_blocks(rows, K, dtype, g, 0.05).view(1, 1, rows, -1).to(DEVICE))
+    return a.put(held_rows(random_blocks(rows, K, dtype, g, 0.05), dtype).view(1, 1, rows, -1).to(DEVICE))
+
+
+def _file(w: torch.Tensor, dtype: DType) -> torch.Tensor:
+    return file_rows(w, dtype)
 
 
 @pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
@@ -41,7 +48,7 @@ def test_get_rows_of_quantized_rows_are_the_references_bits(dtype):
     out = a.view((1, 2, 4, K))
     a.run(lambda: elt.get_rows(w, ids, out, dtype), out)
     assert_bits(out, ref.get_rows(w, ids, dtype), "GET_ROWS of quantized rows")
-    assert_bits(out[0, 1, 2], dequantize(w[0, 1, 5], dtype), "row 5 of batch 1")
+    assert_bits(out[0, 1, 2], dequantize(_file(w[0, 1, 5], dtype), dtype), "row 5 of batch 1")
 
 
 @pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
@@ -65,8 +72,8 @@ def test_mul_mat_vec_reads_quantized_blocks(dtype, n):
     a.run(lambda: (mv._mat_vecs([(w, y)], x, tile, dtype=dtype), mv._mat_vecs([(w2, y2)], x, tile, dtype=dtype),
                    mv._mat_vecs([(w, p), (w2, p2)], x, tile, dtype=dtype)), y, y2, p, p2)
     for got, v in ((y, w), (y2, w2)):
-        assert_close(got, mul_mat_q(v, x, dtype), rtol=1e-5)
-        exact = (x.double() @ dequantize(v, dtype).double().transpose(-1, -2)).float()
+        assert_close(got, mul_mat_q(_file(v, dtype), x, dtype), rtol=1e-5)
+        exact = (x.double() @ dequantize(_file(v, dtype), dtype).double().transpose(-1, -2)).float()
         assert_close(got, exact, rtol=2e-2)
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
@@ -113,7 +120,7 @@ def test_a_32_column_launch_is_the_16_column_launches_bytes(dtype):
                    mv._mat_vecs([(w, hi)], x[:, :, 16:], tile._replace(cols=16), dtype=dtype)), y, lo, hi)
     assert_same_bytes(y[:, :, :16], lo, "columns 0..15")
     assert_same_bytes(y[:, :, 16:], hi, "columns 16..26")
-    assert_close(y, mul_mat_q(w, x, dtype), rtol=1e-5)
+    assert_close(y, mul_mat_q(_file(w, dtype), x, dtype), rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -129,7 +136,7 @@ def test_the_weights_l2_prefetch_changes_no_byte(wtype):
     dtype = DType.parse(wtype)
     g = torch.Generator().manual_seed(5)
     if dtype.is_quantized:
-        ws = [random_blocks(M, K, dtype, g, 0.05).view(1, 1, M, -1).cuda() for _ in range(experts)]
+        ws = [held_rows(random_blocks(M, K, dtype, g, 0.05), dtype).view(1, 1, M, -1).cuda() for _ in range(experts)]
     else:
         ws = [(torch.randn(1, 1, M, K, generator=g) / 64).to(torch.bfloat16).cuda() for _ in range(experts)]
     x = torch.randn(1, 1, n, K, generator=g).cuda()
@@ -241,7 +248,7 @@ def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_32(monkeypatch
     x = a.put(rnd(*reversed((*x_ne, 1, 1)[:4])))
     y = a.view((*x.shape[:3], M))
     a.run(lambda: backends.TRITON_BACKEND[Op.MUL_MAT](n, [w, x], y), y)
-    assert_close(y, mul_mat_q(w, x, dtype), rtol=1e-5)
+    assert_close(y, mul_mat_q(_file(w, dtype), x, dtype), rtol=1e-5)
     cols = x.shape[0] * x.shape[1] * x.shape[2]
     if chunks:
         assert calls == [32, 8] and node_launches(n) == 2 * chunks

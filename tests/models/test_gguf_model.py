@@ -12,7 +12,7 @@ import torch
 gguf = pytest.importorskip("gguf")
 
 from gdnpass.frontends.compare import signature  # noqa: E402
-from gdnpass.kernels.quants import dequantize
+from gdnpass.kernels.quants import dequantize, file_rows, held_rows
 from gdnpass.ir import DType  # noqa: E402
 from gdnpass.models import VerifyConfig, build_verify_graph  # noqa: E402
 from gdnpass.models.fill import fill  # noqa: E402
@@ -58,7 +58,8 @@ def test_weights_load_byte_for_byte(bf16_file):
 
 
 def test_block_types_stay_blocks_and_others_are_dequantized(tmp_path):
-    """A Q8_0 tensor is held as its blocks, byte for byte the file's (its values: ggml's dequantization, the kernels'
+    """A Q8_0 tensor is held as its blocks, the file's bytes with every row split (quants.held_rows: the quants,
+    then the scales; joined again they are the file's byte for byte; its values: ggml's dequantization, the kernels'
     reference); a Q5_0 tensor, a type the kernels do not read, is held as f32: gguf's dequantization of its blocks."""
     path = write_gguf("tiny-qwen35", tmp_path / "q.gguf", wtype="f32", seed=2)
     src = {t.name: np.array(t.data) for t in gguf.GGUFReader(path).tensors}
@@ -89,8 +90,10 @@ def test_block_types_stay_blocks_and_others_are_dequantized(tmp_path):
     m.load_weights(ex, res.graph)
     file = {x.name: x for x in gguf.GGUFReader(tmp_path / "q8.gguf").tensors}
     q8 = held["blk.0.ffn_up.weight"]
-    assert ex.bytes_of(q8) == np.array(file[q8.name].data).tobytes()
-    assert torch.equal(dequantize(ex.read(q8), DType.Q8_0).reshape(-1), torch.from_numpy(
+    raw = torch.from_numpy(np.array(file[q8.name].data)).view(ex.read(q8).shape)  # (the file's blocks)
+    assert torch.equal(ex.read(q8), held_rows(raw, DType.Q8_0)) and not torch.equal(ex.read(q8), raw)
+    assert file_rows(ex.read(q8), DType.Q8_0).numpy().tobytes() == raw.numpy().tobytes()
+    assert torch.equal(dequantize(file_rows(ex.read(q8), DType.Q8_0), DType.Q8_0).reshape(-1), torch.from_numpy(
         gguf.quants.dequantize(np.array(file[q8.name].data), file[q8.name].tensor_type).reshape(-1)))
     q5 = file["blk.0.ffn_gate.weight"]
     want = torch.from_numpy(gguf.quants.dequantize(np.array(q5.data), q5.tensor_type).astype(np.float32))

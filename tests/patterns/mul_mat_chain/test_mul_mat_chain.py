@@ -16,7 +16,7 @@ from gdnpass.fusion import fuse
 from gdnpass.ir import DType, Op
 from gdnpass.kernels import triton_matvec
 from gdnpass.kernels.backends import TORCH_BACKEND, TRITON_BACKEND, programs
-from gdnpass.kernels.quants import random_blocks
+from gdnpass.kernels.quants import held_rows, random_blocks
 from gdnpass.models import VerifyConfig, default_ids
 from gdnpass.models.hparams import get_model
 from gdnpass.patterns.elementwise_chain import ElementwiseChain
@@ -83,7 +83,8 @@ def test_split_k_store_runs_the_steps_on_the_summed_slices():
 def test_the_chain_on_quantized_blocks_is_the_products_chain(dtype):
     M, K, n = 16, 512, 3
     a = Arena(1 << 24)
-    w = a.put(random_blocks(M, K, dtype, torch.Generator().manual_seed(0), 0.05).view(1, 1, M, -1).to(DEVICE))
+    w = random_blocks(M, K, dtype, torch.Generator().manual_seed(0), 0.05)
+    w = a.put(held_rows(w, dtype).view(1, 1, M, -1).to(DEVICE))
     x, norm = a.put(rnd(1, 1, n, K)), a.put(rnd(1, 1, n, M))
     _, want = _unfused(TRITON_BACKEND, (dtype,), GATE, w, x, [norm], a, n, M)
     out = a.view((1, 1, n, M))
