@@ -12,9 +12,6 @@ revisions are compared by running it twice on one machine, once with a revision'
         # each production tile asking the L2 for its first steps before its wait (MatVecTile.early), bytes compared
     PYTHONPATH=. python benchmarks/probe_quant.py --qtypes q4_k,q8_0 --vary cols=8,16 --cols 4
         # any one MatVecTile field varied the same way (cols: the sum's width, 8 or 16; stages; block_m; regs)
-    PYTHONPATH=. python benchmarks/probe_quant.py --split 128:3,64:2,64:2:8 --cols 4,8
-        # Q8_0 as the file has it against its rows split (quants.held_rows), bytes compared, the split product in tiles
-        # of BLOCK_M:STAGES[:SPLIT_K] (the production tile's split where not given)
 
 (2026-12-06, H100: Q6_K's one dot a group against 4a8be37's two; 32-column launches: docs/performance.md.)
 """
@@ -49,11 +46,7 @@ def main() -> int:
     ap.add_argument("--vary", help="FIELD=V1,V2,...: the production tiles with one MatVecTile field set to each value "
                                    "instead (early, cols, stages, block_m, regs, split_k)")
     ap.add_argument("--cols", default="1,4,16", help="column counts (default 1,4,16)")
-    ap.add_argument("--split", help="Q8_0 as the file has it against its rows split (quants, then scales), in tiles BLOCK_M:STAGES[:SPLIT_K],...")
     a = ap.parse_args()
-    if a.split:
-        return split_layout([tuple(int(f) for f in v.split(":")) for v in a.split.split(",")],
-                         [int(v) for v in a.cols.split(",")])
     if a.early and a.vary:
         raise SystemExit("probe_quant: --early is --vary early=...: give one of them")
     if a.vary and "=" not in a.vary:
@@ -116,41 +109,6 @@ def sweep_field(wtypes: list[str], field: str, values: list[int], cols: list[int
                 print(f"{wt} {M}x{K} n={n} {tile}: " + " | ".join(f"{v} {t:.1f}" for v, t in zip(values, times))
                       + f"  bytes {'same' if same else 'DIFFER'}", flush=True)
             del w, ws
-    return 0
-
-
-def split_layout(variants: list[tuple[int, ...]], cols: list[int]) -> int:
-    """Q8_0's product on the file's blocks (the production tile) and on the same blocks split
-    (quants.held_rows: the quants of every group on 16 bytes) in each tile of ``variants`` (block_m, stages[,
-    split_k]; registers uncapped); serial launches; every output's bytes compared with the file layout's."""
-    from gdnpass.ir import DType
-    from gdnpass.kernels.quants import held_rows
-
-    if not torch.cuda.is_available():
-        raise SystemExit("probe_quant: needs a CUDA device (it times kernels)")
-    print(f"# {torch.cuda.get_device_name()}; Q8_0 file layout vs split rows; us per launch (bytes: same / DIFFER)")
-    for M, K in SHAPES:
-        w = quantized_weight(DType.Q8_0, M, K)
-        ws = [w] + [w.clone() for _ in range(rotation(w.numel()) - 1)]
-        w8 = [held_rows(v, DType.Q8_0) for v in ws]
-        for n in cols:
-            x = torch.randn(1, 1, n, K, device="cuda", generator=torch.Generator(device="cuda").manual_seed(n))
-            tile, y0 = mv.mat_vec_tile(M, n, K, "q8_0"), torch.empty(1, 1, n, M, device="cuda")
-            base = per_launch_us(lambda: [mv._mat_vecs([(v, y0)], x, tile, dtype=DType.Q8_0) for v in ws], len(ws))
-            row, same = [f"file {base:.1f}"], True
-            mv.QTYPES[DType.Q8_0] = "q8_0s"
-            try:
-                for block_m, stages, *split in variants:
-                    t = tile._replace(block_m=block_m, stages=stages, split_k=(split or [tile.split_k])[0], regs=0)
-                    y = torch.empty_like(y0)
-                    us = per_launch_us(lambda: [mv._mat_vecs([(u, y)], x, t, dtype=DType.Q8_0) for u in w8], len(ws))
-                    same &= torch.equal(y0.view(torch.int32), y.view(torch.int32))
-                    row.append(f"split {block_m}:{stages}:{t.split_k} {us:.1f}")
-            finally:
-                mv.QTYPES[DType.Q8_0] = "q8_0"
-            print(f"q8_0 {M}x{K} n={n} {tile}: " + " | ".join(row) + f"  bytes {'same' if same else 'DIFFER'}",
-                  flush=True)
-        del w, ws, w8
     return 0
 
 

@@ -170,7 +170,7 @@ _QUANTIZED = frozenset(t.label for t in DType if t.is_quantized)
 
 def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) -> MatVecTile:
     """A quantized weight's tile (:func:`~gdnpass.kernels.triton_matvec.matvec_cols_q`, its columns padded to 8, 16 or
-    32): a K-quant block (8 groups of 32) per K step, 64-row blocks (128 for Q8_0), 4 warps, Triton's 3 pipeline stages,
+    32): a K-quant block (8 groups of 32) per K step, 64-row blocks, 4 warps, Triton's 3 pipeline stages (Q8_0's 2),
     K split until the launch has at least :data:`QUANTIZED_PROGRAMS` programs but, from 64 row blocks and K >= 4096,
     Q4_K in no more slices than K has steps of 4 blocks; the K-quants' registers capped up to 16 columns
     (:data:`QUANT_REGS`), Q6_K's only in launches of more than :data:`Q6_K_CAPPED_PAST` programs (all ``products``' row
@@ -179,15 +179,14 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
     each case's best; docs/performance.md), Q8_0 as below; the 32-column tiles are the 16-column ones, untuned. Q4_K's
     K-split cap from the H100 sweep of 2026-12-06 (sixth session); the register caps and Q6_K's split from the H100
     sweep of the seventh (4 and 8 columns of 4096 x 4096, 8192 x 4096, 12288 x 4096 and 4096 x 12288: each type at its
-    best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0: K split into the most slices
-    whose programs fit one wave capped (:data:`Q8_0_WAVES`), capped where one uncapped does not hold them (the H100
-    sweep of 2026-12-07, 4 columns: 6-13% faster than the tiles before); its thin products (:data:`Q8_0_THIN_ROWS`) one
-    block of their rows at 8 columns."""
+    best tile or within 3.5% of it), applied untimed to the other models' shapes. Q8_0 (its rows held split): 64-row
+    blocks in 2 pipeline stages, K split into the most slices whose programs fit one wave (:data:`Q8_0_WAVE`); its
+    thin products (:data:`Q8_0_THIN_ROWS`) one block of their rows at 8 columns."""
     thin = wtype == "q8_0" and M <= Q8_0_THIN_ROWS
-    block_m = Q8_0_THIN_ROWS if thin else 128 if wtype == "q8_0" else 64
+    block_m = Q8_0_THIN_ROWS if thin else 64
     want, blocks = 1, _cdiv(M, block_m)
     if wtype == "q8_0":
-        while blocks * want * 2 <= Q8_0_WAVES[1] and want < 16:
+        while blocks * want * 2 <= Q8_0_WAVE and want < 16:
             want *= 2
     else:
         while blocks * want < QUANTIZED_PROGRAMS[wtype] and want < 16:
@@ -196,10 +195,9 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
         want = _split(K, 4 * QK_K, want)
     split = _split(K, QK_K, want)
     programs = blocks * split * products  # (the launch's: its products share the tile, never its split)
-    capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k")
-                             or wtype == "q8_0" and Q8_0_WAVES[0] < programs <= Q8_0_WAVES[1])
+    capped = cols <= 16 and (wtype == "q6_k" and programs > Q6_K_CAPPED_PAST or wtype in ("q4_k", "q5_k"))
     return MatVecTile(block_m, max(8 if thin else QUANT_MIN_COLS[wtype], cols), QK_K, True, 4, split,
-                      regs=QUANT_REGS[wtype] if capped else 0)
+                      2 if wtype == "q8_0" else 3, regs=QUANT_REGS[wtype] if capped else 0)
 
 
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
@@ -210,11 +208,13 @@ QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach
-# Q8_0's programs in one wave on the H100's and H200's 132 SMs: 3 an SM uncapped (163 registers), 4 capped at 128.
-# Its sweep (H100, 2026-12-07, 4 columns, us): 12288 x 4096 in 4 slices (384 programs) uncapped 42.7, in 8 (768)
-# 46.5; 4096 x 12288 in 16 (512) capped 45.0, in 8 (256) 51.5, in 16 uncapped (512 over 396) 57.7; 4096 x 4096 in 16
-# capped 18.7, in 8 19.9. Pairs and multi-wave launches (the lm head) keep their registers, untimed.
-Q8_0_WAVES = (396, 528)
+# Q8_0's programs in one wave on the H100's and H200's 132 SMs, its rows held split (quants.held_rows): 64-row blocks
+# in 2 pipeline stages take 40 KB of shared memory and, split, 105 registers: 4 programs an SM (launched_sm90.py; the
+# lm head, unsplit, 74: 5). The probe of the split rows (H100, 2026-12-07, seventeenth session, 4 columns, us a
+# launch; the file's layout at its own tile in brackets): 12288 x 4096 in 2 slices 35.7 (45.4), in 4 39.7;
+# 4096 x 12288 in 8 34.1 (47.5), in 16 37.5; 4096 x 4096 in 8 16.0 (20.9); the lm head unsplit 535 (723), in 2 512.
+# 128-row blocks (3 stages: 110 KB, 2 an SM; 2 stages: 74 KB, 3) and 32-row ones were slower at every shape.
+Q8_0_WAVE = 528
 
 # Q8_0's thin products (alpha / beta, 32 rows): one 32-row block, 8 columns, K split to one step a program. Their
 # launch of 16-32 programs is bound by each program's latency (a K step ~3.7 us: 1 slice 59.7 us, 16 slices 6.3), not
@@ -222,12 +222,12 @@ Q8_0_WAVES = (396, 528)
 # thirteenth session). The K-quants' thin tiles were not timed: 64-row blocks.
 Q8_0_THIN_ROWS = 32
 
-# Q8_0's cap where its wave needs it (Q8_0_WAVES; 72 bytes of spill at 128). The K-quants' registers a thread up to
-# 16 columns, which decide how many programs an SM holds (shared memory allows 4 or more): Q4_K and Q5_K at 128, 4
-# programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill (uncapped: 200, 2). Held by
-# tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap was worth:
-# docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
-QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168, "q8_0": 128}
+# The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
+# 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
+# (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
+# was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
+# Q8_0's split rows take no cap (Q8_0_WAVE).
+QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168}
 # Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):
 # with 256 programs or fewer it ran 2-4% slower, the spill's cost without an SM's third program to win
 Q6_K_CAPPED_PAST = 256
