@@ -12,7 +12,7 @@ import torch
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import DType
-from gdnpass.kernels.quants import DECOMPOSE, F16_FIELDS, dequantize
+from gdnpass.kernels.quants import DECOMPOSE, F16_FIELDS, dequantize, file_rows, held_rows
 
 TYPES = list(DECOMPOSE)
 ROWS, BLOCKS = 12, 4  # rows of ROWS x 4 blocks each
@@ -129,3 +129,26 @@ def test_errors(dtype, shape, bad):
     with pytest.raises(KernelError) as e:
         dequantize(raw, dtype)
     assert str(e.value) == f"dequantize: {bad}"
+
+
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
+def test_held_rows_move_the_files_bytes_within_each_row(dtype):
+    """held_rows (what gdnpass's buffers hold): Q8_0's rows split, element k's quant at byte k and group g's f16
+    scale at byte K + 2g, every byte of the row kept and file_rows undoing it; every other type's rows as they are.
+    Batched, on views, and for a row of 3 blocks (K not a multiple of 256)."""
+    raw = torch.from_numpy(_blocks(dtype, "random"))
+    held = held_rows(raw, dtype)
+    assert held.shape == raw.shape and torch.equal(file_rows(held, dtype), raw)
+    assert torch.equal(held.sort(-1).values, raw.sort(-1).values)  # the same bytes, moved within the row
+    if dtype is not DType.Q8_0:
+        assert held is raw
+        return
+    blocks, K = raw.view(ROWS, BLOCKS, dtype.size), BLOCKS * dtype.block
+    for g in (0, 1, BLOCKS - 1):
+        assert torch.equal(held[:, 32 * g:32 * g + 32], blocks[:, g, 2:]), g
+        assert torch.equal(held[:, K + 2 * g:K + 2 * g + 2], blocks[:, g, :2]), g
+    assert torch.equal(held_rows(raw.view(3, 2, 2, -1), dtype), held.view(3, 2, 2, -1))
+    assert torch.equal(held_rows(raw[::2], dtype), held[::2])
+    three = raw[:, :3 * dtype.size]
+    assert torch.equal(file_rows(held_rows(three, dtype), dtype), three)
+    assert torch.equal(held_rows(three, dtype)[:, 96:], three.view(ROWS, 3, -1)[:, :, :2].reshape(ROWS, 6))
