@@ -141,11 +141,11 @@ def time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int = 10
 def _time_case(wt: str, M: int, K: int, N: int, pair: bool, tiles, reps: int) -> list[tuple]:
     from torch.profiler import ProfilerActivity, profile
 
-    from gdnpass.kernels.quants import mul_mat_q
+    from gdnpass.kernels.quants import file_rows, mul_mat_q
 
     prods, x = products(wt, M, K, N, pair)
-    q = QUANTIZED.get(wt)
-    refs = [mul_mat_q(w, x, q)[0, 0] if q else x[0, 0] @ w[0, 0].float().t() for w, _ in prods]
+    q = QUANTIZED.get(wt)  # (a block type's weights are held rows: quants.mul_mat_q takes the file's)
+    refs = [mul_mat_q(file_rows(w, q), x, q)[0, 0] if q else x[0, 0] @ w[0, 0].float().t() for w, _ in prods]
     # the launches a replay makes: one per copy of the weights, so each reads its weights from memory (matvec.rotation)
     n_copies = rotation(sum(w.numel() * w.element_size() for w, _ in prods))
     rotated = [prods] + [[(w.clone(), y) for w, y in prods] for _ in range(n_copies - 1)]

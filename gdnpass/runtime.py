@@ -151,6 +151,9 @@ class Executor:
             if t.ne[0] % t.type.block or t.nb[0] != t.type.size:
                 raise GraphError(f"tensor {t.name!r}: a {t.type.label} row must be whole blocks packed in order "
                                  f"(ne0 {t.ne[0]}, nb0 {t.nb[0]})")
+            if t.type is DType.Q8_0 and t.ne[1] > 1 and t.nb[1] != t.type.row_bytes(t.ne[0]):
+                raise GraphError(f"tensor {t.name!r}: a view of Q8_0 rows must take them whole (ne0 {t.ne[0]}, nb1 "
+                                 f"{t.nb[1]}): gdnpass holds them split, their scales after their K quants")
             ne, nb = (t.type.row_bytes(t.ne[0]), *t.ne[1:]), (1, *t.nb[1:])
         if buffer is None:
             buffer = self.buffers[base.buffer]

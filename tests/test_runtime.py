@@ -296,3 +296,23 @@ def test_graphs_of_quantized_products_are_captured_with_serial_launches():
     assert programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1, n_seqs=8)))
     assert not programmatic_launch_pays(build_verify_graph(VerifyConfig("qwen3.5-9b", 4, 3, n_layers=1,
                                                                         wtype="q4_k")))
+
+
+def test_a_view_of_part_of_q8_0_rows_is_refused():
+    """gdnpass holds Q8_0 rows split (quants.held_rows: a row's scales after its K quants), so a view that takes a
+    row's first blocks only would read quants as scales: the executor refuses it by name; whole rows are fine."""
+    from gdnpass import ops
+    from gdnpass.ir import DType, Graph
+
+    w = ops.new_tensor("w", DType.Q8_0, (512, 8), buffer="weights")
+    x = ops.new_tensor("x", DType.F32, (256, 2), buffer="input")
+    part = ops.view_2d(w, 256, 8, w.nb[1], 0, name="w_part")
+    rows = ops.view_2d(w, 512, 4, w.nb[1], 2 * w.nb[1], name="w_rows")
+    g = Graph()
+    g.expand(ops.mul_mat(part, x))
+    g.expand(ops.mul_mat(rows, ops.new_tensor("x2", DType.F32, (512, 2), buffer="input")))
+    plan(g)
+    ex = Executor(g)
+    assert ex.view(g.find("w_rows")).shape == (1, 1, 4, DType.Q8_0.row_bytes(512))
+    with pytest.raises(GraphError, match="a view of Q8_0 rows must take them whole"):
+        ex.view(g.find("w_part"))

@@ -1,5 +1,7 @@
 """Torch reference of ggml's quantized block formats: :func:`dequantize`, bit for bit ggml-quants.c's
-``dequantize_row_*`` (the Triton mat-vec kernels read these blocks; this is their reference).
+``dequantize_row_*`` (the Triton mat-vec kernels read these blocks; this is their reference). Every function here
+takes the blocks as ggml's file has them; gdnpass's buffers hold them as :func:`held_rows` gives them (Q8_0's rows
+split), which :func:`file_rows` undoes.
 
 The layouts, as ggml-common.h defines them (``DType.size`` bytes per block, ``DType.block`` elements; little-endian
 f16 fields; offsets in bytes, QK_K = 256 for the K-quants):
@@ -151,17 +153,31 @@ def held_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     (:func:`dequantize`, :func:`mul_mat_q`, ...), which take the file's."""
     if dtype is not DType.Q8_0:
         return raw
+    out = torch.empty_like(raw, memory_format=torch.contiguous_format)  # (one new tensor, no temporaries: a weight of
+    quants, scales = _held_parts(out)                                    # gigabytes is moved on the host as it loads)
     blocks = raw.unflatten(-1, (-1, DType.Q8_0.size))
-    return torch.cat([blocks[..., 2:].flatten(-2), blocks[..., :2].flatten(-2)], -1)
+    quants.copy_(blocks[..., 2:])
+    scales.copy_(blocks[..., :2])
+    return out
 
 
 def file_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     """ggml's bytes of ``dtype`` rows that gdnpass holds (:func:`held_rows`)."""
     if dtype is not DType.Q8_0:
         return raw
+    out = torch.empty_like(raw, memory_format=torch.contiguous_format)
+    blocks = out.unflatten(-1, (-1, DType.Q8_0.size))
+    quants, scales = _held_parts(raw)
+    blocks[..., 2:].copy_(quants)
+    blocks[..., :2].copy_(scales)
+    return out
+
+
+def _held_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held Q8_0 rows' quants [..., n, 32] and their scales' bytes [..., n, 2]: views of ``raw``."""
     n = raw.shape[-1] // DType.Q8_0.size
-    q, d = raw[..., :n * DType.Q8_0.block], raw[..., n * DType.Q8_0.block:]
-    return torch.cat([d.unflatten(-1, (n, 2)), q.unflatten(-1, (n, DType.Q8_0.block))], -1).flatten(-2)
+    return (raw[..., :n * DType.Q8_0.block].unflatten(-1, (n, DType.Q8_0.block)),
+            raw[..., n * DType.Q8_0.block:].unflatten(-1, (n, 2)))
 
 
 # where each type's f16 fields lie in its block (ggml-common.h): d first (q4_K / q5_K: dmin after it), q6_K's d last

@@ -203,7 +203,8 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
 # The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
 # activation chunk's 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide:
 # triton_matvec._group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a
-# launch); Q8_0 stays at 16, where it compiles to 3 programs an SM (2 at 8).
+# launch); Q8_0 stays at 16 (in the file's layout it compiled to 3 programs an SM there, 2 at 8; its split rows' 8
+# are untimed).
 QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 
 

@@ -547,15 +547,17 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 
 
 # ---- ggml's block formats -------------------------------------------------------------------------------------------
-# What the kernels that read a quantized weight from the file's bytes share (the mat-vec's int8 dots,
-# triton_matvec.matvec_cols_q; GET_ROWS' decoded groups, triton_elementwise): the types' constants, groups of 32
-# elements (the unit each of these formats scales by; Q6_K's 16-element scales are two per group), the f16 fields
-# and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts are described there).
+# What the kernels that read a quantized weight's blocks (as gdnpass holds them, quants.held_rows) share (the
+# mat-vec's int8 dots, triton_matvec.matvec_cols_q; GET_ROWS' decoded groups, triton_elementwise): the types'
+# constants, groups of 32 elements (the unit each of these formats scales by; Q6_K's 16-element scales are two per
+# group), the f16 fields and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts are described there).
 
 SUB = tl.constexpr(32)  # elements per group
 
 # the kernels' QTYPE: each quantized type's label; its block's bytes (DType.size) as the kernels' constants
 QTYPES = {t: t.label for t in DType if t.is_quantized}
+# (a launcher's refusal of a Q8_0 view that does not take its rows whole: its scales lie after its row's K quants)
+HELD_Q8_0_ROWS = "{}: Q8_0 rows are read whole (gdnpass holds them split, quants.held_rows: scales after quants)"
 Q8_0_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (tl.constexpr(t.size) for t in
                                                   (DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K))
 QK_K = tl.constexpr(DType.Q4_K.block)

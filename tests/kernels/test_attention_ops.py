@@ -555,6 +555,8 @@ def replay(cap, path: Path, backend: dict) -> Executor:
     its offset in the file's data section: llama.cpp maps the file)."""
     from gguf import GGUFReader
 
+    from gdnpass.kernels.quants import held_rows
+
     g = cap.verify
     ex = Executor(g, backend=backend)
     assert set(cap.memory) == {n for n in g.buffers if n != "weights"}, sorted(cap.memory)
@@ -570,7 +572,8 @@ def replay(cap, path: Path, backend: dict) -> Executor:
         assert int(rt.data_offset) == reader.data_offset + t.offset, t.name  # the mapped file, from its data section
         raw = np.ascontiguousarray(rt.data).reshape(-1).view(np.uint8)
         assert raw.size == t.nbytes, t.name
-        ex.buffers["weights"][t.offset: t.offset + raw.size].copy_(torch.from_numpy(raw.copy()))
+        value = held_rows(torch.from_numpy(raw.copy()).view(-1, t.type.row_bytes(t.ne[0])), t.type)  # (as loaded)
+        ex.buffers["weights"][t.offset: t.offset + raw.size].copy_(value.reshape(-1))
     return ex
 
 

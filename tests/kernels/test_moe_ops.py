@@ -428,7 +428,7 @@ QUANTIZED = [t for t in DType if t.is_quantized]
 @pytest.mark.parametrize("dtype, n_b", [(t, 3) for t in QUANTIZED] + [(DType.Q4_K, 1)],
                          ids=lambda v: v.label if isinstance(v, DType) else {1: "b-shared", 3: "b-per-slot"}[v])
 def test_mul_mat_id_of_quantized_experts_is_each_expert_s_single_mat_vec(dtype, n_b, device):
-    """MUL_MAT_ID of quantized experts (Q8_0, Q4_K, Q5_K, Q6_K: their blocks as the file has them) on the quantized
+    """MUL_MAT_ID of quantized experts (Q8_0, Q4_K, Q5_K, Q6_K: their blocks as gdnpass holds them) on the quantized
     mat-vec: the activation columns quantized once (n_b·n_t of them: 18 for down's b of a row a slot, two workspace
     chunks of 16; 6 for gate / up's shared b), each slot's product the bytes of the single quantized mat-vec of its
     expert's matrix and that column (one launch per expert on the columns that chose it: a quantized tile's K steps
@@ -588,6 +588,8 @@ def _replay(cap, path: Path, backend: dict) -> Executor:
     tests/kernels/test_attention_ops.py's replay)."""
     from gguf import GGUFReader
 
+    from gdnpass.kernels.quants import held_rows
+
     g = cap.verify
     ex = Executor(g, backend=backend)
     for name, data in cap.memory.items():
@@ -597,7 +599,8 @@ def _replay(cap, path: Path, backend: dict) -> Executor:
     for t in g.leafs:
         if t.buffer == "weights":
             raw = np.ascontiguousarray(by_name[t.name].data).reshape(-1).view(np.uint8)
-            ex.buffers["weights"][t.offset: t.offset + raw.size].copy_(torch.from_numpy(raw.copy()))
+            value = held_rows(torch.from_numpy(raw.copy()).view(-1, t.type.row_bytes(t.ne[0])), t.type)  # (as loaded)
+            ex.buffers["weights"][t.offset: t.offset + raw.size].copy_(value.reshape(-1))
     return ex
 
 

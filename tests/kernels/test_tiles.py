@@ -81,3 +81,19 @@ def test_the_ffn_pairs_split_where_pair_glu_relies_on_it():
     model) one that does not; docs/patterns.md says the 9B's bf16 pair fuses its GLU at 5-8 columns."""
     assert _ffn_splits(SPLIT_FFN, 8) and not _ffn_splits(BASE["model"], 8)
     assert [c for c in range(1, 17) if _ffn_splits("qwen3.5-9b", c)] == [5, 6, 7, 8]
+
+
+def test_q8_0_tiles_fill_one_wave_of_its_split_rows():
+    """Q8_0's split rows (quants.held_rows) in 64-row blocks of 2 pipeline stages, K split into the most slices whose
+    programs fit one wave of Q8_0_WAVE, no register cap: the tiles the H100 probe timed best at the 9B's shapes
+    (docs/performance.md, seventeenth session: 12288 rows split 2, 4096 rows split 8, the lm head unsplit); the thin
+    alpha / beta products one 32-row block at 8 columns."""
+    from gdnpass.kernels.tiles import Q8_0_THIN_ROWS, Q8_0_WAVE
+
+    want = {(12288, 4096): 2, (4096, 12288): 8, (4096, 4096): 8, (248320, 4096): 1}
+    for (M, K), split in want.items():
+        t = mat_vec_tile(M, 4, K, "q8_0")
+        assert (t.block_m, t.stages, t.split_k, t.regs) == (64, 2, split, 0), (M, K, t)
+        assert split == 1 or -(-M // 64) * split <= Q8_0_WAVE < -(-M // 64) * split * 2, (M, K, t)
+    thin = mat_vec_tile(32, 4, 4096, "q8_0")
+    assert (thin.block_m, thin.cols) == (Q8_0_THIN_ROWS, 8), thin

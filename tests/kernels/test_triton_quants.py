@@ -81,6 +81,39 @@ def test_mul_mat_vec_reads_quantized_blocks(dtype, n):
     assert not tickets.any(), "tickets left non-zero"
 
 
+@pytest.mark.parametrize("K", [96, 800])
+def test_q8_0_rows_of_any_whole_groups_are_read_split(K):
+    """Q8_0 rows of 3 and 25 groups (not whole K steps of 256; rows not on 16 bytes): the held rows' scales lie after
+    the row's K quants, wherever K ends (quants.held_rows). The mat-vec, unsplit and in 2 K slices, within f32
+    summation accuracy of the reference on the file's bytes; GET_ROWS the reference's bits."""
+    dtype, M, n = DType.Q8_0, 24, 3
+    a = Arena(1 << 22)
+    w = _weights(a, dtype, M, K, 4)
+    x = a.put(rnd(1, 1, n, K))
+    tile = mv.mat_vec_tile(M, n, K, dtype.label)
+    ys = [a.view((1, 1, n, M)) for _ in range(2)]
+    a.run(lambda: [mv._mat_vecs([(w, y)], x, tile._replace(split_k=s), dtype=dtype) for y, s in zip(ys, (1, 2))], *ys)
+    for y in ys:
+        assert_close(y, mul_mat_q(_file(w, dtype), x, dtype), rtol=1e-5)
+    ids = a.put(torch.tensor([5, 0, 23], dtype=torch.int32, device=DEVICE).view(1, 1, 1, 3))
+    out = a.view((1, 1, 3, K))
+    a.run(lambda: elt.get_rows(w, ids, out, dtype), out)
+    assert_bits(out[0, 0], dequantize(_file(w[0, 0, [5, 0, 23]], dtype), dtype), "rows 5, 0, 23")
+
+
+def test_a_view_of_part_of_q8_0_rows_is_refused():
+    """Held Q8_0 rows keep their scales after their K quants, so a view of a row's first blocks would read quants as
+    scales: the mat-vec and GET_ROWS refuse it by name (the file's blocks allowed it)."""
+    a = Arena(1 << 20)
+    w = _weights(a, DType.Q8_0, 8, 512)
+    half = w[..., :DType.Q8_0.row_bytes(256)]
+    with pytest.raises(KernelError, match="mul_mat_vec: Q8_0 rows are read whole"):
+        mv.mul_mat_vec(half, a.put(rnd(1, 1, 2, 256)), a.view((1, 1, 2, 8)), DType.Q8_0)
+    ids = a.put(torch.tensor([1, 2], dtype=torch.int32, device=DEVICE).view(1, 1, 1, 2))
+    with pytest.raises(KernelError, match="GET_ROWS: Q8_0 rows are read whole"):
+        elt.get_rows(half, ids, a.view((1, 1, 2, 256)), DType.Q8_0)
+
+
 def test_activation_groups_round_halves_away_from_zero():
     """quantize_x: d = amax / 127 per group of 32, q = roundf(x / d): x = 127 makes d 1, so halves stay halves."""
     x = torch.zeros(2, 64)

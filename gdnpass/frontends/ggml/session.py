@@ -146,6 +146,8 @@ class GgmlSession:
             raise GraphError(f"read {c.name!r}: no memory yet (call allocate() first)")
         n = int(g.ggml_nbytes(base))
         dtype = record_dtype(c)
+        if dtype not in _TORCH:  # (a block type's bytes would need quants.held_rows / file_rows at the boundary)
+            raise GraphError(f"read {c.name!r}: {dtype.label} tensors are not read from a ggml session")
         es = dtype.size
         if n == 0 or any(x == 0 for x in c.ne):
             return torch.empty(tuple(reversed(c.ne)), dtype=_TORCH[dtype])
@@ -161,6 +163,8 @@ class GgmlSession:
         dtype = record_dtype(c)
         n = int(self.g.ggml_nbytes(t))
         v = value.detach().to("cpu").contiguous()
+        if dtype not in _TORCH:  # (as read: a block type's held rows are not ggml's)
+            raise GraphError(f"write {c.name!r}: {dtype.label} tensors are not written to a ggml session")
         if v.dtype != _TORCH[dtype] or v.numel() * v.element_size() != n:
             raise GraphError(f"write {c.name!r}: {v.dtype} x {v.numel()} does not fill {n} bytes of {dtype.label}")
         if c.view_src is not None:
