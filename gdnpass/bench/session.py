@@ -23,6 +23,8 @@ SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K qu
 # PREV's line says how)
 BEFORE_TILES = ".ab/bd422b0"  # part 21's A/B: the package before the sixteenth session's tiles (as PREV's)
 BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROPE's per-token angles (as PREV's)
+Q6_K_SPLIT = ".ab/q6k"  # part 22: branch probe/q6k-split's package, Q6_K's rows held split (`mkdir -p .ab/q6k && git
+# archive probe/q6k-split gdnpass | tar -x -C .ab/q6k`)
 
 
 def _on_path(package: str, *command: str) -> list[str]:
@@ -232,6 +234,20 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                           "benchmarks/one_matvec.py", "q8_0", "12288", "4096", "4"), 40)
               for tag, path in (("", "."), ("-prev", SHARED_QUANTS))),
         ]
+    if part == 22:
+        return [
+            # issue 34: Q6_K's rows held split (branch probe/q6k-split, untimed): its quantized kernels compiled and
+            # checked there, its Q6_K products against the tree's, each output's bytes hashed (equal hashes at equal
+            # tiles: the layout moves no arithmetic), then its tiles swept (it compiled to 3 programs an SM at the
+            # tree's tiles, where the tree holds 4)
+            ("q6k-split-tests", _on_path(Q6_K_SPLIT, PY, "-P", "-m", "pytest", "-q", "-x", "-k", "q6_k",  # (-P: the
+                                         "tests/kernels/test_triton_quants.py"), 90),  # branch's gdnpass, not cwd's)
+            *((f"probe-q6k{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q6_k", "--cols", "4,8"), 110)
+              for tag, path in (("-split", Q6_K_SPLIT), ("", "."))),
+            ("tune-q6k-split", _at(Q6_K_SPLIT, "benchmarks/tune_matvec.py", "--wtypes", "q6_k", "--shapes",
+                                   "12288x4096,4096x12288", "--cols", "4", "--deep", "--budget-s", "90", "--json",
+                                   str(out / "tune-q6k-split.json")), 220),
+        ]
     if part == 21:
         return [
             # issue 32: the bf16 tiles of tune_matvec.py's H100 sweeps of 2026-12-07 (sixteenth session: 8 columns
@@ -306,7 +322,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
