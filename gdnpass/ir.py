@@ -29,8 +29,9 @@ GGML_MAX_DIMS = 4
 
 class DType(enum.Enum):
     """A ggml type: ``size`` is ggml_type_size (the bytes of one block), ``block`` ggml_blck_size (the elements of
-    one block: 1 for the plain types). The quantized types are ggml's block formats (ggml-common.h), held as the file
-    has them: a row of ``ne[0]`` elements is ``ne[0] / block`` blocks of ``size`` bytes."""
+    one block: 1 for the plain types). The quantized types are ggml's block formats (ggml-common.h): a row of
+    ``ne[0]`` elements is ``ne[0] / block`` blocks of ``size`` bytes, held as the file has them but for
+    :data:`HELD_SPLIT`'s."""
 
     F32 = ("f32", 4)
     F16 = ("f16", 2)
@@ -61,6 +62,11 @@ class DType(enum.Enum):
             if s.lower() in (t.label, t.name.lower()):
                 return t
         raise GraphError(f"unknown type {s!r} (expected one of {', '.join(t.label for t in cls)})")
+
+
+# The block types whose rows gdnpass holds moved: the same bytes, each row's quants first, then its scales
+# (gdnpass.kernels.quants.held_rows, docs/quantized.md); a view of them takes whole rows
+HELD_SPLIT = frozenset({DType.Q8_0})
 
 
 class Op(enum.Enum):

@@ -16,7 +16,8 @@ import torch
 
 from gdnpass import prepasses
 from gdnpass.errors import KernelError, ResourceError
-from gdnpass.ir import DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label, runs_kernel
+from gdnpass.ir import (HELD_SPLIT, DType, Graph, GraphError, Op, Tensor, arena_buffer, inputs, op_label,
+                        runs_kernel)
 
 # a quantized type's view is its bytes (uint8): a row of ne[0] elements is ne[0] / block blocks of size bytes
 TORCH_DTYPES = {DType.F32: torch.float32, DType.F16: torch.float16, DType.BF16: torch.bfloat16, DType.I32: torch.int32,
@@ -151,9 +152,10 @@ class Executor:
             if t.ne[0] % t.type.block or t.nb[0] != t.type.size:
                 raise GraphError(f"tensor {t.name!r}: a {t.type.label} row must be whole blocks packed in order "
                                  f"(ne0 {t.ne[0]}, nb0 {t.nb[0]})")
-            if t.type is DType.Q8_0 and t.ne[1] > 1 and t.nb[1] != t.type.row_bytes(t.ne[0]):
-                raise GraphError(f"tensor {t.name!r}: a view of Q8_0 rows must take them whole (ne0 {t.ne[0]}, nb1 "
-                                 f"{t.nb[1]}): gdnpass holds them split, their scales after their K quants")
+            if t.type in HELD_SPLIT and (base.type is not t.type or t.ne[0] != base.ne[0] or t.view_offs % base.nb[1]):
+                raise GraphError(f"tensor {t.name!r}: a view of {t.type.name} rows must take them whole (ne0 "
+                                 f"{t.ne[0]} of {base.ne[0]}, offset {t.view_offs}): gdnpass holds them split, "
+                                 f"their scales after their K quants")
             ne, nb = (t.type.row_bytes(t.ne[0]), *t.ne[1:]), (1, *t.nb[1:])
         if buffer is None:
             buffer = self.buffers[base.buffer]

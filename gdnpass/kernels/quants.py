@@ -35,7 +35,7 @@ from typing import Callable, NamedTuple
 import torch
 
 from gdnpass.errors import KernelError
-from gdnpass.ir import DType
+from gdnpass.ir import HELD_SPLIT, DType
 
 K_SCALE_SIZE = 12  # ggml-common.h: the packed 6-bit scales and mins of q4_K / q5_K
 
@@ -151,7 +151,7 @@ def held_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     repacks Q8_0 for its kernels likewise (``block_q8_0x4``: scales apart from quants). The kernels, the reference
     ops and the executor's weights take held rows; :func:`file_rows` undoes it for ggml's own functions here
     (:func:`dequantize`, :func:`mul_mat_q`, ...), which take the file's."""
-    if dtype is not DType.Q8_0:
+    if dtype not in HELD_SPLIT:
         return raw
     out = torch.empty_like(raw, memory_format=torch.contiguous_format)  # (one new tensor, no temporaries: a weight of
     quants, scales = _held_parts(out)                                    # gigabytes is moved on the host as it loads)
@@ -163,7 +163,7 @@ def held_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 def file_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     """ggml's bytes of ``dtype`` rows that gdnpass holds (:func:`held_rows`)."""
-    if dtype is not DType.Q8_0:
+    if dtype not in HELD_SPLIT:
         return raw
     out = torch.empty_like(raw, memory_format=torch.contiguous_format)
     blocks = out.unflatten(-1, (-1, DType.Q8_0.size))

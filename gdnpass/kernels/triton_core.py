@@ -550,7 +550,8 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 # What the kernels that read a quantized weight's blocks (as gdnpass holds them, quants.held_rows) share (the
 # mat-vec's int8 dots, triton_matvec.matvec_cols_q; GET_ROWS' decoded groups, triton_elementwise): the types'
 # constants, groups of 32 elements (the unit each of these formats scales by; Q6_K's 16-element scales are two per
-# group), the f16 fields and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts are described there).
+# group), the f16 fields and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts
+# are described there).
 
 SUB = tl.constexpr(32)  # elements per group
 

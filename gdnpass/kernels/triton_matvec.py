@@ -112,7 +112,7 @@ def x_columns(COLS: tl.constexpr, N, ne1, ne2, s1, s2, s3, TERMS_: tl.constexpr)
 
 
 @triton.jit
-def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, QTYPE: tl.constexpr):
+def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, K, k0, k1, QTYPE: tl.constexpr):
     """Ask the L2 for the weight's K range [k0, k1) of rows row0 .. row0 + nrows - 1 (``w_ptr``: a plain type's
     elements, or a block type's bytes with k0, k1 multiples of its 256; nothing where k0 >= k1): one bulk prefetch a
     row (:func:`~gdnpass.kernels.triton_core.prefetch_l2`) from its own row vector (the tile's rows lie in the dot's
@@ -124,10 +124,10 @@ def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, k0, k1, Q
     if QTYPE == "":
         at = w_ptr + rows.to(tl.int64) * w_stride + k0
         nbytes = (k1 - k0) * (w_ptr.dtype.element_ty.primitive_bitwidth // 8)
-    elif QTYPE == "q8_0":  # held rows split (quants.held_rows): the range's quants here, its scales after the row's K
-        at = w_ptr + rows.to(tl.int64) * w_stride + k0
-        nbytes = k1 - k0
-        prefetch_l2(at + (w_stride // Q8_0_BYTES * SUB - k0) + k0 // 16, (k1 - k0) // 16, ask)
+    elif QTYPE == "q8_0":  # held rows split (quants.held_rows): the range's quants at k0, their scales at K + k0 / 16
+        row = w_ptr + rows.to(tl.int64) * w_stride
+        at, nbytes = row + k0, k1 - k0
+        prefetch_l2(row + K + k0 // (SUB // 2), (k1 - k0) // (SUB // 2), ask)
     else:
         STEP: tl.constexpr = (Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES if QTYPE == "q5_k" else
                               Q6_K_BYTES)  # a block of 256's bytes
@@ -600,7 +600,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
         if EARLY > 0:  # (its first steps come while the kernel before still runs; 0 for a batched product, whose
             # "weight" is attention's K / V, which kernels write: _mat_vecs)
             row0 = tl.program_id(0) * BLOCK_M
-            prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, k_lo,
+            prefetch_weights(w_ptr + w_off, w_s1, row0, M - row0, BLOCK_M, K, k_lo,
                              tl.minimum(k_lo + EARLY * BLOCK_K, k_hi), QTYPE)
         wait_for_previous_kernels()
     tl.static_assert(not IDS or QTYPE == "" or COLS >= XCOLS, "MUL_MAT_ID: a quantized tile of its chunk's 16")

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Collection
 
 from gdnpass.errors import GraphError
-from gdnpass.ir import DType, Graph
+from gdnpass.ir import HELD_SPLIT, DType, Graph
 from gdnpass.models.gguf_read import GgufError, _gguf, _Header, open_reader
 from gdnpass.models.gguf_write import ARCHS, check_tensors, header_shape
 from gdnpass.models.hparams import ModelShape, VerifyConfig
@@ -100,7 +100,7 @@ class GgufModel:
             if t.buffer == "weights" and t.view_src is None and t.name in self.types:
                 file_t = self.types[t.name]
                 held = t.nelements * 4 if file_t in DEQUANTIZED else _PLAIN[file_t].row_bytes(t.nelements)
-                converted = _PLAIN.get(file_t, DType.F32) is not t.type or t.type is DType.Q8_0
+                converted = _PLAIN.get(file_t, DType.F32) is not t.type or t.type in HELD_SPLIT
                 most = max(most, held + (t.nbytes if converted else 0))
         return most
 

@@ -28,13 +28,10 @@ QTYPES = [t for t in DType if t.is_quantized]
 
 def _weights(a: Arena, dtype: DType, rows: int, K: int, seed: int = 0) -> torch.Tensor:
     """Random ``dtype`` rows as gdnpass holds them (quants.held_rows), in the arena; quants' own functions take
-    them as the file has them (:func:`_file`)."""
+    them as the file has them (quants.file_rows)."""
     g = torch.Generator().manual_seed(seed)
     return a.put(held_rows(random_blocks(rows, K, dtype, g, 0.05), dtype).view(1, 1, rows, -1).to(DEVICE))
 
-
-def _file(w: torch.Tensor, dtype: DType) -> torch.Tensor:
-    return file_rows(w, dtype)
 
 
 @pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
@@ -48,7 +45,7 @@ def test_get_rows_of_quantized_rows_are_the_references_bits(dtype):
     out = a.view((1, 2, 4, K))
     a.run(lambda: elt.get_rows(w, ids, out, dtype), out)
     assert_bits(out, ref.get_rows(w, ids, dtype), "GET_ROWS of quantized rows")
-    assert_bits(out[0, 1, 2], dequantize(_file(w[0, 1, 5], dtype), dtype), "row 5 of batch 1")
+    assert_bits(out[0, 1, 2], dequantize(file_rows(w[0, 1, 5], dtype), dtype), "row 5 of batch 1")
 
 
 @pytest.mark.parametrize("dtype", QTYPES, ids=lambda t: t.label)
@@ -72,8 +69,8 @@ def test_mul_mat_vec_reads_quantized_blocks(dtype, n):
     a.run(lambda: (mv._mat_vecs([(w, y)], x, tile, dtype=dtype), mv._mat_vecs([(w2, y2)], x, tile, dtype=dtype),
                    mv._mat_vecs([(w, p), (w2, p2)], x, tile, dtype=dtype)), y, y2, p, p2)
     for got, v in ((y, w), (y2, w2)):
-        assert_close(got, mul_mat_q(_file(v, dtype), x, dtype), rtol=1e-5)
-        exact = (x.double() @ dequantize(_file(v, dtype), dtype).double().transpose(-1, -2)).float()
+        assert_close(got, mul_mat_q(file_rows(v, dtype), x, dtype), rtol=1e-5)
+        exact = (x.double() @ dequantize(file_rows(v, dtype), dtype).double().transpose(-1, -2)).float()
         assert_close(got, exact, rtol=2e-2)
     assert_same_bytes(p, y, "pair, first product")
     assert_same_bytes(p2, y2, "pair, second product")
@@ -94,11 +91,11 @@ def test_q8_0_rows_of_any_whole_groups_are_read_split(K):
     ys = [a.view((1, 1, n, M)) for _ in range(2)]
     a.run(lambda: [mv._mat_vecs([(w, y)], x, tile._replace(split_k=s), dtype=dtype) for y, s in zip(ys, (1, 2))], *ys)
     for y in ys:
-        assert_close(y, mul_mat_q(_file(w, dtype), x, dtype), rtol=1e-5)
+        assert_close(y, mul_mat_q(file_rows(w, dtype), x, dtype), rtol=1e-5)
     ids = a.put(torch.tensor([5, 0, 23], dtype=torch.int32, device=DEVICE).view(1, 1, 1, 3))
     out = a.view((1, 1, 3, K))
     a.run(lambda: elt.get_rows(w, ids, out, dtype), out)
-    assert_bits(out[0, 0], dequantize(_file(w[0, 0, [5, 0, 23]], dtype), dtype), "rows 5, 0, 23")
+    assert_bits(out[0, 0], dequantize(file_rows(w[0, 0, [5, 0, 23]], dtype), dtype), "rows 5, 0, 23")
 
 
 def test_a_view_of_part_of_q8_0_rows_is_refused():
@@ -153,7 +150,7 @@ def test_a_32_column_launch_is_the_16_column_launches_bytes(dtype):
                    mv._mat_vecs([(w, hi)], x[:, :, 16:], tile._replace(cols=16), dtype=dtype)), y, lo, hi)
     assert_same_bytes(y[:, :, :16], lo, "columns 0..15")
     assert_same_bytes(y[:, :, 16:], hi, "columns 16..26")
-    assert_close(y, mul_mat_q(_file(w, dtype), x, dtype), rtol=1e-5)
+    assert_close(y, mul_mat_q(file_rows(w, dtype), x, dtype), rtol=1e-5)
 
 
 @pytest.mark.gpu
@@ -281,7 +278,7 @@ def test_a_quantized_product_over_16_columns_runs_the_mat_vec_per_32(monkeypatch
     x = a.put(rnd(*reversed((*x_ne, 1, 1)[:4])))
     y = a.view((*x.shape[:3], M))
     a.run(lambda: backends.TRITON_BACKEND[Op.MUL_MAT](n, [w, x], y), y)
-    assert_close(y, mul_mat_q(_file(w, dtype), x, dtype), rtol=1e-5)
+    assert_close(y, mul_mat_q(file_rows(w, dtype), x, dtype), rtol=1e-5)
     cols = x.shape[0] * x.shape[1] * x.shape[2]
     if chunks:
         assert calls == [32, 8] and node_launches(n) == 2 * chunks
