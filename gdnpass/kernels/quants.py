@@ -205,6 +205,11 @@ def random_blocks(rows: int, n: int, dtype: DType, generator: torch.Generator, s
     ratio = float(a.mean() / b.mean()) if len(fields) > 1 else 0.0  # dmin / d: the mean to 0
     d = std / max(float((a - ratio * b).std()), 1e-30)
     decode(d, d * ratio)
+    # each block's fields times its own factor in [0.5, 1.5): a kernel that took another block's scale is then wrong
+    factor = 0.5 + torch.rand(blocks.shape[:2] + (1,), generator=generator)
+    for off in fields:
+        field = blocks[..., off:off + 2].contiguous().view(torch.float16)
+        blocks[..., off:off + 2] = (field.float() * factor).half().view(torch.uint8)
     return raw
 
 

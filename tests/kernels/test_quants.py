@@ -12,7 +12,7 @@ import torch
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import DType
-from gdnpass.kernels.quants import DECOMPOSE, F16_FIELDS, dequantize, file_rows, held_rows
+from gdnpass.kernels.quants import DECOMPOSE, F16_FIELDS, dequantize, file_rows, held_rows, random_blocks
 
 TYPES = list(DECOMPOSE)
 ROWS, BLOCKS = 12, 4  # rows of ROWS x 4 blocks each
@@ -152,3 +152,17 @@ def test_held_rows_move_the_files_bytes_within_each_row(dtype):
     three = raw[:, :3 * dtype.size]
     assert torch.equal(file_rows(held_rows(three, dtype), dtype), three)
     assert torch.equal(held_rows(three, dtype)[:, 96:], three.view(ROWS, 3, -1)[:, :, :2].reshape(ROWS, 6))
+
+
+@pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
+def test_random_blocks_differ_in_every_f16_field(dtype):
+    """The synthetic weights' f16 fields (d, and dmin where the type has one) take a value a block, so a kernel that
+    read another block's or another group's scale differs from the reference (every block's were once the same, and
+    such a kernel passed); their values still about the asked standard deviation."""
+    g = torch.Generator().manual_seed(0)
+    raw = random_blocks(ROWS, BLOCKS * 256, dtype, g, 0.05)
+    blocks = raw.view(ROWS, -1, dtype.size)
+    for off in F16_FIELDS[dtype]:
+        field = blocks[..., off:off + 2].contiguous().view(torch.float16).flatten()
+        assert field.unique().numel() > field.numel() // 2, (dtype.label, off)
+    assert 0.02 < float(dequantize(raw, dtype).std()) < 0.1
