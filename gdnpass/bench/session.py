@@ -23,13 +23,21 @@ SHARED_QUANTS = ".ab/6b4e38c"  # part 19's A/B: the package whose Q8_0 / Q6_K qu
 # PREV's line says how)
 BEFORE_TILES = ".ab/bd422b0"  # part 21's A/B: the package before the sixteenth session's tiles (as PREV's)
 BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROPE's per-token angles (as PREV's)
-Q6_K_SPLIT = ".ab/q6k"  # part 22: branch probe/q6k-split's package, Q6_K's rows held split (`mkdir -p .ab/q6k && git
-# archive probe/q6k-split gdnpass | tar -x -C .ab/q6k`)
+Q6_K_SPLIT = ".ab/q6k"  # part 22: branch probe/q6k-split's package and tests, Q6_K's rows held split (`mkdir -p
+# .ab/q6k && git archive probe/q6k-split gdnpass tests | tar -x -C .ab/q6k`)
+Q8_0_ALIGNED = ".ab/q8a"  # part 23: branch probe/q8-scales's package and tests, Q8_0's aligned form (as Q6_K_SPLIT's)
 
 
 def _on_path(package: str, *command: str) -> list[str]:
     """``command`` run with ``package``'s gdnpass first on the path (``.``: the working tree's)."""
     return ["env", f"PYTHONPATH={package}:{os.environ.get('PYTHONPATH', '')}", *command]
+
+
+def _branch_tests(package: str, keyword: str) -> list[str]:
+    """A branch's kernel tests of one block type (``keyword``) against its own package: both archived into
+    ``package`` (its ``tests`` beside its ``gdnpass``; ``-P``: the branch's gdnpass, not cwd's)."""
+    return _on_path(package, PY, "-P", "-m", "pytest", "-q", "-x", "-k", keyword, "--rootdir", package,
+                    f"{package}/tests/kernels/test_triton_quants.py")
 
 
 def _at(package: str, script: str, *args: str) -> list[str]:
@@ -240,13 +248,29 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # checked there, its Q6_K products against the tree's, each output's bytes hashed (equal hashes at equal
             # tiles: the layout moves no arithmetic), then its tiles swept (it compiled to 3 programs an SM at the
             # tree's tiles, where the tree holds 4)
-            ("q6k-split-tests", _on_path(Q6_K_SPLIT, PY, "-P", "-m", "pytest", "-q", "-x", "-k", "q6_k",  # (-P: the
-                                         "tests/kernels/test_triton_quants.py"), 90),  # branch's gdnpass, not cwd's)
+            ("q6k-split-tests", _branch_tests(Q6_K_SPLIT, "q6_k"), 90),
             *((f"probe-q6k{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q6_k", "--cols", "4,8"), 110)
               for tag, path in (("-split", Q6_K_SPLIT), ("", "."))),
             ("tune-q6k-split", _at(Q6_K_SPLIT, "benchmarks/tune_matvec.py", "--wtypes", "q6_k", "--shapes",
                                    "12288x4096,4096x12288", "--cols", "4", "--deep", "--budget-s", "90", "--json",
                                    str(out / "tune-q6k-split.json")), 220),
+        ]
+    if part == 23:
+        return [
+            # issue 34: Q8_0's aligned form (branch probe/q8-scales, untimed): a step's 8 scales of a row in one
+            # 16-byte load (inline PTX, which the interpreter never runs), no group masked, the 8-column sum at <= 8
+            # columns. Its Q8_0 kernel tests there first (the aligned form against the per-group one, bytes), then its
+            # products against the tree's (bytes hashed; both sum widths), the whole Q8_0 verify of both, one after
+            # the other, and 8 of its fused 9B layers checked against unfused
+            ("q8a-tests", _branch_tests(Q8_0_ALIGNED, "q8_0"), 80),
+            *((f"probe-q8_0{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0", "--vary", "cols=8,16",
+                                       "--cols", "4"), 90) for tag, path in (("-aligned", Q8_0_ALIGNED), ("-tree", "."))),
+            *((f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
+                                       "--json", str(out / f"whole-q8_0{tag}.json")), 110)
+              for tag, path in (("-aligned", Q8_0_ALIGNED), ("-tree", "."))),
+            ("q8a-check", _on_path(Q8_0_ALIGNED, PY, "-P", "-m", "gdnpass.cli", "run", "--whole", "--model",
+                                   "qwen3.5-9b", "--layers", "8", "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0",
+                                   "--device", "cuda", "--check"), 50),
         ]
     if part == 21:
         return [
@@ -322,7 +346,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

@@ -25,7 +25,7 @@ from gdnpass.ir import DType
 from gdnpass.kernels import tiles
 from gdnpass.kernels.tiles import GemmTile, MatVecTile, gemm_tile, mat_vec_tile
 from gdnpass.kernels.triton_core import (GROUPS_K, HELD_Q8_0_ROWS, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES,
-                                         Q6_K_BYTES, Q8_0_BYTES, QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of,
+                                         Q6_K_BYTES, QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of,
                                          _column_chunk, _require, _row_offset, _scales_mins_k4, _strides,
                                          activation_bytes, activation_workspace, activations_key, activations_to_fill,
                                          chain_sides, chain_step, chunk_columns, f16_bits, held_activations,

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gdnpass.ir import DType, Flag, Graph, Op, Tensor
+from gdnpass.ir import DType, Graph, Op, Tensor
 from gdnpass.kernels.limits import MAT_VEC_COLS, runs_as_mat_vec
 from gdnpass.kernels.tiles import mat_vec_tile
 from gdnpass.patterns.common import (HAZARD, Capture, Clause, Context, Match, Why, between, collision, confined,

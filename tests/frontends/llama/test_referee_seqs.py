@@ -22,7 +22,7 @@ import copy
 import numpy as np
 import pytest
 
-from gdnpass import alloc, fusion, ops
+from gdnpass import alloc, ops
 from gdnpass.errors import GraphError
 from gdnpass.frontends.compare import diff_layers, layer_nodes
 from gdnpass.frontends.llama import capture as cap_mod

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gdnpass import ops
 from gdnpass.fusion import fuse
-from gdnpass.ir import DType, Flag, Graph, Op
+from gdnpass.ir import Flag, Graph, Op
 from gdnpass.kernels import backends, triton_matvec
 from gdnpass.patterns.mat_vec_pair import MatVecPair
 from gdnpass.patterns.pair_glu import PairGlu
