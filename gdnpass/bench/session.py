@@ -272,6 +272,19 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                    "qwen3.5-9b", "--layers", "8", "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0",
                                    "--device", "cuda", "--check"), 50),
         ]
+    if part == 24:
+        return [
+            # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
+            # instructions a byte, compiled as launched, would take 29-70% of the SMs' issue slots at the read
+            # bandwidth, before stalls; bf16's 17%.) ncu's scheduler and warp-state reading of one launch each, 12288
+            # x 4096 at 4 columns: the block types on main, and the two branches' forms
+            *((f"ncu-issue-{name}", _on_path(path, "ncu", "--section", "SpeedOfLight", "--section", "SchedulerStats",
+                                             "--section", "WarpStateStats", "--section", "InstructionStats", "-k",
+                                             "regex:mul_mat_vec", "-c", "1", PY, "benchmarks/one_matvec.py", qtype,
+                                             "12288", "4096", "4"), 45)
+              for name, path, qtype in (("q4_k", ".", "q4_k"), ("q6_k", ".", "q6_k"), ("q8_0", ".", "q8_0"),
+                                        ("q6_k-split", Q6_K_SPLIT, "q6_k"), ("q8_0-aligned", Q8_0_ALIGNED, "q8_0"))),
+        ]
     if part == 21:
         return [
             # issue 32: the bf16 tiles of tune_matvec.py's H100 sweeps of 2026-12-07 (sixteenth session: 8 columns
@@ -346,7 +359,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
