@@ -200,12 +200,12 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
                       2 if wtype == "q8_0" else 3, regs=QUANT_REGS[wtype] if capped else 0)
 
 
-# The quantized sum's narrowest width (COLS): 8 for the K-quants where the product has 8 columns or fewer, not the
-# activation chunk's 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide:
-# triton_matvec._group_dots). Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a
-# launch); Q8_0 stays at 16 (in the file's layout it compiled to 3 programs an SM there, 2 at 8; its split rows' 8
-# are untimed).
-QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
+# The quantized sum's narrowest width (COLS): 8 where the product has 8 columns or fewer, not the activation chunk's
+# 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide: triton_matvec._group_dots).
+# Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch). Q8_0 was held at 16
+# while its rows were the file's (3 programs an SM there, 2 at 8); on its split rows, aligned, 8 halves its f32 step:
+# 431 instructions a K step against 541 at 16 (12288 x 4096, compiled as launched; eighteenth session).
+QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 8}
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach

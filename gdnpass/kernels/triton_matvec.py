@@ -336,8 +336,24 @@ def _block_scales(w_ptr, w_row, row_mask, xd, sb, on, SIZE: tl.constexpr):
 
 
 @triton.jit
+def _load_words4(p, mask):
+    """The 16 bytes at ``p`` (a [R] tensor of 16-byte aligned byte addresses) as 4 int32 words, one vector load a
+    row; zeros where not ``mask``. (Triton's own load of a [R, 4] tensor came in a layout apart from the rows', and
+    moved through shared memory to theirs: 16 more LDS and STS, 3 more BAR a step.)"""
+    if not PACKED_DECODE:  # (the interpreter runs no PTX)
+        w32 = p.to(tl.pointer_type(tl.int32), bitcast=True)
+        return (tl.load(w32, mask=mask, other=0), tl.load(w32 + 1, mask=mask, other=0),
+                tl.load(w32 + 2, mask=mask, other=0), tl.load(w32 + 3, mask=mask, other=0))
+    return tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $5, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
+        "@p ld.global.nc.v4.b32 {$0, $1, $2, $3}, [$4]; }",
+        "=r,=r,=r,=r,l,r", [p, mask.to(tl.int32)], dtype=(tl.int32, tl.int32, tl.int32, tl.int32), is_pure=True,
+        pack=1)
+
+
+@triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, col0, N, QTYPE: tl.constexpr,
-                  COLS: tl.constexpr):
+                  COLS: tl.constexpr, ALIGNED: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes as gdnpass holds them, :func:`~gdnpass.kernels.quants.held_rows`: Q8_0's rows split, the
     K-quants' as the file has them; rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into
@@ -346,7 +362,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
     nibbles as they lie, the low ones one group and the high ones the next) with its activation quants is one int8
     ``tl.dot`` on the tensor cores (exact; the columns padded to 16, the smallest dot: a column's sums are the same
-    whatever COLS). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times both scales, in f32. The
+    whatever COLS). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times both scales, in f32 (where
+    ``ALIGNED``, :func:`aligned_rows`, a step's 8 scales of a row are one load and no group is masked). The
     K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group dots times their integer
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
@@ -373,10 +390,15 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q8_0":  # held rows split (quants.held_rows): element k's quant at byte k, group g's f16 at K + 2g
+            if ALIGNED:  # the step's 8 scales of a row: 16 aligned bytes, one load
+                ds = _load_words4(w_ptr + w_row + K + 2 * sb * GROUPS_K, row_mask)
             for j in tl.static_range(GROUPS_K):
                 g = sb * GROUPS_K + j
-                on = g * SUB < k_hi
-                d = f16_bits(tl.load(w16 + (w_row + K) // 2 + g, mask=row_mask & on, other=0).to(tl.int32))
+                on = True if ALIGNED else g * SUB < k_hi  # (only a K of part steps has groups past its end)
+                if ALIGNED:
+                    d = f16_bits(ds[j // 2] >> (16 * (j % 2)))
+                else:
+                    d = f16_bits(tl.load(w16 + (w_row + K) // 2 + g, mask=row_mask & on, other=0).to(tl.int32))
                 q = tl.load(w_ptr + w_row[:, None] + SUB * g + e[None, :], mask=rm & on, other=0).to(tl.int8)
                 t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
                 dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
@@ -514,7 +536,8 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
-             STEPS: tl.constexpr, SIDES: tl.constexpr, QTYPE: tl.constexpr, GLU: tl.constexpr = 0):
+             STEPS: tl.constexpr, SIDES: tl.constexpr, QTYPE: tl.constexpr, ALIGNED: tl.constexpr,
+             GLU: tl.constexpr = 0):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s``, [k_lo, k_hi) (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
@@ -525,7 +548,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
     x_cols, x_mask = x_columns(COLS, N, ne1, ne2, x_s1, x_s2, x_s3, terms)
     if QTYPE != "":  # (its groups by their index in the row: the pointers stay at the row's start)
-        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, col0, N, QTYPE, COLS)
+        acc = matvec_cols_q(w_ptr, w_s1, rows, row_mask, x_ptr, K, k_lo, k_hi, x_chunk, col0, N, QTYPE, COLS,
+                            ALIGNED)
     elif SPLIT_K == 1:
         acc = matvec_cols(w_ptr, w_s1, rows, row_mask, x_ptr, x_cols, x_mask, K, BLOCK_K, DOT, EVICT, terms)
     else:
@@ -579,7 +603,8 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, STEPS: tl.constexpr, SIDES: tl.constexpr,
-                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr, GLU: tl.constexpr = 0):
+                        QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr, ALIGNED: tl.constexpr,
+                        GLU: tl.constexpr = 0):
     # (only index arithmetic and the L2 prefetch of an unbatched weight, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -614,10 +639,18 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
     _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
              y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, COLS,
-             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, GLU)
+             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, ALIGNED, GLU)
 
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def aligned_rows(wtype: DType, K: int, *weights: torch.Tensor) -> bool:
+    """The mat-vec kernel's ``ALIGNED``: Q8_0 weights (their bytes) whose K steps of 256 are whole and whose rows all
+    start on 16 bytes, where a step loads its 8 scales a row at once and masks no group (every weight of the 9B; a K
+    of part steps, as the tiny models', takes the per-group form). False for other types, whose kernels ignore it."""
+    return wtype is DType.Q8_0 and K % QK_K.value == 0 and all(
+        w.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in w.stride()[:-1]) for w in weights)
 
 def weight_type(w: torch.Tensor, dtype: DType | None = None) -> DType:
     """The DType of mat-vec weight view ``w``: its torch dtype's, or ``dtype`` for a quantized weight (its bytes)."""
@@ -723,7 +756,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        QTYPE=QTYPES.get(wtype, ""), IDS=False, GLU=glu, **consts, **_launch(t))
+        QTYPE=QTYPES.get(wtype, ""), IDS=False, ALIGNED=aligned_rows(wtype, K, w, w2), GLU=glu, **consts, **_launch(t))
 
 
 def mul_mat_id_tile(M: int, K: int, wtype: str, batches: int) -> MatVecTile:
@@ -855,7 +888,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
         n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, out, ids, i_s[0], i_s[1], x_chunk,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        STEPS=(), SIDES=(), QTYPE=QTYPES.get(wtype, ""), IDS=True, **_launch(t))
+        STEPS=(), SIDES=(), QTYPE=QTYPES.get(wtype, ""), IDS=True, ALIGNED=aligned_rows(wtype, K, w), **_launch(t))
 
 
 # ---- MUL_MAT of more than 16 columns (the GEMM) ---------------------------------------------------------------------

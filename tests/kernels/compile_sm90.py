@@ -141,12 +141,16 @@ def variants():
            if "ffn_gate" in p.names}
     glu = sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
                   itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))})
-    for (t, wt), steps, g in ([(tw, (), 0) for tw in sorted(tiles) + split]
-                              + [(tw, s, 0) for tw in split for s in EPILOGUES] + [(tw, (), 1) for tw in glu]):
+    # (Q8_0's rows at the models' K, whole steps of 256, take its aligned form; its per-group form once, mv.aligned_rows)
+    for (t, wt), steps, g, aligned in ([(tw, (), 0, tw[1] == "q8_0") for tw in sorted(tiles) + split]
+                                       + [(tw, s, 0, False) for tw in split for s in EPILOGUES]
+                                       + [(tw, (), 1, False) for tw in glu]
+                                       + [((mv.mat_vec_tile(4096, 4, 4096, "q8_0"), "q8_0"), (), 0, False)]):
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, GLU=g, **_epilogue(steps))
+                 QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, ALIGNED=aligned, GLU=g,
+                 **_epilogue(steps))
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 or g else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr), t.options())
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
@@ -167,7 +171,8 @@ def variants():
         t = mv.mul_mat_id_tile(M, K, wt, 16)
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-                 STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early, GLU=0)
+                 STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early,
+                 ALIGNED=wt == "q8_0", GLU=0)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     # GATED_DELTA_NET unrolled (a verify) and looped (a prompt), reading its gates; and computing Qwen3.5's (the

@@ -98,6 +98,24 @@ def test_q8_0_rows_of_any_whole_groups_are_read_split(K):
     assert_bits(out[0, 0], dequantize(file_rows(w[0, 0, [5, 0, 23]], dtype), dtype), "rows 5, 0, 23")
 
 
+def test_q8_0_scales_loaded_a_step_at_once_are_the_per_group_forms_bytes():
+    """Q8_0 rows on 16 bytes, of whole K steps, load a step's 8 scales a row at once and mask no group
+    (mv.aligned_rows); the same bytes 2 bytes off take the per-group form. The products byte-identical, unsplit and
+    in 2 K slices (each launch checked to take the form it should)."""
+    dtype, M, K, n = DType.Q8_0, 24, 512, 3
+    a = Arena(1 << 22)
+    w = _weights(a, dtype, M, K, 5)
+    off = a.view((1, 1, 1, w.numel() + 2), torch.uint8)[..., 2:].view(w.shape).copy_(w)
+    assert mv.aligned_rows(dtype, K, w) and not mv.aligned_rows(dtype, K, off)
+    x = a.put(rnd(1, 1, n, K))
+    tile = mv.mat_vec_tile(M, n, K, dtype.label)
+    for s in (1, 2):
+        y, y_off = a.view((1, 1, n, M)), a.view((1, 1, n, M))
+        a.run(lambda: [mv._mat_vecs([(v, o)], x, tile._replace(split_k=s), dtype=dtype)
+                       for v, o in ((w, y), (off, y_off))], y, y_off)
+        assert_same_bytes(y_off, y, f"the per-group form, {s} K slice(s)")
+
+
 def test_a_view_of_part_of_q8_0_rows_is_refused():
     """Held Q8_0 rows keep their scales after their K quants, so a view of a row's first blocks would read quants as
     scales: the mat-vec and GET_ROWS refuse it by name (the file's blocks allowed it)."""
