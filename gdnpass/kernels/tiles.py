@@ -202,10 +202,11 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
 
 # The quantized sum's narrowest width (COLS): 8 where the product has 8 columns or fewer, not the activation chunk's
 # 16, since every column costs its scale arithmetic a group (the dot itself stays 16 wide: triton_matvec._group_dots).
-# Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch). Q8_0 was held at 16
-# while its rows were the file's (3 programs an SM there, 2 at 8); on its split rows, aligned, 8 halves its f32 step:
-# 431 instructions a K step against 541 at 16 (12288 x 4096, compiled as launched; eighteenth session).
-QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 8}
+# Timed only in a form since changed (docs/performance.md, tenth session: Q4_K 2-5% a launch). Q8_0 stays at 16: on
+# its split rows, aligned, 8 halves its f32 step (431 instructions a K step against 541) but ran slower at 4 columns
+# where it matters (12288 x 4096 35.8 against 33.2 us, the lm head 554.7 against 511.5; 4096 x 4096 even; H100,
+# eighteenth session): its launches are bound by stalls, not issue.
+QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach
@@ -214,7 +215,9 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 # lm head, unsplit, 74: 5). The probe of the split rows (H100, 2026-12-07, seventeenth session, 4 columns, us a
 # launch; the file's layout at its own tile in brackets): 12288 x 4096 in 2 slices 35.7 (45.4), in 4 39.7;
 # 4096 x 12288 in 8 34.1 (47.5), in 16 37.5; 4096 x 4096 in 8 16.0 (20.9); the lm head unsplit 535 (723), in 2 512.
-# 128-row blocks (3 stages: 110 KB, 2 an SM; 2 stages: 74 KB, 3) and 32-row ones were slower at every shape.
+# 128-row blocks (3 stages: 110 KB, 2 an SM; 2 stages: 74 KB, 3) and 32-row ones were slower at every shape. Since
+# the aligned form (triton_matvec.aligned_rows) the split launches take 76 registers, 5 programs an SM by shared
+# memory; the wave is kept at 4 an SM, untimed at 5 (660: it would split none of the 9B's products further).
 Q8_0_WAVE = 528
 
 # Q8_0's thin products (alpha / beta, 32 rows): one 32-row block, 8 columns, K split to one step a program. Their
