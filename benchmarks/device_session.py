@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17|18|19|20|21|22|23|24 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17|18|19|20|21|22|23|24|25 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -80,6 +80,8 @@ says, carried): its Q8_0 kernel tests there, its products against the tree's at 
 whole Q8_0 verify of both, and 8 of its fused layers checked.
 Part 24 (issues 34, 32): ncu's issue reading (scheduler, warp states, instructions) of one quantized launch of each
 block type, main's and the two branches' forms (``.ab/q6k``, ``.ab/q8a``, carried): are they bound by what they issue?
+Part 25 (issues 34, 32): warps in flight for the quantized products: each block type's tiles with K split finer
+(``probe_quant.py --vary split_k=1,2,4,8``), then with 8 warps a program (``--vary warps=4,8``).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

@@ -272,6 +272,17 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                                    "qwen3.5-9b", "--layers", "8", "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0",
                                    "--device", "cuda", "--check"), 50),
         ]
+    if part == 25:
+        return [
+            # issues 34, 32: warps in flight for the quantized products (eighteenth session: ncu read 2.8 warps a
+            # scheduler at 12288 x 4096, its 384 programs 2.9 an SM, the issue slots 31-43% busy): each block type's
+            # production tiles with K split finer, then with 8 warps a program (other splits sum in another order:
+            # their bytes differ from each other, as they must; equal widths of warps keep the bytes)
+            ("probe-split-k", [PY, "benchmarks/probe_quant.py", "--qtypes", "q8_0,q4_k,q6_k", "--vary",
+                               "split_k=1,2,4,8", "--cols", "4"], 240),
+            ("probe-warps", [PY, "benchmarks/probe_quant.py", "--qtypes", "q8_0,q4_k,q6_k", "--vary", "warps=4,8",
+                             "--cols", "4"], 150),
+        ]
     if part == 24:
         return [
             # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
@@ -359,7 +370,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
