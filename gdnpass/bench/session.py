@@ -264,7 +264,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # the other, and 8 of its fused 9B layers checked against unfused
             ("q8a-tests", _branch_tests(Q8_0_ALIGNED, "q8_0"), 80),
             *((f"probe-q8_0{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0", "--vary", "cols=8,16",
-                                       "--cols", "4"), 90) for tag, path in (("-aligned", Q8_0_ALIGNED), ("-tree", "."))),
+                                       "--cols", "4"), 90)
+              for tag, path in (("-aligned", Q8_0_ALIGNED), ("-tree", "."))),
             *((f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
                                        "--json", str(out / f"whole-q8_0{tag}.json")), 110)
               for tag, path in (("-aligned", Q8_0_ALIGNED), ("-tree", "."))),

@@ -652,6 +652,7 @@ def aligned_rows(wtype: DType, K: int, *weights: torch.Tensor) -> bool:
     return wtype is DType.Q8_0 and K % QK_K.value == 0 and all(
         w.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in w.stride()[:-1]) for w in weights)
 
+
 def weight_type(w: torch.Tensor, dtype: DType | None = None) -> DType:
     """The DType of mat-vec weight view ``w``: its torch dtype's, or ``dtype`` for a quantized weight (its bytes)."""
     if dtype is not None and dtype.is_quantized:

@@ -141,7 +141,8 @@ def variants():
            if "ffn_gate" in p.names}
     glu = sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
                   itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))})
-    # (Q8_0's rows at the models' K, whole steps of 256, take its aligned form; its per-group form once, mv.aligned_rows)
+    # (Q8_0's rows at the models' K, whole steps of 256, take its aligned form; its per-group form once:
+    # mv.aligned_rows)
     for (t, wt), steps, g, aligned in ([(tw, (), 0, tw[1] == "q8_0") for tw in sorted(tiles) + split]
                                        + [(tw, s, 0, False) for tw in split for s in EPILOGUES]
                                        + [(tw, (), 1, False) for tw in glu]
