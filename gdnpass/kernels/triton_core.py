@@ -52,7 +52,7 @@ from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdnpass.errors import KernelError
-from gdnpass.ir import DType
+from gdnpass.ir import HELD_SPLIT, DType
 
 NUM_WARPS = 4       # every launch but the mat-vec, the fused chain, GATED_DELTA_NET and flash attention (their own);
                     # a fused kernel reusing a reduction helper must launch with the same
@@ -142,6 +142,15 @@ def prefetch_l2(ptr, nbytes, mask):
 
 
 # ---- launch conventions ---------------------------------------------------------------------------------------------
+
+
+def require_whole_rows(op: str, dtype: DType, w: torch.Tensor) -> None:
+    """A launcher's refusal of a view of a held-split type's rows (ir.HELD_SPLIT; ``w``: their bytes, rows along
+    dim -2) that does not take them whole: a row's scales lie after its K quants (quants.held_rows). (The launcher
+    sees no base tensor, so it asks for packed rows; the runtime checks views against their base.)"""
+    _require(dtype not in HELD_SPLIT or w.shape[-2] == 1 or w.stride(-2) == w.shape[-1],
+             f"{op}: {dtype.name} rows are read whole (gdnpass holds them split, quants.held_rows: scales after "
+             f"quants)")
 
 
 def _require(cond: bool, msg: str) -> None:
@@ -557,8 +566,6 @@ SUB = tl.constexpr(32)  # elements per group
 
 # the kernels' QTYPE: each quantized type's label; its block's bytes (DType.size) as the kernels' constants
 QTYPES = {t: t.label for t in DType if t.is_quantized}
-# (a launcher's refusal of a Q8_0 view that does not take its rows whole: its scales lie after its row's K quants)
-HELD_Q8_0_ROWS = "{}: Q8_0 rows are read whole (gdnpass holds them split, quants.held_rows: scales after quants)"
 Q8_0_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (tl.constexpr(t.size) for t in
                                                   (DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K))
 QK_K = tl.constexpr(DType.Q4_K.block)

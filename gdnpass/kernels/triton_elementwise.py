@@ -13,14 +13,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gdnpass.ir import DType
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (GROUPS_K, HELD_Q8_0_ROWS, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES,
+from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES,
                                          QK_K, QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
                                          _src1_at, XCOLS, _scale_min_k4, _strides, activations_to_fill, chain_args,
-                                         chain_at, chain_sides, clamp_f32, product_columns, silu_f32,
-                                         store_activations, unary_f32, wait_for_previous_kernels)
+                                         chain_at, chain_sides, clamp_f32, product_columns, require_whole_rows,
+                                         silu_f32, store_activations, unary_f32, wait_for_previous_kernels)
 
 ELT_BLOCK = 1024    # elements per program (the elementwise and data-movement kernels)
 
@@ -204,8 +203,7 @@ def _get_rows_quantized(a: torch.Tensor, ids: torch.Tensor, out: torch.Tensor, d
     _require(a.shape[3] == dtype.row_bytes(K) and out.dtype == torch.float32 and out.stride(3) == 1
              and tuple(out.shape[:3]) == (a.shape[0], a.shape[1], ids.shape[3]),
              f"GET_ROWS of {dtype.label} rows of {a.shape[3]} bytes into {tuple(out.shape)}")
-    _require(dtype is not DType.Q8_0 or a.shape[2] == 1 or a.stride(2) == a.shape[3],
-             HELD_Q8_0_ROWS.format("GET_ROWS"))
+    require_whole_rows("GET_ROWS", dtype, a)
     _alias_ok("GET_ROWS", out, ids, a, same_ok=False)
     _check_ids(ids, a.shape[2])
     e2, e1, n_ids = ids.shape[1], ids.shape[2], ids.shape[3]

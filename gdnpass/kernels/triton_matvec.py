@@ -24,13 +24,13 @@ from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_CO
 from gdnpass.ir import DType
 from gdnpass.kernels import tiles
 from gdnpass.kernels.tiles import GemmTile, MatVecTile, gemm_tile, mat_vec_tile
-from gdnpass.kernels.triton_core import (GROUPS_K, HELD_Q8_0_ROWS, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES,
-                                         Q6_K_BYTES, QK_K, QTYPES, SUB, XCOLS, _alias_ok, _byte_of,
-                                         _column_chunk, _require, _row_offset, _scales_mins_k4, _strides,
-                                         activation_bytes, activation_workspace, activations_key, activations_to_fill,
-                                         chain_sides, chain_step, chunk_columns, f16_bits, held_activations,
-                                         last_to_arrive, prefetch_l2, PREFETCH, product_columns, silu_f32,
-                                         split_workspace, store_activations, wait_for_previous_kernels)
+from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
+                                         QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
+                                         _row_offset, _scales_mins_k4, _strides, activation_bytes, activation_workspace,
+                                         activations_key, activations_to_fill, chain_sides, chain_step, chunk_columns,
+                                         f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
+                                         product_columns, require_whole_rows, silu_f32, split_workspace,
+                                         store_activations, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -715,7 +715,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
              "mul_mat_vec needs weight matrices with contiguous rows")
     _require(not wtype.is_quantized or not batched and w.shape[-1] == wtype.row_bytes(K),
              f"mul_mat_vec: {wtype.label} rows of whole blocks, unbatched")
-    _require(wtype is not DType.Q8_0 or M == 1 or w.stride(-2) == w.shape[-1], HELD_Q8_0_ROWS.format("mul_mat_vec"))
+    require_whole_rows("mul_mat_vec", wtype, w)
     _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
     _require(not epilogue.steps or not batched and len(products) == 1,
              "mul_mat_vec: an epilogue is one unbatched product's")
@@ -865,7 +865,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
     _require(ids.dtype == torch.int32 and x.dtype == out.dtype == torch.float32 and x.shape[3] == K
              and tuple(out.shape) == (1, n_t, n_used, M), "MUL_MAT_ID: i32 ids, f32 b and output of the ops' shapes")
     _require(w.stride(-1) == 1 and x.stride(-1) == 1, "MUL_MAT_ID needs contiguous rows")
-    _require(wtype is not DType.Q8_0 or M == 1 or w.stride(-2) == w.shape[-1], HELD_Q8_0_ROWS.format("MUL_MAT_ID"))
+    require_whole_rows("MUL_MAT_ID", wtype, w)
     if out.numel() == 0:
         return
     on_gpu_capture = w.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
