@@ -26,6 +26,9 @@ BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROP
 Q6_K_SPLIT = ".ab/q6k"  # part 22: branch probe/q6k-split's package and tests, Q6_K's rows held split (`mkdir -p
 # .ab/q6k && git archive probe/q6k-split gdnpass tests | tar -x -C .ab/q6k`)
 Q8_0_ALIGNED = ".ab/q8a"  # part 23: branch probe/q8-scales's package and tests, Q8_0's aligned form (as Q6_K_SPLIT's)
+# parts 26 and 27: Q8_0's scales loaded a step ahead (the tree), the weights' only (.ab/q8ds: the tree with the
+# activations' scales loaded at their step's start), and the package before either (as PREV's line says how)
+Q8_0_SCALES = (("", "."), ("-weights-ahead", ".ab/q8ds"), ("-before", ".ab/789ae72"))
 
 
 def _on_path(package: str, *command: str) -> list[str]:
@@ -284,6 +287,24 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("probe-warps", [PY, "benchmarks/probe_quant.py", "--qtypes", "q8_0,q4_k,q6_k", "--vary", "warps=4,8",
                              "--cols", "4"], 150),
         ]
+    if part == 26:
+        return [
+            # issue 34: Q8_0's scales loaded a step ahead (the weights' 8 a row and the activations' 8 a column, both
+            # waited on in their own step before: a memory round trip a step, an L2 one a group; 76 -> 128 registers,
+            # the lm head 133: 3 programs an SM), and the variant loading only the weights' ahead, the activations'
+            # at the step's start (104 registers, the lm head 83). Its kernel tests compiled, then the products of
+            # the three packages (equal hashes: the same arithmetic) and 8 fused 9B layers checked
+            ("q8-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "-k", "q8_0", "tests/kernels/test_triton_quants.py"], 80),
+            *((f"probe-q8_0{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0", "--cols", "4,8"), 80)
+              for tag, path in Q8_0_SCALES),
+            ("q8-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
+                          "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0", "--device", "cuda", "--check"], 50),
+        ]
+    if part == 27:
+        return [  # part 26's three packages in the whole Q8_0 verify, one after the other
+            (f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
+                                     "--json", str(out / f"whole-q8_0{tag}.json")), 120)
+            for tag, path in Q8_0_SCALES]
     if part == 24:
         return [
             # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
@@ -371,7 +392,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

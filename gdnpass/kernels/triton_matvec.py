@@ -352,6 +352,32 @@ def _load_words4(p, mask):
 
 
 @triton.jit
+def _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb, k_hi, on, ALIGNED: tl.constexpr):
+    """Q8_0 step ``sb``'s scales (held rows, :func:`~gdnpass.kernels.quants.held_rows`: group g's f16 at byte K + 2g):
+    its 8 groups' weight scales of the rows ``w_row`` as 4 words of two f16 each (where ``ALIGNED`` one 16-byte load a
+    row, :func:`_load_words4`, else a 16-bit load a group), and its 8 groups' activation scales ([COLS] f32 each);
+    zeros where not ``on`` or past ``k_hi``. Only the products use them, after the dots, so :func:`matvec_cols_q`
+    loads them a step ahead: loaded in the step, each step waited one memory round trip for its weight scales and an
+    L2 one a group for its activation scales (SASS, compiled as launched; ncu read 2.8 warps a scheduler, the issue
+    slots 31% busy: docs/performance.md, eighteenth session)."""
+    g = sb * GROUPS_K                                                   # the step's first group
+    at = w_ptr + w_row + K + 2 * g                                       # [BLOCK_M] its scale's bytes
+    if ALIGNED:
+        ds = _load_words4(at, row_mask & on)
+    else:
+        w16 = at.to(tl.pointer_type(tl.int16), bitcast=True)
+        ds = ()
+        for i in tl.static_range(GROUPS_K // 2):  # (a group past k_hi: only where K is not whole steps)
+            lo = tl.load(w16 + 2 * i, mask=row_mask & on & ((g + 2 * i) * SUB < k_hi), other=0).to(tl.int32)
+            hi = tl.load(w16 + 2 * i + 1, mask=row_mask & on & ((g + 2 * i + 1) * SUB < k_hi), other=0).to(tl.int32)
+            ds = ds + ((lo & 0xFFFF) | (hi << 16),)
+    dx = ()
+    for j in tl.static_range(GROUPS_K):
+        dx = dx + (tl.load(xd + (g + j) * XCOLS, mask=on & ((g + j) * SUB < k_hi), other=0.0),)
+    return ds, dx
+
+
+@triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, col0, N, QTYPE: tl.constexpr,
                   COLS: tl.constexpr, ALIGNED: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
@@ -387,22 +413,20 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     SIZE: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES  # (read by Q4_K and Q5_K only)
     if QTYPE == "q4_k" or QTYPE == "q5_k":
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
+    if QTYPE == "q8_0":
+        ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, xd, k_lo // QK_K, k_hi, k_lo < k_hi, ALIGNED)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q8_0":  # held rows split (quants.held_rows): element k's quant at byte k, group g's f16 at K + 2g
-            if ALIGNED:  # the step's 8 scales of a row: 16 aligned bytes, one load
-                ds = _load_words4(w_ptr + w_row + K + 2 * sb * GROUPS_K, row_mask)
+            ds, dxs = ahead
+            ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb + 1, k_hi, k0 + QK_K < k_hi, ALIGNED)
             for j in tl.static_range(GROUPS_K):
                 g = sb * GROUPS_K + j
                 on = True if ALIGNED else g * SUB < k_hi  # (only a K of part steps has groups past its end)
-                if ALIGNED:
-                    d = f16_bits(ds[j // 2] >> (16 * (j % 2)))
-                else:
-                    d = f16_bits(tl.load(w16 + (w_row + K) // 2 + g, mask=row_mask & on, other=0).to(tl.int32))
+                d = f16_bits(ds[j // 2] >> (16 * (j % 2)))
                 q = tl.load(w_ptr + w_row[:, None] + SUB * g + e[None, :], mask=rm & on, other=0).to(tl.int8)
                 t = _group_dots(q, ws_ptr, chunk, g, col0, N, on, COLS).to(tl.float32)
-                dx = tl.load(xd + g * XCOLS, mask=on, other=0.0)
-                acc += d[:, None] * dx[None, :] * t
+                acc += d[:, None] * dxs[j][None, :] * t
         else:
             isum = tl.zeros([rows.shape[0], COLS], tl.int32)
             if QTYPE == "q4_k" or QTYPE == "q5_k":
