@@ -64,9 +64,14 @@ class DType(enum.Enum):
         raise GraphError(f"unknown type {s!r} (expected one of {', '.join(t.label for t in cls)})")
 
 
-# The block types whose rows gdnpass holds moved: the same bytes, each row's quants first, then its scales
-# (gdnpass.kernels.quants.held_rows, docs/quantized.md); a view of them takes whole rows
-HELD_SPLIT = frozenset({DType.Q8_0})
+# The block types whose rows gdnpass holds moved (gdnpass.kernels.quants.held_rows, docs/quantized.md): the same
+# bytes, each row in planes, one a field of the block, as (offset, bytes) in the block, in the order the row holds
+# them: every block's quants, then every block's scales. A plane's part of a block then lies at the same 16-byte
+# alignment wherever the row does, which the file's blocks of 34 and 210 bytes do not give. A view takes whole rows.
+HELD_SPLIT: dict[DType, tuple[tuple[int, int], ...]] = {
+    DType.Q8_0: ((2, 32), (0, 2)),                           # qs, d
+    DType.Q6_K: ((0, 128), (128, 64), (192, 16), (208, 2)),  # ql, qh, scales, d
+}
 
 
 class Op(enum.Enum):

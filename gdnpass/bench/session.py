@@ -305,6 +305,23 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             (f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
                                      "--json", str(out / f"whole-q8_0{tag}.json")), 120)
             for tag, path in Q8_0_SCALES]
+    if part == 28:
+        return [
+            # issue 34: Q6_K's rows held split (four planes: ql, qh, scales, d; quants.held_rows) so its quants copy
+            # ahead like Q4_K's (48 LDGSTS at 12288 x 4096, where the file's 210-byte blocks were loaded 16 bits at a
+            # time and waited on in their step), its scales and d loaded a step ahead, 16 scales a row one load. Its
+            # kernel and GET_ROWS tests compiled, its products against the package before (equal hashes: the same
+            # arithmetic), the whole Q6_K verify of both one after the other, and 8 fused 9B layers checked
+            ("q6-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "-k", "q6_k or get_rows",
+                              "tests/kernels/test_triton_quants.py", "tests/kernels/test_kernels.py"], 90),
+            *((f"probe-q6_k{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q6_k", "--cols", "4,8"), 80)
+              for tag, path in (("", "."), ("-before", Q8_0_SCALES[-1][1]))),
+            *((f"whole-q6_k{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q6_k",
+                                       "--json", str(out / f"whole-q6_k{tag}.json")), 110)
+              for tag, path in (("", "."), ("-before", Q8_0_SCALES[-1][1]))),
+            ("q6-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
+                          "--tokens", "4", "--rs-seq", "3", "--wtype", "q6_k", "--device", "cuda", "--check"], 50),
+        ]
     if part == 24:
         return [
             # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
@@ -392,7 +409,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

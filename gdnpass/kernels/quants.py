@@ -143,41 +143,38 @@ def dequantize(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
 
 
 def held_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
-    """The bytes gdnpass holds for ``dtype`` rows given as ggml's file has them (uint8 [..., row bytes]): Q8_0's rows
-    split, every block's 32 quants in order (element k's quant at byte k), then every block's f16 scale (byte K + 2g
-    for group g); every other type's as they are. The same bytes, moved within each row, so every group's quants lie
-    on 16 bytes where the row does: the file's 34-byte blocks put every other group's quants 2 bytes off a word,
-    which the mat-vec could only load 16 bits at a time and move through shared memory (docs/quantized.md). ggml-cpu
-    repacks Q8_0 for its kernels likewise (``block_q8_0x4``: scales apart from quants). The kernels, the reference
-    ops and the executor's weights take held rows; :func:`file_rows` undoes it for ggml's own functions here
+    """The bytes gdnpass holds for ``dtype`` rows given as ggml's file has them (uint8 [..., row bytes]): a held-split
+    type's rows in planes (:data:`~gdnpass.ir.HELD_SPLIT`), one a block field, every block's in order (Q8_0: its
+    quants, element k's at byte k, then its f16 scales, group g's at byte K + 2g; Q6_K: ql, qh, the scales, d, block
+    b's at 128b, K/2 + 64b, 3K/4 + 16b and 13K/16 + 2b); every other type's as they are. The same bytes, moved within
+    each row, so every block's part of a plane lies on 16 bytes where the row does: the file's 34- and 210-byte
+    blocks put every other group's quants 2 bytes off a word, which the mat-vec could only load 16 bits at a time and
+    either move through shared memory (Q8_0) or wait on in its step, uncopied ahead (Q6_K; docs/quantized.md).
+    ggml-cpu repacks Q8_0 for its kernels likewise (``block_q8_0x4``: scales apart from quants). The kernels, the
+    reference ops and the executor's weights take held rows; :func:`file_rows` undoes it for ggml's own functions here
     (:func:`dequantize`, :func:`mul_mat_q`, ...), which take the file's."""
-    if dtype not in HELD_SPLIT:
-        return raw
-    out = torch.empty_like(raw, memory_format=torch.contiguous_format)  # (one new tensor, no temporaries: a weight of
-    quants, scales = _held_parts(out)                                    # gigabytes is moved on the host as it loads)
-    blocks = raw.unflatten(-1, (-1, DType.Q8_0.size))
-    quants.copy_(blocks[..., 2:])
-    scales.copy_(blocks[..., :2])
-    return out
+    return _moved(raw, dtype, held=True)
 
 
 def file_rows(raw: torch.Tensor, dtype: DType) -> torch.Tensor:
     """ggml's bytes of ``dtype`` rows that gdnpass holds (:func:`held_rows`)."""
+    return _moved(raw, dtype, held=False)
+
+
+def _moved(raw: torch.Tensor, dtype: DType, held: bool) -> torch.Tensor:
+    """:func:`held_rows` (``held``) or :func:`file_rows`: one new tensor, no temporaries (a weight of gigabytes is
+    moved on the host as it loads), each plane copied between its fields of the blocks and its span of the row."""
     if dtype not in HELD_SPLIT:
         return raw
     out = torch.empty_like(raw, memory_format=torch.contiguous_format)
-    blocks = out.unflatten(-1, (-1, DType.Q8_0.size))
-    quants, scales = _held_parts(raw)
-    blocks[..., 2:].copy_(quants)
-    blocks[..., :2].copy_(scales)
+    n = raw.shape[-1] // dtype.size
+    file, planes = (raw, out) if held else (out, raw)
+    blocks, at = file.unflatten(-1, (n, dtype.size)), 0
+    for off, width in HELD_SPLIT[dtype]:
+        field, plane = blocks[..., off:off + width], planes[..., at:at + n * width].unflatten(-1, (n, width))
+        plane.copy_(field) if held else field.copy_(plane)
+        at += n * width
     return out
-
-
-def _held_parts(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Held Q8_0 rows' quants [..., n, 32] and their scales' bytes [..., n, 2]: views of ``raw``."""
-    n = raw.shape[-1] // DType.Q8_0.size
-    return (raw[..., :n * DType.Q8_0.block].unflatten(-1, (n, DType.Q8_0.block)),
-            raw[..., n * DType.Q8_0.block:].unflatten(-1, (n, 2)))
 
 
 # where each type's f16 fields lie in its block (ggml-common.h): d first (q4_K / q5_K: dmin after it), q6_K's d last

@@ -24,7 +24,7 @@ from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_CO
 from gdnpass.ir import DType
 from gdnpass.kernels import tiles
 from gdnpass.kernels.tiles import GemmTile, MatVecTile, gemm_tile, mat_vec_tile
-from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES, QK_K,
+from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, QK_K,
                                          QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes, activation_workspace,
                                          activations_key, activations_to_fill, chain_sides, chain_step, chunk_columns,
@@ -128,9 +128,13 @@ def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, K, k0, k1
         row = w_ptr + rows.to(tl.int64) * w_stride
         at, nbytes = row + k0, k1 - k0
         prefetch_l2(row + K + k0 // (SUB // 2), (k1 - k0) // (SUB // 2), ask)
+    elif QTYPE == "q6_k":  # held rows split: the range's ql at k0 / 2, qh at K / 2 + k0 / 4, scales at 3K / 4 + k0 / 16
+        row = w_ptr + rows.to(tl.int64) * w_stride  # (its d, 2 bytes a block, left to the loads)
+        at, nbytes = row + k0 // 2, (k1 - k0) // 2
+        prefetch_l2(row + K // 2 + k0 // 4, (k1 - k0) // 4, ask)
+        prefetch_l2(row + 3 * (K // 4) + k0 // 16, (k1 - k0) // 16, ask)
     else:
-        STEP: tl.constexpr = (Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES if QTYPE == "q5_k" else
-                              Q6_K_BYTES)  # a block of 256's bytes
+        STEP: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES  # a block of 256's bytes
         at = w_ptr + rows.to(tl.int64) * w_stride + (k0 // QK_K) * STEP
         nbytes = (k1 - k0) // QK_K * STEP
     prefetch_l2(at, nbytes, ask)
@@ -278,31 +282,6 @@ def _nibbles(qb, high: tl.constexpr):
 
 
 @triton.jit
-def _load_b16(ptr, mask):
-    """``tl.load(ptr, mask, other=0)`` of 16-bit words, written as an elementwise op so that Triton places it in the
-    layout its use asks for. Q6_K's 210-byte blocks lie 2 bytes off a word every other block, so Triton's pipeline
-    cannot copy its quants ahead; as ``tl.load``s they were placed in a coalesced layout and moved through shared
-    memory into the decode's layout (12288 x 4096: 53 ``STS`` and 18 ``BAR`` a kernel, against 5 and 8 this way, and
-    151-157 registers against 96-126: 4-5 programs an SM, not 3; ``tests/kernels/launched_sm90.py --sass``): 11-18%
-    faster a launch (H100, docs/performance.md, fourteenth session). (Q8_0's quants, loaded so from the file's
-    blocks, ran 8-26% slower; gdnpass holds Q8_0's rows split instead, quants.held_rows, whose quants copy ahead.)"""
-    if not PACKED_DECODE:  # (the interpreter runs no PTX)
-        return tl.load(ptr, mask=mask, other=0)
-    on = mask.to(tl.int32) + tl.zeros(ptr.shape, tl.int32)
-    return tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; mov.b16 $0, 0; @p ld.global.nc.b16 $0, [$1]; }",
-        "=h,l,r", [ptr, on], dtype=tl.int16, is_pure=True, pack=1)
-
-
-@triton.jit
-def _quant_bytes(w16, at, mask, dtype: tl.constexpr):
-    """SUB bytes a row from the 16-bit word ``at`` (a [rows] tensor, in words of ``w16``) on: [rows, SUB] of ``dtype``,
-    loaded as 16-bit words (:func:`_load_b16`), zeros where not ``mask``."""
-    h = _load_b16(w16 + at[:, None] + tl.arange(0, SUB // 2)[None, :], mask)
-    return tl.reshape(tl.join(h.to(dtype), (h >> 8).to(dtype)), (at.shape[0], SUB))
-
-
-@triton.jit
 def _q5_quants(qb, qh, j: tl.constexpr):
     """Q5_K's quants of sub-block ``j``: the nibbles of ``qb`` (low for even j) and bit j of ``qh`` as the fifth."""
     if not PACKED_DECODE:
@@ -352,6 +331,22 @@ def _load_words4(p, mask):
 
 
 @triton.jit
+def _load_16_bytes(p, mask, halves, ALIGNED: tl.constexpr):
+    """The 16 bytes at ``p`` (a [R] tensor of byte addresses) as 4 int32 words (a row's 8 f16 scales, or 16 int8):
+    where ``ALIGNED`` (16-byte aligned addresses) one vector load a row (:func:`_load_words4`), else 8 16-bit loads,
+    half-word i read only where i < ``halves``; zeros where not ``mask`` (and past ``halves``)."""
+    if ALIGNED:
+        return _load_words4(p, mask)
+    w16 = p.to(tl.pointer_type(tl.int16), bitcast=True)
+    words = ()
+    for i in tl.static_range(4):
+        lo = tl.load(w16 + 2 * i, mask=mask & (2 * i < halves), other=0).to(tl.int32)
+        hi = tl.load(w16 + 2 * i + 1, mask=mask & (2 * i + 1 < halves), other=0).to(tl.int32)
+        words = words + ((lo & 0xFFFF) | (hi << 16),)
+    return words
+
+
+@triton.jit
 def _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb, k_hi, on, ALIGNED: tl.constexpr):
     """Q8_0 step ``sb``'s scales (held rows, :func:`~gdnpass.kernels.quants.held_rows`: group g's f16 at byte K + 2g):
     its 8 groups' weight scales of the rows ``w_row`` as 4 words of two f16 each (where ``ALIGNED`` one 16-byte load a
@@ -362,15 +357,7 @@ def _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb, k_hi, on, ALIGNED: tl.conste
     slots 31% busy: docs/performance.md, eighteenth session)."""
     g = sb * GROUPS_K                                                   # the step's first group
     at = w_ptr + w_row + K + 2 * g                                       # [BLOCK_M] its scale's bytes
-    if ALIGNED:
-        ds = _load_words4(at, row_mask & on)
-    else:
-        w16 = at.to(tl.pointer_type(tl.int16), bitcast=True)
-        ds = ()
-        for i in tl.static_range(GROUPS_K // 2):  # (a group past k_hi: only where K is not whole steps)
-            lo = tl.load(w16 + 2 * i, mask=row_mask & on & ((g + 2 * i) * SUB < k_hi), other=0).to(tl.int32)
-            hi = tl.load(w16 + 2 * i + 1, mask=row_mask & on & ((g + 2 * i + 1) * SUB < k_hi), other=0).to(tl.int32)
-            ds = ds + ((lo & 0xFFFF) | (hi << 16),)
+    ds = _load_16_bytes(at, row_mask & on, k_hi // SUB - g, ALIGNED)  # (a group past k_hi: K of part steps)
     dx = ()
     for j in tl.static_range(GROUPS_K):
         dx = dx + (tl.load(xd + (g + j) * XCOLS, mask=on & ((g + j) * SUB < k_hi), other=0.0),)
@@ -378,11 +365,25 @@ def _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb, k_hi, on, ALIGNED: tl.conste
 
 
 @triton.jit
+def _q6_k_scales(w_ptr, w_row, row_mask, K, xd, sb, on, ALIGNED: tl.constexpr):
+    """Q6_K block ``sb``'s scales (held rows, :func:`~gdnpass.kernels.quants.held_rows`: its 16 int8 scales at byte
+    3K/4 + 16 sb, its f16 d at 13K/16 + 2 sb) for the rows ``w_row``: the scales as 4 words (where ``ALIGNED`` one
+    16-byte load a row, :func:`_load_words4`, else a 16-bit load a pair), d as f32, and the block's activation scale
+    ([COLS] f32); zeros where not ``on``. Loaded a step ahead, as :func:`_q8_0_scales` says why."""
+    at = w_ptr + w_row + 3 * (K // 4) + 16 * sb                           # [BLOCK_M] the block's scales
+    mask = row_mask & on
+    words = _load_16_bytes(at, mask, 8, ALIGNED)
+    d16 = (w_ptr + w_row + 13 * (K // 16) + 2 * sb).to(tl.pointer_type(tl.int16), bitcast=True)
+    d = f16_bits(tl.load(d16, mask=mask, other=0).to(tl.int32))
+    return words, d, tl.load(xd + sb * XCOLS, mask=on, other=0.0)
+
+
+@triton.jit
 def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk, col0, N, QTYPE: tl.constexpr,
                   COLS: tl.constexpr, ALIGNED: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
-    (``w_ptr`` its bytes as gdnpass holds them, :func:`~gdnpass.kernels.quants.held_rows`: Q8_0's rows split, the
-    K-quants' as the file has them; rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into
+    (``w_ptr`` its bytes as gdnpass holds them, :func:`~gdnpass.kernels.quants.held_rows`: Q8_0's and Q6_K's rows
+    split, Q4_K's and Q5_K's as the file has them; rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into
     the workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks of 16 from
     ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer
     dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
@@ -393,7 +394,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group dots times their integer
     scales add up exactly in int32 (Q6_K's groups of 32 have a scale a half: two dot columns a column, each half's
     against the activations with the other half zeroed), as do the mins times the activations' group sums, then one
-    f32 step per block: d·dx·Σ - dmin·dx·Σ_min (Q4_K / Q5_K's scales loaded a block ahead, :func:`_block_scales`).
+    f32 step per block: d·dx·Σ - dmin·dx·Σ_min (the scales loaded a block ahead: :func:`_block_scales`,
+    :func:`_q6_k_scales`; Q8_0's :func:`_q8_0_scales`; ``ALIGNED``: Q6_K's 16 a row one load).
     The quants of the product's columns [col0, col0 + N) only are read, the others' dot operand is the loads' zero fill
     (12 of 16 columns' bytes not fetched at 4 tokens); a column's sum is its own either way, and only the product's are
     stored. (Their scales and group sums are read for every column.) COLS may be 8 where the product has 8 columns or
@@ -405,7 +407,6 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     word, slot = _x_words(cols, chunk)
     xd = ws_ptr.to(tl.pointer_type(tl.float32), bitcast=True) + word + 4 * K + slot
     xb = ws_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + word + 4 * K + XCOLS * (K // QK_K) + slot
-    w16 = w_ptr.to(tl.pointer_type(tl.int16), bitcast=True)
     e = tl.arange(0, SUB)
     w_row = rows.to(tl.int64) * w_stride                                 # [BLOCK_M] byte offsets
     rm = row_mask[:, None]
@@ -415,6 +416,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     if QTYPE == "q8_0":
         ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, xd, k_lo // QK_K, k_hi, k_lo < k_hi, ALIGNED)
+    if QTYPE == "q6_k":
+        ahead = _q6_k_scales(w_ptr, w_row, row_mask, K, xd, k_lo // QK_K, k_lo < k_hi, ALIGNED)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q8_0":  # held rows split (quants.held_rows): element k's quant at byte k, group g's f16 at K + 2g
@@ -454,29 +457,30 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                     - (f16_bits(dm >> 16)[:, None] * dx[None, :]) * msum.to(tl.float32)
             else:
                 tl.static_assert(QTYPE == "q6_k", "matvec_cols_q: an unknown block type")
-                # {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: group j = 4n + k (half n, quarter k) takes the low
-                # (k < 2) or high nibbles of ql[64n + 32(k & 1) + l] and bits 2k, 2k + 1 of qh[32n + l]
-                # Each group of 32 has two scales, one a half: its dot is one of 32 columns, the activations' 16
-                # with the second half zeroed interleaved with the 16 with the first half zeroed (column 2c + half),
-                # each scaled by its half's scale; the halves' sums are added once a block (all exact, in int32).
-                dx = tl.load(xd + sb * XCOLS)
-                blk = w_row + sb * Q6_K_BYTES
-                d = f16_bits(tl.load(w16 + blk // 2 + Q6_K_BYTES // 2 - 1, mask=row_mask, other=0).to(tl.int32))
+                # held rows split (quants.held_rows): block sb's ql[128] at 128 sb, qh[64] at K/2 + 64 sb. Group
+                # j = 4n + k (half n, quarter k) takes the low (k < 2) or high nibbles of ql[64n + 32(k & 1) + l] and
+                # bits 2k, 2k + 1 of qh[32n + l]. Each group of 32 has two scales, one a half: its dot is one of 32
+                # columns, the activations' 16 with the second half zeroed interleaved with the 16 with the first
+                # half zeroed (column 2c + half), each scaled by its half's scale; the halves' sums are added once a
+                # block (all exact, in int32)
+                sc_words, d, dx = ahead
+                ahead = _q6_k_scales(w_ptr, w_row, row_mask, K, xd, sb + 1, k0 + QK_K < k_hi, ALIGNED)
                 j2 = tl.arange(0, 2 * COLS)                               # column 2c + half of the dots
                 in_half = (e[:, None] < 16) == (j2[None, :] % 2 == 0)     # [32, 2 COLS]: element k of half j2 % 2
                 half_on = ((j2 // 2 >= col0) & (j2 // 2 < col0 + N))[None, :]
                 halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
-                    qh = _quant_bytes(w16, blk // 2 + 64 + 16 * n, rm, tl.uint8)
+                    qh = tl.load(w_ptr + w_row[:, None] + (K // 2 + 64 * sb + 32 * n) + e[None, :], mask=rm, other=0)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
-                        ql = _quant_bytes(w16, blk // 2 + 32 * n + 16 * i, rm, tl.uint8)
+                        ql = tl.load(w_ptr + w_row[:, None] + (128 * sb + 64 * n + 32 * i) + e[None, :], mask=rm,
+                                     other=0)
                         for h in tl.static_range(2):
                             q = _q6_quants(ql, qh, 2 * h + i)
                             g = sb * GROUPS_K + 4 * n + 2 * h + i
                             xq = _group_x(ws_ptr, chunk, g, j2 // 2, in_half & half_on)
-                            sc = tl.load(w16 + blk // 2 + 96 + 4 * n + 2 * h + i, mask=row_mask, other=0)
-                            sc = sc.to(tl.int32)                           # scales[8n + 2k], [8n + 2k + 1]
-                            sc = tl.where(j2[None, :] % 2 == 0, ((sc << 24) >> 24)[:, None], (sc >> 8)[:, None])
+                            pair = sc_words[2 * n + h] >> (16 * i)          # scales[8n + 2k], [8n + 2k + 1]
+                            sc = tl.where(j2[None, :] % 2 == 0, ((pair << 24) >> 24)[:, None],
+                                          ((pair << 16) >> 24)[:, None])
                             halves += sc * _group_dot(q, xq)
                 isum = tl.sum(tl.reshape(halves, (rows.shape[0], COLS, 2)), axis=2)
                 acc += (d[:, None] * dx[None, :]) * isum.to(tl.float32)
@@ -670,10 +674,11 @@ WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 
 
 def aligned_rows(wtype: DType, K: int, *weights: torch.Tensor) -> bool:
-    """The mat-vec kernel's ``ALIGNED``: Q8_0 weights (their bytes) whose K steps of 256 are whole and whose rows all
-    start on 16 bytes, where a step loads its 8 scales a row at once and masks no group (every weight of the 9B; a K
-    of part steps, as the tiny models', takes the per-group form). False for other types, whose kernels ignore it."""
-    return wtype is DType.Q8_0 and K % QK_K.value == 0 and all(
+    """The mat-vec kernel's ``ALIGNED``: Q8_0 or Q6_K weights (their bytes, held split) whose K steps of 256 are whole
+    and whose rows all start on 16 bytes, where a step loads its 16 bytes of scales a row at once (Q8_0's 8 f16, Q6_K's
+    16 int8) and Q8_0 masks no group (every weight of the 9B; a K of part steps, as the tiny models', or a view off 16
+    bytes takes 16-bit loads). False for other types, whose kernels ignore it."""
+    return wtype in (DType.Q8_0, DType.Q6_K) and K % QK_K.value == 0 and all(
         w.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in w.stride()[:-1]) for w in weights)
 
 

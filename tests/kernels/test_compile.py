@@ -58,21 +58,13 @@ def _sass(qtype: str) -> dict[str, int]:
     return {op: int(n) for n, op in (line.split() for line in r.stdout.splitlines())}
 
 
-@pytest.mark.parametrize("qtype, barriers", [("q4_k", 16), ("q8_0", 24)])
+@pytest.mark.parametrize("qtype, barriers", [("q4_k", 16), ("q8_0", 24), ("q6_k", 16)])
 def test_quantized_weights_copy_ahead_as_launched(qtype, barriers):
     """launched_sm90.py --sass: a mat-vec's SASS opcodes as launched. Q4_K's 144-byte blocks lie on 16-byte words,
-    and so do Q8_0's quants in the rows gdnpass holds (quants.held_rows: quants, then scales), so Triton's pipeline
-    copies them ahead (LDGSTS) and the dot reads them from shared memory with few barriers. (Q8_0's blocks as the
-    file has them, every other group's quants 2 bytes off a word, went through shared memory group by group: 141
-    STS and 39 BAR at 12288 x 4096.)"""
+    and so do Q8_0's and Q6_K's quants in the rows gdnpass holds (quants.held_rows: in planes, quants first), so
+    Triton's pipeline copies them ahead (LDGSTS) and the dot reads them from shared memory with few barriers. (Q8_0's
+    blocks as the file has them, every other group's quants 2 bytes off a word, went through shared memory group by
+    group: 141 STS and 39 BAR at 12288 x 4096; Q6_K's 210-byte blocks, loaded 16 bits at a time to avoid that, were
+    waited on in their own step, uncopied ahead.)"""
     ops = _sass(qtype)
     assert ops.get("LDGSTS", 0) >= 32 and ops.get("BAR", 0) <= barriers and ops.get("STS", 0) <= 16, ops
-
-
-def test_q6_k_quants_skip_shared_memory_as_launched():
-    """Q6_K's 210-byte blocks lie 2 bytes off a word every other block, so nothing copies them ahead. Loaded by
-    ``tl.load``, its quants went through shared memory into the decode's layout group by group (53 STS and 18 BAR at
-    12288 x 4096); loaded as 16-bit words by an elementwise op (``triton_matvec._load_b16``) they land in it, 11-18%
-    faster a launch (docs/performance.md, fourteenth session)."""
-    ops = _sass("q6_k")
-    assert ops.get("STS", 0) <= 16 and ops.get("BAR", 0) <= 16 and ops.get("LDG", 0) >= 64, ops

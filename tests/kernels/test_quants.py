@@ -134,24 +134,30 @@ def test_errors(dtype, shape, bad):
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
 def test_held_rows_move_the_files_bytes_within_each_row(dtype):
     """held_rows (what gdnpass's buffers hold): Q8_0's rows split, element k's quant at byte k and group g's f16
-    scale at byte K + 2g, every byte of the row kept and file_rows undoing it; every other type's rows as they are.
-    Batched, on views, and for a row of 3 blocks (K not a multiple of 256)."""
+    scale at byte K + 2g; Q6_K's in four planes, block b's ql at 128b, qh at K/2 + 64b, scales at 3K/4 + 16b, d at
+    13K/16 + 2b; every byte of the row kept and file_rows undoing it; every other type's rows as they are. Batched,
+    on views, and (Q8_0) for a row of 3 blocks (K not a multiple of 256)."""
     raw = torch.from_numpy(_blocks(dtype, "random"))
     held = held_rows(raw, dtype)
     assert held.shape == raw.shape and torch.equal(file_rows(held, dtype), raw)
     assert torch.equal(held.sort(-1).values, raw.sort(-1).values)  # the same bytes, moved within the row
-    if dtype is not DType.Q8_0:
+    if dtype not in (DType.Q8_0, DType.Q6_K):
         assert held is raw
         return
     blocks, K = raw.view(ROWS, BLOCKS, dtype.size), BLOCKS * dtype.block
+    # (the plane's start in the row, its bytes a block, the field's offset in a block), ggml-common.h's fields
+    planes = ([(0, 32, 2), (K, 2, 0)] if dtype is DType.Q8_0 else
+              [(0, 128, 0), (K // 2, 64, 128), (3 * K // 4, 16, 192), (13 * K // 16, 2, 208)])
     for g in (0, 1, BLOCKS - 1):
-        assert torch.equal(held[:, 32 * g:32 * g + 32], blocks[:, g, 2:]), g
-        assert torch.equal(held[:, K + 2 * g:K + 2 * g + 2], blocks[:, g, :2]), g
+        for start, width, field in planes:
+            at = start + width * g
+            assert torch.equal(held[:, at:at + width], blocks[:, g, field:field + width]), (g, field)
     assert torch.equal(held_rows(raw.view(3, 2, 2, -1), dtype), held.view(3, 2, 2, -1))
     assert torch.equal(held_rows(raw[::2], dtype), held[::2])
-    three = raw[:, :3 * dtype.size]
-    assert torch.equal(file_rows(held_rows(three, dtype), dtype), three)
-    assert torch.equal(held_rows(three, dtype)[:, 96:], three.view(ROWS, 3, -1)[:, :, :2].reshape(ROWS, 6))
+    if dtype is DType.Q8_0:
+        three = raw[:, :3 * dtype.size]
+        assert torch.equal(file_rows(held_rows(three, dtype), dtype), three)
+        assert torch.equal(held_rows(three, dtype)[:, 96:], three.view(ROWS, 3, -1)[:, :, :2].reshape(ROWS, 6))
 
 
 @pytest.mark.parametrize("dtype", TYPES, ids=lambda t: t.label)
