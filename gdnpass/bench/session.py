@@ -295,15 +295,15 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # at the step's start (104 registers, the lm head 83). Its kernel tests compiled, then the products of
             # the three packages (equal hashes: the same arithmetic) and 8 fused 9B layers checked
             ("q8-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "-k", "q8_0", "tests/kernels/test_triton_quants.py"], 80),
-            *((f"probe-q8_0{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0", "--cols", "4,8"), 80)
+            *((f"probe-q8_0{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0", "--cols", "4"), 70)
               for tag, path in Q8_0_SCALES),
             ("q8-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
                           "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0", "--device", "cuda", "--check"], 50),
         ]
     if part == 27:
         return [  # part 26's three packages in the whole Q8_0 verify, one after the other
-            (f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
-                                     "--json", str(out / f"whole-q8_0{tag}.json")), 120)
+            (f"whole-q8_0-scales{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype",
+                                            "q8_0", "--json", str(out / f"whole-q8_0-scales{tag}.json")), 120)
             for tag, path in Q8_0_SCALES]
     if part == 28:
         return [
@@ -314,7 +314,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # arithmetic), the whole Q6_K verify of both one after the other, and 8 fused 9B layers checked
             ("q6-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "-k", "q6_k or get_rows",
                               "tests/kernels/test_triton_quants.py", "tests/kernels/test_kernels.py"], 90),
-            *((f"probe-q6_k{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q6_k", "--cols", "4,8"), 80)
+            *((f"probe-q6_k{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q6_k", "--cols", "4"), 70)
               for tag, path in (("", "."), ("-before", Q8_0_SCALES[-1][1]))),
             *((f"whole-q6_k{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q6_k",
                                        "--json", str(out / f"whole-q6_k{tag}.json")), 110)

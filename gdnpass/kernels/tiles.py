@@ -227,11 +227,11 @@ Q8_0_WAVE = 528
 Q8_0_THIN_ROWS = 32
 
 # The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
-# 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 168, 3, at 8-16 bytes of spill
-# (uncapped: 200, 2). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
+# 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 128, 4, unspilled since its rows
+# are held split (nineteenth session: 149-153 uncapped, 3; before that 168, 3, at 8-16 bytes of spill). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
 # was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
 # Q8_0's split rows take no cap (Q8_0_WAVE).
-QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 168}
+QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 128}
 # Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):
 # with 256 programs or fewer it ran 2-4% slower, the spill's cost without an SM's third program to win
 Q6_K_CAPPED_PAST = 256
