@@ -26,9 +26,10 @@ BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROP
 Q6_K_SPLIT = ".ab/q6k"  # part 22: branch probe/q6k-split's package and tests, Q6_K's rows held split (`mkdir -p
 # .ab/q6k && git archive probe/q6k-split gdnpass tests | tar -x -C .ab/q6k`)
 Q8_0_ALIGNED = ".ab/q8a"  # part 23: branch probe/q8-scales's package and tests, Q8_0's aligned form (as Q6_K_SPLIT's)
-# parts 26 and 27: Q8_0's weight scales loaded a step ahead, the activations' at their step's start (the tree); both
-# a step ahead (.ab/q8both: `git archive d37ae67 gdnpass`); the package before either (as PREV's line says how)
-Q8_0_SCALES = (("", "."), ("-both-ahead", ".ab/q8both"), ("-before", ".ab/789ae72"))
+# parts 26 and 27: Q8_0's scales a step ahead, the weights' and the activations' (the tree since the nineteenth
+# session; .ab/q8both when part 26 ran: `git archive d37ae67 gdnpass`); the weights' only, the activations' at the
+# step's start (.ab/q8x: ebf0e40's package); the package before either (as PREV's line says how)
+Q8_0_SCALES = (("", "."), ("-x-at-start", ".ab/q8x"), ("-before", ".ab/789ae72"))
 
 
 def _on_path(package: str, *command: str) -> list[str]:
@@ -290,10 +291,12 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     if part == 26:
         return [
             # issue 34: Q8_0's scales off the step's critical path (the weights' 8 a row and the activations' 8 a
-            # column were waited on in their own step: a memory round trip a step, an L2 one a group). The tree loads
-            # the weights' a step ahead and the activations' at the step's start (104 registers, the lm head 83);
-            # .ab/q8both both a step ahead (128, the lm head 133: 3 programs an SM). Its kernel tests compiled, the
-            # products of the three packages (equal hashes: the same arithmetic), 8 fused 9B layers checked
+            # column were waited on in their own step: a memory round trip a step, an L2 one a group): both a step
+            # ahead (the tree: 128 registers, the lm head 133, 3 programs an SM) or the weights' only, the
+            # activations' at the step's start (.ab/q8x: 104, the lm head 83). Its kernel tests compiled, the products
+            # of the three packages (equal hashes: the same arithmetic), 8 fused 9B layers checked. (Run 2026-12-07,
+            # nineteenth session, when the tree held .ab/q8x's form and the step names were "", "-both-ahead" and
+            # "-before".)
             ("q8-tests-gpu", [PY, "-m", "pytest", "-q", "-x", "-k", "q8_0", "tests/kernels/test_triton_quants.py"], 80),
             *((f"probe-q8_0{tag}", _at(path, "benchmarks/probe_quant.py", "--qtypes", "q8_0", "--cols", "4"), 70)
               for tag, path in Q8_0_SCALES),

@@ -347,27 +347,22 @@ def _load_16_bytes(p, mask, halves, ALIGNED: tl.constexpr):
 
 
 @triton.jit
-def _q8_0_scales(w_ptr, w_row, row_mask, K, sb, k_hi, on, ALIGNED: tl.constexpr):
-    """Q8_0 step ``sb``'s weight scales (held rows, :func:`~gdnpass.kernels.quants.held_rows`: group g's f16 at byte
-    K + 2g) of the rows ``w_row``: 4 words of two f16 each (:func:`_load_16_bytes`); zeros where not ``on`` or past
-    ``k_hi``. Only the f32 step after the dots uses them, so Triton's pipeline does not copy them ahead, and
-    :func:`matvec_cols_q` loads them a step ahead itself: loaded in their step, each step waited a memory round trip
-    for them after its first dot (SASS, compiled as launched; ncu read 2.8 warps a scheduler and the issue slots 31%
-    busy: docs/performance.md, eighteenth session)."""
+def _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb, k_hi, on, ALIGNED: tl.constexpr):
+    """Q8_0 step ``sb``'s scales (held rows, :func:`~gdnpass.kernels.quants.held_rows`: group g's f16 at byte K + 2g):
+    its 8 groups' weight scales of the rows ``w_row`` as 4 words of two f16 each (where ``ALIGNED`` one 16-byte load a
+    row, :func:`_load_words4`, else a 16-bit load a group), and its 8 groups' activation scales ([COLS] f32 each);
+    zeros where not ``on`` or past ``k_hi``. Only the f32 step after the dots uses them, so Triton's pipeline does not
+    copy them ahead, and :func:`matvec_cols_q` loads them a step ahead itself: loaded in their step, each step waited a
+    memory round trip for its weight scales and an L2 one a group for its activation scales (SASS, compiled as
+    launched; ncu had read 2.8 warps a scheduler, the issue slots 31% busy). 7-20% faster a launch at the 9B's shapes
+    (H100); carrying the activation scales too takes the lm head to 133 registers, 3 programs an SM, and it still ran
+    8% faster than with them loaded at the step's start (5 an SM; docs/performance.md, nineteenth session)."""
     g = sb * GROUPS_K  # the step's first group (groups past k_hi: only where K is not whole steps)
-    return _load_16_bytes(w_ptr + w_row + K + 2 * g, row_mask & on, k_hi // SUB - g, ALIGNED)
-
-
-@triton.jit
-def _q8_0_x_scales(xd, sb, k_hi):
-    """Q8_0 step ``sb``'s 8 groups' activation scales ([COLS] f32 each; zeros past ``k_hi``), loaded together at the
-    step's start: one L2 round trip a step, where each group's, loaded just before its use, waited one a group.
-    (Carried a step ahead too, they took the registers to 128, the lm head's to 133: 3 programs an SM.)"""
+    ds = _load_16_bytes(w_ptr + w_row + K + 2 * g, row_mask & on, k_hi // SUB - g, ALIGNED)
     dx = ()
     for j in tl.static_range(GROUPS_K):
-        g = sb * GROUPS_K + j
-        dx = dx + (tl.load(xd + g * XCOLS, mask=g * SUB < k_hi, other=0.0),)
-    return dx
+        dx = dx + (tl.load(xd + (g + j) * XCOLS, mask=on & ((g + j) * SUB < k_hi), other=0.0),)
+    return ds, dx
 
 
 @triton.jit
@@ -421,14 +416,14 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     if QTYPE == "q4_k" or QTYPE == "q5_k":
         ahead = _block_scales(w_ptr, w_row, row_mask, xd, k_lo // QK_K, k_lo < k_hi, SIZE)
     if QTYPE == "q8_0":
-        ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, k_lo // QK_K, k_hi, k_lo < k_hi, ALIGNED)
+        ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, xd, k_lo // QK_K, k_hi, k_lo < k_hi, ALIGNED)
     if QTYPE == "q6_k":
         ahead = _q6_k_scales(w_ptr, w_row, row_mask, K, xd, k_lo // QK_K, k_lo < k_hi, ALIGNED)
     for k0 in range(k_lo, k_hi, QK_K):
         sb = k0 // QK_K
         if QTYPE == "q8_0":  # held rows split (quants.held_rows): element k's quant at byte k, group g's f16 at K + 2g
-            ds, dxs = ahead, _q8_0_x_scales(xd, sb, k_hi)
-            ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, sb + 1, k_hi, k0 + QK_K < k_hi, ALIGNED)
+            ds, dxs = ahead
+            ahead = _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb + 1, k_hi, k0 + QK_K < k_hi, ALIGNED)
             for j in tl.static_range(GROUPS_K):
                 g = sb * GROUPS_K + j
                 on = True if ALIGNED else g * SUB < k_hi  # (only a K of part steps has groups past its end)

@@ -55,11 +55,13 @@ def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
     assert {(v["qtype"], v["M"]) for v in capped} >= {("q4_k", 4096), ("q5_k", 4096), ("q6_k", 12288),
                                                        ("q6_k", 248320)}, capped
     assert ("q6_k", 4096) not in {(v["qtype"], v["M"]) for v in capped}, capped
-    # Q8_0 (its rows held split): no cap, and every launch holds the programs an SM its one-wave split counts on
-    # (tiles.Q8_0_WAVE), unspilled
+    # Q8_0 (its rows held split): no cap, unspilled, and every split launch holds the programs an SM its one-wave
+    # split counts on (tiles.Q8_0_WAVE); the lm head, unsplit, takes 3 (its scales carried a step ahead: 8% faster
+    # than at 5, H100, nineteenth session)
     assert not [v for v in capped if v["qtype"] == "q8_0"], capped
     q8_0 = [v for v in found if v["qtype"] == "q8_0"]
-    assert all(v["programs"] >= PROGRAMS["q8_0"] and v["stack"] == 0 for v in q8_0), q8_0
+    assert all(v["stack"] == 0 for v in q8_0), q8_0
+    assert all(v["programs"] >= PROGRAMS["q8_0"] for v in q8_0 if v["split"] > 1), q8_0
     for v in capped:
         # (4 tokens; MUL_MAT_ID's program takes any column of its chunk's 16)
         assert v["cols"] == (16 if v["ids"] else QUANT_MIN_COLS[v["qtype"]]) and v["regs"] <= QUANT_REGS[v["qtype"]], v
