@@ -2,6 +2,9 @@
 interpreter), the datasheet lookup, and the cross-checks that refuse a floor. On a GPU the measurement itself runs
 (marked ``gpu``)."""
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -78,3 +81,22 @@ def test_measured_ceilings_are_consistent_on_this_gpu():
     c = cl.measure()
     assert c.read.events_GBps > 0 and c.copy.events_GBps > 0
     assert c.problems(c.read) == [], cl.report(c)  # the read reference must give floors on a real card
+
+
+@pytest.mark.parametrize("quantized,printed,verdict", [(False, "target <= 0.6", "0.70 MISSED"),
+                                                        (True, "target <= 0.7", "0.70 MISSED")])
+def test_the_whole_verify_is_judged_by_its_weights_issue(quantized, printed, verdict, capsys):
+    """bench.py's ours-vs-upstream line holds a quantized file to issue 34's <= 0.7 of upstream's kernel time and a
+    plain one to issue 32's <= 0.6 (a Q8_0 file at 0.70 was printed against 0.6 once); 0.7026 misses both."""
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench.py"
+    spec = importlib.util.spec_from_file_location("bench_script", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    side = {"kernels": 465, "kernel_us": 5615.0, "us_per_forward": 5906.0, "weight_bytes": 8.44e9}
+    whole = [{"T": 4, "rows": 4, "gdn_layers": 24, "off": {**side, "kernels": 1222}, "on": side}]
+    up = {"model": "qwen3.5-9b", "cases": [{"T": 4, "rows": 4, "kernels": 1172, "kernel_us": 7992.0,
+                                            "wall_us": 6131.0}]}
+    bench.print_versus(whole, up, _ceilings(read_events=3148.0, read_profiled=3226.0, sheet=3350.0), quantized)
+    out = capsys.readouterr().out
+    assert printed in out and verdict in out, out
+    assert ("(target <= 0.65)" in out) is not quantized, out  # (issue 34 states no wall target)
