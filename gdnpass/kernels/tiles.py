@@ -215,9 +215,9 @@ QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K i
 # lm head, unsplit, 74: 5). The probe of the split rows (H100, 2026-12-07, seventeenth session, 4 columns, us a
 # launch; the file's layout at its own tile in brackets): 12288 x 4096 in 2 slices 35.7 (45.4), in 4 39.7;
 # 4096 x 12288 in 8 34.1 (47.5), in 16 37.5; 4096 x 4096 in 8 16.0 (20.9); the lm head unsplit 535 (723), in 2 512.
-# 128-row blocks (3 stages: 110 KB, 2 an SM; 2 stages: 74 KB, 3) and 32-row ones were slower at every shape. Since
-# the aligned form (triton_matvec.aligned_rows) the split launches take 76 registers, 5 programs an SM by shared
-# memory; the wave is kept at 4 an SM, untimed at 5 (660: it would split none of the 9B's products further).
+# 128-row blocks (3 stages: 110 KB, 2 an SM; 2 stages: 74 KB, 3) and 32-row ones were slower at every shape. The
+# aligned form (triton_matvec.aligned_rows) took the split launches to 76 registers, 5 an SM; its scales loaded a
+# step ahead (nineteenth session) to 128, 4 an SM, as the wave counts (the lm head 133: 3, and faster so).
 Q8_0_WAVE = 528
 
 # Q8_0's thin products (alpha / beta, 32 rows): one 32-row block, 8 columns, K split to one step a program. Their
@@ -228,8 +228,9 @@ Q8_0_THIN_ROWS = 32
 
 # The K-quants' registers a thread up to 16 columns, which decide how many programs an SM holds (shared memory allows
 # 4 or more): Q4_K and Q5_K at 128, 4 programs (uncapped: up to 136, 3); Q6_K at 128, 4, unspilled since its rows
-# are held split (nineteenth session: 149-153 uncapped, 3; before that 168, 3, at 8-16 bytes of spill). Held by tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap
-# was worth: docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
+# are held split (nineteenth session: 149-153 uncapped, 3; before that 168, 3, at 8-16 bytes of spill). Held by
+# tests/kernels/test_occupancy.py, compiled as the launches specialize them; what each cap was worth:
+# docs/performance.md, sixth and seventh sessions. Not at 32 columns: Q4_K's would spill at 128 (176).
 # Q8_0's split rows take no cap (Q8_0_WAVE).
 QUANT_REGS = {"q4_k": 128, "q5_k": 128, "q6_k": 128}
 # Q6_K's cap pays only where the launch fills more than 2 programs an SM (the H100's and H200's 132 SMs hold 264):

@@ -564,10 +564,10 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 
 SUB = tl.constexpr(32)  # elements per group
 
-# the kernels' QTYPE: each quantized type's label; its block's bytes (DType.size) as the kernels' constants
+# the kernels' QTYPE: each quantized type's label; the blocks' bytes (DType.size) of the types held as the file has
+# them as the kernels' constants (the held-split types', ir.HELD_SPLIT, lie in planes: offsets in K, not blocks)
 QTYPES = {t: t.label for t in DType if t.is_quantized}
-Q8_0_BYTES, Q4_K_BYTES, Q5_K_BYTES, Q6_K_BYTES = (tl.constexpr(t.size) for t in
-                                                  (DType.Q8_0, DType.Q4_K, DType.Q5_K, DType.Q6_K))
+Q4_K_BYTES, Q5_K_BYTES = (tl.constexpr(t.size) for t in (DType.Q4_K, DType.Q5_K))
 QK_K = tl.constexpr(DType.Q4_K.block)
 GROUPS_K = tl.constexpr(DType.Q4_K.block // 32)  # groups of a K-quant block
 

@@ -384,8 +384,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                   COLS: tl.constexpr, ALIGNED: tl.constexpr):
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes as gdnpass holds them, :func:`~gdnpass.kernels.quants.held_rows`: Q8_0's and Q6_K's rows
-    split, Q4_K's and Q5_K's as the file has them; rows ``w_stride`` bytes apart), on the activations the pre-pass quantized into
-    the workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks of 16 from
+    split, Q4_K's and Q5_K's as the file has them; rows ``w_stride`` bytes apart), on the activations the pre-pass
+    quantized into the workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks of 16 from
     ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer
     dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
     nibbles as they lie, the low ones one group and the high ones the next) with its activation quants is one int8

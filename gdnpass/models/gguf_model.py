@@ -4,9 +4,9 @@
 is read from the data section, and torch is not imported), so ``gdnpass dump --gguf`` of a large file is quick.
 :meth:`GgufModel.config` gives the :class:`VerifyConfig` of a whole verify forward of the model,
 :meth:`GgufModel.build` its graph with every weight in the file's type (ggml's block types the kernels read, Q8_0
-and the K-quants Q4_K, Q5_K, Q6_K, stay blocks: the file's bytes, Q8_0's rows split as gdnpass holds them,
-quants.held_rows; the other quantized types become f32: they are dequantized on load), :meth:`GgufModel.load_weights`
-writes the weights into an executor's buffers.
+and the K-quants Q4_K, Q5_K, Q6_K, stay blocks: the file's bytes, Q8_0's and Q6_K's rows split as gdnpass holds
+them, quants.held_rows; the other quantized types become f32: they are dequantized on load),
+:meth:`GgufModel.load_weights` writes the weights into an executor's buffers.
 
 Archs ``qwen35`` and ``qwen35moe`` (Qwen3.5's MoE models: the same trunk, an expert FFN; its header and tensors are
 read and checked, the builder refuses its expert FFN by name until it builds it) are read. ``qwen3next`` is refused
@@ -92,9 +92,9 @@ class GgufModel:
 
     def load_extra_bytes(self, graph: Graph) -> int:
         """Memory :meth:`load_weights` holds besides the executor's buffers: one weight at a time, its copy out of
-        the file (f32 when dequantized, then converted to the buffer's type when that differs; Q8_0's rows then
-        split, :func:`~gdnpass.kernels.quants.held_rows`): the largest such copy, for the executor's memory check
-        (``Executor(..., extra=...)``)."""
+        the file (f32 when dequantized, then converted to the buffer's type when that differs; Q8_0's and Q6_K's
+        rows then split, :func:`~gdnpass.kernels.quants.held_rows`): the largest such copy, for the executor's memory
+        check (``Executor(..., extra=...)``)."""
         most = 0
         for t in graph.leafs:
             if t.buffer == "weights" and t.view_src is None and t.name in self.types:
