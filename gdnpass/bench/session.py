@@ -26,6 +26,8 @@ BEFORE_GLU = ".ab/8b61a0b"  # part 20's A/B: the package before pair_glu and ROP
 Q6_K_SPLIT = ".ab/q6k"  # part 22: branch probe/q6k-split's package and tests, Q6_K's rows held split (`mkdir -p
 # .ab/q6k && git archive probe/q6k-split gdnpass tests | tar -x -C .ab/q6k`)
 Q8_0_ALIGNED = ".ab/q8a"  # part 23: branch probe/q8-scales's package and tests, Q8_0's aligned form (as Q6_K_SPLIT's)
+# (Both branches are gone, their forms on main: Q8_0's aligned form since the eighteenth session, Q6_K's rows held
+# split since the nineteenth, written again. Parts 22 and 23 are kept as the record of what ran.)
 # parts 26 and 27: Q8_0's scales a step ahead, the weights' and the activations' (the tree since the nineteenth
 # session; .ab/q8both when part 26 ran: `git archive d37ae67 gdnpass`); the weights' only, the activations' at the
 # step's start (.ab/q8x: ebf0e40's package); the package before either (as PREV's line says how)
@@ -330,13 +332,12 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
             # instructions a byte, compiled as launched, would take 29-70% of the SMs' issue slots at the read
             # bandwidth, before stalls; bf16's 17%.) ncu's scheduler and warp-state reading of one launch each, 12288
-            # x 4096 at 4 columns: the block types on main, and the two branches' forms
-            *((f"ncu-issue-{name}", _on_path(path, "ncu", "--section", "SpeedOfLight", "--section", "SchedulerStats",
-                                             "--section", "WarpStateStats", "--section", "InstructionStats", "-k",
-                                             "regex:mul_mat_vec", "-c", "1", PY, "benchmarks/one_matvec.py", qtype,
-                                             "12288", "4096", "4"), 45)
-              for name, path, qtype in (("q4_k", ".", "q4_k"), ("q6_k", ".", "q6_k"), ("q8_0", ".", "q8_0"),
-                                        ("q6_k-split", Q6_K_SPLIT, "q6_k"), ("q8_0-aligned", Q8_0_ALIGNED, "q8_0"))),
+            # x 4096 at 4 columns: the block types on main (whose Q6_K and Q8_0 forms the two branches' were; the
+            # nineteenth session's scales a step ahead are among what it would now read)
+            *((f"ncu-issue-{qtype}", ["ncu", "--section", "SpeedOfLight", "--section", "SchedulerStats", "--section",
+                                      "WarpStateStats", "--section", "InstructionStats", "-k", "regex:mul_mat_vec",
+                                      "-c", "1", PY, "benchmarks/one_matvec.py", qtype, "12288", "4096", "4"], 45)
+              for qtype in ("q4_k", "q6_k", "q8_0")),
         ]
     if part == 21:
         return [
