@@ -568,6 +568,9 @@ SUB = tl.constexpr(32)  # elements per group
 # them as the kernels' constants (the held-split types', ir.HELD_SPLIT, lie in planes: offsets in K, not blocks)
 QTYPES = {t: t.label for t in DType if t.is_quantized}
 Q4_K_BYTES, Q5_K_BYTES = (tl.constexpr(t.size) for t in (DType.Q4_K, DType.Q5_K))
+# where a held Q6_K row's planes start (ir.HELD_SPLIT: ql, qh, scales, d), in bytes a block of 256: plane p of a row
+# of K elements at (K // 256) * Q6_K_PLANES[p], block b's part of it at b times the plane's width
+Q6_K_PLANES = tl.constexpr(tuple(sum(w for _, w in HELD_SPLIT[DType.Q6_K][:p]) for p in range(4)))
 QK_K = tl.constexpr(DType.Q4_K.block)
 GROUPS_K = tl.constexpr(DType.Q4_K.block // 32)  # groups of a K-quant block
 

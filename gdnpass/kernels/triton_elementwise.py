@@ -15,7 +15,7 @@ import triton.language as tl
 
 from gdnpass.kernels.limits import check_row_ids
 from gdnpass.kernels.reference import f32
-from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES,
+from gdnpass.kernels.triton_core import (GROUPS_K, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_PLANES,
                                          QK_K, QTYPES, SUB, _alias_ok, _byte, _f16, _repeats, _require, _row_offset,
                                          _src1_at, XCOLS, _scale_min_k4, _strides, activations_to_fill, chain_args,
                                          chain_at, chain_sides, clamp_f32, product_columns, require_whole_rows,
@@ -147,19 +147,20 @@ def quantized_groups(w_ptr, row_off, row_mask, g, g_mask, K, QTYPE: tl.constexpr
         a2, b = a, _f16(blk + 2, mask) * m
     else:
         tl.static_assert(QTYPE == "q6_k", "quantized_groups: an unknown block type")
-        # held rows split (quants.held_rows): block b's {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d} at 128b,
-        # K/2 + 64b, 3K/4 + 16b, 13K/16 + 2b. Group j of a block (half n = j // 4, quarter p = j % 4): element l is
-        # nibble p // 2 of ql[64n + 32(p % 2) + l] below bits 2p, 2p + 1 of qh[32n + l], minus 32, times
-        # d * scales[8n + 2p + l // 16]
-        b = (g // GROUPS_K)[:, None]
+        # held rows split (quants.held_rows): block sb's {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d} in their
+        # planes (Q6_K_PLANES) at 128 sb, K/2 + 64 sb, 3K/4 + 16 sb, 13K/16 + 2 sb. Group j of a block (half
+        # n = j // 4, quarter p = j % 4): element l is nibble p // 2 of ql[64n + 32(p % 2) + l] below bits 2p, 2p + 1
+        # of qh[32n + l], minus 32, times d * scales[8n + 2p + l // 16]
+        sb, blocks = (g // GROUPS_K)[:, None], K // QK_K
         j = (g % GROUPS_K)[:, None]
         n, p = j // 4, j % 4
-        lo = (_byte(rows[:, :, None] + (128 * b + 64 * n + 32 * (p % 2))[:, :, None] + lane, m3)
+        lo = (_byte(rows[:, :, None] + (128 * sb + 64 * n + 32 * (p % 2))[:, :, None] + lane, m3)
               >> (4 * (p // 2))[:, :, None]) & 0xF
-        hi = (_byte(rows[:, :, None] + (K // 2 + 64 * b + 32 * n)[:, :, None] + lane, m3) >> (2 * p)[:, :, None]) & 3
+        hi = (_byte(rows[:, :, None] + (blocks * Q6_K_PLANES[1] + 64 * sb + 32 * n)[:, :, None] + lane, m3)
+              >> (2 * p)[:, :, None]) & 3
         q = (lo | (hi << 4)) - 32
-        d = _f16(rows + 13 * (K // 16) + 2 * b, mask)
-        sc = rows + 3 * (K // 4) + 16 * b + 8 * n + 2 * p
+        d = _f16(rows + blocks * Q6_K_PLANES[3] + 2 * sb, mask)
+        sc = rows + blocks * Q6_K_PLANES[2] + 16 * sb + 8 * n + 2 * p
         a = d * _byte(sc, mask).to(tl.int8).to(tl.float32)
         a2, b = d * _byte(sc + 1, mask).to(tl.int8).to(tl.float32), tl.zeros_like(a)
     return q, a, a2, b

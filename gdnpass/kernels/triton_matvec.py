@@ -21,10 +21,10 @@ import triton.language as tl
 from gdnpass import prepasses
 from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_COLS, mat_vec_chunks, mat_vec_columns,
                                     mul_mat_path, pre_pass, runs_as_gemm, runs_as_mat_vec)
-from gdnpass.ir import DType
+from gdnpass.ir import HELD_SPLIT, DType
 from gdnpass.kernels import tiles
 from gdnpass.kernels.tiles import GemmTile, MatVecTile, gemm_tile, mat_vec_tile
-from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, QK_K,
+from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_PLANES, QK_K,
                                          QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes, activation_workspace,
                                          activations_key, activations_to_fill, chain_sides, chain_step, chunk_columns,
@@ -128,11 +128,11 @@ def prefetch_weights(w_ptr, w_stride, row0, nrows, ROWS: tl.constexpr, K, k0, k1
         row = w_ptr + rows.to(tl.int64) * w_stride
         at, nbytes = row + k0, k1 - k0
         prefetch_l2(row + K + k0 // (SUB // 2), (k1 - k0) // (SUB // 2), ask)
-    elif QTYPE == "q6_k":  # held rows split: the range's ql at k0 / 2, qh at K / 2 + k0 / 4, scales at 3K / 4 + k0 / 16
+    elif QTYPE == "q6_k":  # held rows split (quants.held_rows): the range's part of the ql, qh and scales planes
         row = w_ptr + rows.to(tl.int64) * w_stride  # (its d, 2 bytes a block, left to the loads)
         at, nbytes = row + k0 // 2, (k1 - k0) // 2
-        prefetch_l2(row + K // 2 + k0 // 4, (k1 - k0) // 4, ask)
-        prefetch_l2(row + 3 * (K // 4) + k0 // 16, (k1 - k0) // 16, ask)
+        prefetch_l2(row + (K // QK_K) * Q6_K_PLANES[1] + k0 // 4, (k1 - k0) // 4, ask)
+        prefetch_l2(row + (K // QK_K) * Q6_K_PLANES[2] + k0 // 16, (k1 - k0) // 16, ask)
     else:
         STEP: tl.constexpr = Q4_K_BYTES if QTYPE == "q4_k" else Q5_K_BYTES  # a block of 256's bytes
         at = w_ptr + rows.to(tl.int64) * w_stride + (k0 // QK_K) * STEP
@@ -368,13 +368,13 @@ def _q8_0_scales(w_ptr, w_row, row_mask, K, xd, sb, k_hi, on, ALIGNED: tl.conste
 @triton.jit
 def _q6_k_scales(w_ptr, w_row, row_mask, K, xd, sb, on, ALIGNED: tl.constexpr):
     """Q6_K block ``sb``'s scales (held rows, :func:`~gdnpass.kernels.quants.held_rows`: its 16 int8 scales at byte
-    3K/4 + 16 sb, its f16 d at 13K/16 + 2 sb) for the rows ``w_row``: the scales as 4 words (where ``ALIGNED`` one
-    16-byte load a row, :func:`_load_words4`, else a 16-bit load a pair), d as f32, and the block's activation scale
-    ([COLS] f32); zeros where not ``on``. Loaded a step ahead, as :func:`_q8_0_scales` says why."""
-    at = w_ptr + w_row + 3 * (K // 4) + 16 * sb                           # [BLOCK_M] the block's scales
+    3K/4 + 16 sb, its f16 d at 13K/16 + 2 sb: ``Q6_K_PLANES``) for the rows ``w_row``: the scales as 4 words (where
+    ``ALIGNED`` one 16-byte load a row, :func:`_load_words4`, else a 16-bit load a pair), d as f32, and the block's
+    activation scale ([COLS] f32); zeros where not ``on``. Loaded a step ahead, as :func:`_q8_0_scales` says why."""
+    blocks = K // QK_K
     mask = row_mask & on
-    words = _load_16_bytes(at, mask, 8, ALIGNED)
-    d16 = (w_ptr + w_row + 13 * (K // 16) + 2 * sb).to(tl.pointer_type(tl.int16), bitcast=True)
+    words = _load_16_bytes(w_ptr + w_row + blocks * Q6_K_PLANES[2] + 16 * sb, mask, 8, ALIGNED)
+    d16 = (w_ptr + w_row + blocks * Q6_K_PLANES[3] + 2 * sb).to(tl.pointer_type(tl.int16), bitcast=True)
     d = f16_bits(tl.load(d16, mask=mask, other=0).to(tl.int32))
     return words, d, tl.load(xd + sb * XCOLS, mask=on, other=0.0)
 
@@ -385,11 +385,11 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
     """Σ_k w[row, k]·x[col, k] over [k_lo, k_hi) (multiples of 256) for a block of rows of a quantized weight
     (``w_ptr`` its bytes as gdnpass holds them, :func:`~gdnpass.kernels.quants.held_rows`: Q8_0's and Q6_K's rows
     split, Q4_K's and Q5_K's as the file has them; rows ``w_stride`` bytes apart), on the activations the pre-pass
-    quantized into the workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks of 16 from
-    ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each group's integer
-    dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K / Q5_K's
-    nibbles as they lie, the low ones one group and the high ones the next) with its activation quants is one int8
-    ``tl.dot`` on the tensor cores (exact; the columns padded to 16, the smallest dot: a column's sums are the same
+    quantized into the workspace ``ws_ptr`` (:func:`activation_bytes`; COLS columns, 8, 16 or 32: one or two chunks
+    of 16 from ``ws_ptr``, ``chunk`` bytes apart, so the weight is read and decoded once for all of them). Each
+    group's integer dot of the weight's quants (decoded to int8 in the dot operand's layout, 4 bytes a register: Q4_K
+    / Q5_K's nibbles as they lie, the low ones one group and the high ones the next) with its activation quants is one
+    int8 ``tl.dot`` on the tensor cores (exact; the columns padded to 16, the smallest dot: a column's sums are the same
     whatever COLS). Q8_0 (q8_1 activations, llama.cpp's mmvq): each group's dot times both scales, in f32 (where
     ``ALIGNED``, :func:`aligned_rows`, a step's 8 scales of a row are one load and no group is masked). The
     K-quants (q8_K activations, ggml-cpu's: one scale per block of 256): the block's group dots times their integer
@@ -471,7 +471,8 @@ def matvec_cols_q(w_ptr, w_stride, rows, row_mask, ws_ptr, K, k_lo, k_hi, chunk,
                 half_on = ((j2 // 2 >= col0) & (j2 // 2 < col0 + N))[None, :]
                 halves = tl.zeros([rows.shape[0], 2 * COLS], tl.int32)
                 for n in tl.static_range(2):
-                    qh = tl.load(w_ptr + w_row[:, None] + (K // 2 + 64 * sb + 32 * n) + e[None, :], mask=rm, other=0)
+                    qh = tl.load(w_ptr + w_row[:, None] + ((K // QK_K) * Q6_K_PLANES[1] + 64 * sb + 32 * n)
+                                 + e[None, :], mask=rm, other=0)
                     for i in tl.static_range(2):  # ql's 32 bytes i: quarter i in their low nibbles, i + 2 high
                         ql = tl.load(w_ptr + w_row[:, None] + (128 * sb + 64 * n + 32 * i) + e[None, :], mask=rm,
                                      other=0)
@@ -679,7 +680,7 @@ def aligned_rows(wtype: DType, K: int, *weights: torch.Tensor) -> bool:
     and whose rows all start on 16 bytes, where a step loads its 16 bytes of scales a row at once (Q8_0's 8 f16, Q6_K's
     16 int8) and Q8_0 masks no group (every weight of the 9B; a K of part steps, as the tiny models', or a view off 16
     bytes takes 16-bit loads). False for other types, whose kernels ignore it."""
-    return wtype in (DType.Q8_0, DType.Q6_K) and K % QK_K.value == 0 and all(
+    return wtype in HELD_SPLIT and K % QK_K.value == 0 and all(
         w.data_ptr() % 16 == 0 and all(st % 16 == 0 for st in w.stride()[:-1]) for w in weights)
 
 

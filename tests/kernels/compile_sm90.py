@@ -23,6 +23,7 @@ from triton.compiler import ASTSource
 from triton.runtime.jit import KernelInterface
 
 from gdnpass.bench.matvec import product_shapes
+from gdnpass.ir import HELD_SPLIT
 from gdnpass.kernels import triton_attention as att
 from gdnpass.kernels import triton_core as core
 from gdnpass.kernels import triton_elementwise as elt
@@ -141,12 +142,14 @@ def variants():
            if "ffn_gate" in p.names}
     glu = sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
                   itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))})
-    # (Q8_0's rows at the models' K, whole steps of 256, take its aligned form; its per-group form once:
+    # (the held-split types' rows at the models' K, on 16 bytes, take the aligned form; the 16-bit form once each:
     # mv.aligned_rows)
-    for (t, wt), steps, g, aligned in ([(tw, (), 0, tw[1] == "q8_0") for tw in sorted(tiles) + split]
+    held = {t.label for t in HELD_SPLIT}
+    for (t, wt), steps, g, aligned in ([(tw, (), 0, tw[1] in held) for tw in sorted(tiles) + split]
                                        + [(tw, s, 0, False) for tw in split for s in EPILOGUES]
                                        + [(tw, (), 1, False) for tw in glu]
-                                       + [((mv.mat_vec_tile(4096, 4, 4096, "q8_0"), "q8_0"), (), 0, False)]):
+                                       + [((mv.mat_vec_tile(4096, 4, 4096, h), h), (), 0, False)
+                                          for h in sorted(held)]):
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
@@ -173,7 +176,7 @@ def variants():
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early,
-                 ALIGNED=wt == "q8_0", GLU=0)
+                 ALIGNED=wt in held, GLU=0)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     # GATED_DELTA_NET unrolled (a verify) and looped (a prompt), reading its gates; and computing Qwen3.5's (the

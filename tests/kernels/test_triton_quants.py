@@ -108,11 +108,13 @@ def test_q8_0_rows_of_any_whole_groups_are_read_split(K):
     assert_bits(out[0, 0], dequantize(file_rows(w[0, 0, [5, 0, 23]], dtype), dtype), "rows 5, 0, 23")
 
 
-def test_q8_0_scales_loaded_a_step_at_once_are_the_per_group_forms_bytes():
-    """Q8_0 rows on 16 bytes, of whole K steps, load a step's 8 scales a row at once and mask no group
-    (mv.aligned_rows); the same bytes 2 bytes off take the per-group form. The products byte-identical, unsplit and
-    in 2 K slices (each launch checked to take the form it should)."""
-    dtype, M, K, n = DType.Q8_0, 24, 512, 3
+@pytest.mark.parametrize("dtype, K", [(DType.Q8_0, 512), (DType.Q6_K, 2048)], ids=["q8_0", "q6_k"])
+def test_scales_loaded_a_step_at_once_are_the_per_group_forms_bytes(dtype, K):
+    """Held-split rows on 16 bytes, of whole K steps, load a step's 16 bytes of scales a row at once (Q8_0's 8 f16,
+    Q6_K's 16 int8; Q8_0 then masks no group: mv.aligned_rows); the same bytes 2 bytes off take 16-bit loads (Q8_0's
+    per-group form). The products byte-identical, unsplit and in 2 K slices (each launch checked to take the form it
+    should). (Q6_K's rows are on 16 bytes from K = 2048: 1680 bytes.)"""
+    M, n = 24, 3
     a = Arena(1 << 22)
     w = _weights(a, dtype, M, K, 5)
     off = a.view((1, 1, 1, w.numel() + 2), torch.uint8)[..., 2:].view(w.shape).copy_(w)
