@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16|17|18|19|20|21|22|23|24|25 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16-29 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -82,6 +82,14 @@ Part 24 (issues 34, 32): ncu's issue reading (scheduler, warp states, instructio
 block type, main's and the two branches' forms (``.ab/q6k``, ``.ab/q8a``, carried): are they bound by what they issue?
 Part 25 (issues 34, 32): warps in flight for the quantized products: each block type's tiles with K split finer
 (``probe_quant.py --vary split_k=1,2,4,8``), then with 8 warps a program (``--vary warps=4,8``).
+
+Part 26 (issue 34): Q8_0's scales a step ahead, the weights' and the activations', against the weights' only and
+the package before (``.ab/q8x``, ``.ab/789ae72``: session.Q8_0_SCALES): its kernel tests, the products (bytes
+hashed), 8 fused 9B layers checked. Part 27: the same three packages in the whole Q8_0 verify.
+Part 28 (issue 34): Q6_K's rows held split: its kernel and GET_ROWS tests, its products and the whole Q6_K verify
+against the package before, 8 fused 9B layers checked.
+Part 29 (issue 34): Q8_0's and Q6_K's tiles swept again on those forms (``tune_matvec.py``, single products at 4
+and 8 columns, then the FFN pair), Q8_0's 8-column sum and its pair's split among the candidates.
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

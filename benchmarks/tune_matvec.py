@@ -49,11 +49,13 @@ def candidates(N: int, M: int, K: int, sms: int = 132, deep: bool = False, wt: s
     cols = 1 << (N - 1).bit_length()
     if wt in QUANTIZED:  # the tensor-core form (matvec_cols_q: columns padded to 8 or 16), a K-quant block per step,
         # split to fill the GPU (on 2026-12-04 it beat the dp4a form it replaced at every shape and width)
-        # each uncapped, with the production tile's register cap (MatVecTile.regs), if it has one, and with ``regs``'
+        # each uncapped, with the production tile's register cap (MatVecTile.regs), if it has one, and with ``regs``';
+        # in the production tile's pipeline depth (Q8_0's 2, the K-quants' 3), or with --deep 2-4
+        made = mv.mat_vec_tile(M, N, K, wt, products)
         forms = ((32, 4), (64, 4), (128, 4), (128, 8))
-        caps = sorted({0, mv.mat_vec_tile(M, N, K, wt, products).regs, *regs})
+        caps = sorted({0, made.regs, *regs})
         widths = sorted({max(8, cols), max(16, cols)})
-        for (bm, w), st, cap, c in itertools.product(forms, (2, 3, 4) if deep else (3,), caps, widths):
+        for (bm, w), st, cap, c in itertools.product(forms, (2, 3, 4) if deep else (made.stages,), caps, widths):
             if bm <= max(16, M):
                 for s in (1, 2, 4, 8, 16):
                     if s * 256 <= K and (s == 1 or triton.cdiv(M, bm) * s <= 8 * sms):

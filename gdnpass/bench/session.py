@@ -327,6 +327,19 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("q6-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
                           "--tokens", "4", "--rs-seq", "3", "--wtype", "q6_k", "--device", "cuda", "--check"], 50),
         ]
+    if part == 29:
+        return [
+            # issue 34: Q8_0's and Q6_K's tiles swept again (tune_matvec.py) on the nineteenth session's forms, their
+            # scales a step ahead, Q6_K's rows held split: the tiles were chosen when each step waited a round trip
+            # for its scales (Q8_0's 16-column sum, slower at 8 then; its pair in 2 slices, 768 programs against the
+            # 528 of a wave). Q4_K's form did not change. (~450 tiles compiled by 16 processes)
+            ("tune-q-single", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q8_0,q6_k", "--shapes",
+                               "4096x12288,8192x4096,4096x4096", "--cols", "4,8", "--budget-s", "250",
+                               "--json", str(out / "tune-q-single.json")], 330),
+            ("tune-q-pair", [PY, "benchmarks/tune_matvec.py", "--pair", "--wtypes", "q8_0,q6_k", "--shapes",
+                             "12288x4096", "--cols", "4,8", "--budget-s", "110",
+                             "--json", str(out / "tune-q-pair.json")], 200),
+        ]
     if part == 24:
         return [
             # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
@@ -413,7 +426,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:
