@@ -1,7 +1,7 @@
 """Everything the GPU host is for, in parts that each fit one 10-minute device call; a short table last.
 
     python benchmarks/device_session.py --part 1|6|7|9|11|15 [--source .llama-src] [--out DIR]
-    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16-29 [--out DIR]
+    python benchmarks/device_session.py --part 2|3|4|5|8|10|12|13|14|16-30 [--out DIR]
     python benchmarks/device_session.py --steps quant-tests,check-9b,...   # named steps of any parts, one call
 
 Part 1 (issue 32): the forward's bytes under programmatic dependent launch (two GPU tests), then the ceilings, the
@@ -90,6 +90,9 @@ Part 28 (issue 34): Q6_K's rows held split: its kernel and GET_ROWS tests, its p
 against the package before, 8 fused 9B layers checked.
 Part 29 (issue 34): Q8_0's and Q6_K's tiles swept again on those forms (``tune_matvec.py``, single products at 4
 and 8 columns, then the FFN pair), Q8_0's 8-column sum and its pair's split among the candidates.
+Part 30 (issue 34): the Q8_0 FFN pair handing its SwiGLU on as ffn_down's activations: its tests compiled, its probe
+(``probe_pair_glu.py --wtypes q8_0``), 8 fused 9B layers checked, the whole Q8_0 verify against the package before
+(``.ab/8f6d616``, made as part 18's, carried).
 
 Each step runs in its own process group with a time limit (a step that runs out is reported, the next one still
 runs); its output goes to the terminal and to ``DIR/<step>.log`` (``$OUT`` by default, the device tool's folder), the

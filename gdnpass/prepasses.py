@@ -18,15 +18,19 @@ producer's blocks) when:
    a quantized MUL_MAT_ID on the kernel (its b one row a token, or one a slot); F is such a product, or a producer: an
    RMS_NORM_MUL whose rows the kernel quantizes (rms_norm_mul.scope.quantizes_rows: whole blocks of 256) and whose
    output overlaps no byte of its x (the quantizing kernel's programs each read a whole row of x, and store one
-   block), or a SWIGLU GLU of rows of whole blocks of 256.
+   block), a SWIGLU GLU of rows of whole blocks of 256, or a MUL_MAT_VEC_PAIR with SwiGLU's epilogue (pair_glu)
+   whose tile hands its output on as q8_1 (``kernels.tiles.hands_on_q8_1``: whole groups of 32 rows a row block;
+   the *hand-off*), unless it reads its own activations from a hand-off.
 2. [same-activation] P's activation is F's bytes in F's layout: one buffer, offset, ne and nb (a reshape that
    changes ne does not count: the columns' order could differ); a producer's are its output's.
 3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups; a producer
-   writes the form of P, its first reader. (A MUL_MAT_ID's columns, slot by token, are its b's ne1 x ne2, as a
-   MUL_MAT's: one order.)
-4. [last-pre-pass] no node between them fills the workspace (it is one buffer a device): no other pre-pass, no
-   GEMM's bf16 terms; a product that skips its own pre-pass fills nothing. A producer fills it only for P, the first
-   product after it that quantizes its output, and only when no product between them reads the workspace.
+   writes the form of P, its first reader (a hand-off: q8_1 only, a Q8_0 P). (A MUL_MAT_ID's columns, slot by
+   token, are its b's ne1 x ne2, as a MUL_MAT's: one order.)
+4. [last-pre-pass] no node between them fills the workspace: no other pre-pass, no GEMM's bf16 terms; a product
+   that skips its own pre-pass fills nothing. A producer fills it only for P, the first product after it that
+   quantizes its output, and only when no product between them reads the workspace. (The workspace is one buffer
+   a device, and a second for the hand-off, whose product reads the first while its epilogue writes: a fill of
+   the first forgets the second, so the one rule covers both.)
 5. [unwritten] no node from F (a product's own store included) up to P writes a byte of the activation, on the
    memory plan (a producer's own store is the activation).
 
@@ -45,6 +49,7 @@ from dataclasses import dataclass, replace
 
 from gdnpass.ir import DType, Graph, Op, Tensor, byte_range, ranges_overlap, runs_kernel, written
 from gdnpass.kernels import limits
+from gdnpass.kernels.tiles import hands_on_q8_1, mat_vec_tile
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
 
 # the products: their sources the weight, the activation, ...
@@ -79,15 +84,17 @@ class Refusal:
 @dataclass
 class Plan:
     """``shared``: product uid -> the node whose workspace fill it reads (a product, or a producer); ``producing``:
-    the uid of each producer that fills it -> the form it writes (its first reader's); ``refused``: the products
+    the uid of each producer that fills it -> the form it writes (its first reader's; a hand-off's: q8_1);
+    ``refused``: the products
     that quantize again an activation an earlier pre-pass quantized (its bytes unwritten since: rule 5 makes a new
     activation of them, not a refusal), and why; ``pre_passes``: the quantized products' pre-passes that still
-    run."""
+    run; ``handed_on``: the products that read a hand-off."""
 
     shared: dict[int, Tensor]
     producing: dict[int, str]
     refused: list[Refusal]
     pre_passes: int
+    handed_on: frozenset[int] = frozenset()
 
     def summary(self) -> str:
         return (f"{len(self.shared)} of {len(self.shared) + self.pre_passes} activation pre-passes skipped "
@@ -123,7 +130,9 @@ def activation(n: Tensor) -> Activation | None:
 
 def producer_blocks(n: Tensor) -> Activation | None:
     """Rule 1's producer: node ``n``'s output, which its kernel can write quantized in either form, blocks of 256 at
-    a time (None: not such a node, or not planned in memory)."""
+    a time, or hand on in q8_1 (:func:`hand_off`; None: not such a node, or not planned in memory)."""
+    if n.op is Op.MUL_MAT_VEC_PAIR:
+        return hand_off(n)
     if n.op.value not in PRODUCERS or not runs_kernel(n) or n.nb[0] != 4 or n.type is not DType.F32 \
             or not _planned(n) or not _planned(n.src[0]):
         return None
@@ -133,6 +142,20 @@ def producer_blocks(n: Tensor) -> Activation | None:
     else:
         ok = quantizes_rows(n.ne[0]) and not ranges_overlap(out, byte_range(n.src[0]))
     return Activation(out, (n.ne, n.nb), None) if ok else None
+
+
+def hand_off(n: Tensor) -> Activation | None:
+    """Rule 1's hand-off: the output of node ``n``, a MUL_MAT_VEC_PAIR with SwiGLU's epilogue whose tile hands it on
+    as q8_1 activations (triton_matvec.mul_mat_vec_pair_glu), f32 with contiguous rows (None: not such a node)."""
+    if n.op is not Op.MUL_MAT_VEC_PAIR or not n.op_params.get("glu") or not runs_kernel(n) or n.nb[0] != 4 \
+            or n.type is not DType.F32 or not _planned(n):
+        return None
+    w, x = n.src[0], n.src[1]
+    cols = limits.mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
+    if not limits.runs_as_mat_vec(w.ne[1], cols):
+        return None
+    ok = hands_on_q8_1(mat_vec_tile(w.ne[1], cols, w.ne[0], w.type.label, products=2))
+    return Activation(byte_range(n), (n.ne, n.nb), "q8_1") if ok else None
 
 
 def _planned(t: Tensor) -> bool:
@@ -158,6 +181,7 @@ def plan(graph: Graph) -> Plan:
     activation's bytes."""
     shared: dict[int, Tensor] = {}
     producing: dict[int, str] = {}
+    handed_on: set[int] = set()
     refused: list[Refusal] = []
     pre_passes = 0
     holds: tuple[Activation, Tensor] | None = None    # the workspace's activation and the node that filled it
@@ -170,11 +194,14 @@ def plan(graph: Graph) -> Plan:
         if act is not None and holds is not None and holds[0] == act:
             shared[n.uid] = holds[1]
             offer = None  # (the producer's fill would take the workspace from this product)
-        elif act is not None and offer is not None and offer[0] == replace(act, form=None):
+        elif act is not None and offer is not None and _offers(offer[0], act):
             shared[n.uid], holds, offer = offer[1], (act, offer[1]), None
             producing[holds[1].uid] = act.form
         elif act is not None and act.bytes in live:
             refused.append(Refusal(n, *_why_not(act, *live[act.bytes])))
+        handed = hand_off(shared[n.uid]) if n.uid in shared and shared[n.uid].uid in producing else None
+        if handed is not None and _offers(handed, act):
+            handed_on.add(n.uid)
         if n.uid not in shared and fills_workspace(n):
             pre_passes += n.src[0].type.is_quantized  # (a bf16 GEMM's terms fill it too: no pre-pass of int8)
             holds, offer = ((act, n) if act is not None else None), None
@@ -188,9 +215,14 @@ def plan(graph: Graph) -> Plan:
         if offer is not None and any(ranges_overlap(o, offer[0].bytes) for o in outs):
             offer = None
         made = producer_blocks(n)  # (after its own store: the producer's output is the activation)
-        if made is not None:
+        if made is not None and not (n.uid in handed_on and hand_off(n) is not None):  # (one hand-off slot)
             offer = (made, n)
-    return Plan(shared, producing, refused, pre_passes)
+    return Plan(shared, producing, refused, pre_passes, frozenset(handed_on))
+
+
+def _offers(made: Activation, act: Activation) -> bool:
+    """Whether a producer's ``made`` (its form: None, either) is product activation ``act``."""
+    return made.form in (None, act.form) and replace(made, form=None) == replace(act, form=None)
 
 
 def _why_not(act: Activation, prev: Activation, q: Tensor) -> tuple[str, str]:

@@ -108,15 +108,17 @@ class Executor:
             self._plan = nodes, prepasses.plan(self.graph)
         return self._plan[1]
 
+    @contextlib.contextmanager
     def node_context(self, n: Tensor, plan: prepasses.Plan | None = None):
-        """What node ``n``'s kernel runs inside: skipping its pre-pass, or producing its output quantized, as
-        ``plan`` (default: :attr:`pre_passes`) says; else nothing."""
+        """What node ``n``'s kernel runs inside: skipping its pre-pass, producing its output quantized, or both (a
+        pair that hands its output on), as ``plan`` (default: :attr:`pre_passes`) says; else nothing."""
         plan = plan if plan is not None else self.pre_passes
-        if plan is not None and n.uid in plan.shared:
-            return prepasses.skipping()
-        if plan is not None and n.uid in plan.producing:
-            return prepasses.producing(plan.producing[n.uid])
-        return contextlib.nullcontext()
+        with contextlib.ExitStack() as stack:
+            if plan is not None and n.uid in plan.shared:
+                stack.enter_context(prepasses.skipping())
+            if plan is not None and n.uid in plan.producing:
+                stack.enter_context(prepasses.producing(plan.producing[n.uid]))
+            yield
 
     def _triton_products(self) -> bool:
         """Whether the products and the producer run on the Triton kernels, which fill the activation workspace (a

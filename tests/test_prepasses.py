@@ -85,8 +85,9 @@ def test_each_rule_refuses_by_name():
 @pytest.mark.parametrize("wtype,form", [("q4_k", "q8_K"), ("q8_0", "q8_1")])
 def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel(wtype, form):
     """The whole qwen3.5-9b verify with Q4_K weights (q8_K blocks) or Q8_0 (q8_1 groups), fused: every RMS_NORM_MUL
-    and SwiGLU whose output products read writes it in their form, and those products (a GDN layer's qkv and z, an
-    attention layer's q and k/v pair, every FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161.
+    and SwiGLU whose output products read writes it in their form (Q8_0's SwiGLU: the gate/up pair that computes it,
+    pair_glu, hands it on), and those products (a GDN layer's qkv and z, an attention layer's q and k/v pair, every
+    FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161.
     The rest quantize the GDN and attention outputs (an RMS_NORM_MUL of head rows, 128 elements: not whole blocks)
     and the lm head's gathered rows (a GET_ROWS of the output norm: no producer)."""
     g = pipeline.run(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, share_weights=False, wtype=wtype),
@@ -97,17 +98,19 @@ def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel(wtype
     for n in g.nodes:
         if n.uid in p.shared:
             readers.setdefault(stem(p.shared[n.uid]), set()).add(product_name(n))
+    down_from = "ffn_gate+ffn_up+swiglu" if wtype == "q8_0" else "ffn_swiglu"  # (the pair's hand-off: q8_1 only)
     assert readers == {"attn_norm": {"attn_qkv", "attn_gate", "attn_q", "attn_v+attn_k"},
-                       "attn_post_norm": {"ffn_gate+ffn_up"}, "ffn_swiglu": {"ffn_down"}}
+                       "attn_post_norm": {"ffn_gate+ffn_up"}, down_from: {"ffn_down"}}
     assert (len(p.shared), len(p.producing), p.pre_passes, p.refused) == (128, 96, 33, [])
-    assert all(g.nodes[g.index(q)].op.value in prepasses.PRODUCERS and n.src[1].base is q.base
+    assert len(p.handed_on) == (32 if wtype == "q8_0" else 0)
+    assert all((q.op.value in prepasses.PRODUCERS or prepasses.hand_off(q)) and n.src[1].base is q.base
                for n in g.nodes if (q := p.shared.get(n.uid)) is not None)
     assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - 128
 
 
 def stem(n) -> str:
     """A node's name without its layer and fused op: "rms_norm_mul(attn_norm-3)" -> "attn_norm"."""
-    return n.name.split("(")[-1].split("-")[0]
+    return n.name.split("(")[-1].split("-")[0].rstrip(")")
 
 
 def product_name(n) -> str:
@@ -162,6 +165,47 @@ def test_a_norm_and_a_swiglu_make_their_products_activations_byte_for_byte(monke
     own, own_passes = _run(g, False, monkeypatch)
     made, made_passes = _run(g, True, monkeypatch)
     assert (own_passes, made_passes) == (3, 0)
+    assert made == own
+
+
+def test_a_q8_0_pair_hands_its_swiglu_on_byte_for_byte(monkeypatch):
+    """A Q8_0 FFN fused whole (RMS_NORM_MUL, the gate/up pair with SwiGLU's epilogue: pair_glu) on the Triton
+    kernels: the pair reads the norm's quantized output and hands its own on as the down product's q8_1 activations
+    (rule 1's hand-off, in the workspace's second slot), so no product launches a pre-pass and no GLU runs; every
+    output's bytes are those of the run where each product quantizes for itself. (The norm's output is kept as an
+    output: otherwise the plan puts y over it, and pair-glu.output-overlaps-input refuses the fusion.)"""
+    from gdnpass.fusion import fuse
+    from gdnpass.ir import Glu
+    from gdnpass.kernels import triton_core as core
+
+    Kn = 512  # (the Q8_0 pair's tile then splits K: pair-glu.tile)
+    x = ops.new_tensor("x", DType.F32, (Kn, T), buffer="input", flags=Flag.INPUT)
+    y = ops.mul(ops.rms_norm(x, 1e-6), ops.new_tensor("norm", DType.F32, (Kn,), buffer="weights"))
+    gate, up = (ops.mul_mat(ops.new_tensor(f"w{i}", DType.Q8_0, (Kn, Kn), buffer="weights"), y) for i in range(2))
+    down = ops.mul_mat(ops.new_tensor("w_down", DType.Q8_0, (Kn, M), buffer="weights"),
+                       ops.glu_split(gate, up, Glu.SWIGLU))
+    g = planned(down, y)
+    fuse(g, enabled=True)
+    pair = next(n for n in g.nodes if n.op is Op.MUL_MAT_VEC_PAIR)
+    assert pair.op_params.get("glu") == "SWIGLU" and not any(n.op is Op.GLU for n in g.nodes)
+    p = prepasses.plan(g)
+    assert p.handed_on == {down.uid} and p.shared[down.uid] is pair and p.producing[pair.uid] == "q8_1"
+    assert p.pre_passes == 0 and len(p.shared) == 2
+
+    real = mv.activations_to_fill
+
+    def run(share: bool) -> tuple[list[bytes], list[int]]:
+        slots = []
+        monkeypatch.setattr(mv, "activations_to_fill",
+                            lambda *a, **k: (slots.append(k.get("slot", core.FILL_SLOT)), real(*a, **k))[1])
+        ex = Executor(g, device=DEVICE, backend="triton", share_pre_passes=share)
+        fill(ex, seed=3)
+        ex.run()
+        return [ex.bytes_of(n) for n in g.nodes if n.op in (Op.MUL_MAT, Op.MUL_MAT_VEC_PAIR)], slots
+
+    own, own_slots = run(False)
+    made, made_slots = run(True)
+    assert own_slots == [core.FILL_SLOT] * 2 and made_slots == [core.HAND_OFF_SLOT]  # (the norm fills with its own)
     assert made == own
 
 

@@ -32,6 +32,7 @@ Q8_0_ALIGNED = ".ab/q8a"  # part 23: branch probe/q8-scales's package and tests,
 # session; .ab/q8both when part 26 ran: `git archive d37ae67 gdnpass`); the weights' only, the activations' at the
 # step's start (.ab/q8x: ebf0e40's package); the package before either (as PREV's line says how)
 Q8_0_SCALES = (("", "."), ("-x-at-start", ".ab/q8x"), ("-before", ".ab/789ae72"))
+BEFORE_HAND_OFF = ".ab/8f6d616"  # part 30's A/B: the package before the FFN pair handed its SwiGLU on (as PREV's)
 
 
 def _on_path(package: str, *command: str) -> list[str]:
@@ -340,6 +341,23 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
                              "12288x4096", "--cols", "4,8", "--budget-s", "110",
                              "--json", str(out / "tune-q-pair.json")], 200),
         ]
+    if part == 30:
+        return [
+            # issue 34: the Q8_0 FFN pair with its SwiGLU in its launch, handing y on as ffn_down's q8_1 activations
+            # (the HAND_OFF_SLOT workspace; one launch fewer a layer: 32 of 461 at T = 4). Its tests compiled (the
+            # hand-off under concurrent programs at the 9B's shape), the probe against the pair and the quantizing
+            # GLU (uncapped: 130-132 registers, 3 programs an SM; capped at 128: 16 bytes of spill), 8 fused 9B
+            # layers checked, and the whole Q8_0 verify of the tree and the package before it
+            ("hand-tests", [PY, "-m", "pytest", "-q", "-x", "-k", "hand or pair_glu",
+                            "tests/kernels/test_triton_quants.py",
+                            "tests/kernels/test_kernels.py", "tests/test_prepasses.py"], 120),
+            ("probe-hand", [PY, "benchmarks/probe_pair_glu.py", "--wtypes", "q8_0", "--cols", "1,4,8,16"], 90),
+            ("hand-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
+                            "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0", "--device", "cuda", "--check"], 60),
+            *((f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
+                                       "--json", str(out / f"whole-q8_0{tag}.json")), 110)
+              for tag, path in (("", "."), ("-before", BEFORE_HAND_OFF))),
+        ]
     if part == 24:
         return [
             # issues 34, 32: is a quantized product bound by what it issues? (eighteenth session: its loop's
@@ -426,7 +444,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     ]
 
 
-PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29)
+PARTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30)
 
 
 def named_steps(names: list[str], source: str | None, out: Path) -> list[tuple[str, list[str], int]]:

@@ -10,6 +10,8 @@ from typing import NamedTuple
 from gdnpass.ir import DType
 
 QK_K = DType.Q4_K.block  # a quantized tile's K step: one K-quant block (8 groups of 32)
+Q8_1_GROUP = 32  # the q8_1 activations' group: Q8_0's block (a scale per 32 elements)
+CHUNK_COLS = 16  # the activation workspace's columns a chunk (triton_core.XCOLS): every quantized product's, padded
 
 # The bf16 tensor-core form takes x as three bf16 terms. Up to ONE_DOT_COLS padded columns they lie side by side in
 # one operand of 4 * COLS columns (the fourth block zero), one dot per K step; at 16 columns that 64-wide operand
@@ -206,7 +208,14 @@ def _quantized_tile(M: int, cols: int, K: int, wtype: str, products: int = 1) ->
 # its split rows, aligned, 8 halves its f32 step (431 instructions a K step against 541) but ran slower at 4 columns
 # where it matters (12288 x 4096 35.8 against 33.2 us, the lm head 554.7 against 511.5; 4096 x 4096 even; H100,
 # eighteenth session): its launches are bound by stalls, not issue.
-QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": 16}
+QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": CHUNK_COLS}
+
+
+def hands_on_q8_1(t: MatVecTile) -> bool:
+    """Whether a pair's SwiGLU epilogue on tile ``t`` can hand its output on as q8_1 activations (triton_matvec.
+    _glu_store, for the Q8_0 product after it: gdnpass.prepasses): each row block whole groups of 32 rows, its
+    columns one activation chunk's."""
+    return t.block_m % Q8_1_GROUP == 0 and t.cols == CHUNK_COLS
 
 
 QUANTIZED_PROGRAMS = {"q4_k": 384, "q5_k": 384, "q6_k": 256}  # the programs K is split to reach

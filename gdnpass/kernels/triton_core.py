@@ -53,6 +53,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from gdnpass.errors import KernelError
 from gdnpass.ir import HELD_SPLIT, DType
+from gdnpass.kernels.tiles import CHUNK_COLS, Q8_1_GROUP
 
 NUM_WARPS = 4       # every launch but the mat-vec, the fused chain, GATED_DELTA_NET and flash attention (their own);
                     # a fused kernel reusing a reduction helper must launch with the same
@@ -223,16 +224,23 @@ def split_workspace(device: torch.device, partials: int, tickets: int, who: str)
 # them (a quantized weight's: int8 groups with their scales and sums; a bf16 GEMM's: x's three bf16 terms), under the
 # split workspace's rules: one stream, grown before capture, outgrown buffers kept alive. With it, what it holds: the
 # key of the pre-pass that last filled it (None: unknown), which a product that skips its own pre-pass must find
-# (gdnpass.prepasses: the plan's rules checked again as the launches are made).
-_ACTIVATION_WORKSPACE: dict[torch.device, torch.Tensor] = {}
-_ACTIVATIONS_HELD: dict[torch.device, tuple | None] = {}
+# (gdnpass.prepasses: the plan's rules checked again as the launches are made). Two slots: FILL_SLOT, which every
+# pre-pass and producer fills, and HAND_OFF_SLOT, which a product's own epilogue fills for the product after it
+# (pair_glu's SwiGLU quantized: its programs still read their activations in FILL_SLOT while the last of a row block
+# writes). A fill of FILL_SLOT forgets what HAND_OFF_SLOT held: it holds only what a product handed on since.
+FILL_SLOT, HAND_OFF_SLOT = 0, 1
+_ACTIVATION_WORKSPACE: dict[tuple[torch.device, int], torch.Tensor] = {}
+_ACTIVATIONS_HELD: dict[tuple[torch.device, int], tuple | None] = {}
 
 
-def activation_workspace(device: torch.device, nbytes: int, who: str, holds: tuple | None = None) -> torch.Tensor:
-    """At least ``nbytes`` bytes (uint8, 16-byte aligned) of ``device``'s activation workspace, which the caller
-    fills with what key ``holds`` names (None: nothing a later product may reuse)."""
-    _ACTIVATIONS_HELD[device] = holds
-    ws = _ACTIVATION_WORKSPACE.get(device)
+def activation_workspace(device: torch.device, nbytes: int, who: str, holds: tuple | None = None,
+                         slot: int = FILL_SLOT) -> torch.Tensor:
+    """At least ``nbytes`` bytes (uint8, 16-byte aligned) of ``device``'s activation workspace ``slot``, which the
+    caller fills with what key ``holds`` names (None: nothing a later product may reuse)."""
+    _ACTIVATIONS_HELD[device, slot] = holds
+    if slot == FILL_SLOT:
+        _ACTIVATIONS_HELD[device, HAND_OFF_SLOT] = None
+    ws = _ACTIVATION_WORKSPACE.get((device, slot))
     if ws is not None and ws.numel() >= nbytes:
         return ws
     _require(device.type != "cuda" or not torch.cuda.is_current_stream_capturing(),
@@ -241,17 +249,18 @@ def activation_workspace(device: torch.device, nbytes: int, who: str, holds: tup
     if ws is not None:
         _RETIRED.append((ws,))
         nbytes = max(nbytes, 2 * ws.numel())
-    ws = _ACTIVATION_WORKSPACE[device] = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    ws = _ACTIVATION_WORKSPACE[device, slot] = torch.empty(nbytes, dtype=torch.uint8, device=device)
     return ws
 
 
 def held_activations(device: torch.device, holds: tuple, who: str) -> torch.Tensor:
-    """``device``'s activation workspace as the pre-pass of key ``holds`` filled it, for a product that skips its own
-    pre-pass; a KernelError (one line) where the workspace last took anything else."""
-    _require(_ACTIVATIONS_HELD.get(device) == holds,
-             f"{who}: planned to read the activations an earlier pre-pass left, but the workspace holds others "
-             f"(the pre-pass plan is out of date with the nodes)")
-    return _ACTIVATION_WORKSPACE[device]
+    """``device``'s activation workspace as the pre-pass (or hand-off) of key ``holds`` filled it, for a product that
+    skips its own pre-pass; a KernelError (one line) where neither slot last took it."""
+    for slot in (FILL_SLOT, HAND_OFF_SLOT):
+        if _ACTIVATIONS_HELD.get((device, slot)) == holds:
+            return _ACTIVATION_WORKSPACE[device, slot]
+    raise KernelError(f"{who}: planned to read the activations an earlier pre-pass left, but the workspace holds "
+                      f"others (the pre-pass plan is out of date with the nodes)")
 
 
 @triton.jit
@@ -562,7 +571,7 @@ def _row_offset(r, ne1, ne2, s1, s2, s3):
 # group), the f16 fields and the K-quants' packed scales. The torch reference is gdnpass.kernels.quants (the layouts
 # are described there).
 
-SUB = tl.constexpr(32)  # elements per group
+SUB = tl.constexpr(Q8_1_GROUP)  # elements per group
 
 # the kernels' QTYPE: each quantized type's label; the blocks' bytes (DType.size) of the types held as the file has
 # them as the kernels' constants (the held-split types', ir.HELD_SPLIT, lie in planes: offsets in K, not blocks)
@@ -623,7 +632,7 @@ def _scale_min_k4(s0, s1, s2, j):
 # ---- the activation workspace's layout: the quantized products' int8 activations ---------------------------------
 # (written by their pre-passes, triton_matvec, or by a producer of them, RMS_NORM_MUL / SwiGLU: gdnpass.prepasses)
 
-XCOLS = tl.constexpr(16)  # the activations' columns in the workspace: every product's, padded with zero columns
+XCOLS = tl.constexpr(CHUNK_COLS)  # the activations' columns in the workspace: every product's, padded with zeros
 
 
 # The quantized product's activations, as its pre-pass leaves them in the activation workspace: the quants of group g
@@ -693,23 +702,51 @@ def _round_away(v):
 
 
 @triton.jit
+def _q8_1(xt, AXIS: tl.constexpr):
+    """llama.cpp's q8_1 of the groups of 32 along ``xt``'s axis AXIS (3-D, f32; CUDA's quantize_q8_1, mmvq's): the
+    quants q = roundf(x * (127 / amax)) (0 where amax is 0), as f32, and each group's d = amax / 127."""
+    amax = tl.max(tl.abs(xt), axis=AXIS)
+    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
+    q = tl.where(tl.expand_dims(amax, AXIS) > 0, _round_away(xt * tl.expand_dims(inv, AXIS)), 0.0)
+    return q, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+
+
+@triton.jit
 def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
-    """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as llama.cpp's q8_1
-    groups of 32 (CUDA's quantize_q8_1, mmvq's): q = roundf(x * (127 / amax)) as int8 (0 where amax is 0), d = amax /
-    127, into the column's place of the activation workspace; the groups inside K of the blocks where ``ok`` ([B] or
-    a scalar) holds. The Q8_0 products' pre-pass's, and a producer's that writes its output's groups itself: one
-    expression, so one set of bytes."""
+    """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as q8_1 groups of 32
+    (:func:`_q8_1`) into the column's place of the activation workspace; the groups inside K of the blocks where
+    ``ok`` ([B] or a scalar) holds. The Q8_0 products' pre-pass's, and a producer's that writes its output's groups
+    itself: one expression, so one set of bytes."""
     ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     g = b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]     # [B, group]
-    amax = tl.max(tl.abs(xt), axis=2)
-    inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
-    q = tl.where(amax[:, :, None] > 0, _round_away(xt * inv[:, :, None]), 0.0)
+    q, d = _q8_1(xt, 2)
     inside = (g * SUB < K) & (ok & (b >= 0))[:, None]
     at = g * XCOLS + cc
     tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
              mask=inside[:, :, None])
     xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=inside)
+    tl.store(xd + at, d, mask=inside)
+
+
+@triton.jit
+def store_q8_1_rows(ws_ptr, K, row0, y):
+    """A product's output rows [row0, row0 + R) of all its columns, ``y`` [R, C] (f32; R a multiple of 32 and row0
+    too, C = XCOLS: one chunk, the columns past the product's zeros), as the activations of a product after it that
+    reads them as its K elements (K: the rows there are): :func:`store_q8_1`'s groups and bytes, for a product's
+    epilogue that hands its output on quantized (the HAND_OFF_SLOT workspace); the groups inside K only. The groups
+    stay in the rows' layout (quantized along axis 1, no exchange through shared memory: a permute to store_q8_1's
+    took the FFN pair's kernel past 128 registers)."""
+    R: tl.constexpr = y.shape[0]
+    C: tl.constexpr = y.shape[1]
+    tl.static_assert(R % SUB == 0 and C == XCOLS, "store_q8_1_rows: whole groups of one chunk's columns")
+    q, d = _q8_1(tl.reshape(y, (R // SUB, SUB, C)), 1)            # [group, lane, column], [group, column]
+    g = row0 // SUB + tl.arange(0, R // SUB)
+    at = g[:, None] * XCOLS + tl.arange(0, C)[None, :]              # [group, column]
+    inside = (g * SUB < K)[:, None]
+    tl.store(ws_ptr + at[:, None, :].to(tl.int64) * SUB + tl.arange(0, SUB)[None, :, None], q.to(tl.int8),
+             mask=inside[:, :, None])
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(xd + at, d, mask=inside)
 
 
 @triton.jit
@@ -734,12 +771,14 @@ def chunk_columns(N: int) -> int:
     return XCOLS.value * triton.cdiv(N, XCOLS.value)
 
 
-def activations_to_fill(x: torch.Tensor, form: str, N: int, cols_x: tuple, who: str) -> tuple[torch.Tensor, int, int]:
-    """The activation workspace about to hold x's N columns (``cols_x``) quantized to ``form``, recorded as such
-    (:func:`activations_key`): (workspace, its bytes a chunk of 16 columns, the chunks). What every writer of them
-    claims: a product's pre-pass, a producer (gdnpass.prepasses)."""
+def activations_to_fill(x: torch.Tensor, form: str, N: int, cols_x: tuple, who: str,
+                        slot: int = FILL_SLOT) -> tuple[torch.Tensor, int, int]:
+    """The activation workspace ``slot`` about to hold x's N columns (``cols_x``) quantized to ``form``, recorded as
+    such (:func:`activations_key`): (workspace, its bytes a chunk of 16 columns, the chunks). What every writer of them
+    claims: a product's pre-pass, a producer (gdnpass.prepasses), a product's hand-off (HAND_OFF_SLOT)."""
     chunk, chunks = activation_bytes(x.shape[3]), chunk_columns(N) // XCOLS.value
-    return activation_workspace(x.device, chunks * chunk, who, holds=activations_key(x, form, N, cols_x)), chunk, chunks
+    ws = activation_workspace(x.device, chunks * chunk, who, holds=activations_key(x, form, N, cols_x), slot=slot)
+    return ws, chunk, chunks
 
 
 def activations_key(x: torch.Tensor, form: str, N: int, cols_x: tuple) -> tuple:

@@ -28,9 +28,9 @@ from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYT
                                          QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes, activation_workspace,
                                          activations_key, activations_to_fill, chain_sides, chain_step, chunk_columns,
-                                         f16_bits, held_activations, last_to_arrive, prefetch_l2, PREFETCH,
-                                         product_columns, require_whole_rows, silu_f32, split_workspace,
-                                         store_activations, wait_for_previous_kernels)
+                                         f16_bits, HAND_OFF_SLOT, held_activations, last_to_arrive, prefetch_l2,
+                                         PREFETCH, product_columns, require_whole_rows, silu_f32, split_workspace,
+                                         store_activations, store_q8_1_rows, wait_for_previous_kernels)
 
 # bf16 tensor-core operands as they are on a GPU; the interpreter's bf16 arithmetic is broken (see matvec_cols)
 NATIVE_BF16 = tl.constexpr(not INTERPRETED)
@@ -563,16 +563,16 @@ def k_slice(K, s, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
-def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk,
+def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, hand_ptr,
              COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr, SPLIT_K: tl.constexpr, EVICT: tl.constexpr,
              STEPS: tl.constexpr, SIDES: tl.constexpr, QTYPE: tl.constexpr, ALIGNED: tl.constexpr,
-             GLU: tl.constexpr = 0):
+             GLU: tl.constexpr, HAND_OFF: tl.constexpr):
     """y[rows] = w[rows]·x. With SPLIT_K > 1 this program sums K slice ``s``, [k_lo, k_hi) (:func:`k_slice`), into the
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
     quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16). ``GLU`` (a pair, :func:`_glu_store`): y is
-    SwiGLU of the two products, 1 silu(A)·B, 2 silu(B)·A."""
+    SwiGLU of the two products, 1 silu(A)·B, 2 silu(B)·A, handed on quantized where HAND_OFF says."""
     cols = tl.arange(0, COLS)
     col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
@@ -587,7 +587,7 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
                           DOT, EVICT, terms)
     if GLU != 0:
         _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile,
-                   s, SPLIT_K, GLU)
+                   s, M, hand_ptr, SPLIT_K, GLU, HAND_OFF)
     elif SPLIT_K == 1:
         _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr,
                  s2_ptr, STEPS, SIDES)
@@ -599,13 +599,16 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_
 
 @triton.jit
 def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile,
-               s, SPLIT_K: tl.constexpr, GLU: tl.constexpr):
+               s, M, hand_ptr, SPLIT_K: tl.constexpr, GLU: tl.constexpr, HAND_OFF: tl.constexpr):
     """A pair's SwiGLU epilogue (the pair_glu pattern): every program stores its K slice of its product into the
     split workspace, as a split-K program does (at any SPLIT_K, 1 too), and draws a ticket on its row block's one
     counter for both products' 2·SPLIT_K slices. The program that draws the last adds each product's slices in the
     fixed order 0..SPLIT_K-1 (so each is the single product's bytes), and stores SwiGLU's expression of them, the
     GLU kernel's (:func:`~gdnpass.kernels.triton_core.silu_f32` of the gate times the up), into y; neither product
-    is stored. Unbatched: product p's ``tile`` is p·blocks + row block, and the row block's counter product 0's."""
+    is stored. Unbatched: product p's ``tile`` is p·blocks + row block, and the row block's counter product 0's.
+    HAND_OFF "q8_1" (a Q8_0 product reads y next: gdnpass.prepasses): that program also writes its rows of y as
+    that product's q8_1 activations into ``hand_ptr`` (the HAND_OFF workspace; M rows are its K), the bytes its
+    pre-pass would write (:func:`~gdnpass.kernels.triton_core.store_q8_1_rows`)."""
     block = tl.program_id(0)
     _store_part(acc, ws_ptr, tile, s, SPLIT_K)
     if last_to_arrive(cnt_ptr, block, 2 * SPLIT_K):
@@ -618,6 +621,10 @@ def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1,
         else:
             y = silu_f32(b) * a
         _store_y(y_ptr, y, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, None, None, (), ())
+        if HAND_OFF == "q8_1":  # (the rows past M and the columns past N: zeros, as the pre-pass's)
+            store_q8_1_rows(hand_ptr, M, block * y.shape[0], y)
+        else:
+            tl.static_assert(HAND_OFF == "", "_glu_store: hands off q8_1 only")
 
 
 @triton.jit
@@ -631,10 +638,11 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         s1_ptr, s2_ptr,        # the epilogue's side operands, laid out as y (STEPS; unbatched, single)
                         ids_ptr, ids_s0, ids_s1,  # MUL_MAT_ID's expert ids [n_used, n_t] (IDS; None otherwise)
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
+                        hand_ptr,              # the HAND_OFF activation workspace (HAND_OFF; None otherwise)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, STEPS: tl.constexpr, SIDES: tl.constexpr,
                         QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr, ALIGNED: tl.constexpr,
-                        GLU: tl.constexpr = 0):
+                        GLU: tl.constexpr = 0, HAND_OFF: tl.constexpr = ""):
     # (only index arithmetic and the L2 prefetch of an unbatched weight, which no kernel writes, before the wait)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_mask = rows < M
@@ -667,9 +675,9 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
     y_off = i2.to(tl.int64) * y_b2 + i3.to(tl.int64) * y_b3
     # (batch, product, row block): its workspace slot and ticket
     tile = (batch * (tl.num_programs(1) // SPLIT_K) + product) * tl.num_programs(0) + tl.program_id(0)
-    _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
-             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, COLS,
-             BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, ALIGNED, GLU)
+    _mat_vec(w_ptr + w_off, y_ptr + y_off, rows, row_mask, x_ptr, M, K, N, ne1, ne2, w_s1, x_s1, x_s2, x_s3,
+             y_s0, y_s1, y_s2, y_s3, ws_ptr, cnt_ptr, tile, s, k_lo, k_hi, s1_ptr, s2_ptr, col0, x_chunk, hand_ptr,
+             COLS, BLOCK_K, DOT, SPLIT_K, EVICT, STEPS, SIDES, QTYPE, ALIGNED, GLU, HAND_OFF)
 
 
 WTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
@@ -726,14 +734,16 @@ def _launch(t: MatVecTile) -> dict:
 
 
 def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogue: Epilogue = NO_EPILOGUE,
-              dtype: DType | None = None, glu: int = 0) -> None:
+              dtype: DType | None = None, glu: int = 0, hand_off: str | None = None) -> None:
     """Launch [(w, out)] or [(w_a, out_a), (w_b, out_b)]: grid axis 1 picks the product (and the K slice). One
     kernel and one tile for both, so each product of a pair is byte-identical to the single mat-vec of its weight.
     A weight with batch dimensions (attention's K and V views) is a batched product: grid axis 2 runs x's batches,
     each against the weight matrix ggml's broadcast gives it. ``epilogue`` (a single unbatched product): out = the
     product through its steps (:class:`Epilogue`). ``tile``: a benchmark's override of :func:`mat_vec_tile`.
     ``dtype``: the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes)). ``glu`` (an
-    unbatched pair of plain weights, both outputs the one tensor): the pair's SwiGLU epilogue (:func:`_glu_store`)."""
+    unbatched pair, both outputs the one tensor): the pair's SwiGLU epilogue (:func:`_glu_store`), with ``hand_off``
+    ("q8_1") handing its output on quantized to that form in the HAND_OFF_SLOT workspace, for the Q8_0 product after
+    it (gdnpass.prepasses: the plan's producer)."""
     (w, out), (w2, out2) = products[0], products[-1]
     wtype = weight_type(w, dtype)
     M, K = w.shape[-2], w.shape[-1] // wtype.size * wtype.block if wtype.is_quantized else w.shape[-1]
@@ -750,8 +760,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
     _require(not batched or len(products) == 1, "mul_mat_vec: a pair of batched products")
     _require(not epilogue.steps or not batched and len(products) == 1,
              "mul_mat_vec: an epilogue is one unbatched product's")
-    _require(not glu or len(products) == 2 and not batched and not wtype.is_quantized and out is out2,
-             "mul_mat_vec: SwiGLU's epilogue is an unbatched pair's of plain weights, into one output")
+    _require(not glu or len(products) == 2 and not batched and out is out2,
+             "mul_mat_vec: SwiGLU's epilogue is an unbatched pair's, into one output")
     sides, consts = epilogue.args(out, "mul_mat_vec")
     _require(not batched or x.shape[1] % w.shape[1] == 0 and x.shape[0] % w.shape[0] == 0,
              f"mul_mat_vec: weight batches {tuple(w.shape[:2])} do not broadcast over {tuple(x.shape[:2])}")
@@ -784,11 +794,21 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         batch = (1, 1, 1, 0, 0, 0, 0, 0, 0)
     if wtype.is_quantized:
         x = quantize_activations(x, wtype, K, N, cols_x)
+    hand = None
+    if hand_off:  # (after the pre-pass: its fill of FILL_SLOT forgets the HAND_OFF_SLOT's key)
+        _require(glu and hand_off == "q8_1" and t.block_m % SUB.value == 0 and t.cols == XCOLS.value
+                 and out.stride(3) == 1, f"mul_mat_vec: the SwiGLU epilogue hands on q8_1 groups of whole row "
+                 f"blocks of one chunk's columns, contiguous, not {hand_off} on a {t.block_m} x {t.cols} tile")
+        hand = activations_to_fill(out, hand_off, N, product_columns(out)[1], "mul_mat_vec_pair_glu",
+                                   slot=HAND_OFF_SLOT)[0]
+        _require(hand.data_ptr() != x.data_ptr(), "mul_mat_vec: the SwiGLU epilogue would hand on into the "
+                                                  "activations its own programs read (a hand-off's)")
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
-        *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0,
+        *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0, hand,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
-        QTYPE=QTYPES.get(wtype, ""), IDS=False, ALIGNED=aligned_rows(wtype, K, w, w2), GLU=glu, **consts, **_launch(t))
+        QTYPE=QTYPES.get(wtype, ""), IDS=False, ALIGNED=aligned_rows(wtype, K, w, w2), GLU=glu,
+        HAND_OFF=hand_off or "", **consts, **_launch(t))
 
 
 def mul_mat_id_tile(M: int, K: int, wtype: str, batches: int) -> MatVecTile:
@@ -861,15 +881,17 @@ def mul_mat_vec_pair(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out_
 
 
 def mul_mat_vec_pair_glu(w_a: torch.Tensor, w_b: torch.Tensor, x: torch.Tensor, out: torch.Tensor,
-                         swapped: bool = False) -> None:
+                         swapped: bool = False, dtype: DType | None = None, quantize: str | None = None) -> None:
     """MUL_MAT_VEC_PAIR with SwiGLU's epilogue (the pair_glu pattern): out = silu(w_a·x)·(w_b·x), or
-    silu(w_b·x)·(w_a·x) when ``swapped``, in one launch of the pair's kernel and tile, for plain weights at mat-vec
-    widths: each product's sum is the single product's bytes and the expression the GLU kernel's, so ``out`` holds
-    the unfused GLU's bytes (:func:`_glu_store`). Neither product is stored."""
+    silu(w_b·x)·(w_a·x) when ``swapped``, in one launch of the pair's kernel and tile (``dtype``: the weights' block
+    type, as :func:`mul_mat_vec_pair`'s), at mat-vec widths: each product's sum is the single product's bytes and the
+    expression the GLU kernel's, so ``out`` holds the unfused GLU's bytes (:func:`_glu_store`). Neither product is
+    stored. ``quantize`` ("q8_1": gdnpass.prepasses.form of the Q8_0 product that reads ``out`` next) also hands
+    ``out`` on so quantized, the bytes that product's pre-pass would write, in the HAND_OFF_SLOT workspace."""
     N = x.shape[0] * x.shape[1] * x.shape[2]
     _require(runs_as_mat_vec(w_a.shape[-2], N), f"MUL_MAT_VEC_PAIR with SwiGLU: {N} columns are not the mat-vec's")
     _alias_ok("mul_mat_vec_pair_glu", out, x, w_a, w_b, same_ok=False)  # (a row block's y while others read x)
-    _mat_vecs([(w_a, out), (w_b, out)], x, glu=2 if swapped else 1)
+    _mat_vecs([(w_a, out), (w_b, out)], x, dtype=dtype, glu=2 if swapped else 1, hand_off=quantize)
 
 
 def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
@@ -918,7 +940,7 @@ def mul_mat_id(w: torch.Tensor, x: torch.Tensor, ids: torch.Tensor, out: torch.T
         x_b2, x_b3, x_chunk = xs[1] if n_b > 1 else 0, xs[2], 0
     _mul_mat_vec_kernel[(blocks, t.split_k, batches)](
         w, out, w, out, x, M, K, 1, 1, 1, w.stride(-2), xs[1], xs[2], xs[3], ys[0], ys[1], 0, 0, ws, cnt,
-        n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, out, ids, i_s[0], i_s[1], x_chunk,
+        n_used, 1, 1, w.stride(1), 0, x_b2, x_b3, ys[1], ys[2], out, out, ids, i_s[0], i_s[1], x_chunk, None,
         BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
         STEPS=(), SIDES=(), QTYPE=QTYPES.get(wtype, ""), IDS=True, ALIGNED=aligned_rows(wtype, K, w), **_launch(t))
 

@@ -262,6 +262,10 @@ PRESETS: dict[str, ModelShape] = {
         # 64) at 2-8 columns in bf16: a shape the pair's SwiGLU epilogue fuses on (pair_glu's rule pair-glu.tile)
         ModelShape("tiny-dc4-h64-ff1024", n_embd=128, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=64, d_conv=4,
                    n_ff=1024),
+        # the same at n_embd 512: its FFN pair's tile splits K in Q8_0 too (two steps of 256), where the pair hands
+        # its SwiGLU on as the down product's q8_1 activations (pair_glu's rule pair-glu.type, gdnpass.prepasses)
+        ModelShape("tiny-dc4-h64-e512", n_embd=512, n_layer=4, n_k_heads=1, n_v_heads=2, head_dim=64, d_conv=4,
+                   n_ff=1024),
         # whole tiny models for llama.cpp captures (GGUF files of 9.6 and 7.4 MiB in f32): layers 3 (and 7) are full
         # attention. a: GDN 2 k-heads / 4 v-heads of 32, attention 4 / 2 KV heads of 64 (16 rotary dims);
         # b: GDN 1 / 2 heads of 64, attention 8 / 1 KV heads of 32 (8 rotary dims), 8 layers

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gdnpass import ops
+from gdnpass import ops, prepasses
 from gdnpass.errors import KernelError
 from gdnpass.ir import DType, Op
 from gdnpass.kernels import backends
@@ -288,6 +288,80 @@ def test_q8_0_activations_are_q8_1_groups():
     assert torch.equal(q[:n].view(n, groups, 32).to(torch.int16), q_ref)
     assert torch.equal(d[:n], d_ref) and d[1, 2] == 0 and not q[1, 64:96].any()
     assert not q[n:].any() and not d[n:].any()
+
+
+@pytest.mark.parametrize("swapped", [False, True], ids=["gate-up", "up-gate"])
+def test_q8_0_pair_glu_hands_on_the_glu_pre_pass_bytes(swapped):
+    """A Q8_0 pair with SwiGLU's epilogue handing its output on (pair_glu, a producer of gdnpass.prepasses): y the
+    bytes of the unfused pair and GLU, and the hand-off workspace the bytes the next Q8_0 product's pre-pass of y
+    writes, every word of it (q8_1 groups of the 16 columns: the padding columns' zeros; M = 96: a short last row
+    block, its rows past M no group), into its own slot while the pair read its activations in the other; the
+    product after it reads them there as if its pre-pass had run."""
+    M, K, n = 96, 512, 3
+    tile = mv.mat_vec_tile(M, n, K, "q8_0", products=2)
+    assert tile.split_k > 1 and tile.block_m == 64 and tile.cols == 16  # (the epilogue's scope: pair-glu.tile)
+    a = Arena(1 << 24)
+    w, w2, down = _weights(a, DType.Q8_0, M, K, 1), _weights(a, DType.Q8_0, M, K, 2), _weights(a, DType.Q8_0, 8, M, 3)
+    x = a.put(rnd(1, 1, n, K))
+    p, p2, want, y = (a.view((1, 1, n, M)) for _ in range(4))
+    z_pre, z_hand = a.view((1, 1, n, 8)), a.view((1, 1, n, 8))
+    saved = {}
+
+    def run():
+        mv.mul_mat_vec_pair(w, w2, x, p, p2, DType.Q8_0)
+        elt.glu("SWIGLU", p, p2, swapped, want)
+        mv.mul_mat_vec(down, want, z_pre, DType.Q8_0)  # (its pre-pass of the GLU's y)
+        saved["pre"] = core._ACTIVATION_WORKSPACE[x.device, core.FILL_SLOT][:mv.activation_bytes(M)].clone()
+        mv.mul_mat_vec_pair_glu(w, w2, x, y, swapped, DType.Q8_0, quantize="q8_1")
+        saved["hand"] = core._ACTIVATION_WORKSPACE[x.device, core.HAND_OFF_SLOT][:mv.activation_bytes(M)].clone()
+        with prepasses.skipping():
+            mv.mul_mat_vec(down, y, z_hand, DType.Q8_0)
+
+    a.run(run, p, p2, want, y, z_pre, z_hand)
+    assert_same_bytes(y, want, "the pair's SwiGLU")
+    assert torch.equal(saved["hand"].cpu(), saved["pre"].cpu()), "the hand-off is not the pre-pass's bytes"
+    assert_same_bytes(z_hand, z_pre, "the product reading the hand-off")
+
+
+@pytest.mark.gpu
+def test_gpu_q8_0_pair_glu_hands_on_at_the_ffn_shape():
+    """Compiled, at qwen3.5-9b's FFN gate / up shape with its model tile, every mat-vec width, 5 launches each:
+    whichever program of a row block draws the last ticket hands its rows on, and the hand-off is the bytes the GLU
+    kernel writes for the down product (y too); tickets zero after."""
+    M, K = 12288, 4096
+    g = torch.Generator().manual_seed(7)
+    w, w2 = (held_rows(random_blocks(M, K, DType.Q8_0, g, 0.05), DType.Q8_0).view(1, 1, M, -1).cuda()
+             for _ in range(2))
+    size = mv.activation_bytes(M)
+    for n in range(1, 17):
+        x = torch.randn(1, 1, n, K, generator=g).cuda()
+        p, p2, want, y = (torch.full((1, 1, n, M), float("nan"), device="cuda") for _ in range(4))
+        mv.mul_mat_vec_pair(w, w2, x, p, p2, DType.Q8_0)
+        elt.glu("SWIGLU", p, p2, False, want, quantize="q8_1")
+        made = core._ACTIVATION_WORKSPACE[x.device, core.FILL_SLOT][:size].clone()
+        for _ in range(5):
+            y.fill_(float("nan"))
+            stale = core._ACTIVATION_WORKSPACE.get((x.device, core.HAND_OFF_SLOT))
+            if stale is not None:  # (bytes that are no hand-off: each launch writes every word it hands on)
+                stale.fill_(0xAB)
+            mv.mul_mat_vec_pair_glu(w, w2, x, y, dtype=DType.Q8_0, quantize="q8_1")
+            assert_same_bytes(y, want, f"the pair's SwiGLU at {n} columns")
+            assert torch.equal(core._ACTIVATION_WORKSPACE[x.device, core.HAND_OFF_SLOT][:size], made), \
+                f"the hand-off at {n} columns"
+    assert not core._SPLIT_WORKSPACE[w.device][1].any(), "tickets left non-zero"
+
+
+def test_a_hand_off_refuses_what_it_cannot_hand_on():
+    """The epilogue hands on q8_1 only, from a tile of whole groups of one chunk's columns, and never into the
+    activations its own programs read."""
+    a = Arena(1 << 22)
+    w, w2 = _weights(a, DType.Q8_0, 64, 256, 1), _weights(a, DType.Q8_0, 64, 256, 2)
+    x, y = a.put(rnd(1, 1, 2, 256)), a.view((1, 1, 2, 64))
+    with pytest.raises(KernelError, match="hands on q8_1 groups"):
+        mv.mul_mat_vec_pair_glu(w, w2, x, y, dtype=DType.Q8_0, quantize="q8_K")
+    tile = mv.mat_vec_tile(64, 2, 256, "q8_0", products=2)
+    with pytest.raises(KernelError, match="hands on q8_1 groups"):
+        mv._mat_vecs([(w, y), (w2, y)], x, tile._replace(block_m=48), dtype=DType.Q8_0, glu=1, hand_off="q8_1")
 
 
 @pytest.mark.parametrize("x_ne,chunks", [((256, 40), 2), ((256, 16), 0), ((256, 5, 4), 0)],

@@ -4,7 +4,8 @@ The kernel is :func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair`, the single
 columns, the GEMM's) own kernel with a second product on the grid (each product byte-identical to its single one):
 it stays in the mat-vec family. After the pair_glu pattern a node may carry ``glu`` ("SWIGLU") and ``swapped``: it
 then writes only y = silu(gate)·up of its products (gate the second one when ``swapped``), as the GLU node it
-replaced did (:func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair_glu`), and has no ``outs``. Pure Python: the
+replaced did (:func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair_glu`), and has no ``outs``; of block-type
+weights, it may hand y on quantized for the Q8_0 product after it (a producer of ``gdnpass.prepasses``). Pure Python: the
 adapters and :func:`programs` import torch and Triton when called.
 """
 
@@ -31,7 +32,6 @@ def _check(n: Tensor) -> None:
     holds = "nothing (the node writes the GLU)" if glu else "the second product"
     need(len(n.outs) == (0 if glu else 1), n, f"outs must hold {holds}, has {len(n.outs)}")
     need(not glu or "swapped" in n.op_params, n, "a SwiGLU epilogue needs op_params 'swapped'")
-    need(not glu or not w_a.type.is_quantized, n, f"a SwiGLU epilogue of {w_a.type.label} weights (plain types only)")
     need(w_a.type is w_b.type and w_a.ne == w_b.ne, n, f"weights {w_a.name!r} and {w_b.name!r} differ in type/shape")
     want = (w_a.ne[1], x.ne[1], x.ne[2], x.ne[3])
     b = n if glu else n.outs[0]
@@ -58,11 +58,13 @@ def _torch(node: Tensor, views: list, out) -> None:
 
 
 def _triton(node: Tensor, views: list, out) -> None:
+    from gdnpass import prepasses
     from gdnpass.kernels import triton_matvec
 
     w_a, x, w_b, *out_b = views
-    if glu_of(node):
-        triton_matvec.mul_mat_vec_pair_glu(w_a, w_b, x, out, node.op_params["swapped"])
+    if glu_of(node):  # (handing y on quantized where the pre-pass plan makes the node its reader's producer)
+        triton_matvec.mul_mat_vec_pair_glu(w_a, w_b, x, out, node.op_params["swapped"], node.src[0].type,
+                                           prepasses.producing_now())
         return
     triton_matvec.mul_mat_vec_pair(w_a, w_b, x, out, out_b[0], node.src[0].type)
 

@@ -10,8 +10,11 @@ silu(gate)·up, the GLU kernel's expression (``triton_matvec.mul_mat_vec_pair_gl
 two products never reach memory. The fused node runs at the pair's place: it writes the GLU's output early.
 
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-7):
- 1. [pair-glu.type] the pair's weights are a plain type (f32, f16, bf16: a block type's pair leaves ffn_down's
-    quantized activations to the GLU that makes them, ``gdnpass.prepasses``) and the products and y are f32.
+ 1. [pair-glu.type] the products and y are f32, and the pair's weights a plain type (f32, f16, bf16) or a block
+    type whose y a Q8_0 product reads (ffn_down): the fused node can then hand y on as that product's q8_1
+    activations (``gdnpass.prepasses``: its groups of 32 lie in the pair's row blocks), one launch fewer. Before any
+    other reader the GLU writes y quantized itself (a K-quant reader's q8_K blocks span 256 rows, 4 row blocks):
+    fused, the reader's pre-pass would take the GLU's launch, and nothing is saved.
  2. [pair-glu.tile] the pair runs as the mat-vec (1..MAT_VEC_COLS columns: the GEMM has no such epilogue) on a tile
     that splits K (``kernels.tiles.mat_vec_tile``): its programs already meet in the workspace, the epilogue adds only
     the shared ticket. On an unsplit tile every program pays a round trip and a ticket, which cost more than the
@@ -97,11 +100,20 @@ def _reader(ctx: Context, pair: Tensor) -> tuple[Tensor, bool] | None:
     return None
 
 
+def _hands_on(ctx: Context, y: Tensor) -> bool:
+    """Whether a product of Q8_0 weights reads ``y`` as its activations (the q8_1 groups a fused node hands on)."""
+    from gdnpass.prepasses import PRODUCTS  # (prepasses imports the patterns' scopes)
+
+    return any(n.op.value in PRODUCTS and len(n.src) > 1 and n.src[1] is y and n.src[0].type is DType.Q8_0
+               for n in ctx.users(y))
+
+
 @rule("pair-glu.type")
 def _type(c: PairGluCapture, ctx):
     w = c.weights[0]
-    if w.type.is_quantized:  # (a pair's weights are a type the mat-vec reads: rule pair.type)
-        return Why(c.pair, f"{w.name!r} is {w.type.label}: the epilogue is the plain types' (f32, f16, bf16)")
+    if w.type.is_quantized and not _hands_on(ctx, c.glu):  # (a pair's weights are a type the mat-vec reads)
+        return Why(c.pair, f"{w.name!r} is {w.type.label} and no Q8_0 product reads {c.glu.name!r}: only a Q8_0 "
+                           f"reader's activations can be handed on, where the fused node saves the GLU's launch")
     for t in (c.a, c.b, c.glu):
         if t.type is not DType.F32:
             return Why(t, f"{t.name!r} is {t.type.label}: the epilogue computes SwiGLU in f32")

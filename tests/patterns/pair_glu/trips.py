@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from gdnpass import ops
 from gdnpass.fusion import fuse
-from gdnpass.ir import Flag, Graph, Op
+from gdnpass.ir import DType, Flag, Graph, Op, contiguous_strides
 from gdnpass.kernels import backends, triton_matvec
 from gdnpass.patterns.mat_vec_pair import MatVecPair
 from gdnpass.patterns.pair_glu import PairGlu
@@ -84,8 +84,15 @@ def m_product_read_later(g):
     read_bytes_of(g, p["a"], p["glu"])
 
 
+def m_down_k_quant(g):
+    """The down product's weight Q4_K (its activations q8_K blocks of 256 rows: nothing the pair can hand on)."""
+    down = next(n for n in g.nodes if n.op in (Op.MUL_MAT, Op.MUL_MAT_ADD) and n.src[1] is parts(g)["glu"])
+    w = down.src[0]
+    w.type, w.nb = DType.Q4_K, contiguous_strides(DType.Q4_K, w.ne)
+
+
 TRIPS = [
-    Trip("pair-glu.type", config=dict(wtype="q8_0")),
+    Trip("pair-glu.type", m_down_k_quant, config=dict(model="tiny-dc4-h64-e512", wtype="q8_0")),
     Trip("pair-glu.tile", config=dict(n_tokens=17), name="gemm"),  # (bf16 over 16 columns: the GEMM's pair)
     Trip("pair-glu.tile", config=dict(model="tiny-dc4-h64"), name="unsplit"),  # (192 x 64: one K step)
     Trip("pair-glu.layout", m_y_strided),
