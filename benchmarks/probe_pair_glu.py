@@ -6,9 +6,8 @@ CUDA graph of 20 back-to-back calls, CUDA events, median of 30 replays: ``bench.
 
 Q8_0 (its down product Q8_0 too, as in a Q8_0 file): the unfused pair, then the GLU writing its output quantized
 for the down product (q8_1, a producer of gdnpass.prepasses), against the pair handing it on from its epilogue
-(``quantize``: the HAND_OFF_SLOT workspace), uncapped (130-132 registers: 3 programs an SM) and capped at 128 (4,
-16 bytes of spill, two LDL.64 a K step); each with its pre-pass of x. Bytes compared: y, and the hand-off against
-the GLU's activations, word for word.
+(``quantize``: the HAND_OFF_SLOT workspace); each with its pre-pass of x. Bytes compared: y, and the hand-off
+against the GLU's activations, word for word.
 
 Each call runs on fresh weights of its own (enough copies that every call reads its weights from memory, as in a
 forward: ``bench.matvec.rotation``)."""
@@ -45,7 +44,7 @@ def main() -> None:
     a = ap.parse_args()
     print(f"# {torch.cuda.get_device_name()}; us a call (pair + GLU: two launches; fused: one; Q8_0: each with its "
           f"pre-pass of x)")
-    print("weights | cols | split | pair + GLU | fused | fused / unfused | fused, 128 registers | bytes")
+    print("weights | cols | split | pair + GLU | fused | fused / unfused | bytes")
     g = torch.Generator().manual_seed(0)
     for wt in a.wtypes.split(","):
         q = DType.parse(wt) if wt not in PLAIN else None
@@ -73,14 +72,13 @@ def main() -> None:
                 mv.mul_mat_vec_pair(w, w2, x, p, p2, q)
                 elt.glu("SWIGLU", p, p2, False, want, quantize=form)
 
-            def fused(t=tile):
+            def fused():
                 w, w2 = weights[next(it) % len(weights)]
-                mv._mat_vecs([(w, y), (w2, y)], x, t, dtype=q, glu=1, hand_off=form)
+                mv.mul_mat_vec_pair_glu(w, w2, x, y, dtype=q, quantize=form)
 
             u, f = graph_time_us(unfused), graph_time_us(fused)
-            capped = f"{graph_time_us(lambda: fused(tile._replace(regs=128))):.2f}" if form else ""
-            print(f"{wt} | {n} | {tile.split_k} | {u:.2f} | {f:.2f} | {f / u:.3f} | {capped} | "
-                  f"{'equal' if same else 'DIFFER'}", flush=True)
+            print(f"{wt} | {n} | {tile.split_k} | {u:.2f} | {f:.2f} | {f / u:.3f} | {'equal' if same else 'DIFFER'}",
+                  flush=True)
 
 
 if __name__ == "__main__":

@@ -346,8 +346,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issue 34: the Q8_0 FFN pair with its SwiGLU in its launch, handing y on as ffn_down's q8_1 activations
             # (the HAND_OFF_SLOT workspace; one launch fewer a layer: 32 of 461 at T = 4). Its tests compiled (the
             # hand-off under concurrent programs at the 9B's shape), the probe against the pair and the quantizing
-            # GLU (uncapped: 130-132 registers, 3 programs an SM; capped at 128: 16 bytes of spill), 8 fused 9B
-            # layers checked, and the whole Q8_0 verify of the tree and the package before it
+            # GLU, 8 fused 9B layers checked, and the whole Q8_0 verify of the tree and the package before it
             ("hand-tests", [PY, "-m", "pytest", "-q", "-x", "-k", "hand or pair_glu",
                             "tests/kernels/test_triton_quants.py",
                             "tests/kernels/test_kernels.py", "tests/test_prepasses.py"], 120),

@@ -729,21 +729,17 @@ def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
 
 
 @triton.jit
-def store_q8_1_rows(ws_ptr, K, row0, y):
-    """A product's output rows [row0, row0 + R) of all its columns, ``y`` [R, C] (f32; R a multiple of 32 and row0
-    too, C = XCOLS: one chunk, the columns past the product's zeros), as the activations of a product after it that
-    reads them as its K elements (K: the rows there are): :func:`store_q8_1`'s groups and bytes, for a product's
-    epilogue that hands its output on quantized (the HAND_OFF_SLOT workspace); the groups inside K only. The groups
-    stay in the rows' layout (quantized along axis 1, no exchange through shared memory: a permute to store_q8_1's
-    took the FFN pair's kernel past 128 registers)."""
-    R: tl.constexpr = y.shape[0]
-    C: tl.constexpr = y.shape[1]
-    tl.static_assert(R % SUB == 0 and C == XCOLS, "store_q8_1_rows: whole groups of one chunk's columns")
-    q, d = _q8_1(tl.reshape(y, (R // SUB, SUB, C)), 1)            # [group, lane, column], [group, column]
-    g = row0 // SUB + tl.arange(0, R // SUB)
-    at = g[:, None] * XCOLS + tl.arange(0, C)[None, :]              # [group, column]
+def store_q8_1_rows(ws_ptr, K, g0, yt):
+    """A product's output, groups [g0, g0 + G) of 32 rows of all its columns, ``yt`` [G, C, 32] (f32; C = XCOLS: one
+    chunk, the columns past the product's zeros), as the activations of a product after it that reads them as its K
+    elements (K: the rows there are): :func:`store_q8_1`'s groups and bytes, for a product's epilogue that hands its
+    output on quantized (the HAND_OFF_SLOT workspace); the groups inside K only."""
+    tl.static_assert(yt.shape[1] == XCOLS and yt.shape[2] == SUB, "store_q8_1_rows: whole groups of one chunk")
+    q, d = _q8_1(yt, 2)
+    g = g0 + tl.arange(0, yt.shape[0])
+    at = g[:, None] * XCOLS + tl.arange(0, XCOLS)[None, :]          # [group, column]
     inside = (g * SUB < K)[:, None]
-    tl.store(ws_ptr + at[:, None, :].to(tl.int64) * SUB + tl.arange(0, SUB)[None, :, None], q.to(tl.int8),
+    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
              mask=inside[:, :, None])
     xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
     tl.store(xd + at, d, mask=inside)

@@ -621,8 +621,14 @@ def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1,
         else:
             y = silu_f32(b) * a
         _store_y(y_ptr, y, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, None, None, (), ())
-        if HAND_OFF == "q8_1":  # (the rows past M and the columns past N: zeros, as the pre-pass's)
-            store_q8_1_rows(hand_ptr, M, block * y.shape[0], y)
+        if HAND_OFF == "q8_1":  # its rows of y read back (32 rows of a column lie together), quantized, handed on
+            tl.debug_barrier()  # (the CTA's stores of y visible to all its threads)
+            G: tl.constexpr = y.shape[0] // SUB
+            r = (block * G + tl.arange(0, G))[:, None, None] * SUB + tl.arange(0, SUB)[None, None, :]
+            c = cols[None, :, None]
+            yt = tl.load(y_ptr + _row_offset(c, ne1, ne2, y_s1, y_s2, y_s3) + r * y_s0,
+                         mask=(r < M) & col_mask[None, :, None], other=0.0)  # (past M, N: zeros, as the pre-pass's)
+            store_q8_1_rows(hand_ptr, M, block * G, yt)
         else:
             tl.static_assert(HAND_OFF == "", "_glu_store: hands off q8_1 only")
 
