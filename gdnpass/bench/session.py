@@ -353,8 +353,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             ("probe-hand", [PY, "benchmarks/probe_pair_glu.py", "--wtypes", "q8_0", "--cols", "1,4,8,16"], 90),
             ("hand-check", [PY, "-m", "gdnpass.cli", "run", "--whole", "--model", "qwen3.5-9b", "--layers", "8",
                             "--tokens", "4", "--rs-seq", "3", "--wtype", "q8_0", "--device", "cuda", "--check"], 60),
-            *((f"whole-q8_0{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
-                                       "--json", str(out / f"whole-q8_0{tag}.json")), 110)
+            *((f"whole-hand{tag}", _at(path, "benchmarks/bench.py", "--quick", "--only", "whole", "--wtype", "q8_0",
+                                    "--json", str(out / f"whole-hand{tag}.json")), 110)
               for tag, path in (("", "."), ("-before", BEFORE_HAND_OFF))),
         ]
     if part == 24:

@@ -142,21 +142,26 @@ def variants():
            if "ffn_gate" in p.names}
     glu = sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
                   itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))})
+    # (Q8_0's pair handing its SwiGLU on as q8_1, the down product's activations: the models' gate / up tiles)
+    hand = sorted({(t, "q8_0") for (M, K), N in itertools.product(ffn, range(1, 17))
+                   if mv.tiles.hands_on_q8_1(t := mv.mat_vec_tile(M, N, K, "q8_0", 2))})
     # (the held-split types' rows at the models' K, on 16 bytes, take the aligned form; the 16-bit form once each:
     # mv.aligned_rows)
     held = {t.label for t in HELD_SPLIT}
     for (t, wt), steps, g, aligned in ([(tw, (), 0, tw[1] in held) for tw in sorted(tiles) + split]
                                        + [(tw, s, 0, False) for tw in split for s in EPILOGUES]
                                        + [(tw, (), 1, False) for tw in glu]
+                                       + [(tw, (), 1, True) for tw in hand]
                                        + [((mv.mat_vec_tile(4096, 4, 4096, h), h), (), 0, False)
                                           for h in sorted(held)]):
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
+        hands = g and ptr == "*u8"  # (a quantized pair's SwiGLU: handed on)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, ALIGNED=aligned, GLU=g,
-                 **_epilogue(steps))
+                 HAND_OFF="q8_1" if hands else "", **({} if hands else {"hand_ptr": None}), **_epilogue(steps))
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 or g else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
-               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr), t.options())
+               dict(w_ptr=ptr, w2_ptr=ptr, x_ptr=x_ptr, **({"hand_ptr": "*u8"} if hands else {})), t.options())
     # the GEMM (MUL_MAT of over 16 columns, f16 / bf16 weights): every tile gemm_tile gives the models' products at
     # 17-1024 columns (several sequences' verify, a prompt's ubatch)
     gemm = {(mv.gemm_tile(M, N, K, wt), wt) for (M, K), N, wt in
@@ -176,7 +181,7 @@ def variants():
         ptr = {"bf16": "*bf16", "f32": "*fp32"}.get(wt, "*u8")
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  STEPS=(), SIDES=(), QTYPE=wt if ptr == "*u8" else "", IDS=True, EARLY=t.early,
-                 ALIGNED=wt in held, GLU=0)
+                 ALIGNED=wt in held, GLU=0, HAND_OFF="", hand_ptr=None)
         yield (mv._mul_mat_vec_kernel, c if t.split_k > 1 else {**c, "ws_ptr": None, "cnt_ptr": None}, t.warps,
                dict(w_ptr=ptr, w2_ptr=ptr, ids_ptr="*i32", x_ptr="*u8" if ptr == "*u8" else "*fp32"), t.options())
     # GATED_DELTA_NET unrolled (a verify) and looped (a prompt), reading its gates; and computing Qwen3.5's (the
