@@ -52,6 +52,14 @@ def _at(package: str, script: str, *args: str) -> list[str]:
     return _on_path(package, PY, script, *args)
 
 
+def _tune(out: Path, name: str, wtypes: str, shapes: str, cols: str, budget_s: int, limit: int,
+          *flags: str) -> tuple[str, list[str], int]:
+    """A tile sweep step (``tune_matvec.py``): ``wtypes`` at ``shapes`` and ``cols`` within ``budget_s``, every tile's
+    time into ``DIR/<name>.json``; ``flags`` (``--pair``, ``--deep``) its own."""
+    return (name, [PY, "benchmarks/tune_matvec.py", "--wtypes", wtypes, "--shapes", shapes, "--cols", cols, *flags,
+                   "--budget-s", str(budget_s), "--json", str(out / f"{name}.json")], limit)
+
+
 QUANT_BASE = "/dev/shm/q9b.gguf"  # parts 6 and 15: the 9B in bf16, which llama.cpp's quantizer makes their files of
 
 
@@ -87,9 +95,7 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     if part == 5:
         return [
             # issue 34, after part 4: the production tiles of the q8_K form re-swept (tune_matvec's candidates)
-            ("tune-quant", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q4_k,q6_k,q8_0", "--shapes",
-                            "4096x4096,12288x4096,4096x12288", "--cols", "1,4,8,16", "--budget-s", "300",
-                            "--json", str(out / "tune-quant.json")], 340),
+            _tune(out, "tune-quant", "q4_k,q6_k,q8_0", "4096x4096,12288x4096,4096x12288", "1,4,8,16", 300, 340),
         ]
     if part == 6:
         return [
@@ -211,12 +217,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issues 32, 34: the two tiles the twelfth session's tables point at (docs/performance.md, 2026-12-07,
             # twelfth): bf16 4096 x 4096 (z and ssm_out, 48 launches a 9B verify) at 55% of the read bandwidth, and
             # Q8_0's alpha/beta pair (32 rows: the 128-row tile masks 3/4 of it) at twice upstream's time
-            ("tune-bf16-4096", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16", "--shapes", "4096x4096",
-                                "--cols", "4,8", "--deep", "--budget-s", "200",
-                                "--json", str(out / "tune-bf16-4096.json")], 260),
-            ("tune-q8_0-thin", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q8_0", "--shapes", "32x4096",
-                                "--cols", "4,8", "--pair", "--budget-s", "120",
-                                "--json", str(out / "tune-q8_0-thin.json")], 170),
+            _tune(out, "tune-bf16-4096", "bf16", "4096x4096", "4,8", 200, 260, "--deep"),
+            _tune(out, "tune-q8_0-thin", "q8_0", "32x4096", "4,8", 120, 170, "--pair"),
         ]
     if part == 18:
         return [
@@ -228,12 +230,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # issues 32, 34: the thin pairs part 17 did not sweep: the bf16 files' f32 alpha/beta (issue 32's 1.3x of
             # an empty kernel plus its bytes, missed), the Q4_K_M file's K-quant alpha/beta (64-row blocks half
             # masked, where Q8_0's 32-row block ran 36% faster), and bf16 attention k / v (51% of the read bandwidth)
-            ("tune-thin", [PY, "benchmarks/tune_matvec.py", "--wtypes", "f32,q4_k,q6_k", "--shapes", "32x4096",
-                           "--cols", "1,4,8", "--pair", "--budget-s", "60",
-                           "--json", str(out / "tune-thin.json")], 100),
-            ("tune-bf16-kv", [PY, "benchmarks/tune_matvec.py", "--wtypes", "bf16", "--shapes", "1024x4096",
-                              "--cols", "4,8", "--pair", "--deep", "--budget-s", "90",
-                              "--json", str(out / "tune-bf16-kv.json")], 150),
+            _tune(out, "tune-thin", "f32,q4_k,q6_k", "32x4096", "1,4,8", 60, 100, "--pair"),
+            _tune(out, "tune-bf16-kv", "bf16", "1024x4096", "4,8", 90, 150, "--pair", "--deep"),
         ]
     if part == 19:
         return [
@@ -334,12 +332,8 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
             # scales a step ahead, Q6_K's rows held split: the tiles were chosen when each step waited a round trip
             # for its scales (Q8_0's 16-column sum, slower at 8 then; its pair in 2 slices, 768 programs against the
             # 528 of a wave). Q4_K's form did not change. (~450 tiles compiled by 16 processes)
-            ("tune-q-single", [PY, "benchmarks/tune_matvec.py", "--wtypes", "q8_0,q6_k", "--shapes",
-                               "4096x12288,8192x4096,4096x4096", "--cols", "4,8", "--budget-s", "250",
-                               "--json", str(out / "tune-q-single.json")], 330),
-            ("tune-q-pair", [PY, "benchmarks/tune_matvec.py", "--pair", "--wtypes", "q8_0,q6_k", "--shapes",
-                             "12288x4096", "--cols", "4,8", "--budget-s", "110",
-                             "--json", str(out / "tune-q-pair.json")], 200),
+            _tune(out, "tune-q-single", "q8_0,q6_k", "4096x12288,8192x4096,4096x4096", "4,8", 250, 330),
+            _tune(out, "tune-q-pair", "q8_0,q6_k", "12288x4096", "4,8", 110, 200, "--pair"),
         ]
     if part == 30:
         return [
