@@ -607,7 +607,7 @@ def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1,
     GLU kernel's (:func:`~gdnpass.kernels.triton_core.silu_f32` of the gate times the up), into y; neither product
     is stored. Unbatched: product p's ``tile`` is p·blocks + row block, and the row block's counter product 0's.
     HAND_OFF "q8_1" (a Q8_0 product reads y next: gdnpass.prepasses): that program also writes its rows of y as
-    that product's q8_1 activations into ``hand_ptr`` (the HAND_OFF workspace; M rows are its K), the bytes its
+    that product's q8_1 activations into ``hand_ptr`` (the HAND_OFF_SLOT workspace; M rows are its K), the bytes its
     pre-pass would write (:func:`~gdnpass.kernels.triton_core.store_q8_1_rows`)."""
     block = tl.program_id(0)
     _store_part(acc, ws_ptr, tile, s, SPLIT_K)
@@ -644,7 +644,7 @@ def _mul_mat_vec_kernel(w_ptr, y_ptr, w2_ptr, y2_ptr, x_ptr, M, K, N, ne1, ne2,
                         s1_ptr, s2_ptr,        # the epilogue's side operands, laid out as y (STEPS; unbatched, single)
                         ids_ptr, ids_s0, ids_s1,  # MUL_MAT_ID's expert ids [n_used, n_t] (IDS; None otherwise)
                         x_chunk,               # a quantized product's activation chunk bytes (activation_bytes)
-                        hand_ptr,              # the HAND_OFF activation workspace (HAND_OFF; None otherwise)
+                        hand_ptr,              # the HAND_OFF_SLOT activation workspace (HAND_OFF; else None)
                         BLOCK_M: tl.constexpr, COLS: tl.constexpr, BLOCK_K: tl.constexpr, DOT: tl.constexpr,
                         SPLIT_K: tl.constexpr, EVICT: tl.constexpr, STEPS: tl.constexpr, SIDES: tl.constexpr,
                         QTYPE: tl.constexpr, IDS: tl.constexpr, EARLY: tl.constexpr, ALIGNED: tl.constexpr,
@@ -802,8 +802,8 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         x = quantize_activations(x, wtype, K, N, cols_x)
     hand = None
     if hand_off:  # (after the pre-pass: its fill of FILL_SLOT forgets the HAND_OFF_SLOT's key)
-        _require(glu and hand_off == "q8_1" and t.block_m % SUB.value == 0 and t.cols == XCOLS.value
-                 and out.stride(3) == 1, f"mul_mat_vec: the SwiGLU epilogue hands on q8_1 groups of whole row "
+        _require(glu and hand_off == "q8_1" and tiles.hands_on_q8_1(t) and out.stride(3) == 1,
+                 f"mul_mat_vec: the SwiGLU epilogue hands on q8_1 groups of whole row "
                  f"blocks of one chunk's columns, contiguous, not {hand_off} on a {t.block_m} x {t.cols} tile")
         hand = activations_to_fill(out, hand_off, N, product_columns(out)[1], "mul_mat_vec_pair_glu",
                                    slot=HAND_OFF_SLOT)[0]
