@@ -23,7 +23,7 @@ from gdnpass.kernels.limits import (GEMM_WEIGHTS, MAT_VEC_COLS, QUANT_MAT_VEC_CO
                                     mul_mat_path, pre_pass, runs_as_gemm, runs_as_mat_vec)
 from gdnpass.ir import HELD_SPLIT, DType
 from gdnpass.kernels import tiles
-from gdnpass.kernels.tiles import GemmTile, MatVecTile, gemm_tile, mat_vec_tile
+from gdnpass.kernels.tiles import GemmTile, MatVecTile, gemm_tile, hands_on_q8_1, mat_vec_tile
 from gdnpass.kernels.triton_core import (GROUPS_K, INTERPRETED, LAUNCH, Q4_K_BYTES, Q5_K_BYTES, Q6_K_PLANES, QK_K,
                                          QTYPES, SUB, XCOLS, _alias_ok, _byte_of, _column_chunk, _require,
                                          _row_offset, _scales_mins_k4, _strides, activation_bytes, activation_workspace,
@@ -802,7 +802,7 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         x = quantize_activations(x, wtype, K, N, cols_x)
     hand = None
     if hand_off:  # (after the pre-pass: its fill of FILL_SLOT forgets the HAND_OFF_SLOT's key)
-        _require(glu and hand_off == "q8_1" and tiles.hands_on_q8_1(t) and out.stride(3) == 1,
+        _require(glu and hand_off == "q8_1" and hands_on_q8_1(t) and out.stride(3) == 1,
                  f"mul_mat_vec: the SwiGLU epilogue hands on q8_1 groups of whole row "
                  f"blocks of one chunk's columns, contiguous, not {hand_off} on a {t.block_m} x {t.cols} tile")
         hand = activations_to_fill(out, hand_off, N, product_columns(out)[1], "mul_mat_vec_pair_glu",
