@@ -18,9 +18,9 @@ producer's blocks) when:
    a quantized MUL_MAT_ID on the kernel (its b one row a token, or one a slot); F is such a product, or a producer: an
    RMS_NORM_MUL whose rows the kernel quantizes (rms_norm_mul.scope.quantizes_rows: whole blocks of 256) and whose
    output overlaps no byte of its x (the quantizing kernel's programs each read a whole row of x, and store one
-   block), a SWIGLU GLU of rows of whole blocks of 256, or a MUL_MAT_VEC_PAIR with SwiGLU's epilogue (pair_glu)
-   whose tile hands its output on as q8_1 (``kernels.tiles.hands_on_q8_1``: whole groups of 32 rows a row block;
-   the *hand-off*), unless it reads its own activations from a hand-off.
+   block), a SWIGLU GLU of rows of whole blocks of 256, or a MUL_MAT_VEC_PAIR with SwiGLU's epilogue (pair_glu) or
+   a MUL_MAT_CHAIN whose tile hands its output on as q8_1 (``kernels.tiles.hands_on_q8_1``: whole groups of 32 rows
+   a row block; the *hand-off*), unless it reads its own activations from a hand-off.
 2. [same-activation] P's activation is F's bytes in F's layout: one buffer, offset, ne and nb (a reshape that
    changes ne does not count: the columns' order could differ); a producer's are its output's.
 3. [same-form] the same int8 form: the K-quants' q8_K blocks (Q4_K, Q5_K, Q6_K) or Q8_0's q8_1 groups; a producer
@@ -47,7 +47,8 @@ import contextlib
 import contextvars
 from dataclasses import dataclass, replace
 
-from gdnpass.ir import DType, Graph, Op, Tensor, byte_range, ranges_overlap, runs_kernel, written
+from gdnpass.ir import (DType, Graph, Op, Tensor, byte_range, contiguous_strides, ranges_overlap, runs_kernel,
+                         written)
 from gdnpass.kernels import limits
 from gdnpass.kernels.tiles import hands_on_q8_1, mat_vec_tile
 from gdnpass.patterns.rms_norm_mul.scope import quantizes_rows
@@ -131,7 +132,7 @@ def activation(n: Tensor) -> Activation | None:
 def producer_blocks(n: Tensor) -> Activation | None:
     """Rule 1's producer: node ``n``'s output, which its kernel can write quantized in either form, blocks of 256 at
     a time, or hand on in q8_1 (:func:`hand_off`; None: not such a node, or not planned in memory)."""
-    if n.op is Op.MUL_MAT_VEC_PAIR:
+    if n.op in (Op.MUL_MAT_VEC_PAIR, Op.MUL_MAT_CHAIN):
         return hand_off(n)
     if n.op.value not in PRODUCERS or not runs_kernel(n) or n.nb[0] != 4 or n.type is not DType.F32 \
             or not _planned(n) or not _planned(n.src[0]):
@@ -145,17 +146,25 @@ def producer_blocks(n: Tensor) -> Activation | None:
 
 
 def hand_off(n: Tensor) -> Activation | None:
-    """Rule 1's hand-off: the output of node ``n``, a MUL_MAT_VEC_PAIR with SwiGLU's epilogue whose tile hands it on
-    as q8_1 activations (triton_matvec.mul_mat_vec_pair_glu), f32 with contiguous rows (None: not such a node)."""
-    if n.op is not Op.MUL_MAT_VEC_PAIR or not n.op_params.get("glu") or not runs_kernel(n) or n.nb[0] != 4 \
-            or n.type is not DType.F32 or not _planned(n):
+    """Rule 1's hand-off: the output of node ``n``, a MUL_MAT_VEC_PAIR with SwiGLU's epilogue or a MUL_MAT_CHAIN on
+    the mat-vec, whose tile hands it on as q8_1 activations (triton_matvec._hand_on), f32 with contiguous rows; laid
+    out as the product (M rows, its columns), which a chain's node may view otherwise (the z chain's heads: [128, 32,
+    T], its product [4096, T]: a contiguous chain's bytes are the product's). None: not such a node."""
+    pair = n.op is Op.MUL_MAT_VEC_PAIR and bool(n.op_params.get("glu"))
+    if not (pair or n.op is Op.MUL_MAT_CHAIN) or not runs_kernel(n) or n.type is not DType.F32 or not _planned(n):
         return None
     w, x = n.src[0], n.src[1]
     cols = limits.mat_vec_columns(w.ne[2] * w.ne[3], x.ne)
     if not limits.runs_as_mat_vec(w.ne[1], cols):
         return None
-    ok = hands_on_q8_1(mat_vec_tile(w.ne[1], cols, w.ne[0], w.type.label, products=2))
-    return Activation(byte_range(n), (n.ne, n.nb), "q8_1") if ok else None
+    if not hands_on_q8_1(mat_vec_tile(w.ne[1], cols, w.ne[0], w.type.label, products=2 if pair else 1)):
+        return None
+    if pair:
+        return Activation(byte_range(n), (n.ne, n.nb), "q8_1") if n.nb[0] == 4 else None
+    ne = (w.ne[1], *x.ne[1:])
+    if n.nb != contiguous_strides(DType.F32, n.ne):
+        return None
+    return Activation(byte_range(n), (ne, contiguous_strides(DType.F32, ne)), "q8_1")
 
 
 def _planned(t: Tensor) -> bool:

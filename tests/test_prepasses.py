@@ -85,9 +85,10 @@ def test_each_rule_refuses_by_name():
 @pytest.mark.parametrize("wtype,form", [("q4_k", "q8_K"), ("q8_0", "q8_1")])
 def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel(wtype, form):
     """The whole qwen3.5-9b verify with Q4_K weights (q8_K blocks) or Q8_0 (q8_1 groups), fused: every RMS_NORM_MUL
-    and SwiGLU whose output products read writes it in their form (Q8_0's SwiGLU: the gate/up pair that computes it,
-    pair_glu, hands it on), and those products (a GDN layer's qkv and z, an attention layer's q and k/v pair, every
-    FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161.
+    and SwiGLU whose output products read writes it in their form, and those products (a GDN layer's qkv and z, an
+    attention layer's q and k/v pair, every FFN's gate/up pair and down projection) launch no pre-pass: 128 of 161.
+    In Q8_0 two products hand their output on too: the gate/up pair computing the SwiGLU (pair_glu) to ffn_down, and
+    the GDN's z chain (its gated output) to ssm_out: 152 of 161, 56 of them handed on.
     The rest quantize the GDN and attention outputs (an RMS_NORM_MUL of head rows, 128 elements: not whole blocks)
     and the lm head's gathered rows (a GET_ROWS of the output norm: no producer)."""
     g = pipeline.run(VerifyConfig("qwen3.5-9b", 4, 3, whole=True, share_weights=False, wtype=wtype),
@@ -98,19 +99,23 @@ def test_the_9b_verify_quantizes_each_norm_and_swiglu_output_in_its_kernel(wtype
     for n in g.nodes:
         if n.uid in p.shared:
             readers.setdefault(stem(p.shared[n.uid]), set()).add(product_name(n))
-    down_from = "ffn_gate+ffn_up+swiglu" if wtype == "q8_0" else "ffn_swiglu"  # (the pair's hand-off: q8_1 only)
-    assert readers == {"attn_norm": {"attn_qkv", "attn_gate", "attn_q", "attn_v+attn_k"},
-                       "attn_post_norm": {"ffn_gate+ffn_up"}, down_from: {"ffn_down"}}
-    assert (len(p.shared), len(p.producing), p.pre_passes, p.refused) == (128, 96, 33, [])
-    assert len(p.handed_on) == (32 if wtype == "q8_0" else 0)
+    want = {"attn_norm": {"attn_qkv", "attn_gate", "attn_q", "attn_v+attn_k"}, "attn_post_norm": {"ffn_gate+ffn_up"}}
+    if wtype == "q8_0":  # (the hand-offs, q8_1 only: the FFN pair's SwiGLU, the GDN's z chain)
+        want |= {"ffn_gate+ffn_up+swiglu": {"ffn_down"}, "attn_output": {"ssm_out"}}
+    else:
+        want |= {"ffn_swiglu": {"ffn_down"}}
+    assert readers == want
+    counts = (152, 120, 9, 56) if wtype == "q8_0" else (128, 96, 33, 0)
+    assert (len(p.shared), len(p.producing), p.pre_passes, len(p.handed_on), p.refused) == (*counts, [])
     assert all((q.op.value in prepasses.PRODUCERS or prepasses.hand_off(q)) and n.src[1].base is q.base
                for n in g.nodes if (q := p.shared.get(n.uid)) is not None)
-    assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - 128
+    assert sum(launches(g).values()) == sum(node_launches(n) for n in g.nodes) - counts[0]
 
 
 def stem(n) -> str:
-    """A node's name without its layer and fused op: "rms_norm_mul(attn_norm-3)" -> "attn_norm"."""
-    return n.name.split("(")[-1].split("-")[0].rstrip(")")
+    """A node's name without its layer and fused op: "rms_norm_mul(attn_norm-3)" -> "attn_norm",
+    "mul_mat_chain(attn_output-0 (rms_norm) (mul) (mul))" -> "attn_output"."""
+    return n.name.split("(", 1)[-1].split("-")[0].rstrip(")")
 
 
 def product_name(n) -> str:
@@ -245,6 +250,21 @@ def test_check_fusion_compares_every_product_quantizing_for_itself_with_the_fuse
     res = check_fusion(g, device=DEVICE, backend="triton")
     assert res.report.applied and res.compared and all(c.identical for c in res.compared)
     assert len(prepasses.plan(g).producing) == 2
+
+
+def test_a_q8_0_gdn_layer_hands_on_byte_for_byte_under_check_fusion():
+    """A whole Q8_0 GDN layer with its FFN (tiny-dc4-h64-e512: the FFN pair and the z product split K on 64-row
+    blocks) checked unfused against fused on the Triton kernels: the fused run hands the FFN's SwiGLU on to ffn_down
+    and the z chain's output on to ssm_out (rule 1's hand-offs), and every compared output is byte-identical to the
+    run where each product quantizes its own activations."""
+    from gdnpass.check import check_fusion
+
+    g = pipeline.run(VerifyConfig("tiny-dc4-h64-e512", 4, 3, n_layers=1, wtype="q8_0"), PassOptions(fusion=True),
+                     fuse_now=False).graph
+    res = check_fusion(g, device=DEVICE, backend="triton")
+    assert res.compared and all(c.identical for c in res.compared)
+    p = prepasses.plan(g)
+    assert sorted(product_name(n) for n in g.nodes if n.uid in p.handed_on) == ["ffn_down", "ssm_out"]
 
 
 def test_the_executor_plans_again_after_a_rewrite():

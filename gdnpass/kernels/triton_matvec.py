@@ -572,7 +572,8 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, M, K, N, ne1, ne2, w_s1, x_s1,
     workspace slot of its (product, row block) ``tile``; the program that draws the tile's last ticket adds the slices
     up (see :class:`MatVecTile`). The product's N columns are the sum's columns [col0, col0 + N) (col0 is 0 but for a
     quantized MUL_MAT_ID, whose column is one of a workspace chunk's 16). ``GLU`` (a pair, :func:`_glu_store`): y is
-    SwiGLU of the two products, 1 silu(A)·B, 2 silu(B)·A, handed on quantized where HAND_OFF says."""
+    SwiGLU of the two products, 1 silu(A)·B, 2 silu(B)·A. HAND_OFF (unbatched): y also handed on quantized
+    (:func:`_hand_on`)."""
     cols = tl.arange(0, COLS)
     col_mask = (cols >= col0) & (cols < col0 + N)
     terms: tl.constexpr = TERMS if DOT and w_ptr.dtype.element_ty == tl.bfloat16 and COLS <= ONE_DOT_COLS else 1
@@ -591,10 +592,34 @@ def _mat_vec(w_ptr, y_ptr, rows, row_mask, x_ptr, M, K, N, ne1, ne2, w_s1, x_s1,
     elif SPLIT_K == 1:
         _store_y(y_ptr, acc, rows, row_mask, cols - col0, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr,
                  s2_ptr, STEPS, SIDES)
+        _hand_on(y_ptr, hand_ptr, M, rows, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, HAND_OFF)
     else:
         if store_slice(acc, ws_ptr, cnt_ptr, tile, s, SPLIT_K):
             _store_y(y_ptr, sum_slices(acc, ws_ptr, cnt_ptr, tile, SPLIT_K), rows, row_mask, cols - col0, col_mask,
                      ne1, ne2, y_s0, y_s1, y_s2, y_s3, s1_ptr, s2_ptr, STEPS, SIDES)
+            _hand_on(y_ptr, hand_ptr, M, rows, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, HAND_OFF)
+
+
+@triton.jit
+def _hand_on(y_ptr, hand_ptr, M, rows, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, HAND_OFF: tl.constexpr):
+    """A product's epilogue handing its output on (HAND_OFF "q8_1": a Q8_0 product reads it next, gdnpass.prepasses;
+    "": nothing): the program that stored row block ``rows`` of y, all its columns, reads those rows back (32 rows
+    of a column lie together; a CTA barrier first, so every thread's stores are seen) and writes them as that
+    product's q8_1 activations into ``hand_ptr`` (the HAND_OFF_SLOT workspace; the M rows are its K), the bytes its
+    pre-pass would write (:func:`~gdnpass.kernels.triton_core.store_q8_1_rows`; the rows past M and the columns past
+    the product's are zeros there, as the pre-pass's). Quantized from the stored values' registers instead, in the
+    dot's layout, the FFN pair took 130-132 registers (3 programs an SM where 4 fit)."""
+    if HAND_OFF == "q8_1":
+        tl.debug_barrier()
+        G: tl.constexpr = rows.shape[0] // SUB
+        block = tl.program_id(0)
+        r = (block * G + tl.arange(0, G))[:, None, None] * SUB + tl.arange(0, SUB)[None, None, :]
+        c = cols[None, :, None]
+        yt = tl.load(y_ptr + _row_offset(c, ne1, ne2, y_s1, y_s2, y_s3) + r * y_s0,
+                     mask=(r < M) & col_mask[None, :, None], other=0.0)
+        store_q8_1_rows(hand_ptr, M, block * G, yt)
+    else:
+        tl.static_assert(HAND_OFF == "", "_hand_on: hands on q8_1 only")
 
 
 @triton.jit
@@ -606,9 +631,7 @@ def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1,
     fixed order 0..SPLIT_K-1 (so each is the single product's bytes), and stores SwiGLU's expression of them, the
     GLU kernel's (:func:`~gdnpass.kernels.triton_core.silu_f32` of the gate times the up), into y; neither product
     is stored. Unbatched: product p's ``tile`` is p·blocks + row block, and the row block's counter product 0's.
-    HAND_OFF "q8_1" (a Q8_0 product reads y next: gdnpass.prepasses): that program also writes its rows of y as
-    that product's q8_1 activations into ``hand_ptr`` (the HAND_OFF_SLOT workspace; M rows are its K), the bytes its
-    pre-pass would write (:func:`~gdnpass.kernels.triton_core.store_q8_1_rows`)."""
+    That program then hands y on where HAND_OFF says (:func:`_hand_on`)."""
     block = tl.program_id(0)
     _store_part(acc, ws_ptr, tile, s, SPLIT_K)
     if last_to_arrive(cnt_ptr, block, 2 * SPLIT_K):
@@ -621,16 +644,7 @@ def _glu_store(y_ptr, acc, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1,
         else:
             y = silu_f32(b) * a
         _store_y(y_ptr, y, rows, row_mask, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, None, None, (), ())
-        if HAND_OFF == "q8_1":  # its rows of y read back (32 rows of a column lie together), quantized, handed on
-            tl.debug_barrier()  # (the CTA's stores of y visible to all its threads)
-            G: tl.constexpr = y.shape[0] // SUB
-            r = (block * G + tl.arange(0, G))[:, None, None] * SUB + tl.arange(0, SUB)[None, None, :]
-            c = cols[None, :, None]
-            yt = tl.load(y_ptr + _row_offset(c, ne1, ne2, y_s1, y_s2, y_s3) + r * y_s0,
-                         mask=(r < M) & col_mask[None, :, None], other=0.0)  # (past M, N: zeros, as the pre-pass's)
-            store_q8_1_rows(hand_ptr, M, block * G, yt)
-        else:
-            tl.static_assert(HAND_OFF == "", "_glu_store: hands off q8_1 only")
+        _hand_on(y_ptr, hand_ptr, M, rows, cols, col_mask, ne1, ne2, y_s0, y_s1, y_s2, y_s3, HAND_OFF)
 
 
 @triton.jit
@@ -747,9 +761,9 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
     each against the weight matrix ggml's broadcast gives it. ``epilogue`` (a single unbatched product): out = the
     product through its steps (:class:`Epilogue`). ``tile``: a benchmark's override of :func:`mat_vec_tile`.
     ``dtype``: the weights' type where they are quantized (``w``: their bytes, (..., M, row bytes)). ``glu`` (an
-    unbatched pair, both outputs the one tensor): the pair's SwiGLU epilogue (:func:`_glu_store`), with ``hand_off``
-    ("q8_1") handing its output on quantized to that form in the HAND_OFF_SLOT workspace, for the Q8_0 product after
-    it (gdnpass.prepasses: the plan's producer)."""
+    unbatched pair, both outputs the one tensor): the pair's SwiGLU epilogue (:func:`_glu_store`). ``hand_off``
+    ("q8_1"; a pair with ``glu``, or a single unbatched product): the output also handed on quantized to that form in
+    the HAND_OFF_SLOT workspace, for the Q8_0 product after it (gdnpass.prepasses: the plan's hand-off)."""
     (w, out), (w2, out2) = products[0], products[-1]
     wtype = weight_type(w, dtype)
     M, K = w.shape[-2], w.shape[-1] // wtype.size * wtype.block if wtype.is_quantized else w.shape[-1]
@@ -802,13 +816,13 @@ def _mat_vecs(products, x: torch.Tensor, tile: MatVecTile | None = None, epilogu
         x = quantize_activations(x, wtype, K, N, cols_x)
     hand = None
     if hand_off:  # (after the pre-pass: its fill of FILL_SLOT forgets the HAND_OFF_SLOT's key)
-        _require(glu and hand_off == "q8_1" and hands_on_q8_1(t) and out.stride(3) == 1,
-                 f"mul_mat_vec: the SwiGLU epilogue hands on q8_1 groups of whole row "
-                 f"blocks of one chunk's columns, contiguous, not {hand_off} on a {t.block_m} x {t.cols} tile")
-        hand = activations_to_fill(out, hand_off, N, product_columns(out)[1], "mul_mat_vec_pair_glu",
-                                   slot=HAND_OFF_SLOT)[0]
-        _require(hand.data_ptr() != x.data_ptr(), "mul_mat_vec: the SwiGLU epilogue would hand on into the "
-                                                  "activations its own programs read (a hand-off's)")
+        _require((glu or len(products) == 1) and not batched and hand_off == "q8_1" and hands_on_q8_1(t)
+                 and out.stride(3) == 1, f"mul_mat_vec: a product's epilogue hands on q8_1 groups of whole row blocks "
+                 f"of one chunk's columns, contiguous, of a SwiGLU pair or a single unbatched product, not "
+                 f"{hand_off} on a {t.block_m} x {t.cols} tile")
+        hand = activations_to_fill(out, hand_off, N, product_columns(out)[1], "mul_mat_vec", slot=HAND_OFF_SLOT)[0]
+        _require(hand.data_ptr() != x.data_ptr(), "mul_mat_vec: the epilogue would hand on into the activations its "
+                                                  "own programs read (a hand-off's)")
     _mul_mat_vec_kernel[(blocks, len(products) * t.split_k, batches)](
         w, out, w2, out2, x, M, K, N, *cols_x[:2], w.stride(-2), *cols_x[2:], *cols_y, ws, cnt, *batch,
         *sides, None, 0, 0, activation_bytes(K) if wtype.is_quantized else 0, hand,
@@ -852,19 +866,22 @@ def mul_mat_vec(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, dtype: DTyp
 
 
 def mul_mat_vec_chain(w: torch.Tensor, x: torch.Tensor, steps: list[str], sides: list[torch.Tensor],
-                      out: torch.Tensor, dtype: DType | None = None) -> None:
+                      out: torch.Tensor, dtype: DType | None = None, quantize: str | None = None) -> None:
     """MUL_MAT_CHAIN: out = the product w·x through an elementwise chain's ``steps`` (side operands ``sides``), the
     mat-vec of :func:`mul_mat_vec` (a single matrix, 1-16 columns; beyond, the GEMM of :func:`mul_mat_gemm`, as
     MUL_MAT runs it) running them on each sum as it stores it (:class:`Epilogue`), so out holds the bytes of the
     unfused chain on that product. The sides and out are f32 views of the product's shape (torch: x's column dims,
     M); out may be a side itself (each element is read before it is written, in one program), and overlaps nothing
-    else the launch reads."""
+    else the launch reads. ``quantize`` ("q8_1": the form of the Q8_0 product that reads ``out`` next,
+    gdnpass.prepasses): ``out`` also handed on so quantized, the bytes that product's pre-pass would write, in the
+    HAND_OFF_SLOT workspace (the mat-vec's epilogue: :func:`_hand_on`)."""
     epilogue = Epilogue(tuple(steps), tuple(sides))
     if runs_as_gemm(weight_type(w, dtype), 1, x.shape[0] * x.shape[1] * x.shape[2]):
+        _require(not quantize, "mul_mat_vec_chain: the GEMM hands nothing on")
         mul_mat_gemm(w, x, out, epilogue=epilogue)
         return
     _alias_ok("mul_mat_vec_chain", out, x, w, same_ok=False)
-    _mat_vecs([(w, out)], x, epilogue=epilogue, dtype=dtype)
+    _mat_vecs([(w, out)], x, epilogue=epilogue, dtype=dtype, hand_off=quantize)
 
 
 def mul_mat_vec_add(w: torch.Tensor, x: torch.Tensor, r: torch.Tensor, out: torch.Tensor,

@@ -142,21 +142,24 @@ def variants():
            if "ffn_gate" in p.names}
     glu = sorted({(mv.mat_vec_tile(M, N, K, wt, 2), wt) for (M, K), N, wt in
                   itertools.product(ffn, range(1, 17), ("bf16", "f16", "f32"))})
-    # (Q8_0's pair handing its SwiGLU on as q8_1, the down product's activations: the models' gate / up tiles)
-    hand = sorted({(t, "q8_0") for (M, K), N in itertools.product(ffn, range(1, 17))
-                   if mv.tiles.hands_on_q8_1(t := mv.mat_vec_tile(M, N, K, "q8_0", 2))})
+    # (Q8_0's products handing their output on as q8_1, the next product's activations: the FFN pair's SwiGLU at the
+    # models' gate / up tiles, the GDN's z chain at their z tiles)
+    z = {(p.M, p.K) for model in ("qwen3.5-9b", "qwen3.5-27b") for p in product_shapes(model) if "attn_gate" in p.names}
+    hand = sorted({((t, "q8_0"), (), 1) for (M, K), N in itertools.product(ffn, range(1, 17))
+                   if mv.tiles.hands_on_q8_1(t := mv.mat_vec_tile(M, N, K, "q8_0", 2))}
+                  | {((t, "q8_0"), EPILOGUES[1], 0) for (M, K), N in itertools.product(z, range(1, 17))
+                     if mv.tiles.hands_on_q8_1(t := mv.mat_vec_tile(M, N, K, "q8_0"))})
     # (the held-split types' rows at the models' K, on 16 bytes, take the aligned form; the 16-bit form once each:
     # mv.aligned_rows)
     held = {t.label for t in HELD_SPLIT}
-    for (t, wt), steps, g, aligned in ([(tw, (), 0, tw[1] in held) for tw in sorted(tiles) + split]
-                                       + [(tw, s, 0, False) for tw in split for s in EPILOGUES]
-                                       + [(tw, (), 1, False) for tw in glu]
-                                       + [(tw, (), 1, True) for tw in hand]
-                                       + [((mv.mat_vec_tile(4096, 4, 4096, h), h), (), 0, False)
-                                          for h in sorted(held)]):
+    for (t, wt), steps, g, aligned, hands in ([(tw, (), 0, tw[1] in held, False) for tw in sorted(tiles) + split]
+                                              + [(tw, s, 0, False, False) for tw in split for s in EPILOGUES]
+                                              + [(tw, (), 1, False, False) for tw in glu]
+                                              + [(tw, s, g, True, True) for tw, s, g in hand]
+                                              + [((mv.mat_vec_tile(4096, 4, 4096, h), h), (), 0, False, False)
+                                                 for h in sorted(held)]):
         ptr = {"bf16": "*bf16", "f16": "*fp16", "f32": "*fp32"}.get(wt, "*u8")  # (a quantized weight: bytes)
         x_ptr = "*u8" if ptr == "*u8" else "*fp32"  # (a quantized product reads the activation workspace)
-        hands = g and ptr == "*u8"  # (a quantized pair's SwiGLU: handed on)
         c = dict(BLOCK_M=t.block_m, COLS=t.cols, BLOCK_K=t.block_k, DOT=t.dot, SPLIT_K=t.split_k, EVICT=t.evict,
                  QTYPE=wt if ptr == "*u8" else "", IDS=False, ids_ptr=None, EARLY=t.early, ALIGNED=aligned, GLU=g,
                  HAND_OFF="q8_1" if hands else "", **({} if hands else {"hand_ptr": None}), **_epilogue(steps))

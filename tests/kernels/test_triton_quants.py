@@ -323,6 +323,32 @@ def test_q8_0_pair_glu_hands_on_the_glu_pre_pass_bytes(swapped):
     assert_same_bytes(z_hand, z_pre, "the product reading the hand-off")
 
 
+@pytest.mark.parametrize("split_k", [1, 2], ids=["unsplit", "split2"])
+def test_q8_0_chain_hands_on_the_pre_pass_bytes(split_k):
+    """A Q8_0 product with a chain in its store (MUL_MAT_CHAIN: the GDN's z gate, SILU then RMUL by the normed
+    output) handing its output on: out the chain's bytes, and the hand-off the bytes the next Q8_0 product's pre-pass
+    of out writes, on an unsplit tile (every program stores its rows) and a split one (the last of a row block)."""
+    M, K, n = 96, 512, 3
+    tile = mv.mat_vec_tile(M, n, K, "q8_0")._replace(split_k=split_k)
+    a = Arena(1 << 24)
+    w, down = _weights(a, DType.Q8_0, M, K, 4), _weights(a, DType.Q8_0, 8, M, 5)
+    x, side = a.put(rnd(1, 1, n, K)), a.put(rnd(1, 1, n, M))
+    want, y, z = a.view((1, 1, n, M)), a.view((1, 1, n, M)), a.view((1, 1, n, 8))
+    epilogue = mv.Epilogue(("SILU", "RMUL"), (side,))
+    saved = {}
+
+    def run():
+        mv._mat_vecs([(w, want)], x, tile, epilogue, DType.Q8_0)
+        mv.mul_mat_vec(down, want, z, DType.Q8_0)  # (its pre-pass of the chain's output)
+        saved["pre"] = core._ACTIVATION_WORKSPACE[x.device, core.FILL_SLOT][:mv.activation_bytes(M)].clone()
+        mv._mat_vecs([(w, y)], x, tile, epilogue, DType.Q8_0, hand_off="q8_1")
+        saved["hand"] = core._ACTIVATION_WORKSPACE[x.device, core.HAND_OFF_SLOT][:mv.activation_bytes(M)].clone()
+
+    a.run(run, want, y, z)
+    assert_same_bytes(y, want, "the chain's output")
+    assert torch.equal(saved["hand"].cpu(), saved["pre"].cpu()), "the hand-off is not the pre-pass's bytes"
+
+
 @pytest.mark.gpu
 def test_gpu_q8_0_pair_glu_hands_on_at_the_ffn_shape():
     """Compiled, at qwen3.5-9b's FFN gate / up shape with its model tile, every mat-vec width, 5 launches each:
@@ -352,8 +378,8 @@ def test_gpu_q8_0_pair_glu_hands_on_at_the_ffn_shape():
 
 
 def test_a_hand_off_refuses_what_it_cannot_hand_on():
-    """The epilogue hands on q8_1 only, from a tile of whole groups of one chunk's columns, and never into the
-    activations its own programs read."""
+    """An epilogue hands on q8_1 only, from a tile of whole groups of one chunk's columns, of a SwiGLU pair or a
+    single product."""
     a = Arena(1 << 22)
     w, w2 = _weights(a, DType.Q8_0, 64, 256, 1), _weights(a, DType.Q8_0, 64, 256, 2)
     x, y = a.put(rnd(1, 1, 2, 256)), a.view((1, 1, 2, 64))
@@ -362,6 +388,8 @@ def test_a_hand_off_refuses_what_it_cannot_hand_on():
     tile = mv.mat_vec_tile(64, 2, 256, "q8_0", products=2)
     with pytest.raises(KernelError, match="hands on q8_1 groups"):
         mv._mat_vecs([(w, y), (w2, y)], x, tile._replace(block_m=48), dtype=DType.Q8_0, glu=1, hand_off="q8_1")
+    with pytest.raises(KernelError, match="hands on q8_1 groups"):  # (a pair without its SwiGLU: two outputs)
+        mv._mat_vecs([(w, y), (w2, a.view((1, 1, 2, 64)))], x, tile, dtype=DType.Q8_0, hand_off="q8_1")
 
 
 @pytest.mark.parametrize("x_ne,chunks", [((256, 40), 2), ((256, 16), 0), ((256, 5, 4), 0)],

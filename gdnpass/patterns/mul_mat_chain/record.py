@@ -6,7 +6,9 @@ the GEMM's) store on each sum (:class:`gdnpass.kernels.triton_matvec.Epilogue`, 
 runs: ``triton_core.chain_step``), so the product's bytes are the unfused MUL_MAT's and the output the unfused
 chain's. op_params: ``steps`` (ELEMENTWISE_CHAIN's, the product the chain's value) and ``replaced``. The kernel is
 :func:`gdnpass.kernels.triton_matvec.mul_mat_vec_chain`: it stays in the mat-vec family. Pure Python: the adapters
-and :func:`programs` import torch and Triton when called.
+and :func:`programs` import torch and Triton when called. Where a Q8_0 product reads the chain's output next, the
+node may hand it on as that product's q8_1 activations (a hand-off of ``gdnpass.prepasses``: the GDN's z chain for
+ssm_out).
 """
 
 from __future__ import annotations
@@ -41,12 +43,14 @@ def _torch(node: Tensor, views: list, out) -> None:
 
 
 def _triton(node: Tensor, views: list, out) -> None:
+    from gdnpass import prepasses
     from gdnpass.kernels import triton_matvec
 
     w, x, *sides = views
     as_product = (*x.shape[:3], w.shape[2])  # (ne3, ne2, ne1, M): the kernel's view of the output and the sides
     triton_matvec.mul_mat_vec_chain(w, x, node.op_params["steps"], [b.view(as_product) for b in sides],
-                                    out.view(as_product), node.src[0].type)
+                                    out.view(as_product), node.src[0].type,
+                                    prepasses.producing_now())  # (a hand-off: the plan's, gdnpass.prepasses)
 
 
 RECORD = FusedOp(
