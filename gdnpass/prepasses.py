@@ -86,10 +86,9 @@ class Refusal:
 class Plan:
     """``shared``: product uid -> the node whose workspace fill it reads (a product, or a producer); ``producing``:
     the uid of each producer that fills it -> the form it writes (its first reader's; a hand-off's: q8_1);
-    ``refused``: the products
-    that quantize again an activation an earlier pre-pass quantized (its bytes unwritten since: rule 5 makes a new
-    activation of them, not a refusal), and why; ``pre_passes``: the quantized products' pre-passes that still
-    run; ``handed_on``: the products that read a hand-off."""
+    ``refused``: the products that quantize again an activation an earlier pre-pass quantized (its bytes unwritten
+    since: rule 5 makes a new activation of them, not a refusal), and why; ``pre_passes``: the quantized products'
+    pre-passes that still run; ``handed_on``: the products that read a hand-off."""
 
     shared: dict[int, Tensor]
     producing: dict[int, str]
