@@ -225,9 +225,10 @@ def split_workspace(device: torch.device, partials: int, tickets: int, who: str)
 # split workspace's rules: one stream, grown before capture, outgrown buffers kept alive. With it, what it holds: the
 # key of the pre-pass that last filled it (None: unknown), which a product that skips its own pre-pass must find
 # (gdnpass.prepasses: the plan's rules checked again as the launches are made). Two slots: FILL_SLOT, which every
-# pre-pass and producer fills, and HAND_OFF_SLOT, which a product's own epilogue fills for the product after it
-# (pair_glu's SwiGLU quantized: its programs still read their activations in FILL_SLOT while the last of a row block
-# writes). A fill of FILL_SLOT forgets what HAND_OFF_SLOT held: it holds only what a product handed on since.
+# pre-pass and producer fills, and HAND_OFF_SLOT, which a product's own epilogue fills for the product after it (a
+# Q8_0 FFN pair's SwiGLU, a z chain's output: their programs still read their activations in FILL_SLOT while the
+# last of a row block writes). A fill of FILL_SLOT forgets what HAND_OFF_SLOT held: it holds only what a product
+# handed on since.
 FILL_SLOT, HAND_OFF_SLOT = 0, 1
 _ACTIVATION_WORKSPACE: dict[tuple[torch.device, int], torch.Tensor] = {}
 _ACTIVATIONS_HELD: dict[tuple[torch.device, int], tuple | None] = {}
@@ -702,47 +703,39 @@ def _round_away(v):
 
 
 @triton.jit
-def _q8_1(xt, AXIS: tl.constexpr):
-    """llama.cpp's q8_1 of the groups of 32 along ``xt``'s axis AXIS (3-D, f32; CUDA's quantize_q8_1, mmvq's): the
-    quants q = roundf(x * (127 / amax)) (0 where amax is 0), as f32, and each group's d = amax / 127."""
-    amax = tl.max(tl.abs(xt), axis=AXIS)
+def _store_q8_1(ws_ptr, K, xt, at, inside):
+    """llama.cpp's q8_1 of the groups of 32 on ``xt``'s last axis (f32, [..., groups, 32]; CUDA's quantize_q8_1,
+    mmvq's): q = roundf(x * (127 / amax)) as int8 (0 where amax is 0) at byte ``at`` * 32 of the activation workspace
+    ``ws_ptr`` (K elements a column), d = amax / 127 at f32 word ``at`` past the quants; the groups where ``inside``."""
+    amax = tl.max(tl.abs(xt), axis=2)
     inv = tl.math.div_rn(tl.full(amax.shape, 127.0, tl.float32), tl.where(amax > 0, amax, 1.0))
-    q = tl.where(tl.expand_dims(amax, AXIS) > 0, _round_away(xt * tl.expand_dims(inv, AXIS)), 0.0)
-    return q, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32))
+    q = tl.where(amax[:, :, None] > 0, _round_away(xt * inv[:, :, None]), 0.0)
+    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
+             mask=inside[:, :, None])
+    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
+    tl.store(xd + at, tl.math.div_rn(amax, tl.full(amax.shape, 127.0, tl.float32)), mask=inside)
 
 
 @triton.jit
 def store_q8_1(ws_ptr, c, chunk, K, b, xt, ok):
     """Blocks ``b`` ([B]) of 256 of activation column ``c``, ``xt`` [B, GROUPS_K, SUB] (f32), as q8_1 groups of 32
-    (:func:`_q8_1`) into the column's place of the activation workspace; the groups inside K of the blocks where
-    ``ok`` ([B] or a scalar) holds. The Q8_0 products' pre-pass's, and a producer's that writes its output's groups
-    itself: one expression, so one set of bytes."""
+    (:func:`_store_q8_1`) into the column's place of the activation workspace; the groups inside K of the blocks
+    where ``ok`` ([B] or a scalar) holds. The Q8_0 products' pre-pass's, and a producer's that writes its output's
+    groups itself: one expression, so one set of bytes."""
     ws_ptr, cc = _column_chunk(ws_ptr, c, chunk)
     g = b[:, None] * GROUPS_K + tl.arange(0, GROUPS_K)[None, :]     # [B, group]
-    q, d = _q8_1(xt, 2)
-    inside = (g * SUB < K) & (ok & (b >= 0))[:, None]
-    at = g * XCOLS + cc
-    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
-             mask=inside[:, :, None])
-    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + at, d, mask=inside)
+    _store_q8_1(ws_ptr, K, xt, g * XCOLS + cc, (g * SUB < K) & (ok & (b >= 0))[:, None])
 
 
 @triton.jit
 def store_q8_1_rows(ws_ptr, K, g0, yt):
     """A product's output, groups [g0, g0 + G) of 32 rows of all its columns, ``yt`` [G, C, 32] (f32; C = XCOLS: one
     chunk, the columns past the product's zeros), as the activations of a product after it that reads them as its K
-    elements (K: the rows there are): :func:`store_q8_1`'s groups and bytes, for a product's epilogue that hands its
-    output on quantized (the HAND_OFF_SLOT workspace); the groups inside K only."""
+    elements (K: the rows there are): :func:`store_q8_1`'s groups and bytes (:func:`_store_q8_1`), for a product's
+    epilogue that hands its output on quantized (the HAND_OFF_SLOT workspace); the groups inside K only."""
     tl.static_assert(yt.shape[1] == XCOLS and yt.shape[2] == SUB, "store_q8_1_rows: whole groups of one chunk")
-    q, d = _q8_1(yt, 2)
     g = g0 + tl.arange(0, yt.shape[0])
-    at = g[:, None] * XCOLS + tl.arange(0, XCOLS)[None, :]          # [group, column]
-    inside = (g * SUB < K)[:, None]
-    tl.store(ws_ptr + at[:, :, None].to(tl.int64) * SUB + tl.arange(0, SUB)[None, None, :], q.to(tl.int8),
-             mask=inside[:, :, None])
-    xd = (ws_ptr + XCOLS * K).to(tl.pointer_type(tl.float32), bitcast=True)
-    tl.store(xd + at, d, mask=inside)
+    _store_q8_1(ws_ptr, K, yt, g[:, None] * XCOLS + tl.arange(0, XCOLS)[None, :], (g * SUB < K)[:, None])
 
 
 @triton.jit

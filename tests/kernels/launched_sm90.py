@@ -39,6 +39,7 @@ CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia",
 SHAPES = ((12288, 4096), (4096, 12288), (4096, 4096), (248320, 4096))
 RESIDUAL = ((4096, 12288), (4096, 4096))
 MOE_DOWN = (8, 2048, 512)  # MUL_MAT_ID's Q4_K experts, rows, K: the 35B-A3B experts' down shape
+HAND_OFFS = ((12288, 4096), (4096, 4096))  # Q8_0's hand-offs: the FFN pair's SwiGLU, the GDN's z chain
 # what --epilogues reports of a launch
 EPILOGUE_KEYS = ("N_T", "G_STEPS", "B_STEPS", "GATHER", "STEPS", "SPLIT_K", "GLU")
 
@@ -182,6 +183,15 @@ def main() -> int:
                 if (M, K) in RESIDUAL:
                     mv.mul_mat_vec_add(w, x, torch.zeros_like(y), y, wt)
                     shapes.append((M, K))
+        q8_0 = DType.parse("q8_0")  # the Q8_0 products that hand their output on (gdnpass.prepasses' hand-off): the
+        for M, K in HAND_OFFS:      # FFN pair's SwiGLU, the z chain's gated output
+            w = torch.empty(1, 1, M, q8_0.row_bytes(K), dtype=torch.uint8)
+            x, y = torch.zeros(1, 1, 4, K), torch.empty(1, 1, 4, M)
+            if (M, K) == SHAPES[0]:
+                mv.mul_mat_vec_pair_glu(w, w, x, y, dtype=q8_0, quantize="q8_1")
+            else:
+                mv.mul_mat_vec_chain(w, x, ["SILU", "RMUL"], [torch.zeros_like(y)], y, q8_0, quantize="q8_1")
+            shapes.append((M, K))
         q4_k, (experts, M, K) = DType.parse("q4_k"), MOE_DOWN
         mv.mul_mat_id(torch.empty(1, experts, M, q4_k.row_bytes(K), dtype=torch.uint8), torch.zeros(1, 4, 2, K),
                       torch.zeros(1, 1, 4, 2, dtype=torch.int32), torch.empty(1, 4, 2, M), q4_k)
@@ -190,7 +200,7 @@ def main() -> int:
     assert len(launches) == len(shapes), (len(launches), len(shapes))
     for (M, K), (name, c, regs, stack, shared, warps) in zip(shapes, launches):
         print(json.dumps(dict(qtype=c["QTYPE"], M=M, K=K, cols=c["COLS"], split=c["SPLIT_K"],
-                              residual=c["STEPS"] == ("ADD",),
+                              residual=c["STEPS"] == ("ADD",), hand_off=c.get("HAND_OFF", "") != "",
                               ids=c["IDS"], regs=regs, stack=stack, shared=shared,
                               programs=programs_per_sm(regs, shared, warps))), flush=True)
     return 0

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from kernels.launched_sm90 import MOE_DOWN, RESIDUAL, SHAPES, programs_per_sm  # (tests/: pyproject's pythonpath)
+from kernels.launched_sm90 import HAND_OFFS, MOE_DOWN, RESIDUAL, SHAPES, programs_per_sm  # (tests/: pythonpath)
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository (this file: tests/kernels/)
 PROGRAMS = {"q4_k": 4, "q5_k": 4, "q6_k": 4, "q8_0": 4}  # an SM's, at each type's cap (Q8_0: uncapped, tiles.Q8_0_WAVE)
@@ -62,6 +62,9 @@ def test_capped_k_quant_mat_vecs_hold_their_programs_an_sm():
     q8_0 = [v for v in found if v["qtype"] == "q8_0"]
     assert all(v["stack"] == 0 for v in q8_0), q8_0
     assert all(v["programs"] >= PROGRAMS["q8_0"] for v in q8_0 if v["split"] > 1), q8_0
+    # and so do those that hand their output on (the epilogue reads its rows of y back: quantized from the registers
+    # they held, the FFN pair took 130-132 registers, 3 programs an SM)
+    assert len([v for v in q8_0 if v["hand_off"]]) == len(HAND_OFFS), q8_0
     for v in capped:
         # (4 tokens; MUL_MAT_ID's program takes any column of its chunk's 16)
         assert v["cols"] == (16 if v["ids"] else QUANT_MIN_COLS[v["qtype"]]) and v["regs"] <= QUANT_REGS[v["qtype"]], v
