@@ -212,9 +212,9 @@ QUANT_MIN_COLS = {"q4_k": 8, "q5_k": 8, "q6_k": 8, "q8_0": CHUNK_COLS}
 
 
 def hands_on_q8_1(t: MatVecTile) -> bool:
-    """Whether a pair's SwiGLU epilogue on tile ``t`` can hand its output on as q8_1 activations (triton_matvec.
-    _glu_store, for the Q8_0 product after it: gdnpass.prepasses): each row block whole groups of 32 rows, its
-    columns one activation chunk's."""
+    """Whether a product's epilogue on tile ``t`` can hand its output on as q8_1 activations (triton_matvec._hand_on:
+    the FFN pair's SwiGLU, the z chain's output, for the Q8_0 product after it; gdnpass.prepasses): each row block
+    whole groups of 32 rows, its columns one activation chunk's."""
     return t.block_m % Q8_1_GROUP == 0 and t.cols == CHUNK_COLS
 
 

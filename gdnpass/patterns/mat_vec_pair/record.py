@@ -5,8 +5,8 @@ columns, the GEMM's) own kernel with a second product on the grid (each product 
 it stays in the mat-vec family. After the pair_glu pattern a node may carry ``glu`` ("SWIGLU") and ``swapped``: it
 then writes only y = silu(gate)·up of its products (gate the second one when ``swapped``), as the GLU node it
 replaced did (:func:`gdnpass.kernels.triton_matvec.mul_mat_vec_pair_glu`), and has no ``outs``; of block-type
-weights, it may hand y on quantized for the Q8_0 product after it (a producer of ``gdnpass.prepasses``). Pure Python: the
-adapters and :func:`programs` import torch and Triton when called.
+weights, it may hand y on quantized for the Q8_0 product after it (a hand-off of ``gdnpass.prepasses``). Pure
+Python: the adapters and :func:`programs` import torch and Triton when called.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ two products never reach memory. The fused node runs at the pair's place: it wri
 Legality rules, in the order they run (the bracketed name is what a refusal reports; structural 1-4, hazards 5-7):
  1. [pair-glu.type] the products and y are f32, and the pair's weights a plain type (f32, f16, bf16) or a block
     type whose y a Q8_0 product reads (ffn_down): the fused node can then hand y on as that product's q8_1
-    activations (``gdnpass.prepasses``: its groups of 32 lie in the pair's row blocks), one launch fewer. Before any
+    activations (``gdnpass.prepasses``: its groups of 32 lie in the pair's row blocks), one launch fewer. For any
     other reader the GLU writes y quantized itself (a K-quant reader's q8_K blocks span 256 rows, 4 row blocks):
     fused, the reader's pre-pass would take the GLU's launch, and nothing is saved.
  2. [pair-glu.tile] the pair runs as the mat-vec (1..MAT_VEC_COLS columns: the GEMM has no such epilogue) on a tile
