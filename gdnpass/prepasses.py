@@ -223,7 +223,7 @@ def plan(graph: Graph) -> Plan:
         if offer is not None and any(ranges_overlap(o, offer[0].bytes) for o in outs):
             offer = None
         made = producer_blocks(n)  # (after its own store: the producer's output is the activation)
-        if made is not None and not (n.uid in handed_on and hand_off(n) is not None):  # (one hand-off slot)
+        if made is not None and n.uid not in handed_on:  # (one hand-off slot: a reader of one hands nothing on)
             offer = (made, n)
     return Plan(shared, producing, refused, pre_passes, frozenset(handed_on))
 

@@ -338,10 +338,10 @@ def steps(part: int, source: str | None, out: Path) -> list[tuple[str, list[str]
     if part == 30:
         return [
             # issue 34: the Q8_0 FFN pair with its SwiGLU in its launch, handing y on as ffn_down's q8_1 activations
-            # (the HAND_OFF_SLOT workspace), and the GDN's z chain its output to ssm_out (461 -> 405 launches at T =
-            # 4). Its tests compiled (the
-            # hand-off under concurrent programs at the 9B's shape), the probe against the pair and the quantizing
-            # GLU, 8 fused 9B layers checked, and the whole Q8_0 verify of the tree and the package before it
+            # (the HAND_OFF_SLOT workspace), and the GDN's z chain its output to ssm_out (461 -> 405 launches at
+            # T = 4). Its tests compiled (the hand-off under concurrent programs at the 9B's shape), the probe against
+            # the pair and the quantizing GLU, 8 fused 9B layers checked, and the whole Q8_0 verify of the tree and
+            # the package before it
             ("hand-tests", [PY, "-m", "pytest", "-q", "-x", "-k", "hand or pair_glu",
                             "tests/kernels/test_triton_quants.py",
                             "tests/kernels/test_kernels.py", "tests/test_prepasses.py"], 120),
